@@ -1,0 +1,52 @@
+# The course's commands. A newcomer needs two:  make course  and  make test.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch is never pinned by the package (Colab brings its own). A fresh machine gets this one;
+# override it, e.g. TORCH="torch --index-url https://download.pytorch.org/whl/cu124".
+TORCH  ?= torch==2.13.0
+
+.PHONY: course test setup labs grade doctor bench train clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Installs torch only when the environment has none, then the package with its test/grading tools.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)" >/dev/null
+	touch $@
+
+setup: $(VENV)/.installed
+
+## Set up and open the course: JupyterLab on notebooks/, offline, on the bundled models.
+course: setup
+	$(BIN)/course doctor || true
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/jupyter lab notebooks/
+
+## Set up and run the whole test suite (what CI runs).
+test: setup
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+## Instructors: regenerate labs/ from solutions/ (deterministic; commit the result).
+labs: setup
+	$(BIN)/course build-labs
+
+## Instructors: grade a folder of downloaded submissions, e.g.  make grade SUBMISSIONS=~/Downloads/lab01
+grade: setup
+	$(BIN)/course grade "$(SUBMISSIONS)"
+
+doctor: setup
+	$(BIN)/course doctor
+
+bench: setup
+	$(BIN)/course bench
+
+## Retrain the bundled model pair (about an hour on a 2-core CPU).
+train: setup
+	$(BIN)/python -m course_lib.models.train
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

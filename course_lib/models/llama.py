@@ -1,0 +1,308 @@
+"""A Llama-style decoder written from scratch, in one file.
+
+The parameter names are the Hugging Face ``LlamaForCausalLM`` names, so a checkpoint saved by either side
+loads in the other without renaming. Shapes use these letters:
+
+    B batch, T new tokens in this call, S all tokens attended to (cache + new), D hidden size,
+    H query heads, K key/value heads (H % K == 0), Dh head dim, V vocabulary, F MLP hidden size.
+
+``forward(input_ids, cache=None, positions=None)``: with a cache (anything with
+``update(k, v, layer) -> (k_all, v_all)`` on ``[B, K, S, Dh]`` tensors, the Module 05 contract) only the
+new tokens are computed; without one the whole sequence is.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 2
+    head_dim: int | None = None  # defaults to hidden_size // num_attention_heads
+    max_position_embeddings: int = 512
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = 0
+    eos_token_id: int | None = 0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"LlamaConfig: num_attention_heads={self.num_attention_heads} must divide "
+                    f"hidden_size={self.hidden_size} (or give head_dim explicitly)")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"LlamaConfig: num_key_value_heads={self.num_key_value_heads} must divide "
+                f"num_attention_heads={self.num_attention_heads}")
+
+    # --- Hugging Face config.json round trip -------------------------------------------------------
+    @classmethod
+    def from_hf(cls, d: dict) -> "LlamaConfig":
+        """Build from a Hugging Face ``config.json`` dict (extra keys ignored)."""
+        mt = d.get("model_type", "llama")
+        if mt not in ("llama", "mistral", "qwen2"):
+            raise ValueError(f"config.json: model_type {mt!r} is not a Llama-family model")
+        if d.get("rope_scaling"):
+            raise ValueError("config.json: rope_scaling is not supported by the course model")
+        rope_theta = d.get("rope_theta")
+        if rope_theta is None:  # transformers >= 5 nests it in rope_parameters
+            rope_theta = (d.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names and k != "rope_theta"}
+        kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+        eos = kw.get("eos_token_id")
+        if isinstance(eos, list):
+            kw["eos_token_id"] = eos[0]
+        return cls(rope_theta=float(rope_theta), **kw)
+
+    def to_hf(self) -> dict:
+        d = asdict(self)
+        d.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
+                 attention_bias=False, mlp_bias=False, attention_dropout=0.0, initializer_range=0.02,
+                 pretraining_tp=1, rope_scaling=None, use_cache=True, torch_dtype="float32")
+        return d
+
+    def num_parameters(self) -> int:
+        D, F_, V, Dh = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
+        H, K = self.num_attention_heads, self.num_key_value_heads
+        attn = D * H * Dh * 2 + D * K * Dh * 2
+        layer = attn + 3 * D * F_ + 2 * D
+        emb = V * D * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * layer + emb + D
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):  # [..., D]
+        # Normalize in fp32 (as HF does) so fp16/bf16 runs do not overflow in the mean of squares.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
+    """cos, sin of shape [B, T, Dh] for integer positions [B, T] (HF's non-interleaved layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                             dtype=torch.float32) / head_dim))  # [Dh/2]
+    angles = positions.float()[..., None] * inv_freq  # [B, T, Dh/2]
+    emb = torch.cat([angles, angles], dim=-1)  # [B, T, Dh]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x, cos, sin):  # x [B, heads, T, Dh], cos/sin [B, T, Dh]
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        D, H, K, Dh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(D, H * Dh, bias=False)
+        self.k_proj = nn.Linear(D, K * Dh, bias=False)
+        self.v_proj = nn.Linear(D, K * Dh, bias=False)
+        self.o_proj = nn.Linear(H * Dh, D, bias=False)
+
+    def forward(self, x, cos, sin, cache=None, attn_mask=None):
+        B, T, _ = x.shape
+        H, K, Dh = self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim
+        q = self.q_proj(x).view(B, T, H, Dh).transpose(1, 2)  # [B, H, T, Dh]
+        k = self.k_proj(x).view(B, T, K, Dh).transpose(1, 2)  # [B, K, T, Dh]
+        v = self.v_proj(x).view(B, T, K, Dh).transpose(1, 2)  # [B, K, T, Dh]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)  # [B, K, S, Dh]
+        S = k.shape[2]
+        # GQA: each group of H // K query heads shares one K/V head. The cache holds only K heads.
+        k = k.repeat_interleave(H // K, dim=1)  # [B, H, S, Dh]
+        v = v.repeat_interleave(H // K, dim=1)
+        if attn_mask is None:
+            # Causal over the whole sequence: new token t sits at absolute index S - T + t.
+            i = torch.arange(T, device=x.device)[:, None] + (S - T)
+            j = torch.arange(S, device=x.device)[None, :]
+            attn_mask = j <= i  # [T, S] True = may attend
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # [B, H, T, Dh]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):  # [B, T, D] -> [B, T, F] -> [B, T, D]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache=None, attn_mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, attn_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaBody(nn.Module):
+    """The ``model.`` prefix of HF's checkpoint: embeddings, layers, final norm."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    @property
+    def device(self):
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self):
+        return self.model.embed_tokens.weight.dtype
+
+    def forward(self, input_ids: torch.Tensor, cache=None, positions: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = False):
+        """Logits [B, T, V] for input_ids [B, T].
+
+        positions: [B, T] or [T] absolute positions (default: continue after what ``cache`` holds,
+        read from ``cache.get_seq_length()`` when it has one, else 0..T-1).
+        attn_mask: optional boolean [T, S] or [B, 1, T, S] (True = attend) overriding the causal mask,
+        e.g. a tree mask for speculative verification.
+        return_hidden: also return the final hidden states [B, T, D] (after the last norm).
+        """
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int32):
+            raise TypeError("input_ids must be an integer torch.Tensor of shape [batch, seq]")
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must have shape [batch, seq] with seq >= 1, got {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if positions is None:
+            start = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+            positions = torch.arange(start, start + T, device=input_ids.device)
+        if positions.dim() == 1:
+            positions = positions[None].expand(B, T)
+        if int(positions.max()) >= self.config.max_position_embeddings:
+            raise ValueError(f"position {int(positions.max())} is past the model's context of "
+                             f"{self.config.max_position_embeddings} tokens")
+        x = self.model.embed_tokens(input_ids)  # [B, T, D]
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache, attn_mask)
+        h = self.model.norm(x)
+        logits = self.lm_head(h)  # [B, T, V]
+        return (logits, h) if return_hidden else logits
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied weights counted once
+
+    # --- saving and loading in the Hugging Face layout ---------------------------------------------
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float32):
+        from safetensors.torch import save_file
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+        cfg = self.config.to_hf()
+        cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+        (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "LlamaForCausalLM":
+        """Load a local Hugging Face Llama-family folder (config.json + *.safetensors)."""
+        from safetensors.torch import load_file
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model folder)")
+        cfg = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{path}: no *.safetensors weights")
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        with torch.device("meta"):
+            model = cls(cfg)
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+        unexpected = [u for u in unexpected if "rotary_emb" not in u]
+        if missing or unexpected:
+            raise ValueError(f"{path}: weights do not match the config: missing={missing[:5]} "
+                             f"unexpected={unexpected[:5]}")
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        return model.to(device=device, dtype=dtype).eval()
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy in nats; logits [B, T, V] predict targets [B, T]."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def flops_per_token(cfg: LlamaConfig, context: int = 0) -> int:
+    """Forward FLOPs (2 per multiply-add) for one token: the matmuls plus attention over `context` keys."""
+    D, Dh, H, K = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    per_layer = 2 * (D * H * Dh * 2 + D * K * Dh * 2 + 3 * D * cfg.intermediate_size)
+    per_layer += 2 * 2 * H * Dh * context  # QK^T and PV
+    return cfg.num_hidden_layers * per_layer + 2 * D * cfg.vocab_size
+
+
+__all__ = ["LlamaConfig", "LlamaForCausalLM", "RMSNorm", "rope_cos_sin", "apply_rope",
+           "causal_lm_loss", "flops_per_token"]
