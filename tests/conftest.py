@@ -1,12 +1,5 @@
-import os
-
-# The notebooks' quick mode and offline mode for everything the tests start (kernels included).
-os.environ.setdefault("COURSE_QUICK", "1")
-os.environ.setdefault("COURSE_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 collect_ignore_glob = ["data/*"]
 

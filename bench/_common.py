@@ -1,0 +1,38 @@
+"""Shared by the benchmark scripts: the device's name and where results go."""
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return f"CPU {line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
+    except OSError:
+        pass
+    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def save(name: str, rows: list[dict], **meta) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    dev = device_name()
+    slug = "cuda" if torch.cuda.is_available() else "cpu"
+    path = RESULTS / f"{name}-{slug}.json"
+    path.write_text(json.dumps({"device": dev, "torch": torch.__version__, **meta, "rows": rows}, indent=2) + "\n")
+    return path
+
+
+def print_table(rows: list[dict], cols: list[str]):
+    widths = [max(len(c), *(len(f"{r[c]}") for r in rows)) for c in cols]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(f"{r[c]}".ljust(w) for c, w in zip(cols, widths)))

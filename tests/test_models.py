@@ -1,0 +1,191 @@
+"""The from-scratch model against Hugging Face, the bundled pair's quality, the registry, training."""
+import json
+
+import pytest
+import torch
+
+from course_lib.models import LlamaConfig, LlamaForCausalLM, bundled_path, flops_per_token, load
+from course_lib.models.corpus import load_split
+from course_lib.perf.quality import score_texts
+
+transformers = pytest.importorskip("transformers")
+
+CONFIGS = {
+    "gqa-tied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "mha-untied": dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False),
+    "mqa-tied": dict(num_attention_heads=8, num_key_value_heads=1, tie_word_embeddings=True),
+}
+
+
+def hf_load(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_parity_with_transformers_random_init(name, tmp_path):
+    torch.manual_seed(hash(name) % 1000)
+    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=176, num_hidden_layers=3,
+                      max_position_embeddings=128, rope_theta=500.0, **CONFIGS[name])
+    ours = LlamaForCausalLM(cfg).eval()
+    for p in ours.parameters():  # not just the init: norms and all
+        p.data.add_(torch.randn_like(p) * 0.05)
+    ours.save_pretrained(tmp_path)
+    theirs = hf_load(tmp_path)
+    ids = torch.randint(0, cfg.vocab_size, (3, 50))
+    with torch.no_grad():
+        diff = (ours(ids) - theirs(ids).logits).abs().max().item()
+    assert diff <= 1e-4, f"{name}: max |logit difference| {diff:.2e} > 1e-4"
+    # and back: our loader reads what we saved
+    again = LlamaForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(again(ids), ours(ids))
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-draft"])
+def test_parity_bundled_models(name):
+    model, tok = load(name, device="cpu")
+    theirs = hf_load(bundled_path(name))
+    ids = torch.tensor([tok("import os\n\ndef walk(path):\n    for name in os.listdir(path):")["input_ids"]])
+    with torch.no_grad():
+        diff = (model(ids) - theirs(ids).logits).abs().max().item()
+    assert diff <= 1e-4, f"{name}: max |logit difference| {diff:.2e}"
+
+
+def test_bundled_loads_through_auto_classes_offline():
+    tok = transformers.AutoTokenizer.from_pretrained(str(bundled_path("tiny")))
+    text = "def f(x):\n    return {'a': [x, 1.5]}\n"
+    assert tok.decode(tok(text)["input_ids"]) == text  # byte-level BPE round-trips exactly
+    assert tok.eos_token_id == json.loads((bundled_path("tiny") / "config.json").read_text())["eos_token_id"]
+    model = hf_load(bundled_path("tiny"))
+    out = model.generate(torch.tensor([tok("import ")["input_ids"]]), max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > 1
+
+
+def test_both_models_share_the_tokenizer():
+    a = (bundled_path("tiny") / "tokenizer.json").read_bytes()
+    b = (bundled_path("tiny-draft") / "tokenizer.json").read_bytes()
+    assert a == b
+
+
+def test_draft_costs_at_most_a_fifth_of_the_target():
+    t, _ = load("tiny", device="cpu")
+    d, _ = load("tiny-draft", device="cpu")
+    ratio = flops_per_token(d.config) / flops_per_token(t.config)
+    assert ratio <= 0.2, f"draft/target FLOPs per token = {ratio:.2f}"
+    assert d.num_parameters() * 5 <= t.num_parameters()
+
+
+@pytest.fixture(scope="module")
+def heldout_scores():
+    texts = load_split("heldout")
+    out = {}
+    for name in ("tiny", "tiny-draft"):
+        model, tok = load(name, device="cpu")
+        out[name] = score_texts(model, tok, texts, progress=False).bits_per_byte
+    from course_lib.models.train import unigram_bits_per_byte
+    _, tok = load("tiny", device="cpu")
+    train = load_split("train", max_files=120)
+    stream = torch.tensor([i for t in train for i in tok(t)["input_ids"]])
+    ids = [tok(t)["input_ids"] for t in texts]
+    out["unigram"] = unigram_bits_per_byte(stream, ids, len(tok), sum(len(t.encode()) for t in texts))
+    return out
+
+
+@pytest.mark.slow
+def test_models_are_trained_not_random(heldout_scores):
+    s = heldout_scores
+    assert s["tiny"] <= 1.6, f"target: {s['tiny']:.3f} bits/byte on the held-out split (must be <= 1.6)"
+    assert s["tiny"] < s["tiny-draft"] - 0.1, f"target {s['tiny']:.3f} must clearly beat draft {s['tiny-draft']:.3f}"
+    assert s["tiny-draft"] < s["unigram"] - 0.5, f"draft {s['tiny-draft']:.3f} vs unigram {s['unigram']:.3f}"
+
+
+def test_model_card_reports_measured_numbers():
+    card = (bundled_path("tiny").parent / "MODEL_CARD.md").read_text()
+    report = json.loads((bundled_path("tiny").parent / "training_report.json").read_text())
+    assert f"{report['target']['bits_per_byte']:.3f}" in card
+    assert f"{report['draft']['bits_per_byte']:.3f}" in card
+    assert f"{report['unigram_bits_per_byte']:.3f}" in card
+    assert report["target"]["bits_per_byte"] <= 1.6
+
+
+def _balanced(code: str) -> bool:
+    pairs, stack = {")": "(", "]": "[", "}": "{"}, []
+    for ch in code:
+        if ch in "([{":
+            stack.append(ch)
+        elif ch in pairs:
+            if not stack or stack.pop() != pairs[ch]:
+                return False
+    return not stack
+
+
+@pytest.mark.slow
+def test_greedy_generation_is_plausible_python():
+    model, tok = load("tiny", device="cpu")
+    prompts = ["def __init__(self", "    def get(self, key, default=None):\n", "import os\nimport sys\n\n",
+               "class Error(Exception):\n", "        if not isinstance(", "    return self._data[",
+               "for i in range(len(", "def main():\n    parser = argparse.ArgumentParser("]
+    ok = 0
+    for p in prompts:
+        ids = torch.tensor([tok(p)["input_ids"]])
+        with torch.no_grad():
+            for _ in range(48):
+                nxt = model(ids)[:, -1].argmax(-1, keepdim=True)
+                ids = torch.cat([ids, nxt], 1)
+        text = tok.decode(ids[0])
+        # judge the completed lines: drop the last, possibly unfinished, one
+        body = text.rsplit("\n", 1)[0] if "\n" in text[len(p):] else text
+        ok += _balanced(body)
+    assert ok >= 6, f"only {ok}/8 greedy completions have balanced brackets"
+
+
+def test_hub_name_falls_back_offline_with_one_line_notice(monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_OFFLINE", "1")
+    model, tok = load("smollm2-135m", device="cpu")
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "bundled" in out[0]
+    assert model.name == "tiny-draft"
+
+
+def test_bad_inputs_get_clear_errors():
+    with pytest.raises(ValueError, match="unknown model"):
+        load("no-such-model")
+    with pytest.raises(ValueError, match="must divide"):
+        LlamaConfig(hidden_size=100, num_attention_heads=3)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        LlamaConfig(num_attention_heads=8, num_key_value_heads=3)
+    with pytest.raises(ValueError, match="positive"):
+        LlamaConfig(num_hidden_layers=0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=4,
+                                         num_key_value_heads=2, max_position_embeddings=16))
+    with pytest.raises(ValueError, match="context"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(TypeError, match="input_ids"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="seq >= 1"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+
+
+def test_custom_mask_and_positions_match_causal_default():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    m = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 10))
+    causal = torch.tril(torch.ones(10, 10, dtype=torch.bool))
+    with torch.no_grad():
+        a = m(ids)
+        b = m(ids, positions=torch.arange(10), attn_mask=causal)
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_training_script_is_deterministic(tmp_path):
+    from course_lib.models import train
+    outs = []
+    for run in ("a", "b"):
+        train.main(["--quick", "--out", str(tmp_path / run), "--threads", "1"])
+        outs.append((tmp_path / run / "tiny" / "model.safetensors").read_bytes())
+    assert outs[0] == outs[1], "two seeded quick runs gave different weights"
+    assert (tmp_path / "a" / "MODEL_CARD.md").is_file()

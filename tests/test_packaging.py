@@ -1,0 +1,114 @@
+"""The repository's own promises: two README commands that CI runs, consistent dependency lists."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_environment_yml_installs_this_package_with_pyprojects_extras():
+    yml = (ROOT / "environment.yml").read_text()
+    pip_lines = re.findall(r"^\s*-\s+(-e\s+\S+|\S+)\s*$", yml.split("pip:")[1], re.M)
+    assert pip_lines == ["-e .[dev]"], f"environment.yml pip section: {pip_lines}"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "dev" in extras
+    py = re.search(r"python=(3\.\d+)", yml).group(1)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert tuple(map(int, py.split("."))) >= tuple(map(int, requires.strip(">=").split(".")))
+
+
+def test_torch_is_never_pinned_and_flash_attn_is_optional():
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_req = [d for d in proj["dependencies"] if d.startswith("torch")]
+    assert torch_req and "==" not in torch_req[0], torch_req
+    assert not any("flash" in d for d in proj["dependencies"])
+    assert not any("nbgrader" in d for d in proj["dependencies"]), "nbgrader must not be a student dependency"
+    assert any("ipywidgets>=7.6" in d for d in proj["dependencies"])
+
+
+def test_readme_has_exactly_two_newcomer_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start")[1].split("\n## ")[0]
+    cmds = re.findall(r"^\s*(make \S+)\s*$", quick, re.M)
+    assert cmds == ["make course", "make test"], cmds
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
+
+
+def test_every_notebook_and_lab_has_a_colab_badge_in_readme():
+    readme = (ROOT / "README.md").read_text()
+    for nb in sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("labs/*.ipynb")]):
+        rel = nb.relative_to(ROOT).as_posix()
+        assert f"blob/main/{rel})" in readme, f"README has no Colab badge for {rel}"
+
+
+def test_notebooks_start_with_badge_install_and_parameters_cells():
+    import nbformat
+    for nb_path in sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb"),
+                           *ROOT.glob("labs/*.ipynb")]):
+        nb = nbformat.read(str(nb_path), as_version=4)
+        rel = nb_path.relative_to(ROOT).as_posix()
+        assert "colab-badge.svg" in nb.cells[0].source and rel in nb.cells[0].source, rel
+        assert "google.colab" in nb.cells[1].source, f"{rel}: cell 2 must be the Colab-only install cell"
+        assert nb.metadata["kernelspec"]["name"] == "python3", rel
+        for c in nb.cells:
+            if c.cell_type == "code":
+                assert not c.get("outputs") and c.get("execution_count") is None, f"{rel}: outputs not stripped"
+        if nb_path.parent.name == "notebooks":
+            tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+            assert len(tagged) == 1, f"{rel}: needs exactly one cell tagged 'parameters'"
+
+
+def test_syllabus_lists_all_thirteen_modules_and_existing_files():
+    syl = (ROOT / "syllabus.md").read_text()
+    nums = re.findall(r"^## Module (\d\d)", syl, re.M)
+    assert nums == [f"{i:02d}" for i in range(13)], nums
+    for nb in ROOT.glob("notebooks/*.ipynb"):
+        assert nb.name in syl, f"syllabus.md does not mention {nb.name}"
+
+
+def test_course_console_script_help():
+    out = subprocess.run([sys.executable, "-m", "course_lib.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "doctor" in out.stdout and "grade" in out.stdout
+
+
+def test_doctor_reports_and_succeeds_here():
+    out = subprocess.run([sys.executable, "-m", "course_lib.cli", "doctor"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for key in ("torch", "real bf16", "flash-attn", "triton", "bitsandbytes", "colab", "model tiny"):
+        assert key in out.stdout
+
+
+def test_doctor_fails_when_the_bundled_model_is_broken(monkeypatch, capsys):
+    from course_lib import doctor, models
+    monkeypatch.setattr(models, "BUNDLED_ROOT", Path("/nonexistent"))
+    assert doctor.main([]) == 1
+    assert "broken" in capsys.readouterr().out
+
+
+def test_t4_has_no_real_bf16(monkeypatch):
+    import torch
+
+    from course_lib import env
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert env.real_bf16() is False
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert env.real_bf16() is True
+
+
+@pytest.mark.parametrize("bad", ["cuda:0"])
+def test_device_asks_for_missing_cuda(bad):
+    import torch
+
+    from course_lib import env
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here")
+    with pytest.raises(ValueError, match="CUDA"):
+        env.device(bad)
