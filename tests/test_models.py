@@ -119,24 +119,29 @@ def _balanced(code: str) -> bool:
     return not stack
 
 
+def _plausible(generated: str) -> bool:
+    """At least one completed, non-trivial line, and brackets balanced over the completed lines."""
+    lines = generated.split("\n")[:-1]
+    return any(l.strip() not in ("", "#") for l in lines) and _balanced("\n".join(lines))
+
+
 @pytest.mark.slow
-def test_greedy_generation_is_plausible_python():
+def test_generation_from_python_prompts_is_plausible_python():
+    # Prompts: the first 40 lines of held-out files (brackets closed there). Seeded sampling at
+    # temperature 0.8 / top-k 40: greedy decoding of a model this small falls into repetition loops
+    # ("name, name, name, ..."), which the model card reports.
+    from course_lib.generation import generate
     model, tok = load("tiny", device="cpu")
-    prompts = ["def __init__(self", "    def get(self, key, default=None):\n", "import os\nimport sys\n\n",
-               "class Error(Exception):\n", "        if not isinstance(", "    return self._data[",
-               "for i in range(len(", "def main():\n    parser = argparse.ArgumentParser("]
-    ok = 0
-    for p in prompts:
-        ids = torch.tensor([tok(p)["input_ids"]])
-        with torch.no_grad():
-            for _ in range(48):
-                nxt = model(ids)[:, -1].argmax(-1, keepdim=True)
-                ids = torch.cat([ids, nxt], 1)
-        text = tok.decode(ids[0])
-        # judge the completed lines: drop the last, possibly unfinished, one
-        body = text.rsplit("\n", 1)[0] if "\n" in text[len(p):] else text
-        ok += _balanced(body)
-    assert ok >= 6, f"only {ok}/8 greedy completions have balanced brackets"
+    gen = torch.Generator().manual_seed(0)
+    ok = n = 0
+    for text in load_split("heldout")[:12]:
+        prompt = "\n".join(text.split("\n")[:40]) + "\n"
+        ids = tok(prompt)["input_ids"][-200:]
+        out, _ = generate(model, ids, 64, temperature=0.8, top_k=40, generator=gen)
+        n += 1
+        ok += _plausible(tok.decode(out))
+    assert _plausible("x = f(a, [1, 2])\ny = 2\n") and not _plausible("x = f(a, [1, 2)\n")
+    assert ok >= 7, f"only {ok}/{n} sampled completions are plausible Python"
 
 
 def test_hub_name_falls_back_offline_with_one_line_notice(monkeypatch, capsys):
