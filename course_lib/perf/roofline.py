@@ -1,0 +1,245 @@
+"""The roofline model: how fast an operation can possibly run on a device.
+
+An op with arithmetic intensity I (FLOP per byte moved) on a device with peak P (FLOP/s) and memory
+bandwidth W (bytes/s) runs at most at
+
+    attainable(I) = min(P, I * W)                        FLOP/s
+
+The two lines meet at the ridge point I* = P / W. Below it the op is memory-bound (time = bytes / W),
+above it compute-bound (time = FLOPs / P); either way its time is at least max(FLOPs / P, bytes / W).
+
+    from course_lib.perf import ridge_point, attainable_flops, classify, min_decode_latency
+    ridge_point("A100-80GB", "fp16")                       # 153 FLOP/byte
+    min_decode_latency(6.74e9, "A100-80GB", "fp16")        # 6.6 ms: read every fp16 weight once
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from course_lib.perf.hardware import DeviceSpec, bytes_per_element, format_table, get_gpu
+from course_lib.perf.intensity import OpTable, _si, as_model, intensity_table
+
+MEMORY_BOUND, COMPUTE_BOUND = "memory-bound", "compute-bound"
+
+
+def _device(device) -> DeviceSpec:
+    return get_gpu(device)  # a DeviceSpec passes through, a name is looked up (ValueError if unknown)
+
+
+def _positive(x, name):
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not x > 0:
+        raise ValueError(f"{name} must be a positive number, got {x!r}")
+    return x
+
+
+def ridge_point(device, dtype="fp16") -> float:
+    """The intensity (FLOP/byte) where the roofline bends: peak FLOP/s / bandwidth bytes/s."""
+    d = _device(device)
+    return d.peak_flops(dtype) / d.bandwidth
+
+
+def attainable_flops(intensity, device, dtype="fp16"):
+    """min(peak, intensity * bandwidth) in FLOP/s; intensity may be a number or an array."""
+    d = _device(device)
+    x = np.asarray(intensity, dtype=float)
+    if np.any(~(x >= 0)):
+        raise ValueError(f"intensity must be >= 0, got {intensity!r}")
+    out = np.minimum(d.peak_flops(dtype), x * d.bandwidth)
+    return float(out) if out.ndim == 0 else out
+
+
+def classify(intensity, device, dtype="fp16") -> str:
+    """'memory-bound' below the ridge point, 'compute-bound' at or above it."""
+    if intensity is None:
+        return MEMORY_BOUND  # moves data, computes nothing
+    if not intensity >= 0:
+        raise ValueError(f"intensity must be >= 0, got {intensity!r}")
+    return COMPUTE_BOUND if intensity >= ridge_point(device, dtype) else MEMORY_BOUND
+
+
+def roofline_time(flops, nbytes, device, dtype="fp16") -> float:
+    """Lower bound on an op's time: max(FLOPs / peak, bytes / bandwidth) seconds."""
+    d = _device(device)
+    if flops < 0 or nbytes < 0:
+        raise ValueError(f"flops and nbytes must be >= 0, got {flops!r}, {nbytes!r}")
+    return max(flops / d.peak_flops(dtype), nbytes / d.bandwidth)
+
+
+@dataclass
+class RooflineRow:
+    name: str
+    kind: str
+    count: int
+    flops: float
+    bytes: float
+    intensity: float | None
+    attainable: float          # FLOP/s
+    bound: str
+    time: float                # seconds for all `count` runs
+
+
+@dataclass
+class RooflineAnalysis:
+    """Every op of an OpTable placed on a device's roofline; `time` sums the ops' lower bounds."""
+    table: OpTable
+    device: DeviceSpec
+    dtype: str
+    rows: list = field(default_factory=list)
+
+    @property
+    def time(self) -> float:
+        return sum(r.time for r in self.rows)
+
+    @property
+    def ridge(self) -> float:
+        return ridge_point(self.device, self.dtype)
+
+    def share(self, bound: str = MEMORY_BOUND) -> float:
+        """Fraction of the predicted time spent in ops with this bound."""
+        t = self.time
+        return sum(r.time for r in self.rows if r.bound == bound) / t if t else 0.0
+
+    def __getitem__(self, name):
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def _table(self):
+        head = ["op", "count", "FLOP/byte", "attainable", "bound", "time", "share"]
+        T = self.time
+        rows = [[r.name, str(r.count), "-" if r.intensity is None else f"{r.intensity:.3g}",
+                 _si(r.attainable, "FLOP/s"), r.bound, _si(r.time, "s"), f"{r.time / T:.1%}"] for r in self.rows]
+        rows.append(["total", "", f"{self.table.intensity:.3g}", "", f"{self.share():.0%} of time memory-bound",
+                     _si(T, "s"), "100%"])
+        note = (f"{self.table.caption()} on {self.device.name} ({self.dtype}, ridge {self.ridge:.3g} FLOP/byte); "
+                f"time = max(FLOPs/peak, bytes/bandwidth) per op, summed")
+        return head, rows, note
+
+    def to_markdown(self):
+        return format_table(*self._table()[:2], "markdown", note=self._table()[2])
+
+    def to_html(self):
+        return format_table(*self._table()[:2], "html", note=self._table()[2])
+
+    def to_text(self):
+        return format_table(*self._table()[:2], "text", note=self._table()[2])
+
+    def _repr_html_(self):
+        return self.to_html()
+
+    def __str__(self):
+        return self.to_text()
+
+    def __repr__(self):
+        return (f"RooflineAnalysis({self.table!r} on {self.device.name}, {self.dtype}: "
+                f"{self.time * 1e3:.4g} ms, {self.share():.0%} memory-bound)")
+
+
+def _peak_dtype(table: OpTable, device: DeviceSpec, dtype):
+    if dtype is not None:
+        return dtype
+    if table.dtype in device.peak_tflops:
+        return table.dtype
+    return device.default_dtype
+
+
+def analyze(table: OpTable, device, dtype=None) -> RooflineAnalysis:
+    """Place each op of `table` on `device`'s roofline for `dtype` (default: the table's dtype, or the
+    device's default when it has no rate for it, e.g. fp32 on a measured CPU)."""
+    if not isinstance(table, OpTable) or table.mode != "real":
+        raise ValueError("table must be an OpTable from intensity_table(..., mode='real')")
+    d = _device(device)
+    dt = _peak_dtype(table, d, dtype)
+    peak, bw = d.peak_flops(dt), d.bandwidth
+    rows = []
+    for r in table.rows:
+        I = r.intensity
+        att = min(peak, I * bw) if I is not None else 0.0
+        t = max(r.flops / peak, r.bytes / bw) * r.count
+        rows.append(RooflineRow(r.name, r.kind, r.count, r.flops, r.bytes, I, att,
+                                classify(I, d, dt), t))
+    return RooflineAnalysis(table, d, str(dt), rows)
+
+
+def predict_time(model, device, phase: str, seq_len: int, batch: int = 1, dtype="fp16", **kw) -> float:
+    """Roofline lower bound (seconds) of one prefill of seq_len tokens or one decode step after seq_len
+    cached tokens: the sum over ops of max(FLOPs/peak, bytes/bandwidth)."""
+    return analyze(intensity_table(model, phase, seq_len, batch, dtype, **kw), device).time
+
+
+def min_decode_latency(num_params, device, dtype="fp16", kv_cache_bytes: float = 0) -> float:
+    """Seconds per decode step at best: every weight is read once per step (plus the KV cache).
+
+    num_params: a parameter count, or a model (LlamaConfig, ModelShape, name) to count them from.
+    dtype: bytes per weight, as a dtype name or a number.
+    E.g. a 7B model in fp16 on an A100 80 GB: 6.74e9 * 2 bytes / 2.039e12 B/s = 6.6 ms.
+    """
+    if not isinstance(num_params, numbers.Real):
+        num_params = as_model(num_params).num_parameters()
+    _positive(num_params, "num_params")
+    if kv_cache_bytes < 0:
+        raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes!r}")
+    return (num_params * bytes_per_element(dtype) + kv_cache_bytes) / _device(device).bandwidth
+
+
+def matmul_intensity(batch, d_in: int, d_out: int, dtype="fp16", weight_dtype=None):
+    """FLOP/byte of a decode weight matmul [batch, d_in] x [d_in, d_out] (batch may be an array)."""
+    a = bytes_per_element(dtype)
+    w = a if weight_dtype is None else bytes_per_element(weight_dtype, "weight_dtype")
+    b = np.asarray(batch, dtype=float)
+    out = 2 * b * d_in * d_out / (a * (b * d_in + b * d_out) + w * d_in * d_out)
+    return float(out) if out.ndim == 0 else out
+
+
+def _solve_batch(R, a, w, W, A) -> float:
+    # I(B) = 2 B W / (a B A + w W) = R  ->  B = R w W / (2 W - R a A); never when 2 W <= R a A.
+    den = 2 * W - R * a * A
+    return math.inf if den <= 0 else R * w * W / den
+
+
+def _peak_dtype_of(device, dtype, peak_dtype):
+    if peak_dtype is not None:
+        return peak_dtype
+    if isinstance(dtype, numbers.Real):  # a bare number of bytes: the device's main rate
+        return _device(device).default_dtype
+    return dtype
+
+
+def critical_batch(d_in: int, d_out: int, device, dtype="fp16", weight_dtype=None, peak_dtype=None) -> float:
+    """The batch size B* at which a decode weight matmul [B, d_in] x [d_in, d_out] reaches the ridge
+    point (intensity(B*) = peak / bandwidth). Below it decode is memory-bound: the weights are read
+    once for the whole batch, so a bigger batch costs almost nothing. math.inf when the matmul can
+    never become compute-bound. The smallest integer batch that is compute-bound is max(1, ceil(B*)).
+
+    dtype: bytes per element (a dtype name or a number); peak_dtype: whose peak rate to use (default:
+    dtype when it is a name, else the device's default rate).
+    """
+    d_in, d_out = int(_positive(d_in, "d_in")), int(_positive(d_out, "d_out"))
+    a = bytes_per_element(dtype)
+    w = a if weight_dtype is None else bytes_per_element(weight_dtype, "weight_dtype")
+    R = ridge_point(device, _peak_dtype_of(device, dtype, peak_dtype))
+    return _solve_batch(R, a, w, d_in * d_out, d_in + d_out)
+
+
+def decode_critical_batch(model, device, dtype="fp16", weight_dtype=None) -> float:
+    """critical_batch for all the weight matmuls of one decode step together (projections, MLP,
+    LM head): the batch where their combined FLOPs / bytes reach the ridge point. Attention over the
+    KV cache is left out: each sequence reads its own cache, so its intensity does not grow with
+    the batch (it stays memory-bound at any batch size)."""
+    t = intensity_table(model, "decode", 1, 1, dtype, weight_dtype=weight_dtype)
+    mats = [r for r in t.rows if r.kind == "matmul"]
+    W = sum(r.count * r.k * r.n for r in mats)
+    A = sum(r.count * (r.k + r.n) for r in mats)
+    a = bytes_per_element(dtype)
+    w = a if weight_dtype is None else bytes_per_element(weight_dtype, "weight_dtype")
+    return _solve_batch(ridge_point(device, dtype), a, w, W, A)
+
+
+__all__ = ["MEMORY_BOUND", "COMPUTE_BOUND", "ridge_point", "attainable_flops", "classify", "roofline_time",
+           "RooflineRow", "RooflineAnalysis", "analyze", "predict_time", "min_decode_latency",
+           "matmul_intensity", "critical_batch", "decode_critical_batch"]
