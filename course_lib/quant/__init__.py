@@ -1,0 +1,39 @@
+"""Quantization: number formats, absmax / zero-point quantization at any granularity, error metrics,
+int4 packing, memory arithmetic, GGUF Q8_0/Q4_0 blocks and NF4 (module 02).
+
+    from course_lib.quant import absmax_quantize, zeropoint_quantize, sqnr_db
+    q = absmax_quantize(w, bits=4, granularity="group", group_size=128)   # q.codes, q.scale
+    w_hat = q.dequantize()
+    print(sqnr_db(w, w_hat))
+"""
+from .core import (QuantizedTensor, absmax_quantize, check_bits, check_tensor, dequantize, dequantize_codes,
+                   expand_params, fake_quantize, group_sum, percentile_clip_ratio, qrange, quantize,
+                   search_clip_ratio, zeropoint_quantize)
+from .formats import (FORMATS, CodebookFormat, Decoded, FloatFormat, IntFormat, decode_bits, encode_bits,
+                      format_table, format_table_markdown, get_format, representable_values)
+from .gguf import (describe_block, dequantize_q4_0, dequantize_q8_0, gguf_dequantize, gguf_quantize,
+                   quantize_q4_0, quantize_q8_0)
+from .memory import (GB, WEIGHT_FORMATS, GiB, WeightFormat, bits_per_weight, memory_table,
+                     memory_table_markdown, weight_bytes)
+from .metrics import DB_PER_BIT, error_report, max_error, mse, sqnr_db
+from .nf4 import NF4Tensor, dynamic_map, nf4_codebook, nf4_dequantize, nf4_quantize
+from .packing import pack_int4, unpack_int4
+
+__all__ = [
+    # core
+    "QuantizedTensor", "quantize", "absmax_quantize", "zeropoint_quantize", "dequantize", "dequantize_codes",
+    "fake_quantize", "qrange", "check_tensor", "check_bits", "expand_params", "group_sum",
+    "percentile_clip_ratio", "search_clip_ratio",
+    # formats
+    "FORMATS", "FloatFormat", "IntFormat", "CodebookFormat", "Decoded", "get_format", "decode_bits",
+    "encode_bits", "representable_values", "format_table", "format_table_markdown",
+    # metrics
+    "mse", "max_error", "sqnr_db", "error_report", "DB_PER_BIT",
+    # packing and memory
+    "pack_int4", "unpack_int4", "WeightFormat", "WEIGHT_FORMATS", "bits_per_weight", "weight_bytes",
+    "memory_table", "memory_table_markdown", "GB", "GiB",
+    # block formats
+    "quantize_q8_0", "dequantize_q8_0", "quantize_q4_0", "dequantize_q4_0", "gguf_quantize",
+    "gguf_dequantize", "describe_block",
+    "NF4Tensor", "nf4_codebook", "dynamic_map", "nf4_quantize", "nf4_dequantize",
+]
