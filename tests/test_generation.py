@@ -1,0 +1,345 @@
+"""course_lib.generation: sampling filters against transformers' logits warpers, sampling frequencies
+against the filtered softmax, and the generate loop against transformers' generate on the bundled model."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.generation import (GenerateOutput, TokenEvent, Trace, apply_temperature, generate, greedy,
+                                   model_logits, sample, sampling_probs, top_k_filter, top_p_filter)
+from course_lib.models import bundled_path, load
+
+lp = pytest.importorskip("transformers.generation.logits_process")
+
+
+# --------------------------------------------------------------------------------------------------
+# fixtures
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = load("tiny", device="cpu", verbose=False)
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def hf_tiny():
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(bundled_path("tiny"))).eval()
+
+
+def _logits(rows=64, vocab=257, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, vocab, generator=g) * scale
+
+
+# --------------------------------------------------------------------------------------------------
+# filters vs transformers
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 2, 5, 40, 256, 257, 1000])
+def test_top_k_matches_transformers(k):
+    x = _logits(seed=k)
+    ref = lp.TopKLogitsWarper(top_k=k)(None, x.clone())
+    assert torch.equal(top_k_filter(x, k), ref)
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 10.0])
+def test_top_p_matches_transformers(scale):
+    x = _logits(rows=200, seed=int(scale * 10), scale=scale)
+    for p in [1e-6, 0.05, 0.3, 0.5, 0.73, 0.9, 0.95, 0.999, 1.0]:
+        ref = lp.TopPLogitsWarper(top_p=p)(None, x.clone())
+        got = top_p_filter(x, p)
+        assert torch.equal(torch.isinf(got), torch.isinf(ref)), f"p={p}"
+        assert torch.equal(got, ref), f"p={p}"
+
+
+def test_temperature_matches_transformers():
+    x = _logits()
+    for t in [0.1, 0.7, 1.0, 2.5]:
+        assert torch.allclose(apply_temperature(x, t), lp.TemperatureLogitsWarper(t)(None, x.clone()))
+
+
+def test_top_p_keeps_the_crossing_token_and_the_top_token():
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    kept = lambda p: (~torch.isinf(top_p_filter(logits, p))).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(0.45) == [0]  # 0.5 already reaches 0.45
+    assert kept(0.55) == [0, 1]  # 0.5 < 0.55: the token that crosses p (0.3) is kept
+    assert kept(0.85) == [0, 1, 2]
+    assert kept(0.97) == [0, 1, 2, 3]
+    assert kept(1e-9) == [0]  # the most likely token is always kept
+    assert kept(1.0) == [0, 1, 2, 3]
+    # the order in the vocabulary does not matter
+    perm = torch.tensor([2, 0, 3, 1])
+    assert (~torch.isinf(top_p_filter(logits[perm], 0.55))).nonzero().flatten().tolist() == [1, 3]
+
+
+def test_top_k_keeps_ties_and_works_on_any_batch_shape():
+    logits = torch.tensor([1.0, 3.0, 3.0, 2.0])
+    assert torch.equal(top_k_filter(logits, 1), torch.tensor([-math.inf, 3.0, 3.0, -math.inf]))
+    x = torch.randn(2, 3, 50)
+    out = top_k_filter(x, 7)
+    assert out.shape == x.shape and int((~torch.isinf(out)).sum(-1).min()) == 7
+    assert top_p_filter(x, 0.5).shape == x.shape
+
+
+def test_numpy_integers_are_accepted():
+    x = _logits(rows=4)
+    assert torch.equal(top_k_filter(x, np.int64(3)), top_k_filter(x, 3))
+    assert torch.equal(top_p_filter(x, np.float64(0.5)), top_p_filter(x, 0.5))
+
+
+def test_filters_do_not_modify_their_input():
+    x = _logits(rows=4)
+    x0 = x.clone()
+    top_k_filter(x, 3), top_p_filter(x, 0.5), top_p_filter(x, 1.0), apply_temperature(x, 0.5)
+    assert torch.equal(x, x0)
+
+
+# --------------------------------------------------------------------------------------------------
+# argument checks
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
+def test_bad_top_k(bad):
+    with pytest.raises(ValueError, match="top_k"):
+        top_k_filter(torch.zeros(5), bad)
+    if bad is not None:
+        with pytest.raises(ValueError, match="top_k"):
+            sample(torch.zeros(5), top_k=bad)
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.1, 1.01, float("nan"), "0.9"])
+def test_bad_top_p(bad):
+    with pytest.raises(ValueError, match="top_p"):
+        top_p_filter(torch.zeros(5), bad)
+    with pytest.raises(ValueError, match="top_p"):
+        sample(torch.zeros(5), top_p=bad)
+
+
+@pytest.mark.parametrize("bad", [-0.5, -1, float("nan"), float("inf")])
+def test_bad_temperature(bad):
+    with pytest.raises(ValueError, match="temperature"):
+        sample(torch.zeros(5), temperature=bad)
+    with pytest.raises(ValueError, match="temperature"):
+        apply_temperature(torch.zeros(5), bad)
+    with pytest.raises(ValueError, match="temperature"):
+        apply_temperature(torch.zeros(5), 0)  # greedy has no rescaled logits
+
+
+def test_bad_logits():
+    with pytest.raises(TypeError, match="logits"):
+        sample(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(TypeError, match="logits"):
+        top_k_filter([1.0, 2.0], 1)
+    with pytest.raises(ValueError, match="logits"):
+        sample(torch.zeros(3, 0))
+
+
+# --------------------------------------------------------------------------------------------------
+# sampling
+# --------------------------------------------------------------------------------------------------
+def test_temperature_zero_is_greedy():
+    x = _logits(rows=32)
+    assert torch.equal(sample(x, temperature=0), x.argmax(-1))
+    assert torch.equal(sample(x, temperature=0, top_k=3, top_p=0.5), x.argmax(-1))
+    assert torch.equal(greedy(x), x.argmax(-1))
+    p = sampling_probs(x, temperature=0)
+    assert torch.equal(p.argmax(-1), x.argmax(-1)) and torch.equal(p.sum(-1), torch.ones(32))
+    # ties: the first maximal index, like torch.argmax and HF
+    assert int(sample(torch.tensor([0.0, 2.0, 2.0]), temperature=0)) == 1
+
+
+def test_sampling_probs_is_softmax_of_filtered_logits_in_hf_order():
+    x = _logits(rows=16)
+    for t, k, p in [(1.0, None, None), (0.7, 20, None), (1.5, None, 0.8), (0.5, 30, 0.9)]:
+        ref = x.clone()
+        ref = lp.TemperatureLogitsWarper(t)(None, ref)
+        if k is not None:
+            ref = lp.TopKLogitsWarper(k)(None, ref)
+        if p is not None:
+            ref = lp.TopPLogitsWarper(p)(None, ref)
+        assert torch.allclose(sampling_probs(x, t, k, p), torch.softmax(ref, -1), atol=1e-7)
+
+
+def test_seeded_generator_reproduces_draws():
+    x = _logits(rows=100)
+    a = sample(x, 1.0, 50, 0.9, generator=torch.Generator().manual_seed(7))
+    b = sample(x, 1.0, 50, 0.9, generator=torch.Generator().manual_seed(7))
+    c = sample(x, 1.0, 50, 0.9, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.shape == (100,) and a.dtype == torch.long
+
+
+def _chi2_critical(df: int, z: float = 3.719) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile; z=3.719 is the 1 - 1e-4 normal quantile."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("t,k,p", [(1.0, None, None), (0.8, 6, None), (1.3, None, 0.8), (0.9, 8, 0.9)])
+def test_sampling_frequencies_match_filtered_softmax(t, k, p):
+    logits = torch.tensor([2.0, 1.5, 1.2, 1.0, 0.6, 0.3, 0.1, -0.2, -0.8, -1.5, -2.5, -4.0])
+    n = 40_000
+    draws = sample(logits.expand(n, -1), t, k, p, generator=torch.Generator().manual_seed(1234))
+    counts = torch.bincount(draws, minlength=logits.numel()).double()
+    probs = sampling_probs(logits, t, k, p).double()
+    assert counts[probs == 0].sum() == 0, "a filtered token was sampled"
+    expected = probs[probs > 0] * n
+    chi2 = float(((counts[probs > 0] - expected) ** 2 / expected).sum())
+    df = int((probs > 0).sum()) - 1
+    assert chi2 < _chi2_critical(df), f"chi2={chi2:.1f} with {df} degrees of freedom"
+
+
+# --------------------------------------------------------------------------------------------------
+# generate
+# --------------------------------------------------------------------------------------------------
+PROMPTS = ["def main(argv):\n", "import os\nimport sys\n\n", "class Parser:\n    def __init__(self, text):"]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_generate_equals_transformers(tiny, hf_tiny, prompt):
+    model, tok = tiny
+    ids = tok(prompt)["input_ids"]
+    n = 24
+    tokens, trace = generate(model, ids, n, eos_token_id=tok.eos_token_id)
+    ref = hf_tiny.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
+                           eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(ids):]
+    assert tokens.tolist() == ref.tolist()
+    assert len(trace) == len(tokens) and trace.prompt_tokens == len(ids)
+    assert trace.token_ids == tokens.tolist()
+
+
+def test_greedy_without_eos_runs_to_max_new_tokens(tiny, hf_tiny):
+    model, tok = tiny
+    ids = tok(PROMPTS[0])["input_ids"]
+    tokens, _ = generate(model, ids, 20)
+    cfg = hf_tiny.generation_config
+    old = cfg.eos_token_id
+    try:
+        cfg.eos_token_id = None
+        ref = hf_tiny.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=20,
+                               pad_token_id=tok.pad_token_id)[0, len(ids):]
+    finally:
+        cfg.eos_token_id = old
+    assert len(tokens) == 20 and tokens.tolist() == ref.tolist()
+
+
+def test_sampled_generate_equals_transformers_with_same_seed(tiny, hf_tiny):
+    """Same warpers in the same order and one torch.multinomial per step: with the same global seed,
+    the draws match transformers' sampled generate token for token."""
+    model, tok = tiny
+    ids = tok(PROMPTS[1])["input_ids"]
+    for t, k, p in [(0.8, 0, 1.0), (1.2, 40, 0.9)]:
+        torch.manual_seed(99)
+        tokens, _ = generate(model, ids, 20, temperature=t, top_k=k or None, top_p=p,
+                             eos_token_id=tok.eos_token_id)
+        torch.manual_seed(99)
+        ref = hf_tiny.generate(torch.tensor([ids]), do_sample=True, temperature=t, top_k=k, top_p=p,
+                               max_new_tokens=20, eos_token_id=tok.eos_token_id,
+                               pad_token_id=tok.pad_token_id)[0, len(ids):]
+        assert tokens.tolist() == ref.tolist(), (t, k, p)
+
+
+def test_generate_accepts_hf_models_and_tensor_prompts(tiny, hf_tiny):
+    model, tok = tiny
+    ids = tok(PROMPTS[2])["input_ids"]
+    a, _ = generate(model, ids, 12)
+    b, _ = generate(hf_tiny, torch.tensor([ids]), 12)
+    c, _ = generate(model, torch.tensor(ids), 12)
+    d, _ = generate(model, [np.int64(i) for i in ids], np.int64(12))
+    assert a.tolist() == b.tolist() == c.tolist() == d.tolist()
+    assert model_logits(hf_tiny, torch.tensor([ids])).shape == (1, len(ids), model.config.vocab_size)
+
+
+def test_seeded_sampling_in_generate_is_reproducible(tiny):
+    model, tok = tiny
+    ids = tok(PROMPTS[0])["input_ids"]
+    runs = [generate(model, ids, 15, temperature=1.0, top_p=0.95,
+                     generator=torch.Generator().manual_seed(s))[0].tolist() for s in (5, 5, 6)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_callback_events_and_trace(tiny):
+    model, tok = tiny
+    ids = tok(PROMPTS[0])["input_ids"]
+    events = []
+    out = generate(model, ids, 8, callback=events.append)
+    assert isinstance(out, GenerateOutput)
+    tokens, trace = out
+    assert isinstance(trace, Trace) and all(isinstance(e, TokenEvent) for e in events)
+    assert events == trace.events
+    assert [e.index for e in events] == list(range(8))
+    assert [e.token_id for e in events] == tokens.tolist()
+    assert all(e.start == trace.start for e in events)
+    times = trace.times
+    assert trace.start < times[0] and all(a <= b for a, b in zip(times, times[1:]))
+    assert trace.ttft == events[0].elapsed > 0
+    assert math.isclose(trace.tpot, (times[-1] - times[0]) / 7)
+    assert math.isclose(trace.e2e, times[-1] - trace.start)
+    assert math.isclose(trace.tokens_per_second, 8 / trace.e2e)
+    m = trace.metrics()
+    assert m.n_tokens == 8 and m.ttft == trace.ttft
+
+
+def test_callback_returning_true_stops(tiny):
+    model, tok = tiny
+    tokens, trace = generate(model, tok(PROMPTS[0])["input_ids"], 10, callback=lambda e: e.index == 2)
+    assert len(tokens) == 3 and len(trace) == 3
+
+
+def test_eos_stops_and_is_included(tiny):
+    model, tok = tiny
+    ids = tok(PROMPTS[0])["input_ids"]
+    free, _ = generate(model, ids, 6)
+    stop_at = free[2].item()
+    first = free.tolist().index(stop_at)
+    tokens, _ = generate(model, ids, 6, eos_token_id=[12345, stop_at])
+    assert tokens.tolist() == free.tolist()[:first + 1]
+
+
+def test_zero_new_tokens_gives_an_empty_trace(tiny):
+    model, tok = tiny
+    tokens, trace = generate(model, tok(PROMPTS[0])["input_ids"], 0)
+    assert tokens.numel() == 0 and len(trace) == 0
+    with pytest.raises(ValueError, match="empty"):
+        trace.ttft
+
+
+def test_context_limit(tiny):
+    model, _ = tiny
+    ctx = model.config.max_position_embeddings
+    ids = [1] * (ctx - 1)
+    tokens, _ = generate(model, ids, 1)  # exactly fills the context
+    assert len(tokens) == 1
+    with pytest.raises(ValueError, match="context"):
+        generate(model, ids, 2)
+    with pytest.raises(ValueError, match="context"):
+        generate(model, [1] * (ctx + 1), 0)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(input_ids=[]), "input_ids"),
+    (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), "input_ids"),
+    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), "batch"),
+    (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(max_new_tokens=2.0), "max_new_tokens"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_k=0), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(eos_token_id="x"), "eos_token_id"),
+])
+def test_generate_bad_arguments(tiny, kwargs, match):
+    model, _ = tiny
+    args = dict(input_ids=[1, 2, 3], max_new_tokens=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        generate(model, **args)
+
+
+def test_generate_type_errors(tiny):
+    model, _ = tiny
+    with pytest.raises(TypeError, match="input_ids"):
+        generate(model, "hello", 2)
+    with pytest.raises(TypeError, match="input_ids"):
+        generate(model, torch.zeros(3), 2)
+    with pytest.raises(TypeError, match="callback"):
+        generate(model, [1, 2], 2, callback=3)

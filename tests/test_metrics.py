@@ -1,0 +1,241 @@
+"""course_lib.perf.metrics and course_lib.perf.memory: percentiles against numpy, latency metrics from
+timestamps (fixed examples and random traces), bad input, cost, and memory arithmetic."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.perf.memory import (MemoryMeasurement, autograd_saved_bytes, bits_per_param, format_bytes,
+                                    model_weight_bytes, parameter_bytes, peak_memory)
+from course_lib.perf.metrics import (RequestMetrics, TokenEvent, Trace, cost_per_million_tokens,
+                                     decode_tokens_per_second, e2e_latency, format_summary,
+                                     inter_token_latencies, percentile, percentiles, request_metrics,
+                                     summarize, tokens_per_second, tpot, ttft)
+from course_lib.perf.timing import Timing, benchmark
+
+
+# --------------------------------------------------------------------------------------------------
+# percentile
+# --------------------------------------------------------------------------------------------------
+def test_percentile_equals_numpy_default_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        n = int(rng.integers(1, 40))
+        v = rng.normal(size=n) * float(rng.choice([1e-4, 1.0, 1e5]))
+        q = float(rng.choice([0, 1, 25, 50, 90, 99, 99.9, 100])) if rng.random() < 0.3 else float(rng.uniform(0, 100))
+        assert percentile(list(v), q) == float(np.percentile(v, q)), (list(v), q)
+
+
+def test_percentile_fixed_examples():
+    v = [15, 20, 35, 40, 50]
+    assert percentile(v, 0) == 15 and percentile(v, 100) == 50 and percentile(v, 50) == 35
+    assert percentile(v, 40) == 29.0  # rank 1.6: 20 + 0.6 * 15
+    assert percentile([3.0], 99) == 3.0
+    assert percentile(np.array([4, 1, 3, 2]), 50) == 2.5  # unsorted input, numpy arrays
+    assert percentile((x for x in [1, 2, 3]), 50) == 2  # any iterable
+    assert percentile(v, np.int64(50)) == percentile(v, np.float32(50)) == 35  # numpy scalars as q
+    assert percentiles(v) == {50: 35, 90: float(np.percentile(v, 90)), 99: float(np.percentile(v, 99))}
+
+
+@pytest.mark.parametrize("values,q,exc", [([], 50, ValueError), ([1, 2], -1, ValueError),
+                                          ([1, 2], 100.5, ValueError), ([1, 2], float("nan"), ValueError),
+                                          ([1, float("nan")], 50, ValueError), ("abc", 50, TypeError),
+                                          (5, 50, TypeError)])
+def test_percentile_bad_input(values, q, exc):
+    with pytest.raises(exc):
+        percentile(values, q)
+
+
+def test_timing_quantile_uses_percentile():
+    t = Timing([0.4, 0.1, 0.3, 0.2])
+    assert t.quantile(0.5) == 0.25 and math.isclose(t.iqr, float(np.subtract(*np.percentile(t.times, [75, 25]))))
+    assert "median" in repr(benchmark(lambda: None, warmup=1, repeats=5))
+
+
+# --------------------------------------------------------------------------------------------------
+# one request
+# --------------------------------------------------------------------------------------------------
+def test_request_metrics_fixed_example():
+    start, times = 10.0, [10.5, 10.6, 10.75, 10.8, 11.0]
+    assert math.isclose(ttft(start, times), 0.5)
+    assert math.isclose(tpot(times), 0.5 / 4)  # (t_last - t_first) / (n - 1), not / n
+    assert np.allclose(inter_token_latencies(times), [0.1, 0.15, 0.05, 0.2])
+    assert math.isclose(e2e_latency(start, times), 1.0)
+    assert math.isclose(tokens_per_second(start, times), 5.0)
+    assert math.isclose(decode_tokens_per_second(times), 8.0)
+    m = request_metrics(start, times)
+    assert isinstance(m, RequestMetrics)
+    assert math.isclose(m.e2e, m.ttft + (m.n_tokens - 1) * m.tpot)
+
+
+def test_random_traces_against_numpy():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n = int(rng.integers(2, 60))
+        start = float(rng.uniform(0, 1e4))
+        times = start + rng.exponential(0.3) + np.cumsum(rng.exponential(0.02, size=n)) - rng.exponential(0.02)
+        times = np.maximum(times, start)
+        tr = Trace(start, [TokenEvent(i, 0, float(t), start) for i, t in enumerate(times)], prompt_tokens=3)
+        assert math.isclose(tr.ttft, times[0] - start, rel_tol=1e-12, abs_tol=1e-12)
+        assert math.isclose(tr.tpot, float(np.mean(np.diff(times))), rel_tol=1e-9, abs_tol=1e-12)
+        assert math.isclose(tr.e2e, times[-1] - start, rel_tol=1e-12)
+        assert math.isclose(tr.tokens_per_second, n / (times[-1] - start), rel_tol=1e-12)
+        assert np.allclose(tr.inter_token_latencies, np.diff(times))
+
+
+def test_single_token_request_has_no_tpot():
+    with pytest.raises(ValueError, match="TPOT"):
+        tpot([1.0])
+    m = request_metrics(0.0, [0.2])
+    assert m.tpot is None and m.n_tokens == 1 and math.isclose(m.tokens_per_second, 5.0)
+
+
+@pytest.mark.parametrize("fn", [lambda: ttft(0.0, []), lambda: tpot([]), lambda: e2e_latency(0.0, []),
+                                lambda: tokens_per_second(0.0, []), lambda: inter_token_latencies([]),
+                                lambda: request_metrics(Trace(0.0)), lambda: summarize([])])
+def test_empty_trace_raises(fn):
+    with pytest.raises(ValueError, match="empty"):
+        fn()
+
+
+@pytest.mark.parametrize("fn", [lambda: ttft(0.0, [0.3, 0.2]), lambda: tpot([1.0, 2.0, 1.5]),
+                                lambda: e2e_latency(0.0, [0.5, 0.4]), lambda: inter_token_latencies([2, 1])])
+def test_non_monotonic_timestamps_raise(fn):
+    with pytest.raises(ValueError, match="non-decreasing"):
+        fn()
+
+
+def test_negative_and_zero_durations_raise():
+    with pytest.raises(ValueError, match="negative duration"):
+        ttft(5.0, [4.0, 6.0])
+    with pytest.raises(ValueError, match="positive duration"):
+        tokens_per_second(1.0, [1.0, 1.0])
+    with pytest.raises(ValueError, match="NaN"):
+        tpot([0.0, float("nan")])
+    with pytest.raises(TypeError, match="start"):
+        ttft(None, [1.0])
+
+
+# --------------------------------------------------------------------------------------------------
+# many requests
+# --------------------------------------------------------------------------------------------------
+def test_summarize_percentiles_over_requests():
+    rng = np.random.default_rng(2)
+    traces = []
+    for i in range(30):
+        n = 1 if i % 10 == 0 else int(rng.integers(2, 20))
+        start = float(i)
+        times = start + 0.1 + np.cumsum(rng.exponential(0.01, size=n))
+        traces.append(Trace(start, [TokenEvent(j, 0, float(t), start) for j, t in enumerate(times)]))
+    s = summarize(traces)
+    assert s["requests"] == 30
+    ms = [request_metrics(t) for t in traces]
+    for key in ("ttft", "e2e", "tokens_per_second"):
+        vals = [getattr(m, key) for m in ms]
+        assert s[key] == {q: float(np.percentile(vals, q)) for q in (50, 90, 99)}
+    tp = [m.tpot for m in ms if m.tpot is not None]
+    assert len(tp) == 27 and s["tpot"] == {q: float(np.percentile(tp, q)) for q in (50, 90, 99)}
+    assert s["ttft"][50] <= s["ttft"][90] <= s["ttft"][99]
+    # (start, times) pairs work too, and single-token-only batches have no TPOT row
+    s2 = summarize([(0.0, [0.1]), (1.0, [1.3])], qs=(50,))
+    assert s2["tpot"] is None and math.isclose(s2["ttft"][50], 0.2)
+    table = format_summary(s)
+    assert "TTFT (ms)" in table and "p99" in table and "n/a" in format_summary(s2)
+
+
+# --------------------------------------------------------------------------------------------------
+# cost
+# --------------------------------------------------------------------------------------------------
+def test_cost_per_million_tokens():
+    assert math.isclose(cost_per_million_tokens(3.6, 1000), 1.0)  # $3.60/h, 1000 tok/s -> $1 per 1M
+    assert math.isclose(cost_per_million_tokens(2.0, 50), 2.0 / (50 * 3600) * 1e6)
+    assert cost_per_million_tokens(0, 10) == 0
+    # ten times the throughput at the same price is ten times cheaper
+    assert math.isclose(cost_per_million_tokens(2.0, 500) * 10, cost_per_million_tokens(2.0, 50))
+
+
+@pytest.mark.parametrize("price,tps,match", [(-1, 10, "price_per_hour"), (1, 0, "tokens_per_second"),
+                                             (1, -5, "tokens_per_second"), (float("nan"), 1, "price"),
+                                             (1, float("inf"), "tokens_per_second")])
+def test_cost_bad_input(price, tps, match):
+    with pytest.raises(ValueError, match=match):
+        cost_per_million_tokens(price, tps)
+
+
+# --------------------------------------------------------------------------------------------------
+# memory
+# --------------------------------------------------------------------------------------------------
+def test_parameter_bytes_by_dtype():
+    n = 7e9
+    assert parameter_bytes(n, "fp32") == 28e9  # the seed's "28 GB" is FP32 ...
+    assert parameter_bytes(n, "fp16") == 14e9  # ... FP16 is 14 GB
+    assert parameter_bytes(n, "bf16") == parameter_bytes(n, torch.bfloat16) == 14e9
+    assert parameter_bytes(n, "int8") == 7e9 and parameter_bytes(n, "fp8") == 7e9
+    assert parameter_bytes(n, "int4") == 3.5e9
+    assert parameter_bytes(3, "int4") == 2  # two 4-bit values per byte, rounded up
+    assert parameter_bytes(10, torch.float32) == 40 and bits_per_param("float16") == 16
+
+
+@pytest.mark.parametrize("dtype,exc", [("int3", ValueError), (torch.int64, ValueError), (16, TypeError)])
+def test_parameter_bytes_bad_dtype(dtype, exc):
+    with pytest.raises(exc, match="dtype"):
+        parameter_bytes(10, dtype)
+
+
+def test_parameter_bytes_bad_count():
+    with pytest.raises(ValueError, match="num_params"):
+        parameter_bytes(-1, "fp16")
+
+
+def test_model_weight_bytes_counts_tied_weights_once():
+    from course_lib.models import load
+    model, _ = load("tiny", device="cpu", verbose=False)
+    n = model.config.num_parameters()
+    assert model_weight_bytes(model) == 4 * n
+    naive = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert model.config.tie_word_embeddings and naive > model_weight_bytes(model)
+    assert model_weight_bytes(model.half()) == 2 * n
+    with pytest.raises(TypeError, match="model"):
+        model_weight_bytes("tiny")
+
+
+def test_autograd_saved_bytes():
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(8, 64)
+    _, saved = autograd_saved_bytes(lambda: torch.relu(lin(x)))
+    assert saved == 2 * 8 * 64 * 4  # linear saves its input, relu its output; the weight is not counted
+    with torch.no_grad():
+        assert autograd_saved_bytes(lambda: torch.relu(lin(x)))[1] == 0
+    with torch.inference_mode():
+        assert autograd_saved_bytes(lambda: torch.relu(lin(x)))[1] == 0
+
+
+def test_peak_memory_on_cpu_sees_kept_and_transient_allocations():
+    out, m = peak_memory(lambda: torch.ones(16 * 2**20), device="cpu")  # 64 MiB, touched and kept
+    assert isinstance(m, MemoryMeasurement) and out.numel() == 16 * 2**20
+    if m.method == "unavailable":
+        pytest.skip("process RSS cannot be read on this platform")
+    assert m.method in ("rss_peak", "rss_delta") and m.peak_bytes >= 48 * 2**20
+    del out
+
+    def transient():  # 512 MiB touched then freed: only the high-water mark can see it
+        x = torch.ones(128 * 2**20)
+        return float(x[-1])
+
+    _, m = peak_memory(transient, device="cpu")
+    assert m.method == "rss_peak" and "approximate" in m.note, m
+    assert m.peak_bytes >= 400 * 2**20, m
+    _, m = peak_memory(lambda: None, device="cpu")  # below the earlier peak: a lower bound only
+    assert m.method == "rss_delta" and "lower bound" in m.note and m.peak_bytes >= 0
+
+
+@pytest.mark.gpu
+def test_peak_memory_on_cuda_is_exact():
+    out, m = peak_memory(lambda: torch.ones(2**20, device="cuda"), device="cuda")
+    assert m.method == "cuda_max_allocated" and m.peak_bytes >= 4 * 2**20
+
+
+def test_format_bytes():
+    assert format_bytes(512) == "512 B" and format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(3 * 2**30) == "3.00 GiB" and format_bytes(None) == "n/a"
