@@ -1,12 +1,13 @@
 """Shared by the benchmark scripts: the device's name and where results go."""
 import json
+import os
 import platform
 import sys
 from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(os.environ.get("COURSE_BENCH_RESULTS", Path(__file__).parent / "results"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
