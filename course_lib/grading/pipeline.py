@@ -1,0 +1,131 @@
+"""The instructor pipeline: `course build-labs` and `course grade`.
+
+    course build-labs [--solutions solutions] [--labs labs] [--check] [LAB ...]
+    course grade SUBMISSIONS [--labs-release labs] [--solutions solutions] [--out grades]
+                 [--timeout 60] [--assignment labNN] [--workdir DIR] [--config nbgrader_config.py]
+
+Both drive nbgrader (generate_assignment, autograde, generate_feedback) through its Python API in a
+working nbgrader course directory outside the repository. The pieces, usable from Python:
+
+    build_labs(solutions, labs, names=None, check=False)      -> [LabBuild]       (build.py)
+    find_leaks(source_nb, lab_nb)                              -> [lines]          (build.py)
+    answer_sources(source_nb), fill_answers(lab_nb, answers)   solved / mutant submissions
+    collect(submissions, labs)                                 -> Collection       (collect.py)
+    repair(submission_nb, release_nb)                          -> (nb, Findings)   (repair.py)
+    grade(submissions, labs_release, solutions, out, ...)      -> GradeReport      (autograde.py)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .autograde import GradeReport, Result, grade, summary, write_outputs
+from .build import (LabBuild, LabBuildError, answer_sources, build_labs, build_ok, fill_answers, find_leaks,
+                    lab_names, secret_and_public_lines)
+from .collect import Collection, Submission, collect, parse_name, strip_copy_decorations
+from .repair import Findings, repair
+
+__all__ = ["build_labs_main", "grade_main", "build_labs", "build_ok", "find_leaks", "secret_and_public_lines",
+           "answer_sources", "fill_answers", "lab_names", "LabBuild", "LabBuildError", "collect", "parse_name",
+           "strip_copy_decorations", "Collection", "Submission", "repair", "Findings", "grade", "summary",
+           "write_outputs", "GradeReport", "Result"]
+
+
+def build_labs_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="course build-labs",
+        description="Generate the students' labs (labs/labNN.ipynb) from the nbgrader source labs "
+                    "(solutions/labNN.ipynb) with nbgrader generate_assignment. Deterministic: an "
+                    "unchanged source gives a byte-identical lab. Solutions and hidden tests are removed "
+                    "(and checked to be gone); duplicated grade_ids stop the build.")
+    p.add_argument("labs_to_build", nargs="*", metavar="LAB", help="only these labs (e.g. lab01); default: all")
+    p.add_argument("--solutions", default="solutions", help="folder of source labs (default: solutions)")
+    p.add_argument("--labs", default="labs", help="folder of student labs (default: labs)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 and list the labs that are stale, missing or have no source")
+    p.add_argument("--config", default=None, help="nbgrader_config.py to use (default: ./nbgrader_config.py, "
+                   "else the one next to the solutions folder)")
+    args = p.parse_args(argv)
+    try:
+        results = build_labs(args.solutions, args.labs, args.labs_to_build or None, check=args.check,
+                             config_file=args.config)
+    except FileNotFoundError as e:
+        print(f"course build-labs: {e}", file=sys.stderr)
+        return 2
+    if not results:
+        print(f"course build-labs: no solutions/lab*.ipynb in {args.solutions}/")
+        return 0
+    for r in results:
+        line = f"{r.status:9s} {r.lab}"
+        if r.message:
+            line += f"\n          {r.message}"
+        print(line, file=sys.stderr if r.status == "error" else sys.stdout)
+    ok = build_ok(results, args.check)
+    if args.check and not ok:
+        bad = [r.name for r in results if r.status in ("stale", "missing", "orphan", "error")]
+        print(f"labs out of sync with {args.solutions}/: {', '.join(bad)} (run `course build-labs`)",
+              file=sys.stderr)
+    elif not args.check:
+        orphans = [r for r in results if r.status == "orphan"]
+        for r in orphans:
+            print(f"warning: {r.message}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+GRADE_EPILOG = """\
+accepted submission names (the assignment is the labNN token, e.g. lab01, Lab1, lab_01):
+  one folder per student (folder name = student id):
+    SUBMISSIONS/<student>/lab01.ipynb, .../Copy of lab01.ipynb, .../lab01 (1).ipynb,
+    .../lab01 - Copy.ipynb, .../anything-with-lab01.ipynb (any depth)
+  flat folder (student id in the file name):
+    <student>_lab01.ipynb  <student>-lab01.ipynb  <student> - lab01.ipynb  <student> lab01.ipynb
+    lab01_<student>.ipynb  lab01-<student>.ipynb  lab01 - <student>.ipynb
+    <name>_<number>_<number>_lab01.ipynb, <name>_LATE_<number>_<number>_lab01.ipynb   (Canvas; student = name)
+    <name>_<number>_assignsubmission_file_lab01.ipynb                                (Moodle; student = name)
+  copy decorations are ignored anywhere: "Copy of ...", " (1)", "(2)", " - Copy", " - Copy (2)",
+  " copy", " copy 2", Canvas's "-1" after the lab token, a doubled ".ipynb".
+  With --assignment, notebooks without a lab token count as that lab (a flat file's whole name is then
+  the student id). Without it, a token-less notebook in a student folder is recognized by content.
+  Files that cannot be attributed are listed as NOT GRADED (never dropped silently).
+  Several files of one student for one lab: the newest is graded, the submission flagged for review.
+
+outputs (in --out): grades.csv (student, assignment, score, max_score, status, flags, file),
+  report.json (per-cell scores, repairs, messages), feedback/<student>/<lab>.html, logs/, not_graded.txt
+status: ok | repaired (safe automatic repair, see flags) | review (a human should look) |
+  error (not graded; score left empty, never 0)
+exit status: 0 all graded, 1 some file not graded or some submission in error, 2 usage error
+"""
+
+
+def grade_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="course grade",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Collect, check, autograde (nbgrader), give feedback and export the grades of a folder "
+                    "of submitted lab notebooks, as students download them from Colab or Jupyter. The "
+                    "submissions are only read, never modified.",
+        epilog=GRADE_EPILOG)
+    p.add_argument("submissions", metavar="SUBMISSIONS", help="folder of submissions (or one notebook)")
+    p.add_argument("--labs-release", default="labs", help="folder of the released labs students got (default: labs)")
+    p.add_argument("--solutions", default="solutions", help="folder of the source labs (default: solutions)")
+    p.add_argument("--out", default="grades", help="output folder (default: grades)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="per-cell time limit in seconds (default: nbgrader_config.py's, else 60)")
+    p.add_argument("--assignment", default=None, metavar="labNN", help="grade only this lab")
+    p.add_argument("--workdir", default=None,
+                   help="keep nbgrader's course folder (gradebook.db, autograded notebooks) here "
+                        "(default: a temporary folder, deleted)")
+    p.add_argument("--config", default=None, help="nbgrader_config.py to use")
+    p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    args = p.parse_args(argv)
+    try:
+        report = grade(args.submissions, args.labs_release, args.solutions, args.out, args.timeout,
+                       args.assignment, args.workdir, args.config, feedback=not args.no_feedback,
+                       echo=None if args.quiet else (lambda s: print(s, flush=True)))
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"course grade: {e}", file=sys.stderr)
+        return 2
+    print(summary(report))
+    print(f"\nwrote {report.out}/grades.csv, report.json, feedback/")
+    return 0 if report.ok else 1
