@@ -174,8 +174,8 @@ def main(argv=None):
     heldout_texts = load_split("heldout")
     target_cfg, draft_cfg = TARGET, DRAFT
     if args.quick:
-        train_texts, heldout_texts = train_texts[:40], heldout_texts[:3]
-        args.target_steps, args.draft_steps = 20, 20
+        train_texts, heldout_texts = train_texts[:12], heldout_texts[:2]
+        args.target_steps, args.draft_steps = 4, 4
     tok_dir = args.out / "tokenizer"
     tok = train_tokenizer(train_texts, target_cfg.vocab_size, tok_dir)
     eos = tok.token_to_id(EOS)
