@@ -1,0 +1,204 @@
+"""The KV cache contract and the two plain caches: a growing one (torch.cat) and a preallocated one.
+
+Shapes: B batch, K key/value heads, T new tokens in this call, S tokens returned, Dh head dim.
+
+The contract the course model uses (``course_lib.models.llama``), the same shape as Hugging Face's:
+
+    k_all, v_all = cache.update(k, v, layer)   # k, v: [B, K, T, Dh] for the T new tokens, after RoPE
+                                               # k_all, v_all: [B, K, S, Dh], everything to attend to
+    cache.get_seq_length()                     # the position the next token gets
+
+The model calls ``get_seq_length()`` once per forward, before any layer's ``update``, and then calls
+``update`` for layers 0, 1, ..., L-1 in order. Each cache keeps one state per layer, so layer 0's state
+tells the length "before this forward". Caches that evict tokens make a difference between
+``get_seq_length()`` (where RoPE puts the next token) and ``stored_length()`` (tokens held).
+
+Extras every cache here has: ``stored_length(layer)``, ``nbytes()`` (bytes of the tensors it holds),
+``attn_mask(T)`` (a [T, S] mask for the next forward of T tokens, or None for the model's causal mask)
+and ``attach(model)`` (a context manager; only caches that need more than k and v use it).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def _check_kv(k, v, layer, name="update"):
+    if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name}: k and v must be torch tensors, got {type(k).__name__} and {type(v).__name__}")
+    if k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"{name}: k and v must be [batch, kv_heads, seq, head_dim], got shapes "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{name}: k {tuple(k.shape)} and v {tuple(v.shape)} disagree on batch, heads or seq")
+    if k.device != v.device or k.dtype != v.dtype:
+        raise ValueError(f"{name}: k and v must share device and dtype, got {k.device}/{k.dtype} and "
+                         f"{v.device}/{v.dtype}")
+    if not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"{name}: layer must be a non-negative int, got {layer!r}")
+
+
+def _check_same_stream(old_k, k, layer):
+    """New tokens must match the cached batch, heads and head dim of this layer."""
+    if old_k.shape[0] != k.shape[0] or old_k.shape[1] != k.shape[1] or old_k.shape[3] != k.shape[3]:
+        raise ValueError(f"update: layer {layer} holds [batch={old_k.shape[0]}, kv_heads={old_k.shape[1]}, "
+                         f"head_dim={old_k.shape[3]}] but got k of shape {tuple(k.shape)}")
+    if old_k.device != k.device or old_k.dtype != k.dtype:
+        raise ValueError(f"update: layer {layer} holds {old_k.dtype} on {old_k.device}, got {k.dtype} on {k.device}")
+
+
+class KVCache:
+    """Base class: defaults for the extras. Subclasses implement ``update`` and ``get_seq_length``."""
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer: int):
+        raise NotImplementedError
+
+    def get_seq_length(self) -> int:
+        raise NotImplementedError
+
+    def stored_length(self, layer: int = 0) -> int:
+        return self.get_seq_length()
+
+    def nbytes(self) -> int:
+        return 0
+
+    def attn_mask(self, num_new: int, device=None):
+        """Mask [T, S] (True = attend) for a forward of `num_new` tokens, or None = the model's causal mask."""
+        return None
+
+    def attach(self, model):
+        """Context manager: hooks a cache needs on the model (default: none)."""
+        return contextlib.nullcontext(self)
+
+
+def attached(cache, model):
+    """``with attached(cache, model):`` works for any cache, with or without an ``attach`` method."""
+    if hasattr(cache, "attach"):
+        return cache.attach(model)
+    return contextlib.nullcontext(cache)
+
+
+class ContiguousCache(KVCache):
+    """The plain KV cache: one growing tensor per layer, extended with ``torch.cat`` on the seq axis.
+
+    Simple and exact. Its cost: every append copies the whole layer cache (O(S) per token), and the
+    memory grows one token at a time, so a serving engine cannot plan for it (Module 06).
+    """
+
+    def __init__(self):
+        self.k: list[torch.Tensor] = []  # per layer [B, K, S, Dh]
+        self.v: list[torch.Tensor] = []
+
+    def update(self, k, v, layer):
+        _check_kv(k, v, layer)
+        if layer == len(self.k):            # first tokens for this layer
+            self.k.append(k)
+            self.v.append(v)
+        elif layer < len(self.k):
+            _check_same_stream(self.k[layer], k, layer)
+            self.k[layer] = torch.cat([self.k[layer], k], dim=2)  # [B, K, S + T, Dh]
+            self.v[layer] = torch.cat([self.v[layer], v], dim=2)
+        else:
+            raise ValueError(f"update: layers must be filled in order 0, 1, ...; got layer {layer} "
+                             f"while only {len(self.k)} layers are cached")
+        return self.k[layer], self.v[layer]
+
+    def get_seq_length(self) -> int:
+        return self.k[0].shape[2] if self.k else 0
+
+    def stored_length(self, layer: int = 0) -> int:
+        return self.k[layer].shape[2] if layer < len(self.k) else 0
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def crop(self, length: int):
+        """Keep only the first `length` tokens (rewinding: rejected draft tokens, re-timing a step)."""
+        if not isinstance(length, int) or not 0 <= length <= self.get_seq_length():
+            raise ValueError(f"length must be an int in [0, {self.get_seq_length()}], got {length!r}")
+        self.k = [k[:, :, :length] for k in self.k]
+        self.v = [v[:, :, :length] for v in self.v]
+
+    def reset(self):
+        self.k, self.v = [], []
+
+
+class StaticCache(KVCache):
+    """A preallocated cache: [B, K, max_len, Dh] per layer, written in place at the current position.
+
+    Nothing is reallocated while generating (no copies, fixed addresses: what CUDA graphs and
+    torch.compile want), but the whole `max_len` is reserved up front whether it is used or not,
+    the waste Module 06 measures. ``update`` returns views of the filled part.
+
+    Buffers are created on the first update of each layer from k's shape, dtype and device, or all at
+    once with ``StaticCache.for_model(model, batch, max_len)``.
+    """
+
+    def __init__(self, max_len: int):
+        if not isinstance(max_len, int) or max_len <= 0:
+            raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+        self.max_len = max_len
+        self.k: list[torch.Tensor] = []  # per layer [B, K, max_len, Dh]
+        self.v: list[torch.Tensor] = []
+        self.lengths: list[int] = []     # tokens written per layer
+
+    @classmethod
+    def for_model(cls, model, batch: int, max_len: int | None = None, dtype=None, device=None):
+        cfg = model.config
+        max_len = max_len or cfg.max_position_embeddings
+        cache = cls(max_len)
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        dtype = dtype or model.dtype
+        device = device or model.device
+        for _ in range(cfg.num_hidden_layers):
+            cache.k.append(torch.zeros(shape, dtype=dtype, device=device))
+            cache.v.append(torch.zeros(shape, dtype=dtype, device=device))
+            cache.lengths.append(0)
+        return cache
+
+    def update(self, k, v, layer):
+        _check_kv(k, v, layer)
+        B, K, T, Dh = k.shape
+        if layer == len(self.k):
+            self.k.append(torch.zeros(B, K, self.max_len, Dh, dtype=k.dtype, device=k.device))
+            self.v.append(torch.zeros(B, K, self.max_len, Dh, dtype=v.dtype, device=v.device))
+            self.lengths.append(0)
+        elif layer > len(self.k):
+            raise ValueError(f"update: layers must be filled in order; got layer {layer} with "
+                             f"{len(self.k)} layers allocated")
+        _check_same_stream(self.k[layer], k, layer)
+        start = self.lengths[layer]
+        if start + T > self.max_len:
+            raise ValueError(f"StaticCache is full: {start} tokens cached + {T} new > max_len={self.max_len}")
+        self.k[layer][:, :, start:start + T] = k   # write in place, no reallocation
+        self.v[layer][:, :, start:start + T] = v
+        self.lengths[layer] = start + T
+        return self.k[layer][:, :, :start + T], self.v[layer][:, :, :start + T]
+
+    def get_seq_length(self) -> int:
+        return self.lengths[0] if self.lengths else 0
+
+    def stored_length(self, layer: int = 0) -> int:
+        return self.lengths[layer] if layer < len(self.lengths) else 0
+
+    def nbytes(self) -> int:
+        """Bytes reserved (the whole max_len), not only the part in use."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def used_nbytes(self) -> int:
+        """Bytes of the filled part only."""
+        return sum(2 * k[:, :, :n].numel() * k.element_size() for k, n in zip(self.k, self.lengths))
+
+    def crop(self, length: int):
+        """Forget everything after the first `length` tokens (nothing is freed: it is all reserved)."""
+        if not isinstance(length, int) or not 0 <= length <= self.get_seq_length():
+            raise ValueError(f"length must be an int in [0, {self.get_seq_length()}], got {length!r}")
+        self.lengths = [length] * len(self.lengths)
+
+    def reset(self):
+        self.lengths = [0] * len(self.lengths)

@@ -1,0 +1,123 @@
+"""Heavy-hitter oracle (H2O) eviction: keep the tokens that have received the most attention so far.
+
+H2O (Zhang et al., 2023) keeps ``heavy`` "heavy hitters" (largest attention accumulated over all
+queries seen so far) plus the ``recent`` most recent tokens, per layer and per KV head, and evicts the
+rest. Between forwards the cache holds exactly ``heavy + recent`` tokens per head (fewer at the start).
+
+It needs the attention weights, which the cache contract does not pass (``update`` sees k and v only).
+Rather than change the model, the cache recomputes them from the queries: ``attach(model)`` registers a
+forward hook on each attention layer's ``q_proj`` that hands the cache the layer's query projection;
+``update`` rotates it (RoPE at the new tokens' positions), forms softmax(q k^T / sqrt(Dh)) with the
+model's causal rule, and adds the weights each key receives (summed over the query heads of its group
+and over the new queries) to that key's score. That doubles the attention work - fine for teaching.
+A real implementation gets the weights from the attention kernel; the minimal model hook for that is
+``cache.update(k, v, layer, q=q)`` (the rotated queries, [B, H, T, Dh]).
+
+Keys keep their absolute positions (no repositioning), so the model's context still bounds the length.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from course_lib.models.llama import apply_rope, rope_cos_sin
+
+from .base import KVCache, _check_kv, _check_same_stream
+
+
+@dataclass
+class _H2OState:
+    k: torch.Tensor      # [B, K, n, Dh] rotated keys (absolute positions)
+    v: torch.Tensor      # [B, K, n, Dh]
+    score: torch.Tensor  # [B, K, n] float32 accumulated attention
+    seen: int = 0
+
+
+class H2OCache(KVCache):
+    def __init__(self, heavy: int, recent: int):
+        for name, value in (("heavy", heavy), ("recent", recent)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if heavy + recent < 1:
+            raise ValueError("heavy + recent must be at least 1")
+        self.heavy, self.recent = heavy, recent
+        self.layers: list[_H2OState] = []
+        self._q: dict[int, torch.Tensor] = {}
+        self._cfg = None
+
+    @property
+    def budget(self) -> int:
+        return self.heavy + self.recent
+
+    @contextlib.contextmanager
+    def attach(self, model):
+        """Hook each layer's q_proj so that ``update`` can compute the attention weights."""
+        self._cfg = model.config
+        handles = []
+        for i, layer in enumerate(model.model.layers):
+            def hook(module, inputs, output, i=i):
+                self._q[i] = output.detach()
+            handles.append(layer.self_attn.q_proj.register_forward_hook(hook))
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+            self._q.clear()
+
+    def get_seq_length(self) -> int:
+        return self.layers[0].seen if self.layers else 0
+
+    def stored_length(self, layer: int = 0) -> int:
+        return self.layers[layer].k.shape[2] if layer < len(self.layers) else 0
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for st in self.layers for t in (st.k, st.v))
+
+    def update(self, k, v, layer):
+        _check_kv(k, v, layer)
+        if layer not in self._q or self._cfg is None:
+            raise RuntimeError("H2OCache needs the attention queries: run the model inside "
+                               "`with cache.attach(model):` (generate_with_cache and stream_score do this)")
+        if layer == len(self.layers):
+            B, K, _, Dh = k.shape
+            self.layers.append(_H2OState(k[:, :, :0], v[:, :, :0],
+                                         torch.zeros(B, K, 0, dtype=torch.float32, device=k.device)))
+        elif layer > len(self.layers):
+            raise ValueError(f"update: layers must be filled in order; got layer {layer}")
+        st = self.layers[layer]
+        _check_same_stream(st.k, k, layer)
+        B, K, T, Dh = k.shape
+        H = self._cfg.num_attention_heads
+        G = H // K
+        q = self._q.pop(layer).view(B, T, H, Dh).transpose(1, 2)           # [B, H, T, Dh] before RoPE
+        pos = torch.arange(st.seen, st.seen + T, device=k.device)
+        cos, sin = rope_cos_sin(pos[None].expand(B, T), Dh, self._cfg.rope_theta, q.dtype)
+        q = apply_rope(q, cos, sin)
+        k_all = torch.cat([st.k, k], dim=2)                                 # [B, K, S, Dh]
+        v_all = torch.cat([st.v, v], dim=2)
+        S = k_all.shape[2]
+        # The attention weights this step: query heads grouped by the KV head they share.
+        qg = q.float().view(B, K, G, T, Dh)
+        logits = torch.einsum("bkgtd,bksd->bkgts", qg, k_all.float()) / math.sqrt(Dh)
+        i = torch.arange(T, device=k.device)[:, None] + (S - T)
+        j = torch.arange(S, device=k.device)[None, :]
+        w = logits.masked_fill(~(j <= i), float("-inf")).softmax(-1)       # [B, K, G, T, S]
+        score = torch.cat([st.score, st.score.new_zeros(B, K, T)], dim=2) + w.sum(dim=(2, 3))
+        if S > self.budget:
+            old = S - self.recent                                           # eviction candidates [0, old)
+            top = score[:, :, :old].topk(self.heavy, dim=-1).indices.sort(dim=-1).values  # [B, K, heavy]
+            rec = torch.arange(old, S, device=k.device).expand(B, K, self.recent)
+            idx = torch.cat([top, rec], dim=-1)                              # [B, K, budget], in order
+            gi = idx[..., None].expand(-1, -1, -1, Dh)
+            st.k, st.v, st.score = k_all.gather(2, gi), v_all.gather(2, gi), score.gather(2, idx)
+        else:
+            st.k, st.v, st.score = k_all, v_all, score
+        st.seen += T
+        return k_all, v_all
+
+    def reset(self):
+        self.layers = []

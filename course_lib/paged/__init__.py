@@ -1,0 +1,23 @@
+"""Module 06: paged KV memory (PagedAttention).
+
+    from course_lib.paged import BlockManager, OutOfBlocks
+    mgr = BlockManager(num_blocks=64, block_size=16, prefix_caching=True)
+    mgr.add_sequence("a", prompt_tokens); mgr.append("a", token); mgr.fork("a", "b"); mgr.free("a")
+
+Pieces: BlockAllocator (free list, reference counts), BlockManager (block tables, copy-on-write fork,
+prefix caching with chained hashes), paged_attention_reference / paged_attention (PyTorch, and a Triton
+decode kernel in ``triton_paged``), KVPool + PagedCache (the course model on paged memory),
+sample_workload / simulate (waste of contiguous vs paged), PagedPlayground (the visualizer's state).
+Errors: OutOfBlocks (a signal for the scheduler), PagingError (misuse: double free, unknown ids, ...).
+"""
+from .allocator import BlockAllocator, OutOfBlocks, PagingError
+from .attention import (KVPool, PagedCache, contiguous_to_paged, gather_kv, paged_attention,
+                        paged_attention_reference)
+from .manager import BlockManager, SeqState, default_hash
+from .playground import PagedPlayground
+from .waste import ContiguousArena, Request, WasteReport, sample_workload, simulate
+
+__all__ = ["BlockAllocator", "OutOfBlocks", "PagingError", "KVPool", "PagedCache", "contiguous_to_paged",
+           "gather_kv", "paged_attention", "paged_attention_reference", "BlockManager", "SeqState",
+           "default_hash", "PagedPlayground", "ContiguousArena", "Request", "WasteReport", "sample_workload",
+           "simulate"]

@@ -1,0 +1,175 @@
+"""Module 05 core: the contiguous and static caches, cached generation == recomputation, the memory formula."""
+import copy
+
+import pytest
+import torch
+
+from course_lib.kvcache import (MODELS, ContiguousCache, StaticCache, generate_with_cache, kv_cache_bytes,
+                                kv_cache_bytes_for, kv_table)
+from course_lib.models import LlamaConfig, LlamaForCausalLM, load
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m, _ = load("tiny", device="cpu")
+    return m
+
+
+@torch.no_grad()
+def greedy_recompute(model, ids, n):
+    """The baseline: run the whole sequence again for every new token."""
+    logits_seen = []
+    for _ in range(n):
+        logits = model(ids)[:, -1]
+        logits_seen.append(logits)
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    return ids, torch.stack(logits_seen, dim=1)
+
+
+def make_cache(kind, model, batch):
+    if kind == "contiguous":
+        return ContiguousCache()
+    if kind == "static":
+        return StaticCache(64)
+    return StaticCache.for_model(model, batch, 64)
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "static", "static-prealloc"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_cached_generation_equals_recompute(model, kind, batch):
+    g = torch.Generator().manual_seed(100 + batch)
+    prompt = torch.randint(1, model.config.vocab_size, (batch, 9), generator=g)
+    want_ids, want_logits = greedy_recompute(model, prompt, 12)
+    cache = make_cache(kind, model, batch)
+    got_ids, got_logits = generate_with_cache(model, prompt, 12, cache=cache, return_logits=True)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+    # the last generated token is returned but never fed back: 9 + 12 - 1 tokens cached
+    assert cache.get_seq_length() == 9 + 12 - 1
+
+
+def test_prefill_logits_match_full_forward_in_chunks(model):
+    ids = torch.randint(1, 2048, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(ids)
+        cache = ContiguousCache()
+        parts = [model(ids[:, a:b], cache=cache) for a, b in ((0, 7), (7, 8), (8, 30))]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_contiguous_cache_contract_and_shapes():
+    c = ContiguousCache()
+    assert c.get_seq_length() == 0
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    for layer in range(3):
+        ka, va = c.update(k, v, layer)
+        assert ka.shape == (2, 3, 5, 4)
+    k2, v2 = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+    ka, va = c.update(k2, v2, 0)
+    assert ka.shape == (2, 3, 6, 4)
+    assert torch.equal(ka[:, :, :5], k) and torch.equal(ka[:, :, 5:], k2) and torch.equal(va[:, :, 5:], v2)
+    assert c.get_seq_length() == 6 and c.stored_length(1) == 5
+
+
+def test_static_cache_writes_in_place_and_reports_reservation():
+    c = StaticCache(10)
+    k = torch.randn(1, 2, 4, 8)
+    ka, _ = c.update(k, k.clone(), 0)
+    buf = c.k[0]
+    ka2, _ = c.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8), 0)
+    assert c.k[0].data_ptr() == buf.data_ptr()          # no reallocation
+    assert ka2.shape[2] == 5 and torch.equal(ka2[:, :, :4], k)
+    assert c.nbytes() == 2 * 1 * 2 * 10 * 8 * 4         # the whole max_len is reserved
+    assert c.used_nbytes() == 2 * 1 * 2 * 5 * 8 * 4
+    with pytest.raises(ValueError, match="full"):
+        c.update(torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), 0)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda c: c.update(torch.randn(2, 3, 4), torch.randn(2, 3, 4), 0),                    # 3-d
+    lambda c: c.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 2, 4), 0),              # seq differs
+    lambda c: c.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), 1),              # layer skipped
+    lambda c: c.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4).double(), 0),     # dtype differs
+    lambda c: c.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), -1),
+])
+def test_bad_updates_raise_value_error(bad):
+    with pytest.raises(ValueError):
+        bad(ContiguousCache())
+
+
+def test_mismatched_batch_on_second_update_raises():
+    c = ContiguousCache()
+    c.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), 0)
+    with pytest.raises(ValueError, match="batch"):
+        c.update(torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4), 0)
+    with pytest.raises(TypeError):
+        c.update([1], [2], 0)
+
+
+def test_memory_formula_matches_real_tensor_bytes(model):
+    cfg = model.config
+    for batch, n, dtype in ((1, 17, torch.float32), (3, 5, torch.float16)):
+        cache = ContiguousCache()
+        m = copy.deepcopy(model).to(dtype)
+        with torch.no_grad():
+            m(torch.randint(1, 2048, (batch, n)), cache=cache)
+        real = sum(t.numel() * t.element_size() for t in cache.k + cache.v)
+        elem = torch.finfo(dtype).bits // 8
+        assert real == cache.nbytes() == kv_cache_bytes_for(cfg, n, batch, elem)
+        assert real == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem * n * batch
+
+
+def test_memory_formula_known_values_and_errors():
+    # Llama-2-7B (MHA, 32 layers x 32 heads x 128) in fp16: 512 KiB per token, 2 GiB at 4096 tokens
+    assert kv_cache_bytes(32, 32, 128, 1) == 512 * 1024
+    assert MODELS["llama-2-7b"].cache_bytes(4096) == 2 * 2**30
+    # Llama-3-8B (GQA, 8 KV heads): 4x smaller; Falcon-7B (MQA, 1 head of 64): 8 KiB per token
+    assert MODELS["llama-3-8b"].bytes_per_token() * 4 == MODELS["llama-2-7b"].bytes_per_token()
+    assert MODELS["falcon-7b"].bytes_per_token() == 8 * 1024
+    # DeepSeek-V2 MLA: 60 layers x (512 + 64) x 2 bytes, no factor 2 for K and V
+    assert MODELS["deepseek-v2"].bytes_per_token() == 60 * 576 * 2
+    assert MODELS["llama-3.1-8b"].cache_bytes(131072) == 16 * 2**30
+    rows = kv_table(["llama-2-7b", "llama-3-8b", "falcon-7b"], tokens=4096, batch=8)
+    assert [r["attention"] for r in rows] == ["MHA", "GQA", "MQA"]
+    assert rows[0]["cache GiB"] == 16.0
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        kv_cache_bytes(32, 0, 128, 10)
+    with pytest.raises(ValueError, match="tokens"):
+        kv_cache_bytes(32, 8, 128, -1)
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        kv_cache_bytes(32, 8, 128, 1, bytes_per_element=0)
+
+
+def test_generate_with_cache_eos_and_errors():
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    m = LlamaForCausalLM(cfg).eval()
+    prompt = torch.randint(1, 64, (2, 4))
+    first = generate_with_cache(m, prompt, 1)[:, -1]
+    eos = int(first[0])
+    out = generate_with_cache(m, prompt, 6, eos_token_id=eos)
+    assert (out[0, 4:] == eos).all()                    # row 0 stops at once and is padded with eos
+    with pytest.raises(ValueError):
+        generate_with_cache(m, prompt[:, :0], 3)
+    with pytest.raises(TypeError):
+        generate_with_cache(m, prompt.float(), 3)
+    with pytest.raises(ValueError):
+        generate_with_cache(m, prompt, -1)
+    assert torch.equal(generate_with_cache(m, prompt, 0), prompt)
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "static"])
+def test_crop_rewinds_the_cache(model, kind):
+    ids = torch.randint(1, 2048, (1, 12), generator=torch.Generator().manual_seed(8))
+    cache = ContiguousCache() if kind == "contiguous" else StaticCache(32)
+    with torch.no_grad():
+        model(ids[:, :10], cache=cache)
+        first = model(ids[:, 10:12], cache=cache)
+        cache.crop(10)
+        assert cache.get_seq_length() == 10
+        again = model(ids[:, 10:12], cache=cache)
+    torch.testing.assert_close(again, first)
+    with pytest.raises(ValueError):
+        cache.crop(13)

@@ -1,0 +1,364 @@
+"""Module 05 variants: sliding window, sinks (RoPE positions), H2O, quantized, multi-tier, latent, GQA/MQA."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.kvcache import (ContiguousCache, H2OCache, LatentCache, MultiTierCache, QuantBlock,
+                                QuantizedCache, SinkCache, SlidingWindowCache, dequantize_minmax, fit_latent,
+                                generate_with_cache, pack_int4, quantize_minmax, regroup_kv_heads, rotate_keys,
+                                stream_score, unpack_int4)
+from course_lib.models import LlamaConfig, LlamaForCausalLM, load
+from course_lib.models.llama import apply_rope, rope_cos_sin
+
+
+@pytest.fixture(scope="module")
+def model():
+    m, _ = load("tiny", device="cpu")
+    return m
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A random small model with a short context (64) and MHA-style 4 heads / 2 KV heads."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def ids_for(n, vocab=2048, seed=0):
+    return torch.randint(1, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def band_mask(n, window, sinks=0):
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    return (j <= i) & ((j < sinks) | (i - j < window))
+
+
+def stream_logits(model, ids, cache, prefill=1, chunk=1):
+    out, a = [], 0
+    steps = [prefill] + [chunk] * ids.shape[1]
+    with torch.no_grad():
+        for s in steps:
+            if a >= ids.shape[1]:
+                break
+            b = min(a + s, ids.shape[1])
+            out.append(model(ids[:, a:b], cache=cache, attn_mask=cache.attn_mask(b - a)))
+            a = b
+    return torch.cat(out, dim=1)
+
+
+# --- sliding window and sinks -------------------------------------------------------------------------
+@pytest.mark.parametrize("window,sinks,prefill,chunk", [(8, 0, 1, 1), (8, 0, 13, 5), (5, 3, 1, 1), (6, 2, 20, 3)])
+def test_window_cache_equals_banded_attention(small, window, sinks, prefill, chunk):
+    """Absolute positions: streaming through the cache == one forward with the banded (+ sinks) mask."""
+    ids = ids_for(40, 97, seed=window)
+    cache = SlidingWindowCache(window, sinks=sinks)
+    got = stream_logits(small, ids, cache, prefill, chunk)
+    with torch.no_grad():
+        want = small(ids, attn_mask=band_mask(40, window, sinks))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_window_keeps_exact_token_count():
+    W, s = 4, 2
+    c = SlidingWindowCache(W, sinks=s)
+    seen = 0
+    for T in (1, 1, 3, 1, 7, 1, 1, 2):
+        k = torch.arange(seen, seen + T, dtype=torch.float32).view(1, 1, T, 1).expand(1, 1, T, 2).contiguous()
+        ka, _ = c.update(k, k.clone(), 0)
+        seen += T
+        assert c.stored_length() == min(seen, s + W)
+        stored = c.layers[0].k[0, 0, :, 0].tolist()
+        assert stored == [float(x) for x in list(range(min(seen, s))) + list(range(max(s, seen - W), seen))]
+        # a decode step attends to the sinks + W - 1 previous + itself
+        if T == 1 and seen > s + W:
+            assert ka.shape[2] == s + W
+    assert c.get_seq_length() == seen
+
+
+def test_sink_cache_without_eviction_equals_contiguous(model):
+    prompt = ids_for(10, seed=1)
+    want = generate_with_cache(model, prompt, 8, cache=ContiguousCache(), return_logits=True)
+    got = generate_with_cache(model, prompt, 8, cache=SinkCache(window=40, sinks=4), return_logits=True)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-4)
+
+
+def test_rotate_keys_composes_and_inverts():
+    k = torch.randn(2, 3, 5, 16)
+    p = torch.tensor([0, 3, 7, 100, 511])
+    back = rotate_keys(rotate_keys(k, p), -p)
+    torch.testing.assert_close(back, k, rtol=1e-5, atol=1e-4)
+    twice = rotate_keys(rotate_keys(k, p), p)
+    torch.testing.assert_close(twice, rotate_keys(k, 2 * p), rtol=1e-4, atol=1e-4)
+
+
+def test_sink_cache_rope_positions_are_cache_indices(model):
+    """Keys are cached after RoPE; the sink cache re-positions them. At layer 0 a key depends only on its
+    token and its position, so every returned key must equal RoPE(k_proj(token)) at its cache index."""
+    cfg = model.config
+    W, s = 6, 3
+    cache = SinkCache(window=W, sinks=s)
+    ids = ids_for(30, seed=5)[0]
+    seen_k = {}
+
+    class Spy:  # wraps the cache to capture what layer 0 receives back
+        def __getattr__(self, name):
+            return getattr(cache, name)
+
+        def update(self, k, v, layer):
+            out = cache.update(k, v, layer)
+            if layer == 0:
+                seen_k["k"] = out[0]
+            return out
+
+    spy = Spy()
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        for t in range(30):
+            model(ids[t:t + 1][None], cache=spy)
+            kept = list(range(min(t + 1, s))) + list(range(max(s, t + 1 - W), t + 1))
+            x = model.model.layers[0].input_layernorm(model.model.embed_tokens(ids[kept]))[None]
+            k = attn.k_proj(x).view(1, len(kept), cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+            cos, sin = rope_cos_sin(torch.arange(len(kept))[None], cfg.head_dim, cfg.rope_theta)
+            torch.testing.assert_close(seen_k["k"], apply_rope(k, cos, sin), rtol=1e-4, atol=1e-4)
+            assert cache.get_seq_length() <= s + W - 1           # positions stay bounded
+
+
+def test_sink_cache_runs_past_the_model_context(small):
+    """The small model has a 64-token context; a repositioned sink cache generates 150 tokens anyway,
+    while absolute positions (the plain window) hit the model's position limit."""
+    prompt = ids_for(5, 97, seed=2)
+    cache = SinkCache(window=16, sinks=4)
+    out = generate_with_cache(small, prompt, 150, cache=cache)
+    assert out.shape == (1, 155) and cache.stored_length() == 20 and cache.get_seq_length() == 19
+    with pytest.raises(ValueError, match="context"):
+        generate_with_cache(small, prompt, 150, cache=SlidingWindowCache(16))
+
+
+def test_window_cache_validation():
+    for bad in (dict(window=0), dict(window=2.5), dict(window=4, sinks=-1)):
+        with pytest.raises(ValueError):
+            SlidingWindowCache(**bad)
+
+
+# --- H2O ----------------------------------------------------------------------------------------------
+def h2o_reference(qs, ks, heavy, recent, group):
+    """Plain loops: per (kv head), accumulate attention, keep top-`heavy` older + last `recent`.
+    qs: list of [H, Dh] rotated queries, ks: list of [K, Dh] keys, one per step."""
+    K = ks[0].shape[0]
+    kept = [[] for _ in range(K)]   # per head: list of [orig index, score]
+    for t, (q, k) in enumerate(zip(qs, ks)):
+        for h in range(K):
+            kept[h].append([t, 0.0])
+            keys = torch.stack([ks[i][h] for i, _ in kept[h]])
+            for g in range(group):
+                w = torch.softmax(keys @ q[h * group + g] / math.sqrt(q.shape[-1]), dim=0)
+                for e, wi in zip(kept[h], w.tolist()):
+                    e[1] += wi
+            if len(kept[h]) > heavy + recent:
+                old, rec = kept[h][:-recent] if recent else kept[h], kept[h][-recent:] if recent else []
+                top = sorted(sorted(old, key=lambda e: -e[1])[:heavy], key=lambda e: e[0])
+                kept[h] = top + rec
+    return [[i for i, _ in kh] for kh in kept]
+
+
+def test_h2o_matches_reference_on_random_queries():
+    torch.manual_seed(0)
+    B, K, G, Dh, steps, heavy, recent = 1, 2, 2, 8, 14, 3, 2
+    cfg = SimpleNamespace(num_attention_heads=K * G, rope_theta=10000.0)
+    cache = H2OCache(heavy, recent)
+    cache._cfg = cfg
+    qs, ks = [], []
+    for t in range(steps):
+        q_raw = torch.randn(B, 1, K * G * Dh) * 2
+        k = torch.randn(B, K, 1, Dh)
+        cos, sin = rope_cos_sin(torch.tensor([[t]]), Dh, 10000.0)
+        qs.append(apply_rope(q_raw.view(1, 1, K * G, Dh).transpose(1, 2), cos, sin)[0, :, 0])
+        ks.append(k[0, :, 0])
+        cache._q[0] = q_raw
+        cache.update(k, k.clone(), 0)
+        assert cache.stored_length() == min(t + 1, heavy + recent)
+    want = h2o_reference(qs, ks, heavy, recent, G)
+    for h in range(K):
+        got = [next(i for i, kk in enumerate(ks) if torch.equal(kk[h], row)) for row in cache.layers[0].k[0, h]]
+        assert got == want[h]
+
+
+def test_h2o_keeps_a_heavy_hitter():
+    """A key every query attends to strongly survives, however old."""
+    cache = H2OCache(heavy=1, recent=2)
+    cache._cfg = SimpleNamespace(num_attention_heads=1, rope_theta=1e9)  # huge theta: RoPE ~ identity
+    Dh = 4
+    hot = torch.tensor([5.0, 0, 0, 0]).view(1, 1, 1, Dh)
+    for t in range(10):
+        k = hot if t == 0 else torch.randn(1, 1, 1, Dh) * 0.1
+        cache._q[0] = torch.tensor([[[3.0, 0, 0, 0]]])
+        cache.update(k, k.clone(), 0)
+    assert torch.equal(cache.layers[0].k[0, 0, 0], hot[0, 0, 0])
+
+
+def test_h2o_with_model(model):
+    prompt = ids_for(12, seed=7)
+    want = generate_with_cache(model, prompt, 6, cache=ContiguousCache(), return_logits=True)
+    got = generate_with_cache(model, prompt, 6, cache=H2OCache(heavy=20, recent=20), return_logits=True)
+    assert torch.equal(got[0], want[0])                  # budget not reached: exact
+    cache = H2OCache(heavy=4, recent=4)
+    r = stream_score(model, ids_for(40, seed=8)[0], cache)
+    assert cache.stored_length() == 8 and r.final_nbytes == cache.nbytes()
+    with pytest.raises(RuntimeError, match="attach"):
+        with torch.no_grad():
+            model(prompt, cache=H2OCache(2, 2))
+    with pytest.raises(ValueError):
+        H2OCache(0, 0)
+
+
+# --- quantized ----------------------------------------------------------------------------------------
+def test_minmax_quantization_error_and_packing():
+    x = torch.randn(2, 3, 16, 8) * 3
+    for bits in (8, 4):
+        codes, scale, zero = quantize_minmax(x, bits, dim=2)
+        assert codes.dtype == torch.uint8 and int(codes.max()) <= 2 ** bits - 1
+        assert scale.shape == (2, 3, 1, 8) and scale.dtype == torch.float16
+        err = (dequantize_minmax(codes, scale, zero) - x).abs()
+        assert (err <= scale.float() / 2 + 1e-2 * scale.float() + 1e-3).all()
+        if bits == 4:
+            assert torch.equal(unpack_int4(pack_int4(codes)), codes)
+            assert pack_int4(codes).shape[-1] == 4
+    with pytest.raises(ValueError):
+        quantize_minmax(x, 3, dim=2)
+
+
+def test_keys_per_channel_survive_an_outlier_channel():
+    """One channel 50x larger (as in real K): per-channel scales keep the other channels precise,
+    per-token scales do not. This is why keys are quantized per channel and values per token."""
+    torch.manual_seed(0)
+    k = torch.randn(1, 1, 32, 16)
+    k[..., 3] *= 50
+    blk = QuantBlock.from_kv(k, k.clone(), 4)
+    k_hat, v_hat = blk.dequantize()                    # keys per channel, values (same data) per token
+    others = [c for c in range(16) if c != 3]
+    err_channel = (k_hat - k)[..., others].abs().mean()
+    err_token = (v_hat - k)[..., others].abs().mean()
+    assert err_channel * 5 < err_token
+    assert blk.k_scale.shape == (1, 1, 1, 16) and blk.v_scale.shape == (1, 1, 32, 1)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_cache_layout_bytes_and_error(bits):
+    torch.manual_seed(1)
+    B, K, Dh, R, G = 2, 2, 8, 4, 8
+    c = QuantizedCache(bits, residual=R, group=G)
+    ks, vs = [], []
+    for t in range(37):
+        k, v = torch.randn(B, K, 1, Dh), torch.randn(B, K, 1, Dh)
+        ks.append(k), vs.append(v)
+        ka, va = c.update(k, v, 0)
+        n_fp, n_q = c.tier_lengths()
+        assert n_fp + n_q == t + 1 and n_q % G == 0
+        assert R <= n_fp < R + G or t + 1 < R + G
+    K_all, V_all = torch.cat(ks, 2), torch.cat(vs, 2)
+    assert ka.shape == K_all.shape
+    torch.testing.assert_close(ka[:, :, -n_fp:], K_all[:, :, -n_fp:])      # recent tokens exact
+    n_fp, n_q = c.tier_lengths()
+    code_bytes = 2 * B * K * n_q * Dh * bits // 8                             # K and V codes
+    scale_bytes = 2 * 2 * B * K * (n_q // G) * Dh + 2 * 2 * B * K * n_q       # fp16 scale + zero
+    fp_bytes = 2 * B * K * n_fp * Dh * 4
+    assert c.nbytes() == code_bytes + scale_bytes + fp_bytes
+    err = (ka - K_all).abs().max()
+    assert 0 < err < (0.05 if bits == 8 else 0.8)
+
+
+def test_int8_closer_than_int4_in_the_model(model):
+    ids = ids_for(48, seed=9)
+    with torch.no_grad():
+        full = stream_logits(model, ids, ContiguousCache())
+        e8 = (stream_logits(model, ids, QuantizedCache(8, residual=8, group=8)) - full).abs().max()
+        e4 = (stream_logits(model, ids, QuantizedCache(4, residual=8, group=8)) - full).abs().max()
+    assert 0 < e8 < e4
+
+
+def test_multitier_cache_tiers_and_eviction():
+    torch.manual_seed(2)
+    c = MultiTierCache(recent=4, tiers=((8, 8), (8, 4)), group=4)
+    ks = []
+    for t in range(40):
+        k = torch.randn(1, 1, 1, 8)
+        ks.append(k)
+        ka, _ = c.update(k, k.clone(), 0)
+        fp, t8, t4 = c.tier_lengths()
+        assert t8 <= 8 and t4 <= 8 and min(t + 1, 4) <= fp < 4 + 4
+    assert c.stored_length() == sum(c.tier_lengths()) <= 4 + 3 + 8 + 8
+    assert c.layers[0].dropped == 40 - c.stored_length()
+    K_all = torch.cat(ks, 2)[:, :, -ka.shape[2]:]
+    fp, t8, t4 = c.tier_lengths()
+    err = (ka - K_all).abs()[0, 0].amax(-1)              # per token, oldest first
+    assert err[-fp:].max() == 0                          # full precision
+    assert err[t4:t4 + t8].max() < err[:t4].max()        # int8 tier closer than the int4 tier
+    with pytest.raises(ValueError):
+        MultiTierCache(tiers=((None, 8), (8, 4)))
+    with pytest.raises(ValueError):
+        MultiTierCache(tiers=((10, 8),), group=4)
+
+
+# --- latent (MLA-style) -------------------------------------------------------------------------------
+def test_latent_cache_full_rank_is_exact_and_rank_trades_memory(model):
+    cfg = model.config
+    calib = [ids_for(64, seed=s)[0] for s in (11, 12)]
+    proj = fit_latent(model, calib)
+    full_dim = 2 * cfg.num_key_value_heads * cfg.head_dim
+    assert proj[0].rank == full_dim
+    prompt = ids_for(10, seed=13)
+    want = generate_with_cache(model, prompt, 5, cache=ContiguousCache(), return_logits=True)
+    got = generate_with_cache(model, prompt, 5, cache=LatentCache(proj, cfg.rope_theta), return_logits=True)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-3, atol=1e-3)
+    ids = ids_for(30, seed=14)
+    with torch.no_grad():
+        ref = ContiguousCache()
+        model(ids, cache=ref)
+        errs = []
+        for r in (full_dim, 48, 16):
+            c = LatentCache(proj, cfg.rope_theta, rank=r)
+            model(ids, cache=c)
+            assert c.nbytes() == cfg.num_hidden_layers * 30 * r * 4
+            errs.append((c.kv(0)[1] - ref.v[0]).abs().mean())
+    assert errs[0] < 1e-4 < errs[1] < errs[2]
+    with pytest.raises(ValueError):
+        proj[0].truncate(0)
+
+
+# --- GQA / MQA ----------------------------------------------------------------------------------------
+def test_regroup_kv_heads(model):
+    cfg = model.config
+    ids = ids_for(20, seed=15)
+    with torch.no_grad():
+        base = model(ids)
+        mha = regroup_kv_heads(model, cfg.num_attention_heads)        # repeat: exactly the same function
+        torch.testing.assert_close(mha(ids), base, rtol=1e-4, atol=1e-4)
+        mqa = regroup_kv_heads(model, 1)                              # pool: smaller cache, new function
+        caches = {}
+        for name, m in (("gqa", model), ("mha", mha), ("mqa", mqa)):
+            caches[name] = ContiguousCache()
+            m(ids, cache=caches[name])
+        assert caches["gqa"].k[0].shape[1] == 2 and caches["mqa"].k[0].shape[1] == 1
+        assert caches["mha"].nbytes() == 4 * caches["gqa"].nbytes() == 8 * caches["mqa"].nbytes()
+        w = model.model.layers[0].self_attn.k_proj.weight.view(2, cfg.head_dim, -1)
+        torch.testing.assert_close(mqa.model.layers[0].self_attn.k_proj.weight, w.mean(0))
+    assert model.config.num_key_value_heads == 2                      # the original is untouched
+    for bad in (3, 0, 16):
+        with pytest.raises(ValueError):
+            regroup_kv_heads(model, bad)
+
+
+def test_stream_score_full_cache_equals_one_forward(model):
+    ids = ids_for(50, seed=16)[0]
+    r = stream_score(model, ids, ContiguousCache(), prefill=5, chunk=4)
+    with torch.no_grad():
+        nll = F.cross_entropy(model(ids[None])[0, :-1], ids[1:], reduction="sum").item()
+    assert r.tokens == 49 and math.isclose(r.nll_nats, nll, rel_tol=1e-5)
