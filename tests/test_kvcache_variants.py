@@ -262,7 +262,7 @@ def test_quantized_cache_layout_bytes_and_error(bits):
         n_fp, n_q = c.tier_lengths()
         assert n_fp + n_q == t + 1 and n_q % G == 0
         assert R <= n_fp < R + G or t + 1 < R + G
-    K_all, V_all = torch.cat(ks, 2), torch.cat(vs, 2)
+    K_all = torch.cat(ks, 2)
     assert ka.shape == K_all.shape
     torch.testing.assert_close(ka[:, :, -n_fp:], K_all[:, :, -n_fp:])      # recent tokens exact
     n_fp, n_q = c.tier_lengths()

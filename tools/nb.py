@@ -1,7 +1,7 @@
 """Write course notebooks from percent-format Python (the way we author them), and back.
 
     python tools/nb.py build src.py notebooks/01_where_the_time_goes.ipynb
-    python tools/nb.py build src.py solutions/lab01/lab01.ipynb
+    python tools/nb.py build src.py solutions/lab01.ipynb
     python tools/nb.py extract notebooks/01_where_the_time_goes.ipynb > src.py
 
 Cells in the source:
