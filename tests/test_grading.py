@@ -80,7 +80,7 @@ def html_text(path: Path) -> str:
 
 def hidden_only_lines(source_nb) -> set[str]:
     """Lines that exist only inside hidden-test regions of a source lab."""
-    hidden = set()
+    hidden, elsewhere = set(), set()
     for c in source_nb.cells:
         inside = False
         for ln in c.source.split("\n"):
@@ -88,17 +88,10 @@ def hidden_only_lines(source_nb) -> set[str]:
                 inside = True
             elif "END HIDDEN TESTS" in ln:
                 inside = False
-            elif inside and ln.strip():
-                hidden.add(ln.strip())
-    elsewhere = set()
-    for c in source_nb.cells:
-        inside = False
-        for ln in c.source.split("\n"):
-            if "BEGIN HIDDEN TESTS" in ln:
-                inside = True
-            elif "END HIDDEN TESTS" in ln:
-                inside = False
-            elif not inside:
+            elif inside:
+                if ln.strip():
+                    hidden.add(ln.strip())
+            else:
                 elsewhere.add(ln.strip())
     return hidden - elsewhere
 

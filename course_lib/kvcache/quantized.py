@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course_lib.quant.packing import pack_int4 as _pack_int4, unpack_int4 as _unpack_int4
+
 from .base import KVCache, _check_kv, _check_same_stream
 
 SUPPORTED_BITS = (8, 4)
@@ -51,14 +53,12 @@ def dequantize_minmax(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """Two 4-bit codes per byte along the last dim (even length): low nibble first."""
-    if codes.shape[-1] % 2:
-        raise ValueError(f"pack_int4: the last dim must be even, got {codes.shape[-1]}")
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    """Two unsigned 4-bit codes (0..15) per byte along the last dim, low nibble first (Module 02's packing)."""
+    return _pack_int4(codes, signed=False)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+    return _unpack_int4(packed, signed=False).to(torch.uint8)
 
 
 @dataclass

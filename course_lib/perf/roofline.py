@@ -231,13 +231,21 @@ def decode_critical_batch(model, device, dtype="fp16", weight_dtype=None) -> flo
     LM head): the batch where their combined FLOPs / bytes reach the ridge point. Attention over the
     KV cache is left out: each sequence reads its own cache, so its intensity does not grow with
     the batch (it stays memory-bound at any batch size)."""
+    W, A, a, w = decode_matmul_sums(model, dtype, weight_dtype)
+    return _solve_batch(ridge_point(device, dtype), a, w, W, A)
+
+
+def decode_matmul_sums(model, dtype="fp16", weight_dtype=None):
+    """(W, A, a, w) for the weight matmuls of one decode step: W = sum k*n (weights), A = sum (k + n)
+    (activations in and out per sequence), a / w = bytes per activation / weight element. At batch B
+    their combined intensity is I(B) = 2 B W / (a B A + w W)."""
     t = intensity_table(model, "decode", 1, 1, dtype, weight_dtype=weight_dtype)
     mats = [r for r in t.rows if r.kind == "matmul"]
     W = sum(r.count * r.k * r.n for r in mats)
     A = sum(r.count * (r.k + r.n) for r in mats)
     a = bytes_per_element(dtype)
     w = a if weight_dtype is None else bytes_per_element(weight_dtype, "weight_dtype")
-    return _solve_batch(ridge_point(device, dtype), a, w, W, A)
+    return W, A, a, w
 
 
 __all__ = ["MEMORY_BOUND", "COMPUTE_BOUND", "ridge_point", "attainable_flops", "classify", "roofline_time",

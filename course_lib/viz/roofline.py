@@ -17,7 +17,7 @@ import numpy as np
 
 from course_lib.perf.hardware import GPUS, DeviceSpec, bytes_per_element, canonical_dtype, get_gpu
 from course_lib.perf.intensity import OpTable, _si, as_model, intensity_table
-from course_lib.perf.roofline import (COMPUTE_BOUND, MEMORY_BOUND, analyze, decode_critical_batch,
+from course_lib.perf.roofline import (COMPUTE_BOUND, MEMORY_BOUND, analyze, decode_critical_batch, decode_matmul_sums,
                                       ridge_point)
 
 _PHASE_MARKERS = {"prefill": "o", "decode": "X"}
@@ -110,13 +110,8 @@ def plot_decode_batch(model, devices=None, dtype="fp16", batches=None, ax=None, 
     batches = np.unique(np.round(np.logspace(0, 4.5, 200))) if batches is None else np.asarray(batches, float)
     if np.any(batches < 1):
         raise ValueError("batches must be >= 1")
-    t = intensity_table(shape, "decode", 1, 1, dtype, weight_dtype=weight_dtype)
-    mats = [r for r in t.rows if r.kind == "matmul"]
-    W = sum(r.count * r.k * r.n for r in mats)
-    A = sum(r.count * (r.k + r.n) for r in mats)
     # all the step's weight matmuls together: I(B) = 2 B W / (a B A + w W), W = sum k*n, A = sum (k + n)
-    a = bytes_per_element(dtype)
-    w = a if weight_dtype is None else bytes_per_element(weight_dtype, "weight_dtype")
+    W, A, a, w = decode_matmul_sums(shape, dtype, weight_dtype)
     inten = 2 * batches * W / (a * batches * A + w * W)
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 5))
