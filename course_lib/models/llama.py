@@ -146,12 +146,16 @@ class Attention(nn.Module):
         # GQA: each group of H // K query heads shares one K/V head. The cache holds only K heads.
         k = k.repeat_interleave(H // K, dim=1)  # [B, H, S, Dh]
         v = v.repeat_interleave(H // K, dim=1)
-        if attn_mask is None:
+        is_causal = False
+        if attn_mask is None and T == S:
+            is_causal = True      # no cache before: plain causal attention, no mask tensor to build
+        elif attn_mask is None and T > 1:
             # Causal over the whole sequence: new token t sits at absolute index S - T + t.
             i = torch.arange(T, device=x.device)[:, None] + (S - T)
             j = torch.arange(S, device=x.device)[None, :]
             attn_mask = j <= i  # [T, S] True = may attend
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # [B, H, T, Dh]
+        # (T == 1 with a cache: the one new token sees every cached key, so no mask at all.)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)  # [B, H, T, Dh]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
 
 
