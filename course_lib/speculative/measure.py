@@ -1,0 +1,189 @@
+"""Measure speculative decoding against its theory, in one run: a, tokens per pass, c, verify cost,
+predicted and measured speed-ups over plain cached decoding.
+
+Notation: a = acceptance rate, g = draft length, c = draft step time / target step time (both one token
+with a KV cache), verify_cost = target forward over g+1 tokens / target forward over 1 token.
+
+Every timing is a median of repeats, and the plain and speculative runs are interleaved (plain, g=1,
+g=2, ... prompt by prompt, rotating who goes first) so that a slow spell of a shared machine hits all of them alike.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from course_lib.generation import sample
+from course_lib.kvcache import ContiguousCache, generate_with_cache
+
+from .loop import _check_int, _model_device, _sync, check_pair, check_prompt, speculative_generate
+from .prompt_lookup import prompt_lookup_generate
+from .theory import expected_tokens_per_pass, speedup
+
+__all__ = ["step_times", "measure", "measure_prompt_lookup"]
+
+
+@torch.inference_mode()
+def step_times(models: dict, context: torch.Tensor, num_tokens: dict, repeats: int = 25) -> dict:
+    """Median seconds of one cached forward over k new tokens after `context` [T], per (model name, k).
+
+    models: {name: model}; num_tokens: {name: [k, ...]}. Each model's cache is filled with the context
+    once and cropped back after every timed forward, so every measurement sees the same cache length
+    (like one decode step or one verification). The measurements are interleaved round by round (every
+    (name, k) once per round), so a slow spell of a shared machine hits all of them alike.
+    """
+    ids = check_prompt(context)
+    caches, base = {}, {}
+    for name, model in models.items():
+        x = ids.to(_model_device(model))
+        caches[name] = ContiguousCache()
+        model(x[None, :-1], cache=caches[name])
+        base[name] = caches[name].get_seq_length()
+    jobs = [(name, k) for name in models for k in num_tokens[name]]
+    times = {job: [] for job in jobs}
+    for r in range(repeats + 1):                               # round 0 is a warm-up
+        for name, k in jobs:
+            model, cache = models[name], caches[name]
+            x = ids[-1:].to(_model_device(model)).repeat(k)[None]   # [1, k]: the ids hardly matter here
+            _sync(x.device)
+            t0 = time.perf_counter()
+            model(x, cache=cache)
+            _sync(x.device)
+            if r:
+                times[(name, k)].append(time.perf_counter() - t0)
+            cache.crop(base[name])
+    return {job: statistics.median(t) for job, t in times.items()}
+
+
+def _plain(target, prompt, max_new_tokens, temperature, top_k, top_p, generator):
+    if temperature == 0:
+        return generate_with_cache(target, prompt[None], max_new_tokens)
+    return generate_with_cache(target, prompt[None], max_new_tokens,
+                               sample=lambda logits: sample(logits, temperature, top_k, top_p, generator))
+
+
+def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_tokens: int = 64,
+            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+            repeats: int = 3, seed: int = 0, adaptive: float | None = None) -> list[dict]:
+    """One row per draft length g, all measured in the same run:
+
+    a: accepted / drafted; a_tested: accepted / tested proposals (the a of the theory);
+    tokens_per_pass (measured) and tokens_per_pass_pred = expected_tokens_per_pass(a_tested, d) averaged
+    over the passes, d = the drafts each pass made (g, except in the last pass or with `adaptive`);
+    c: draft one-token step / target one-token step; verify_cost: target over g+1 tokens / one token;
+    speedup_ideal / speedup_refined: the theory's speedup(a_tested, d, c, verify) summed over the passes
+    (tokens / cost) with verify = 1 / with the measured target cost over d+1 tokens;
+    speedup_measured: plain cached decoding time / speculative time on the same prompts and
+    max_new_tokens (median over `repeats` interleaved runs of the paired ratio); plus ms per token of both.
+    """
+    check_pair(target, draft)
+    prompts = [check_prompt(p) for p in prompts]
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    draft_lengths = [_check_int(g, "draft_lengths[i]", 1) for g in draft_lengths]
+    repeats = _check_int(repeats, "repeats", 1)
+    device = _model_device(target)
+
+    # Costs: one token with a KV cache for both models, and k = 1..g+1 tokens for the target, after the
+    # first prompt.
+    times = step_times({"target": target, "draft": draft}, prompts[0],
+                       {"target": list(range(1, max(draft_lengths) + 2)), "draft": [1]})
+    t_step, d_step = times[("target", 1)], times[("draft", 1)]
+    c = d_step / t_step
+    verify = {k - 1: times[("target", k)] / t_step for k in range(1, max(draft_lengths) + 2)}  # by drafts
+
+    gen = torch.Generator(device=device)
+    runs = {"plain": [], **{g: [] for g in draft_lengths}}
+    stats = {g: [] for g in draft_lengths}
+    for p in prompts[:1]:                                     # warm-up both paths
+        _plain(target, p, 4, temperature, top_k, top_p, gen)
+        speculative_generate(target, draft, p, 4, draft_length=2)
+    for r in range(repeats):
+        for key in runs:
+            runs[key].append(0.0)
+        for i, p in enumerate(prompts):
+            order = ["plain", *draft_lengths]
+            k = (r * len(prompts) + i) % len(order)
+            for key in order[k:] + order[:k]:                  # rotate who goes first
+                gen.manual_seed(seed + 1000 * r + i)
+                t0 = time.perf_counter()
+                if key == "plain":
+                    _plain(target, p, max_new_tokens, temperature, top_k, top_p, gen)
+                else:
+                    _, st = speculative_generate(target, draft, p, max_new_tokens, draft_length=key,
+                                                 temperature=temperature, top_k=top_k, top_p=top_p,
+                                                 generator=gen, adaptive=adaptive)
+                    stats[key].append(st)
+                _sync(device)
+                runs[key][-1] += time.perf_counter() - t0
+
+    plain_s = statistics.median(runs["plain"])
+    n_tokens = max_new_tokens * len(prompts)
+    rows = []
+    for g in draft_lengths:
+        sts = stats[g]
+        drafted = sum(s.drafted for s in sts)
+        accepted = sum(s.accepted for s in sts)
+        tested = accepted + sum(s.rejections for s in sts)
+        passes = sum(s.passes for s in sts)
+        a = accepted / drafted
+        a_tested = accepted / tested if tested else 1.0
+        # Predictions pass by pass with the number of drafts each pass really made (fewer than g in the
+        # last pass, or with adaptive drafting): tokens = sum E[tokens | d drafts], cost = sum (d c + verify).
+        per_pass = [d for s in sts for d in s.per_pass_drafted]
+        tokens_pred = sum(expected_tokens_per_pass(a_tested, d) for d in per_pass)
+        cost_ideal = sum(d * c + 1.0 for d in per_pass)
+        cost_refined = sum(d * c + verify[d] for d in per_pass)
+        spec_s = statistics.median(runs[g])
+        rows.append({
+            "g": g, "a": a, "a_tested": a_tested,
+            "tokens_per_pass": (accepted + passes) / passes,
+            "tokens_per_pass_pred": tokens_pred / passes,
+            "c": c, "verify_cost": verify[g],
+            "speedup_ideal": tokens_pred / cost_ideal,
+            "speedup_refined": tokens_pred / cost_refined,
+            "speedup_measured": statistics.median(x / y for x, y in zip(runs["plain"], runs[g])),  # paired
+            "plain_ms_per_token": 1e3 * plain_s / n_tokens,
+            "spec_ms_per_token": 1e3 * spec_s / n_tokens,
+            "target_step_ms": 1e3 * t_step, "draft_step_ms": 1e3 * d_step,
+            "drafts_per_pass": len(per_pass) and sum(per_pass) / len(per_pass),
+        })
+    return rows
+
+
+def measure_prompt_lookup(target, prompts, draft_lengths=(4, 8), max_new_tokens: int = 64,
+                          max_ngram: int = 3, repeats: int = 3) -> list[dict]:
+    """Prompt-lookup decoding vs plain greedy cached decoding, interleaved: one row per g with a,
+    tokens per pass and the measured speed-up (c ~ 0: the draft is a search)."""
+    prompts = [check_prompt(p) for p in prompts]
+    draft_lengths = [_check_int(g, "draft_lengths[i]", 1) for g in draft_lengths]
+    max_new = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+    runs = {"plain": [], **{g: [] for g in draft_lengths}}
+    stats = {g: [] for g in draft_lengths}
+    for r in range(_check_int(repeats, "repeats", 1)):
+        order = ["plain", *draft_lengths]
+        order = order[r % len(order):] + order[:r % len(order)]
+        for key in order:
+            t0 = time.perf_counter()
+            for p, n in zip(prompts, max_new):
+                if key == "plain":
+                    generate_with_cache(target, p[None], n)
+                else:
+                    _, st = prompt_lookup_generate(target, p, n, draft_length=key, max_ngram=max_ngram)
+                    if r == 0:
+                        stats[key].append(st)
+            runs[key].append(time.perf_counter() - t0)
+    plain_s = statistics.median(runs["plain"])
+    rows = []
+    for g in draft_lengths:
+        sts = stats[g]
+        drafted = sum(s.drafted for s in sts)
+        accepted = sum(s.accepted for s in sts)
+        passes = sum(s.passes for s in sts)
+        rows.append({"g": g, "a": accepted / drafted if drafted else float("nan"),
+                     "tokens_per_pass": (accepted + passes) / passes,
+                     "speedup_measured": statistics.median(x / y for x, y in zip(runs["plain"], runs[g])),
+                     "plain_ms_per_token": 1e3 * plain_s / sum(max_new),
+                     "spec_ms_per_token": 1e3 * statistics.median(runs[g]) / sum(max_new)})
+    return rows

@@ -1,0 +1,408 @@
+"""Medusa heads: speculate with extra heads on the target itself, verify with a tree (Cai et al. 2024).
+
+Instead of a separate draft model, Medusa reads the target's own last hidden state h_t (the one whose
+lm_head gives the next token t+1) and adds a few small heads: head k guesses token t+2+k, the token k+1
+steps after the next one. Each head is one residual block and a vocabulary projection:
+
+    logits_k = lm_head(h_t + SiLU(W_k h_t + b_k))        W_k [D, D], zero-initialized
+
+With the target frozen and its lm_head shared, a head is only D*D + D parameters (66k for the bundled
+target), and at initialization it equals the next-token head, a sensible starting guess. Training
+(``train_medusa``, Medusa-1) only needs the target's hidden states, computed once.
+
+Decoding (``medusa_generate``, greedy, exact): every pass builds a candidate tree from the heads' top-k
+(``tree.build_tree``), verifies all of it in one target forward with a tree attention mask
+(``tree.verify_tree``), keeps the accepted path, and reads the next pass's hidden state at the path's last
+node. Output = the target's own greedy tokens, whatever the heads say; good heads only make it faster.
+
+Notation as in the rest of ``course_lib.speculative``: p = target probabilities; the heads play the
+draft. Shapes: D hidden size, V vocabulary, Hm number of Medusa heads, N tree nodes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .tree import DEFAULT_PATHS, _check_paths, build_tree, cartesian_paths, verify_tree
+
+__all__ = ["MedusaHeads", "train_medusa", "medusa_accuracy", "medusa_generate", "MedusaStats",
+           "load_medusa_heads", "save_medusa_heads", "BUNDLED_HEADS_ROOT"]
+
+BUNDLED_HEADS_ROOT = Path(__file__).resolve().parents[1] / "models" / "bundled"
+
+
+class ResBlock(nn.Module):
+    """h + SiLU(W h + b): starts as the identity (W = 0, b = 0), so the head starts as the lm_head."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, h):  # [..., D] -> [..., D]
+        return h + F.silu(self.linear(h))
+
+
+class MedusaHeads(nn.Module):
+    """Hm heads on the target's final hidden state; head k predicts the token k+1 steps after the next.
+
+    hidden_size, vocab_size: the target's D and V. share_lm_head=True (default) projects with the target's
+    frozen lm_head, passed to ``forward``; False gives each head its own [V, D] projection (V*D more
+    parameters per head: 0.5M for the bundled target, which is why the bundled heads share).
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 3, share_lm_head: bool = True):
+        super().__init__()
+        for name, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size), ("num_heads", num_heads)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.hidden_size, self.vocab_size, self.num_heads = hidden_size, vocab_size, num_heads
+        self.share_lm_head = bool(share_lm_head)
+        self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+        self.lm_heads = None if share_lm_head else nn.ModuleList(
+            nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+
+    def config(self) -> dict:
+        return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "num_heads": self.num_heads,
+                "share_lm_head": self.share_lm_head}
+
+    def check_target(self, target, name: str = "heads"):
+        """ValueError unless these heads fit `target` (same D and V)."""
+        cfg = target.config
+        if cfg.hidden_size != self.hidden_size:
+            raise ValueError(f"{name}: hidden_size={self.hidden_size} but the target's hidden size is "
+                             f"{cfg.hidden_size}; the heads read the target's hidden states")
+        if cfg.vocab_size != self.vocab_size:
+            raise ValueError(f"{name}: vocab_size={self.vocab_size} but the target's vocabulary has "
+                             f"{cfg.vocab_size} tokens")
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module | torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [..., Hm, V] from hidden states [..., D].
+
+        lm_head: the target's lm_head (a module, or its [V, D] weight) when the heads share it.
+        """
+        if hidden.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden: last dim must be hidden_size={self.hidden_size}, got {tuple(hidden.shape)}")
+        hidden = hidden.to(self.blocks[0].linear.weight.dtype)
+        x = torch.stack([block(hidden) for block in self.blocks], dim=-2)  # [..., Hm, D]
+        if self.lm_heads is not None:
+            return torch.stack([head(x[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
+        if lm_head is None:
+            raise ValueError("lm_head: these heads share the target's lm_head; pass lm_head=target.lm_head")
+        weight = lm_head if isinstance(lm_head, torch.Tensor) else lm_head.weight  # [V, D]
+        if weight.shape != (self.vocab_size, self.hidden_size):
+            raise ValueError(f"lm_head: expected a [{self.vocab_size}, {self.hidden_size}] projection, got "
+                             f"{tuple(weight.shape)}")
+        return F.linear(x.to(weight.dtype), weight)  # one matmul for all heads: [..., Hm, D] @ [D, V]
+
+
+# --------------------------------------------------------------------------------------------------
+# Training (Medusa-1: the target stays frozen)
+# --------------------------------------------------------------------------------------------------
+def _encode(texts, tokenizer) -> torch.Tensor:
+    """One token stream: EOS, doc, EOS, doc, ... (as the bundled models were trained)."""
+    eos = tokenizer.eos_token_id
+    ids = []
+    for t in texts:
+        if eos is not None:
+            ids.append(eos)
+        ids.extend(tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"])
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@torch.no_grad()
+def _features(target, stream: torch.Tensor, seq_len: int, batch: int = 8, progress: bool = True, desc="hidden"):
+    """Cut `stream` into windows of seq_len and run the frozen target once: hidden [W, L, D], ids [W, L]."""
+    n = stream.numel() // seq_len
+    if n == 0:
+        raise ValueError(f"texts: {stream.numel()} tokens is less than one window of seq_len={seq_len}")
+    ids = stream[:n * seq_len].view(n, seq_len)
+    out = []
+    it = range(0, n, batch)
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc=desc, leave=False)
+    for a in it:
+        _, h = target(ids[a:a + batch].to(target.device), return_hidden=True)
+        out.append(h.float().cpu())
+    return torch.cat(out), ids
+
+
+def _head_losses(heads, lm_head, hidden, ids):
+    """Cross entropy per head; head k at position t predicts ids[t + 2 + k]. hidden [B, L, D], ids [B, L]."""
+    logits = heads(hidden, lm_head)  # [B, L, Hm, V]
+    losses = []
+    for k in range(heads.num_heads):
+        shift = k + 2
+        lg = logits[:, :-shift, k]                  # positions with a target inside the window
+        losses.append(F.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), ids[:, shift:].reshape(-1)))
+    return losses
+
+
+def train_medusa(target, texts: list[str], tokenizer, steps: int, num_heads: int = 3, heads: MedusaHeads | None = None,
+                 seq_len: int = 256, batch_size: int = 4, lr: float = 1e-3, max_tokens: int | None = None,
+                 seed: int = 0, progress: bool = True):
+    """Train Medusa heads on `texts` with the target frozen; returns (heads, history).
+
+    The target is left with requires_grad=False (Medusa-1 never changes it).
+
+    The target's hidden states are computed once for all windows (it never changes), so each step
+    costs only the heads. Loss = sum over heads of the cross entropy of head k against the tokens k+2
+    ahead (Medusa weights deeper heads less; a plain sum is enough here). AdamW with a cosine schedule.
+    history: {"loss": [...], "head_loss": [[...] per step], "tokens": stream length, "seconds": s}.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise ValueError("texts must be a non-empty list of strings")
+    cfg = target.config
+    heads = heads if heads is not None else MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads)
+    heads.check_target(target)
+    if seq_len <= heads.num_heads + 2:
+        raise ValueError(f"seq_len must exceed num_heads + 2 = {heads.num_heads + 2}, got {seq_len}")
+    t0 = time.perf_counter()
+    target.requires_grad_(False)
+    was_training = target.training
+    target.eval()
+    stream = _encode(texts, tokenizer)
+    if max_tokens is not None:
+        stream = stream[:max_tokens]
+    hidden, ids = _features(target, stream, seq_len, progress=progress)   # [W, L, D], [W, L]
+    lm_head = target.lm_head.weight.detach().float().to(hidden.device)  # frozen, shared
+    heads.to(hidden.device).train()
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    history = {"loss": [], "head_loss": [], "tokens": int(stream.numel())}
+    it = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc=f"medusa x{heads.num_heads}", mininterval=2)
+    for step in it:
+        for g in opt.param_groups:
+            g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        rows = torch.randint(0, hidden.shape[0], (batch_size,), generator=gen)
+        losses = _head_losses(heads, lm_head, hidden[rows], ids[rows])
+        loss = sum(losses)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        history["loss"].append(loss.item())
+        history["head_loss"].append([x.item() for x in losses])
+        if progress and step % 20 == 0:
+            it.set_postfix(loss=f"{loss.item():.3f}")
+    heads.eval()
+    target.train(was_training)
+    history["seconds"] = time.perf_counter() - t0
+    return heads, history
+
+
+@torch.no_grad()
+def medusa_accuracy(target, heads: MedusaHeads, texts: list[str], tokenizer, seq_len: int = 256,
+                    topk: int = 1, max_tokens: int | None = None, progress: bool = False) -> dict:
+    """Top-k accuracy per head on `texts` (hold-out text for an honest number), and of the base head.
+
+    Returns {"base": acc of the target's own next-token head, "heads": [acc of head k, ...], "tokens": n}.
+    Head k is right at position t when ids[t + 2 + k] is among its top-k tokens.
+    """
+    heads.check_target(target)
+    stream = _encode(texts, tokenizer)
+    if max_tokens is not None:
+        stream = stream[:max_tokens]
+    hidden, ids = _features(target, stream, seq_len, progress=progress, desc="eval")  # [W, L, D], [W, L]
+    base_hits, head_hits = 0.0, [0.0] * heads.num_heads
+    for a in range(0, hidden.shape[0], 8):      # a few windows at a time: logits are [w, L, Hm, V]
+        h, y = hidden[a:a + 8].to(target.device), ids[a:a + 8].to(target.device)
+        top = target.lm_head(h.to(target.dtype)).topk(topk, dim=-1).indices[:, :-1]
+        base_hits += (top == y[:, 1:, None]).any(-1).float().sum().item()
+        logits = heads(h, target.lm_head)
+        for k in range(heads.num_heads):
+            shift = k + 2
+            top = logits[:, :-shift, k].topk(topk, dim=-1).indices
+            head_hits[k] += (top == y[:, shift:, None]).any(-1).float().sum().item()
+    W, L = ids.shape
+    base_acc = base_hits / (W * (L - 1))
+    accs = [head_hits[k] / (W * (L - 2 - k)) for k in range(heads.num_heads)]
+    return {"base": base_acc, "heads": accs, "tokens": int(stream.numel()), "topk": topk}
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving and loading
+# --------------------------------------------------------------------------------------------------
+def save_medusa_heads(heads: MedusaHeads, path: str | Path, extra: dict | None = None):
+    """Write heads.safetensors and medusa_config.json (plus `extra`, e.g. the training report)."""
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().contiguous().cpu() for k, v in heads.state_dict().items()}
+    save_file(state, str(path / "heads.safetensors"), metadata={"format": "pt"})
+    cfg = {**heads.config(), **(extra or {})}
+    (path / "medusa_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def load_medusa_heads(model_name: str = "tiny", path: str | Path | None = None, device=None) -> MedusaHeads:
+    """The bundled Medusa heads for a bundled target (``tiny`` -> models/bundled/tiny-medusa/), or a folder.
+
+    Raises FileNotFoundError with the command that trains them when the folder is missing.
+    """
+    from safetensors.torch import load_file
+    folder = Path(path) if path is not None else BUNDLED_HEADS_ROOT / f"{model_name}-medusa"
+    if not (folder / "heads.safetensors").is_file() or not (folder / "medusa_config.json").is_file():
+        raise FileNotFoundError(
+            f"no Medusa heads for model_name={model_name!r} in {folder} (expected heads.safetensors and "
+            f"medusa_config.json). Train them with `python -m course_lib.speculative.medusa --out {folder}`"
+            f" or use train_medusa(...).")
+    cfg = json.loads((folder / "medusa_config.json").read_text())
+    heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], cfg["num_heads"], cfg.get("share_lm_head", True))
+    heads.load_state_dict(load_file(str(folder / "heads.safetensors")))
+    heads.info = cfg
+    return heads.to(device or "cpu").eval()
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class MedusaStats:
+    """What a medusa_generate run did.
+
+    passes: target verification forwards (the prefill is not counted). accepted: candidate tokens
+    accepted per pass. tokens_per_pass: mean(accepted + 1), the tokens one verification yields.
+    head_acceptance[k]: fraction of passes whose accepted path reached depth k+1, i.e. head k's
+    candidate was kept (deeper heads can only be kept if the shallower ones were). tree_size: nodes per
+    pass with the root (the tree is pruned near the end of the budget). seconds: wall time of the loop.
+    """
+    passes: int = 0
+    accepted: list[int] = field(default_factory=list)
+    emitted: int = 0
+    tree_size: int = 0
+    num_heads: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return sum(a + 1 for a in self.accepted) / max(len(self.accepted), 1)
+
+    @property
+    def head_acceptance(self) -> list[float]:
+        n = max(len(self.accepted), 1)
+        return [sum(a > k for a in self.accepted) / n for k in range(self.num_heads)]
+
+
+def _resolve_paths(tree, topk, num_heads):
+    if tree is not None and topk is not None:
+        raise ValueError("give either tree (a list of top-k paths) or topk (a full Cartesian tree), not both")
+    if topk is not None:
+        if isinstance(topk, int):
+            topk = (topk,) * num_heads
+        return cartesian_paths(topk)
+    return DEFAULT_PATHS if tree is None else tree
+
+
+@torch.no_grad()
+def medusa_generate(target, heads: MedusaHeads, input_ids: torch.Tensor, max_new_tokens: int, tree=None,
+                    topk=None, eos_token_id: int | None = None):
+    """Greedy decoding with Medusa heads and tree verification; returns (ids [1, T + n], MedusaStats).
+
+    tree: a prefix-closed list of top-k paths (default ``tree.DEFAULT_PATHS``; [] = plain decoding);
+    topk: instead, an int or per-depth ints for the full Cartesian tree (int k -> k per head).
+    The output equals the target's greedy decoding (``generate_with_cache``) token for token.
+    """
+    from course_lib.kvcache import ContiguousCache
+    if not isinstance(heads, MedusaHeads):
+        raise TypeError(f"heads must be MedusaHeads, got {type(heads).__name__}")
+    heads.check_target(target, "heads")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int32):
+        raise TypeError("input_ids must be an integer tensor [1, T] or [T]")
+    ids = input_ids[None] if input_ids.dim() == 1 else input_ids
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be one non-empty prompt [1, T], got shape {tuple(input_ids.shape)}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    paths = _check_paths(_resolve_paths(tree, topk, heads.num_heads))
+    depth = max((len(p) for p in paths), default=0)
+    if depth > heads.num_heads:
+        raise ValueError(f"tree: depth {depth} needs {depth} heads, the heads have {heads.num_heads}")
+    widths = [1 + max(p[d] for p in paths if len(p) > d) for d in range(depth)]  # top-k per depth
+    stats = MedusaStats(tree_size=1 + len(paths), num_heads=heads.num_heads)
+    if max_new_tokens == 0:
+        return ids, stats
+    t0 = time.perf_counter()
+    cache = ContiguousCache()
+    logits, hidden = target(ids.to(target.device), cache=cache, return_hidden=True)  # prefill
+    out = [int(logits[0, -1].argmax())]           # the root of the first tree: the target's own pick
+    hidden = hidden[0, -1]                        # [D] at the last prompt token
+    while len(out) < max_new_tokens and eos_token_id not in out:
+        remaining = max_new_tokens - len(out)
+        # Never speculate past the budget: a pass emits at most depth + 1 tokens.
+        step_paths = [p for p in paths if len(p) <= remaining - 1]
+        head_logits = heads(hidden, target.lm_head)                  # [Hm, V]
+        cands = [head_logits[d].topk(widths[d]).indices for d in range(len(widths))]
+        tree_ = build_tree(cands, step_paths, out[-1])
+        res = verify_tree(target, cache, tree_)
+        out.extend(res.emitted)
+        hidden = res.hidden
+        stats.passes += 1
+        stats.accepted.append(res.num_accepted)
+    out = out[:max_new_tokens]
+    if eos_token_id is not None and eos_token_id in out:
+        out = out[:out.index(eos_token_id) + 1]
+    stats.emitted = len(out)
+    stats.seconds = time.perf_counter() - t0
+    return torch.cat([ids, torch.tensor([out], dtype=ids.dtype, device=ids.device)], dim=1), stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Training the bundled heads: python -m course_lib.speculative.medusa --out <folder>
+# --------------------------------------------------------------------------------------------------
+def main(argv=None):
+    import argparse
+    import platform
+
+    from course_lib.models import load
+    from course_lib.models.corpus import load_split
+    ap = argparse.ArgumentParser(description="Train the bundled Medusa heads for the bundled target.")
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--num-heads", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=700)
+    ap.add_argument("--train-files", type=int, default=120)
+    ap.add_argument("--max-tokens", type=int, default=300_000)
+    ap.add_argument("--heldout-files", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    out = args.out or BUNDLED_HEADS_ROOT / f"{args.model}-medusa"
+    target, tok = load(args.model, device="cpu")
+    train = load_split("train", max_files=args.train_files)
+    heads, hist = train_medusa(target, train, tok, args.steps, num_heads=args.num_heads, lr=args.lr,
+                               batch_size=args.batch_size, max_tokens=args.max_tokens)
+    held = load_split("heldout", max_files=args.heldout_files)
+    acc1 = medusa_accuracy(target, heads, held, tok, topk=1, progress=True)
+    acc3 = medusa_accuracy(target, heads, held, tok, topk=3)
+    report = {"target": args.model, "train_files": args.train_files, "train_tokens": hist["tokens"],
+              "steps": args.steps, "batch_size": args.batch_size, "seq_len": 256, "lr": args.lr,
+              "train_seconds": round(hist["seconds"], 1), "threads": args.threads,
+              "device": f"CPU ({platform.processor() or platform.machine()}), {args.threads} thread(s)",
+              "torch": torch.__version__,
+              "final_loss": sum(hist["loss"][-20:]) / len(hist["loss"][-20:]),
+              "heldout_files": args.heldout_files, "heldout_tokens": acc1["tokens"],
+              "heldout_top1_base": acc1["base"], "heldout_top1_heads": acc1["heads"],
+              "heldout_top3_base": acc3["base"], "heldout_top3_heads": acc3["heads"]}
+    save_medusa_heads(heads, out, extra={"training": report})
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

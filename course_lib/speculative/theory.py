@@ -1,0 +1,96 @@
+"""The speed-up model of speculative decoding, in a few lines.
+
+Notation: a = acceptance rate (the probability that a draft token passes, assumed the same at every
+position and independent), g = draft length, c = cost of one draft step / cost of one target step,
+verify_cost = cost of one target pass over g+1 tokens / cost of one plain (one-token) target step.
+
+Tokens emitted per pass: the first k drafts pass with probability a^k, and every pass emits one token
+from the target (corrected or bonus), so
+
+    E[tokens per pass] = 1 + a + a^2 + ... + a^g = (1 - a^(g+1)) / (1 - a)      (g + 1 when a = 1)
+
+A pass costs g draft steps and one verification, so, against plain decoding (one target step per token),
+
+    speed-up = E[tokens per pass] / (g c + verify_cost)
+
+On a GPU at small batch a pass over g+1 tokens costs about as much as one token (both are memory-bound:
+the weights are read once), so verify_cost ~ 1 is the usual idealization. On a CPU the pass is closer to
+compute-bound and verify_cost grows with g: measure it and pass the measured value (or a function of g).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Callable
+
+import torch
+
+__all__ = ["expected_tokens_per_pass", "speedup", "optimal_draft_length", "acceptance_rate"]
+
+
+def _check_rate(a):
+    if isinstance(a, bool) or not isinstance(a, numbers.Real) or math.isnan(a) or not 0 <= a <= 1:
+        raise ValueError(f"a (acceptance rate) must be a number in [0, 1], got {a!r}")
+
+
+def _check_g(g, name="g (draft length)", low=0):
+    if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {g!r}")
+
+
+def _check_positive(x, name):
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or math.isnan(x) or math.isinf(x) or x < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {x!r}")
+
+
+def expected_tokens_per_pass(a: float, g: int) -> float:
+    """(1 - a^(g+1)) / (1 - a): expected tokens one draft-verify pass emits (g + 1 at a = 1)."""
+    _check_rate(a)
+    _check_g(g)
+    if a == 1:
+        return float(g + 1)
+    return (1 - a ** (g + 1)) / (1 - a)
+
+
+def speedup(a: float, g: int, c: float, verify_cost: float = 1.0) -> float:
+    """Predicted speed-up over plain decoding: E[tokens per pass] / (g c + verify_cost).
+
+    verify_cost: target pass over g+1 tokens / one plain decode step (1.0 = the GPU idealization).
+    """
+    _check_positive(c, "c (draft/target cost ratio)")
+    _check_positive(verify_cost, "verify_cost")
+    tokens = expected_tokens_per_pass(a, g)
+    cost = g * c + verify_cost
+    if cost <= 0:
+        raise ValueError("g * c + verify_cost must be > 0 (a pass cannot be free)")
+    return tokens / cost
+
+
+def optimal_draft_length(a: float, c: float, max_g: int = 16,
+                         verify_cost: float | Callable[[int], float] = 1.0) -> int:
+    """The g in 1..max_g with the largest predicted speed-up (the smallest such g on ties).
+
+    verify_cost: a number (the same for every g) or a function g -> measured cost of verifying g drafts.
+    """
+    _check_rate(a)
+    _check_positive(c, "c (draft/target cost ratio)")
+    _check_g(max_g, "max_g", low=1)
+    cost = verify_cost if callable(verify_cost) else (lambda g: verify_cost)
+    best_g, best = 1, -1.0
+    for g in range(1, int(max_g) + 1):
+        s = speedup(a, g, c, float(cost(g)))
+        if s > best + 1e-12:
+            best_g, best = g, s
+    return best_g
+
+
+def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """sum_x min(p(x), q(x)) along the last dim: the chance one draft token passes (= 1 - total variation).
+
+    p, q: [..., V] target and draft probabilities; returns [...].
+    """
+    if not isinstance(p, torch.Tensor) or not isinstance(q, torch.Tensor):
+        raise TypeError("p and q must be torch tensors of probabilities [..., V]")
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    return torch.minimum(p, q).sum(-1)

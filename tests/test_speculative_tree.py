@@ -1,0 +1,270 @@
+"""Module 08: tree attention is exact, tree verification keeps the right path and cache, Medusa == greedy."""
+import pytest
+import torch
+
+from course_lib.kvcache import ContiguousCache, StaticCache, generate_with_cache
+from course_lib.models import LlamaConfig, LlamaForCausalLM, load
+from course_lib.models.corpus import load_split
+from course_lib.speculative import medusa as medusa_mod
+from course_lib.speculative.medusa import (MedusaHeads, load_medusa_heads, medusa_accuracy, medusa_generate,
+                                           save_medusa_heads, train_medusa)
+from course_lib.speculative.tree import (TokenTree, build_tree, cartesian_paths, chain_paths, compact_cache,
+                                         tree_attention_mask, tree_positions, verify_tree)
+
+
+@pytest.fixture(scope="module")
+def target():
+    m, tok = load("tiny", device="cpu")
+    return m, tok
+
+
+@pytest.fixture(scope="module")
+def heldout_prompts(target):
+    _, tok = target
+    texts = load_split("heldout", max_files=3)
+    prompts = []
+    for i, text in enumerate(texts):
+        ids = tok(text, verbose=False)["input_ids"]
+        start = 200 * (i + 1) % max(len(ids) - 64, 1)
+        prompts.append(torch.tensor([ids[start:start + 48]]))
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def tiny_random():
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def random_parents(n, gen):
+    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+
+
+def ancestors(parents, i):
+    out = {i}
+    while parents[i] >= 0:
+        i = parents[i]
+        out.add(i)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- tree
+def test_tree_mask_and_positions_match_brute_force():
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    for n in (1, 2, 5, 9, 17):
+        parents = random_parents(n, gen)
+        past = int(torch.randint(0, 7, (1,), generator=gen))
+        mask = tree_attention_mask(parents, past)
+        want = torch.zeros(n, past + n, dtype=torch.bool)
+        want[:, :past] = True
+        for i in range(n):
+            for j in ancestors(parents, i):
+                want[i, past + j] = True
+        assert torch.equal(mask, want), (parents, past)
+        depth = [len(ancestors(parents, i)) - 1 for i in range(n)]
+        assert tree_positions(parents, past).tolist() == [past + d for d in depth]
+    # a chain is the ordinary causal mask
+    assert torch.equal(tree_attention_mask([-1, 0, 1, 2]), torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+
+
+def test_build_tree_from_medusa_paths():
+    cands = [torch.tensor([10, 11]), torch.tensor([20, 21]), torch.tensor([30])]
+    paths = [(0, 0, 0), (1,), (0, 1), (0,), (1, 0), (0, 0)]  # any order; sorted parents-first
+    tree = build_tree(cands, paths, root=5)
+    assert tree.paths == [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+    assert tree.tokens.tolist() == [5, 10, 11, 20, 21, 20, 30]
+    assert tree.parents == [-1, 0, 0, 1, 1, 2, 3]
+    assert tree.depths == [0, 1, 1, 2, 2, 2, 3]
+    assert tree.path_to(6) == [0, 1, 3, 6]
+    assert build_tree(cands, [], root=5).size == 1
+    assert len(cartesian_paths((2, 2))) == 6 and len(cartesian_paths((3, 2, 1))) == 3 + 6 + 6
+    assert chain_paths(3) == [(0,), (0, 0), (0, 0, 0)]
+
+
+@pytest.mark.parametrize("which", ["bundled", "random"])
+def test_tree_forward_equals_plain_forward_of_each_path(which, target, tiny_random):
+    """The exactness of tree attention: node i's logits == last logits of a plain forward of prefix + path(i)."""
+    model = target[0] if which == "bundled" else tiny_random
+    V = model.config.vocab_size
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    prefix = torch.randint(1, V, (1, 11), generator=gen)
+    tree = TokenTree(torch.randint(1, V, (10,), generator=gen), random_parents(10, gen))
+    cache = ContiguousCache()
+    with torch.no_grad():
+        model(prefix, cache=cache)
+        res = verify_tree(model, cache, tree, compact=False)
+        assert cache.get_seq_length() == 11 + 10
+        for i in range(tree.size):
+            seq = torch.cat([prefix[0], tree.tokens[tree.path_to(i)]])[None]
+            want = model(seq)[0, -1]
+            torch.testing.assert_close(res.logits[i], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cache_kind", ["contiguous", "static"])
+@pytest.mark.parametrize("break_at", [None, 2])
+def test_verify_keeps_greedy_path_and_cache_equals_recompute(target, cache_kind, break_at):
+    model = target[0]
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    prefix = torch.randint(1, 2048, (1, 13), generator=gen)
+    greedy = generate_with_cache(model, prefix, 5)[0, 13:].tolist()  # g0..g4; g0 is the root
+
+    def decoy(avoid):
+        while True:
+            t = int(torch.randint(1, 2048, (1,), generator=gen))
+            if t not in avoid:
+                return t
+    # depth 1: [decoy, g1]; depth 2 under g1: [decoy, g2 (or a decoy)]; depth 3: g3; plus a decoy subtree
+    planted = [greedy[1], greedy[2] if break_at != 2 else decoy(greedy), greedy[3]]
+    d1 = decoy(greedy)
+    tokens = [greedy[0], d1, planted[0], decoy(greedy), planted[1], decoy(greedy), planted[2]]
+    parents = [-1, 0, 0, 1, 2, 2, 4]
+    tree = TokenTree(torch.tensor(tokens), parents)
+    cache = ContiguousCache() if cache_kind == "contiguous" else StaticCache(64)
+    with torch.no_grad():
+        model(prefix, cache=cache)
+        res = verify_tree(model, cache, tree)
+    if break_at is None:
+        assert res.path == [0, 2, 4, 6] and res.tokens == greedy[1:4] and res.next_token == greedy[4]
+    else:
+        assert res.path == [0, 2] and res.tokens == [greedy[1]] and res.next_token == greedy[2]
+    # the compacted cache is what a plain forward of prefix + root + accepted tokens writes
+    fresh = ContiguousCache()
+    seq = torch.cat([prefix[0], torch.tensor([greedy[0], *res.tokens])])[None]
+    with torch.no_grad():
+        model(seq, cache=fresh)
+    assert cache.get_seq_length() == seq.shape[1]
+    for layer in range(model.config.num_hidden_layers):
+        n = seq.shape[1]
+        torch.testing.assert_close(cache.k[layer][:, :, :n], fresh.k[layer], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cache.v[layer][:, :, :n], fresh.v[layer], rtol=1e-5, atol=1e-5)
+
+
+def test_compact_cache_index_select():
+    c = ContiguousCache()
+    k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+    c.update(k, v, 0)
+    compact_cache(c, torch.tensor([0, 1, 4]))
+    assert torch.equal(c.k[0], k[:, :, [0, 1, 4]]) and torch.equal(c.v[0], v[:, :, [0, 1, 4]])
+    with pytest.raises(ValueError, match="keep"):
+        compact_cache(c, torch.tensor([2, 1]))
+
+
+# -------------------------------------------------------------------------------------------- medusa
+def test_heads_start_as_the_next_token_head_and_shapes(target):
+    model = target[0]
+    heads = MedusaHeads(256, 2048, num_heads=3)
+    h = torch.randn(2, 5, 256)
+    with torch.no_grad():
+        out = heads(h, model.lm_head)
+        assert out.shape == (2, 5, 3, 2048)
+        for k in range(3):  # zero-initialized residual block: head k == lm_head at first
+            torch.testing.assert_close(out[:, :, k], model.lm_head(h))
+        own = MedusaHeads(256, 2048, num_heads=2, share_lm_head=False)
+        assert own(h).shape == (2, 5, 2, 2048)
+    # sharing keeps a head to D*D + D parameters
+    assert sum(p.numel() for p in heads.parameters()) == 3 * (256 * 256 + 256)
+
+
+def test_train_medusa_learns(target):
+    model, tok = target
+    texts = load_split("train", max_files=2)
+    heads, hist = train_medusa(model, texts, tok, steps=40, num_heads=2, seq_len=128, batch_size=4, lr=3e-3,
+                               max_tokens=128 * 24, progress=False)
+    first, last = sum(hist["loss"][:5]) / 5, sum(hist["loss"][-5:]) / 5
+    assert last < first - 0.5, (first, last)
+    assert all(not p.requires_grad for p in model.parameters())  # the target stayed frozen
+    fresh = MedusaHeads(256, 2048, num_heads=2)
+    acc_fresh = medusa_accuracy(model, fresh, texts, tok, seq_len=128, max_tokens=128 * 24)["heads"][0]
+    acc = medusa_accuracy(model, heads, texts, tok, seq_len=128, max_tokens=128 * 24)["heads"][0]
+    assert acc > acc_fresh + 0.05, (acc_fresh, acc)
+
+
+def test_bundled_heads_are_trained(target):
+    model, tok = target
+    heads = load_medusa_heads("tiny")
+    assert heads.num_heads >= 3 and heads.hidden_size == 256
+    acc = medusa_accuracy(model, heads, load_split("heldout", max_files=1), tok, max_tokens=256 * 6)
+    fresh = medusa_accuracy(model, MedusaHeads(256, 2048, heads.num_heads), load_split("heldout", max_files=1),
+                            tok, max_tokens=256 * 6)
+    # trained head 0 (two tokens ahead) beats the untrained guess (the next-token head) by a wide margin
+    assert acc["heads"][0] > fresh["heads"][0] + 0.1, (acc, fresh)
+    assert acc["heads"][0] > acc["heads"][-1]  # further ahead is harder
+
+
+def test_medusa_generate_equals_greedy_bundled(target, heldout_prompts):
+    model, _ = target
+    heads = load_medusa_heads("tiny")
+    per_pass = []
+    for prompt in heldout_prompts[:2]:
+        want = generate_with_cache(model, prompt, 40)
+        for kw in ({}, {"topk": 1}, {"tree": cartesian_paths((2, 2))}):
+            got, stats = medusa_generate(model, heads, prompt, 40, **kw)
+            assert torch.equal(got, want), kw
+            assert stats.emitted == 40 and sum(a + 1 for a in stats.accepted) + 1 >= 40
+            per_pass.append(stats.tokens_per_pass)
+    # trained heads do get tokens accepted (about 1.15 per pass here; untrained heads give about 1.0)
+    assert sum(per_pass) / len(per_pass) > 1.08, per_pass
+
+
+def test_medusa_generate_exact_with_random_model_and_heads(tiny_random):
+    torch.manual_seed(torch.seed() % 2**31)
+    heads = MedusaHeads(32, 97, num_heads=3)
+    for b in heads.blocks:
+        torch.nn.init.normal_(b.linear.weight, std=0.3)
+    prompt = torch.randint(1, 97, (1, 9))
+    want = generate_with_cache(tiny_random, prompt, 30)
+    for kw in ({}, {"tree": []}, {"topk": 2}, {"topk": (3, 1)}, {"tree": chain_paths(3)}):
+        got, stats = medusa_generate(tiny_random, heads, prompt, 30, **kw)
+        assert torch.equal(got, want), kw
+        assert len(stats.head_acceptance) == 3 and stats.passes == len(stats.accepted)
+    # eos: stops right after the first eos, as generate_with_cache does for one row
+    eos = int(want[0, 9 + 7])
+    want_eos = generate_with_cache(tiny_random, prompt, 30, eos_token_id=eos)
+    got_eos, _ = medusa_generate(tiny_random, heads, prompt, 30, eos_token_id=eos)
+    assert torch.equal(got_eos, want_eos)
+    got0, _ = medusa_generate(tiny_random, heads, prompt, 0)
+    assert torch.equal(got0, prompt)
+
+
+def test_save_load_round_trip_and_missing_folder(tmp_path, monkeypatch, target):
+    heads = MedusaHeads(256, 2048, num_heads=2)
+    torch.nn.init.normal_(heads.blocks[1].linear.weight)
+    save_medusa_heads(heads, tmp_path / "x")
+    back = load_medusa_heads(path=tmp_path / "x")
+    h = torch.randn(3, 256)
+    with torch.no_grad():
+        torch.testing.assert_close(back(h, target[0].lm_head), heads(h, target[0].lm_head))
+    monkeypatch.setattr(medusa_mod, "BUNDLED_HEADS_ROOT", tmp_path)
+    with pytest.raises(FileNotFoundError, match="model_name='tiny'"):
+        load_medusa_heads("tiny")
+
+
+# --------------------------------------------------------------------------------------------- input
+def test_bad_input(target, tiny_random):
+    model = target[0]
+    with pytest.raises(ValueError, match="empty"):
+        TokenTree(torch.tensor([], dtype=torch.long), [])
+    with pytest.raises(ValueError, match=r"parents\[2\]"):
+        TokenTree(torch.tensor([1, 2, 3]), [-1, 0, 2])
+    with pytest.raises(ValueError, match=r"parents\[0\]"):
+        tree_attention_mask([0, 0])
+    with pytest.raises(ValueError, match="prefix-closed"):
+        build_tree([[1, 2], [3, 4]], [(0, 1)], root=0)
+    with pytest.raises(ValueError, match="candidates_per_depth"):
+        build_tree([[1, 2]], [(2,)], root=0)
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="heads: hidden_size=128"):
+        medusa_generate(model, MedusaHeads(128, 2048), prompt, 5)
+    with pytest.raises(ValueError, match="tree: depth 3"):
+        medusa_generate(model, MedusaHeads(256, 2048, num_heads=2), prompt, 5, tree=chain_paths(3))
+    with pytest.raises(ValueError, match="either tree"):
+        medusa_generate(model, MedusaHeads(256, 2048), prompt, 5, tree=[(0,)], topk=2)
+    with pytest.raises(ValueError, match="batch size 1"):
+        cache = ContiguousCache()
+        with torch.no_grad():
+            tiny_random(torch.tensor([[1, 2], [3, 4]]), cache=cache)
+        verify_tree(tiny_random, cache, TokenTree(torch.tensor([5]), [-1]))
+    with pytest.raises(ValueError, match="hidden_size"):
+        train_medusa(model, ["x = 1"], target[1], steps=1, heads=MedusaHeads(64, 2048))
