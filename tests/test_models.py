@@ -41,7 +41,7 @@ def test_parity_with_transformers_random_init(name, tmp_path):
         assert torch.equal(again(ids), ours(ids))
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-draft"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-draft", "tiny-draft-scratch"])
 def test_parity_bundled_models(name):
     model, tok = load(name, device="cpu")
     theirs = hf_load(bundled_path(name))
@@ -106,6 +106,12 @@ def test_model_card_reports_measured_numbers():
     assert f"{report['draft']['bits_per_byte']:.3f}" in card
     assert f"{report['unigram_bits_per_byte']:.3f}" in card
     assert report["target"]["bits_per_byte"] <= 1.6
+    # The default draft is the distilled one: its section quotes its own report, and it won on acceptance.
+    distilled = json.loads((bundled_path("tiny").parent / "distill_report.json").read_text())
+    for key in ("distilled", "bundled_scratch"):
+        assert f"{distilled[key]['acceptance_t1']:.3f}" in card
+        assert f"{distilled[key]['bits_per_byte']:.3f}" in card
+    assert distilled["distilled"]["acceptance_t1"] > distilled["bundled_scratch"]["acceptance_t1"]
 
 
 def _balanced(code: str) -> bool:

@@ -2,11 +2,13 @@
 
     from course_lib.models import load
     model, tok = load("tiny")          # bundled target, always offline
-    draft, _ = load("tiny-draft")      # bundled draft, same tokenizer
+    draft, _ = load("tiny-draft")      # bundled draft (distilled from tiny), same tokenizer
     model, tok = load("smollm2-135m")  # hub model when the network is there, else the bundled one
 
 Names (case-insensitive):
-    tiny, tiny-draft                    bundled, trained by `python -m course_lib.models.train`
+    tiny, tiny-draft-scratch            bundled, trained from scratch by `python -m course_lib.models.train`
+    tiny-draft                          bundled default draft: tiny-draft-scratch distilled from tiny
+                                        (`python -m course_lib.distill`, Module 04)
     smollm2-135m, smollm2-360m, smollm2-1.7b   HuggingFaceTB/SmolLM2-*, need the network (or the HF cache)
     any local folder                    with config.json + *.safetensors (+ tokenizer files)
 """
@@ -20,7 +22,7 @@ import torch
 from .llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss, flops_per_token
 
 BUNDLED_ROOT = Path(__file__).parent / "bundled"
-BUNDLED = {"tiny": "tiny", "tiny-draft": "tiny-draft"}
+BUNDLED = {"tiny": "tiny", "tiny-draft": "tiny-draft", "tiny-draft-scratch": "tiny-draft-scratch"}
 HUB = {
     "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
     "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",

@@ -121,14 +121,14 @@ def unigram_bits_per_byte(train_stream: torch.Tensor, heldout_docs: list[list[in
 def write_card(out: Path, report: dict):
     t, d = report["target"], report["draft"]
     lines = [
-        "# The bundled model pair: `tiny` (target) and `tiny-draft`",
+        "# The bundled models: `tiny` (target), `tiny-draft-scratch` and `tiny-draft` (drafts)",
         "",
         "Two Llama-architecture decoders trained from scratch by `python -m course_lib.models.train` on the",
         "Python standard library's own source (read at training time, never committed), sharing one byte-level",
         "BPE tokenizer of 2048 tokens trained on the same training split. Every number below was measured by",
         "that script in the run that produced these weights.",
         "",
-        "| | target (`tiny`) | draft (`tiny-draft`) | unigram baseline |",
+        "| | target (`tiny`) | draft (`tiny-draft-scratch`) | unigram baseline |",
         "|---|---|---|---|",
         f"| held-out bits per byte | **{t['bits_per_byte']:.3f}** | {d['bits_per_byte']:.3f} | {report['unigram_bits_per_byte']:.3f} |",
         f"| parameters | {t['parameters']:,} | {d['parameters']:,} | {report['vocab_size']:,} counts |",
@@ -149,7 +149,9 @@ def write_card(out: Path, report: dict):
         f"  positions {t['seq_len']}-511 are seen only at evaluation and predict worse (a 128-token sliding window scores better",
         "  than the full cache on 511-token texts, see notebook 05). Weights are stored in float32.",
         "- Load: `course_lib.models.load('tiny')`, or `transformers.AutoModelForCausalLM.from_pretrained(path)` and",
-        "  `AutoTokenizer.from_pretrained(path)` on the folders `tiny/` and `tiny-draft/`.",
+        "  `AutoTokenizer.from_pretrained(path)` on the folders `tiny/`, `tiny-draft/` and `tiny-draft-scratch/`.",
+        "- The default draft `tiny-draft` has the draft's shape and starts from `tiny-draft-scratch`, then is",
+        "  distilled from the target by `python -m course_lib.distill` (its own section below, when installed).",
         "- Generation: greedy decoding falls into repetition loops (\"name, name, name\") within a few dozen",
         "  tokens, as small models do; sampling (temperature 0.8, top-k 40) gives plausible code: the tests check",
         "  bracket balance over completed lines of such samples from held-out prompts.",
@@ -204,7 +206,7 @@ def main(argv=None):
     for name, cfg, steps in (("target", target_cfg, args.target_steps), ("draft", draft_cfg, args.draft_steps)):
         s = TrainSettings(steps=steps)
         model, secs = train_model(cfg, stream, s)
-        folder = args.out / ("tiny" if name == "target" else "tiny-draft")
+        folder = args.out / ("tiny" if name == "target" else "tiny-draft-scratch")
         model.save_pretrained(folder)
         for f in tok_dir.iterdir():  # each model folder is self-contained for AutoTokenizer
             (folder / f.name).write_bytes(f.read_bytes())
