@@ -1,0 +1,175 @@
+"""Serving workloads: when requests arrive, and how long their prompts and answers are.
+
+    from course_lib.serving import make_workload, save_trace, load_trace
+    reqs = make_workload(200, rate=8.0, arrival="bursty", cv=3.0, seed=0)
+    save_trace(reqs, "trace.jsonl"); load_trace("trace.jsonl") == reqs
+
+Arrivals: ``poisson`` (exponential gaps, coefficient of variation 1) or ``bursty`` (gamma gaps with a
+coefficient of variation ``cv`` > 1: the same mean rate, but requests come in clumps with long quiet
+spells between them, which is what real traffic looks like and what hurts tail latency).
+Lengths: lognormal (a few very long prompts, many short ones), clipped so prompt + output fits the
+context, or drawn from an empirical table of (prompt_tokens, output_tokens) pairs.
+Everything is seeded: the same seed gives the same workload.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import numbers
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: it arrives at ``arrival_s``, has ``prompt_tokens`` to prefill and wants exactly
+    ``output_tokens`` new tokens (the simulator does not model early stops: the length is known)."""
+    rid: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+    def __post_init__(self):
+        if not (isinstance(self.arrival_s, numbers.Real) and math.isfinite(self.arrival_s) and self.arrival_s >= 0):
+            raise ValueError(f"arrival_s must be a finite number >= 0, got {self.arrival_s!r} (request {self.rid})")
+        for name in ("prompt_tokens", "output_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r} (request {self.rid})")
+
+
+def _positive(x, name):
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or not x > 0:
+        raise ValueError(f"{name} must be a positive number, got {x!r}")
+    return float(x)
+
+
+def _count(n, name="n"):
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {n!r}")
+    return int(n)
+
+
+def poisson_arrivals(n: int, rate: float, rng=None) -> np.ndarray:
+    """n arrival times (s) of a Poisson process with `rate` requests/s: exponential gaps of mean 1/rate."""
+    n, rate = _count(n), _positive(rate, "rate")
+    rng = np.random.default_rng(rng)
+    return np.cumsum(rng.exponential(1.0 / rate, size=n))
+
+
+def bursty_arrivals(n: int, rate: float, cv: float = 3.0, rng=None) -> np.ndarray:
+    """n arrival times with gamma-distributed gaps: mean 1/rate, coefficient of variation `cv`.
+
+    Gamma with shape k = 1/cv^2 and scale 1/(rate k) has mean 1/rate and std cv/rate; cv = 1 is Poisson,
+    cv > 1 is burstier (many tiny gaps, a few very long ones)."""
+    n, rate, cv = _count(n), _positive(rate, "rate"), _positive(cv, "cv")
+    rng = np.random.default_rng(rng)
+    k = 1.0 / cv ** 2
+    return np.cumsum(rng.gamma(k, 1.0 / (rate * k), size=n))
+
+
+def lognormal_lengths(n: int, median: float, sigma: float, low: int = 1, high: int | None = None,
+                      rng=None) -> np.ndarray:
+    """n integer lengths from a lognormal with the given median (exp(mu)) and log-std `sigma`,
+    rounded and clipped to [low, high]."""
+    n, median = _count(n), _positive(median, "median")
+    if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not sigma >= 0:
+        raise ValueError(f"sigma must be a number >= 0, got {sigma!r}")
+    rng = np.random.default_rng(rng)
+    x = np.rint(median * np.exp(sigma * rng.standard_normal(n))).astype(np.int64)
+    return np.clip(x, low, high if high is not None else np.iinfo(np.int64).max)
+
+
+def make_workload(n: int, rate: float, *, arrival: str = "poisson", cv: float = 3.0, prompt_median: float = 256,
+                  prompt_sigma: float = 0.8, output_median: float = 128, output_sigma: float = 0.8,
+                  max_context: int = 2048, min_output: int = 2, lengths_table=None, seed=0) -> list[Request]:
+    """A seeded list of `n` requests sorted by arrival.
+
+    arrival: 'poisson' or 'bursty' (gamma gaps with coefficient of variation `cv`).
+    Lengths: lognormal (medians and log-stds above); the prompt is clipped to max_context - min_output
+    and the output to what is left of the context, so every request fits in `max_context` tokens.
+    lengths_table: instead, a sequence of (prompt_tokens, output_tokens) pairs to sample rows from
+    (an empirical distribution, e.g. measured from a production log).
+    """
+    n = _count(n)
+    rate = _positive(rate, "rate")
+    max_context = _count(max_context, "max_context")
+    if isinstance(min_output, bool) or not isinstance(min_output, numbers.Integral) or min_output < 1:
+        raise ValueError(f"min_output must be an integer >= 1, got {min_output!r}")
+    if max_context < min_output + 1:
+        raise ValueError(f"max_context must be >= min_output + 1 = {min_output + 1}, got {max_context}")
+    rng = np.random.default_rng(seed)
+    if arrival == "poisson":
+        t = poisson_arrivals(n, rate, rng)
+    elif arrival == "bursty":
+        t = bursty_arrivals(n, rate, cv, rng)
+    else:
+        raise ValueError(f"arrival must be 'poisson' or 'bursty', got {arrival!r}")
+    if lengths_table is not None:
+        table = np.asarray(lengths_table, dtype=np.int64)
+        if table.ndim != 2 or table.shape[1] != 2 or len(table) == 0 or (table < 1).any():
+            raise ValueError("lengths_table must be a non-empty sequence of (prompt_tokens, output_tokens) pairs "
+                             f"of positive integers, got shape {table.shape}")
+        rows = table[rng.integers(0, len(table), size=n)]
+        p = np.clip(rows[:, 0], 1, max_context - min_output)
+        o = np.clip(rows[:, 1], min_output, None)
+    else:
+        p = lognormal_lengths(n, prompt_median, prompt_sigma, 1, max_context - min_output, rng)
+        o = lognormal_lengths(n, output_median, output_sigma, min_output, None, rng)
+    o = np.minimum(o, max_context - p)
+    return [Request(i, float(t[i]), int(p[i]), int(o[i])) for i in range(n)]
+
+
+def offered_load(requests) -> float:
+    """Requests per second over the arrival window (n - 1 gaps / (last - first arrival))."""
+    ts = sorted(r.arrival_s for r in requests)
+    if len(ts) < 2 or ts[-1] == ts[0]:
+        raise ValueError("requests must hold at least two different arrival times")
+    return (len(ts) - 1) / (ts[-1] - ts[0])
+
+
+_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens")
+
+
+def save_trace(requests, path) -> Path:
+    """Write a trace: JSON lines (``.jsonl``/``.json``) or CSV (``.csv``), fields arrival_s,
+    prompt_tokens, output_tokens (and rid)."""
+    path = Path(path)
+    rows = [asdict(r) for r in requests]
+    if path.suffix == ".csv":
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=("rid", *_FIELDS))
+            w.writeheader()
+            w.writerows(rows)
+    elif path.suffix in (".jsonl", ".json"):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        raise ValueError(f"path must end in .jsonl, .json or .csv, got {str(path)!r}")
+    return path
+
+
+def load_trace(path) -> list[Request]:
+    """Read a trace written by save_trace (or by hand: rid is optional), sorted by arrival."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    elif path.suffix in (".jsonl", ".json"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    else:
+        raise ValueError(f"path must end in .jsonl, .json or .csv, got {str(path)!r}")
+    out = []
+    for i, r in enumerate(rows):
+        missing = [k for k in _FIELDS if k not in r]
+        if missing:
+            raise ValueError(f"{path}: row {i} lacks {missing} (expected fields {_FIELDS})")
+        out.append(Request(int(r.get("rid", i)), float(r["arrival_s"]), int(r["prompt_tokens"]),
+                           int(r["output_tokens"])))
+    return sorted(out, key=lambda r: (r.arrival_s, r.rid))
+
+
+__all__ = ["Request", "poisson_arrivals", "bursty_arrivals", "lognormal_lengths", "make_workload", "offered_load",
+           "save_trace", "load_trace"]

@@ -1,0 +1,230 @@
+"""The continuous-batching engine (course_lib.serving.engine) against decoding each request alone.
+
+Oracles: ``course_lib.kvcache.generate_with_cache`` (plain cached decoding of one request), the
+reference ``course_lib.paged.PagedCache`` for the batched paged forward, and transformers' ``generate``
+for the HF baseline. Prompts, lengths and seeds are fresh random each run (the seed is printed).
+"""
+import random
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from course_lib.generation import sample
+from course_lib.kvcache import generate_with_cache
+from course_lib.models import load
+from course_lib.paged import BlockManager, KVPool, PagedCache
+from course_lib.serving.engine import (Engine, RequestOutput, SamplingParams, compare_with_static,
+                                       hf_static_generate, static_batch_generate, synthetic_workload)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    m, _ = load("tiny")
+    return m.eval()
+
+
+@pytest.fixture
+def rng():
+    seed = time.time_ns() % 2**31
+    print("seed", seed)
+    return random.Random(seed)
+
+
+def prompts_for(rng, lengths):
+    return [[rng.randrange(1, 2048) for _ in range(n)] for n in lengths]
+
+
+def alone(model, prompt, n, params=None):
+    """One request decoded by itself: greedy, or sampled with its own seeded generator."""
+    if params is None or params.temperature == 0:
+        return generate_with_cache(model, torch.tensor(prompt), n)[0, len(prompt):].tolist()
+    g = torch.Generator().manual_seed(params.seed)
+    pick = lambda logits: sample(logits, params.temperature, params.top_k, params.top_p, generator=g)  # noqa: E731
+    return generate_with_cache(model, torch.tensor(prompt), n, sample=pick)[0, len(prompt):].tolist()
+
+
+def run_checked(eng):
+    """Step to the end, checking the block bookkeeping after every step."""
+    streamed = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            streamed.setdefault(o.request_id, []).append(o.token)
+        eng.manager.check_invariants()
+        assert eng.manager.num_used_blocks <= eng.num_blocks
+        assert len(eng.running) <= eng.max_batch
+    assert eng.manager.num_used_blocks == 0          # every finished request gave its blocks back
+    return streamed
+
+
+@pytest.mark.parametrize("num_blocks,max_batch,max_prefill,expect_preempt", [
+    (256, 16, 512, False),      # plenty of memory: no preemption
+    (64, 16, 9, False),         # chunked prefill: 9 prompt tokens per step
+    (12, 8, 64, True),          # so few blocks that running requests must be preempted and recomputed
+])
+def test_greedy_equals_alone(model, rng, num_blocks, max_batch, max_prefill, expect_preempt):
+    if expect_preempt:      # 6 requests growing to 4-6 blocks each in a pool of 12: someone must yield
+        lengths, max_tokens = [rng.randrange(17, 24) for _ in range(6)], [rng.randrange(12, 20) for _ in range(6)]
+    else:
+        lengths, max_tokens = [70] + [rng.randrange(1, 50) for _ in range(5)], [rng.randrange(1, 20) for _ in range(6)]
+    prompts = prompts_for(rng, lengths)
+    eng = Engine(model, num_blocks=num_blocks, block_size=8, max_batch=max_batch, max_prefill_tokens=max_prefill)
+    ids = [eng.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, max_tokens)]
+    streamed = run_checked(eng)
+    if expect_preempt:
+        assert eng.num_preemptions > 0, "the small pool should have forced a preemption"
+    else:
+        assert eng.num_preemptions == 0
+    for i, p, n in zip(ids, prompts, max_tokens):
+        out = eng.output(i)
+        assert out.finished and out.finish_reason == "length"
+        assert out.token_ids == alone(model, p, n), f"request {i} (prompt {len(p)}, {n} tokens) differs"
+        assert streamed[i] == out.token_ids                    # what step() streamed is the result
+        assert out.arrival_time <= out.first_token_time <= out.finish_time
+        assert 0 <= out.ttft <= out.e2e
+
+
+def test_batched_forward_matches_paged_cache(model, rng):
+    """The engine's one-gather-per-layer forward equals the reference PagedCache on ragged rows."""
+    prompts = prompts_for(rng, [rng.randrange(2, 30) for _ in range(4)])
+    eng = Engine(model, num_blocks=32, block_size=4, max_batch=8)
+    ref = PagedCache(BlockManager(32, 4), KVPool.for_model(model, 32, 4))
+    for i, p in enumerate(prompts):
+        eng.add_request(p, SamplingParams(max_tokens=2))
+        ref.add_sequence(i, p)
+    eng._admit()
+    reqs = list(eng.running)
+    with torch.no_grad():
+        got = eng._forward(reqs, [0] * 4, [len(p) for p in prompts], prompts)      # [B, V] last logits
+        want = []
+        for i, p in enumerate(prompts):
+            ref.set_active([i])
+            want.append(model(torch.tensor([p]), cache=ref)[0, -1])
+        torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-4)
+        nxt = got.argmax(-1)                                   # one decode step, rows of different lengths
+        ref.set_active(list(range(4)))
+        ref.append(list(range(4)), nxt)
+        for r, t in zip(reqs, nxt.tolist()):
+            eng.manager.append(r.id, t)
+        got = eng._forward(reqs, [len(p) for p in prompts], [1] * 4, [[t] for t in nxt.tolist()])
+        want = model(nxt[:, None], cache=ref, positions=ref.positions(1), attn_mask=ref.attn_mask(1))[:, -1]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_seeded_sampling_is_per_request(model, rng):
+    p = prompts_for(rng, [12])[0]
+    params = SamplingParams(max_tokens=12, temperature=0.9, top_k=50, top_p=0.95, seed=rng.randrange(2**31))
+    # alone in the engine
+    eng = Engine(model, num_blocks=64, block_size=8)
+    solo = eng.generate([p], params)[0].token_ids
+    # in a crowd of greedy and sampled requests, with preemption going on
+    others = prompts_for(rng, [rng.randrange(1, 40) for _ in range(5)])
+    eng = Engine(model, num_blocks=10, block_size=8, max_batch=6)
+    other_params = [SamplingParams(max_tokens=rng.randrange(1, 20), temperature=rng.choice([0.0, 1.0]),
+                                   seed=rng.randrange(2**31)) for _ in others]
+    outs = eng.generate(others[:2] + [p] + others[2:], other_params[:2] + [params] + other_params[2:])
+    assert outs[2].token_ids == solo
+    # static batching draws from the request's own generator too: same tokens
+    stat = static_batch_generate(model, others[:2] + [p], other_params[:2] + [params], batch_size=3)
+    assert stat[2].token_ids == solo
+    # the same draws as plain cached decoding with a generator seeded the same way
+    assert solo == alone(model, p, 12, params)
+    # another seed gives another sequence (12 draws at temperature 0.9 over a 2048-token vocabulary)
+    other = Engine(model, num_blocks=64).generate([p], SamplingParams(max_tokens=12, temperature=0.9, top_k=50,
+                                                                      top_p=0.95, seed=params.seed + 1))[0]
+    assert other.token_ids != solo
+
+
+def test_stop_tokens_and_streaming(model, rng):
+    p = prompts_for(rng, [20])[0]
+    ref = alone(model, p, 10)
+    stop = ref[3]
+    first = ref.index(stop)
+    got = []
+    eng = Engine(model, num_blocks=32, block_size=8)
+    rid = eng.add_request(p, SamplingParams(max_tokens=10, stop_token_ids=[stop]), callback=got.append)
+    run_checked(eng)
+    out = eng.output(rid)
+    assert out.token_ids == ref[:first + 1] and out.finish_reason == "stop"
+    assert [o.token for o in got] == out.token_ids and got[-1].finished and not any(o.finished for o in got[:-1])
+    eng = Engine(model, num_blocks=32, block_size=8)
+    toks = [o.token for o in eng.stream([p], SamplingParams(max_tokens=5))]
+    assert toks == ref[:5]
+
+
+def test_bad_requests_rejected_while_serving(model, rng):
+    prompts = prompts_for(rng, [rng.randrange(1, 30) for _ in range(4)])
+    max_tokens = [rng.randrange(8, 20) for _ in prompts]
+    eng = Engine(model, num_blocks=40, block_size=8, max_batch=4)
+    ids = [eng.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, max_tokens)]
+    for _ in range(4):
+        eng.step()
+    with pytest.raises(TypeError, match="temprature"):
+        eng.add_request(prompts[0], SamplingParams(temprature=0.5))
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="max_tokens"):
+            eng.add_request(prompts[0], SamplingParams(max_tokens=bad))
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request([], SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="vocabulary"):
+        eng.add_request([5, 2048, 7], SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="vocabulary"):
+        eng.add_request([-1], SamplingParams(max_tokens=4))
+    with pytest.raises(TypeError, match="integer"):
+        eng.add_request([1.5, 2.0], SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="context"):
+        eng.add_request([1] * 500, SamplingParams(max_tokens=20))
+    with pytest.raises(ValueError, match="KV blocks"):
+        eng.add_request([1] * 300, SamplingParams(max_tokens=30))    # 329 slots > 40 blocks x 8
+    with pytest.raises(TypeError, match="SamplingParams"):
+        eng.add_request([1, 2], {"max_tokens": 3})
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    assert len(eng.requests) == 4                              # nothing was added by the bad calls
+    run_checked(eng)
+    for i, p, n in zip(ids, prompts, max_tokens):
+        assert eng.output(i).token_ids == alone(model, p, n)
+
+
+def test_engine_arguments(model):
+    for kw in ({"num_blocks": 0}, {"block_size": 0}, {"max_batch": 0}, {"max_prefill_tokens": 0},
+               {"watermark": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            Engine(model, **kw)
+
+
+def test_static_batching_equals_alone(model, rng):
+    prompts = prompts_for(rng, [rng.randrange(1, 40) for _ in range(5)])
+    max_tokens = [rng.randrange(1, 16) for _ in prompts]
+    outs = static_batch_generate(model, prompts, [SamplingParams(max_tokens=n) for n in max_tokens], batch_size=3)
+    assert all(isinstance(o, RequestOutput) and o.finished for o in outs)
+    for o, p, n in zip(outs, prompts, max_tokens):
+        assert o.token_ids == alone(model, p, n)
+        assert o.arrival_time <= o.first_token_time <= o.finish_time
+
+
+def test_hf_static_equals_alone(model, rng):
+    pytest.importorskip("transformers")
+    prompts = prompts_for(rng, [rng.randrange(1, 30) for _ in range(3)])
+    max_tokens = [rng.randrange(1, 10) for _ in prompts]
+    outs = hf_static_generate(prompts, [SamplingParams(max_tokens=n) for n in max_tokens], batch_size=3)
+    for o, p, n in zip(outs, prompts, max_tokens):
+        assert o.token_ids == alone(model, p, n)
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_compare_with_static_rows(model, replay):
+    wl = synthetic_workload(8, seed=time.time_ns() % 1000, rate=200.0 if replay else None,
+                            prompt_range=(4, 24), output_range=(2, 12), output_median=5)
+    if replay:      # the simulator's request records (counts, no ids) are accepted as well
+        wl = [SimpleNamespace(arrival_s=a, prompt_tokens=len(p), output_tokens=n) for a, p, n in wl]
+    rows = compare_with_static(model, wl, batch_size=4, replay=replay, max_batch=8)   # asserts equal outputs
+    assert [r["system"].split()[0] for r in rows] == ["engine", "static"]
+    for r in rows:
+        assert r["tokens"] == sum(w[2] if isinstance(w, tuple) else w.output_tokens for w in wl)
+        assert r["tokens_per_s"] > 0
+        assert 0 < r["p50_latency_s"] <= r["p90_latency_s"] and r["mode"] == ("replay" if replay else "offline")
