@@ -28,6 +28,96 @@ Example:
 """
 
 MUTANTS: dict[str, list[tuple[str, dict[str, str]]]] = {
+    "lab04": [
+        ("the lecture notes' double softmax: log_softmax of probabilities instead of logits",
+         {"kd_answer": '''\
+def kd_loss(student_logits, teacher_logits, temperature=2.0):
+    T = float(temperature)
+    soft_teacher = F.softmax(teacher_logits / T, dim=-1)
+    soft_student = F.softmax(student_logits / T, dim=-1)
+    V = soft_student.shape[-1]
+    return F.kl_div(F.log_softmax(soft_student, dim=-1).reshape(-1, V), soft_teacher.reshape(-1, V),
+                    reduction="batchmean") * T * T
+'''}),
+        ("the KD loss without the T^2 factor",
+         {"kd_answer": '''\
+def kd_loss(student_logits, teacher_logits, temperature=2.0):
+    T = float(temperature)
+    log_q = F.log_softmax(student_logits / T, dim=-1)
+    log_p = F.log_softmax(teacher_logits / T, dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+'''}),
+    ],
+    "lab09": [
+        ("the scheduler admits waiting requests without checking the free KV blocks (only max_batch)",
+         {"schedule_answer": '''\
+def schedule(waiting, running, free_blocks, block_size, max_batch):
+    run = list(running)
+    free = free_blocks
+    preempt = []
+    i = 0
+    while i < len(run):
+        r = run[i]
+        extra = max(0, blocks_needed(r.need, block_size) - r.blocks)
+        while extra > free and len(run) > i + 1:
+            victim = run.pop()
+            preempt.append(victim.rid)
+            free += victim.blocks
+        if extra > free:
+            run.pop()
+            preempt.append(r.rid)
+            free += r.blocks
+            break
+        free -= extra
+        i += 1
+    admit = []
+    if not preempt:
+        for w in waiting:
+            if len(run) + len(admit) >= max_batch:
+                break
+            admit.append(w.rid)
+            free -= blocks_needed(w.need, block_size)
+    return Decision(preempt=preempt, admit=admit)
+'''}),
+    ],
+    "lab08": [
+        ("on a rejection the replacement is sampled from p instead of the residual max(0, p - q)", {"accept_answer": '''\
+def accept_step(p, q, draft_tokens, generator=None):
+    g = draft_tokens.shape[0]
+    p, q = p.double(), q.double()
+    out = []
+    for i in range(g):
+        t = int(draft_tokens[i])
+        if q[i, t] <= 0:
+            raise ValueError(f"q[{i}, {t}] = 0 but the draft proposed token {t}")
+        u = float(torch.rand((), generator=generator))
+        if u < min(1.0, float(p[i, t] / q[i, t])):
+            out.append(t)
+            continue
+        out.append(int(torch.multinomial(p[i], 1, generator=generator)))
+        return out
+    out.append(int(torch.multinomial(p[g], 1, generator=generator)))
+    return out
+'''}),
+        ("no bonus token when every draft is accepted", {"accept_answer": '''\
+def accept_step(p, q, draft_tokens, generator=None):
+    g = draft_tokens.shape[0]
+    p, q = p.double(), q.double()
+    out = []
+    for i in range(g):
+        t = int(draft_tokens[i])
+        if q[i, t] <= 0:
+            raise ValueError(f"q[{i}, {t}] = 0 but the draft proposed token {t}")
+        u = float(torch.rand((), generator=generator))
+        if u < min(1.0, float(p[i, t] / q[i, t])):
+            out.append(t)
+            continue
+        residual = torch.clamp(p[i] - q[i], min=0)
+        out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+        return out
+    return out
+'''}),
+    ],
     "lab00": [
         ("TPOT divides by the number of tokens, not the number of gaps (n - 1)", {"metrics": '''\
 def ttft(start, times):
