@@ -185,9 +185,11 @@ def _model_device(model) -> torch.device:
         return torch.device("cpu")
 
 
-def _prompt_tensor(input_ids) -> torch.Tensor:
+def _prompt_tensor(input_ids, why_one: str = "generate runs one request (batch size 1)",
+                   batch_hint: str = "Module 09 batches requests") -> torch.Tensor:
+    """One prompt as an int64 tensor [T], from a list of ints or an integer tensor [T] / [1, T]."""
     if isinstance(input_ids, torch.Tensor):
-        if input_ids.dtype not in (torch.int64, torch.int32):
+        if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
             raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
         ids = input_ids
     elif isinstance(input_ids, (list, tuple)):
@@ -199,8 +201,7 @@ def _prompt_tensor(input_ids) -> torch.Tensor:
                         f"got {type(input_ids).__name__}")
     if ids.dim() == 2:
         if ids.shape[0] != 1:
-            raise ValueError(f"input_ids: generate runs one request (batch size 1); got batch size "
-                             f"{ids.shape[0]} (Module 09 batches requests)")
+            raise ValueError(f"input_ids: {why_one}; got batch size {ids.shape[0]} ({batch_hint})")
         ids = ids[0]
     if ids.dim() != 1:
         raise ValueError(f"input_ids must have shape [T] or [1, T], got {tuple(ids.shape)}")

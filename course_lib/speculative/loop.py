@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from course_lib.generation import _check_temperature, _check_top_k, _check_top_p
+from course_lib.generation import _check_temperature, _check_top_k, _check_top_p, _prompt_tensor
 from course_lib.kvcache import ContiguousCache
 
 from .acceptance import accept_step, probs_from_logits
@@ -62,6 +62,15 @@ class SpecStats:
     target_seconds: float = 0.0
     total_seconds: float = 0.0
 
+    def record(self, num_accepted: int, drafted: int) -> None:
+        """Count one pass that tested `drafted` proposals and kept the first `num_accepted`."""
+        self.passes += 1
+        self.drafted += drafted
+        self.accepted += num_accepted
+        self.rejections += num_accepted < drafted
+        self.per_pass.append(num_accepted)
+        self.per_pass_drafted.append(drafted)
+
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted: the share of proposals kept (proposals after a rejection count as lost)."""
@@ -86,27 +95,8 @@ class SpecStats:
 # --------------------------------------------------------------------------------------------------
 def check_prompt(input_ids) -> torch.Tensor:
     """A prompt as an int64 tensor [T]: accepts a list of ints, a tensor [T] or [1, T] (batch size 1)."""
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-        ids = input_ids
-    elif isinstance(input_ids, (list, tuple)):
-        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in input_ids):
-            raise TypeError("input_ids must be a list of int token ids or an integer tensor")
-        ids = torch.tensor([int(t) for t in input_ids], dtype=torch.long)
-    else:
-        raise TypeError(f"input_ids must be a list of token ids or a tensor [T] / [1, T], "
-                        f"got {type(input_ids).__name__}")
-    if ids.dim() == 2:
-        if ids.shape[0] != 1:
-            raise ValueError(f"input_ids: speculative decoding here runs batch size 1, got batch size "
-                             f"{ids.shape[0]} (each row accepts a different number of tokens)")
-        ids = ids[0]
-    if ids.dim() != 1:
-        raise ValueError(f"input_ids must have shape [T] or [1, T], got {tuple(ids.shape)}")
-    if ids.numel() == 0:
-        raise ValueError("input_ids is empty: the prompt needs at least one token (e.g. the BOS token)")
-    return ids.long()
+    return _prompt_tensor(input_ids, "speculative decoding here runs batch size 1",
+                          "each row would accept a different number of tokens")
 
 
 def check_pair(target, draft):
@@ -146,6 +136,15 @@ def _model_device(model) -> torch.device:
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def kept_length(seq: torch.Tensor, n: int, new: int, eos_token_id: int | None) -> int:
+    """How many of the `new` tokens seq[n:n+new] to keep: all of them, or up to and including an eos."""
+    if eos_token_id is not None:
+        hits = (seq[n:n + new] == eos_token_id).nonzero()
+        if len(hits):
+            return int(hits[0]) + 1
+    return new
 
 
 # --------------------------------------------------------------------------------------------------
@@ -263,19 +262,9 @@ def speculative_generate(target, draft, input_ids, max_new_tokens: int, draft_le
         stats.draft_seconds += t1 - t0
         stats.target_seconds += t2 - t1
 
-        # Book-keeping: keep seq[:n + num_ok + 1], stop at eos.
-        new = num_ok + 1
-        if eos_token_id is not None:
-            hits = (seq[n:n + new] == eos_token_id).nonzero()
-            if len(hits):
-                new = int(hits[0]) + 1
-        stats.passes += 1
-        stats.drafted += drafted
-        stats.accepted += num_ok
-        stats.rejections += num_ok < drafted
-        stats.per_pass.append(num_ok)
-        stats.per_pass_drafted.append(drafted)
-        n += new
+        # Book-keeping: keep seq[:n + num_ok + 1], or up to an eos among them.
+        stats.record(num_ok, drafted)
+        n += kept_length(seq, n, num_ok + 1, eos_token_id)
 
         # 4. Re-sync the caches with seq[:n] (see the invariant in the module docstring).
         tcache.crop(n - 1)

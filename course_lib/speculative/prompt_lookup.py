@@ -16,7 +16,7 @@ import torch
 
 from course_lib.kvcache import ContiguousCache
 
-from .loop import SpecStats, _check_int, _model_device, _sync, check_prompt
+from .loop import SpecStats, _check_int, _model_device, _sync, check_prompt, kept_length
 
 __all__ = ["propose_ngram", "prompt_lookup_generate", "editing_prompts"]
 
@@ -80,18 +80,8 @@ def prompt_lookup_generate(target, input_ids, max_new_tokens: int, draft_length:
         _sync(device)
         stats.draft_seconds += t1 - t0
         stats.target_seconds += time.perf_counter() - t1
-        new = num_ok + 1
-        if eos_token_id is not None:
-            hits = (seq[n:n + new] == eos_token_id).nonzero()
-            if len(hits):
-                new = int(hits[0]) + 1
-        stats.passes += 1
-        stats.drafted += k
-        stats.accepted += num_ok
-        stats.rejections += num_ok < k
-        stats.per_pass.append(num_ok)
-        stats.per_pass_drafted.append(k)
-        n += new
+        stats.record(num_ok, k)
+        n += kept_length(seq, n, num_ok + 1, eos_token_id)
         cache.crop(n - 1)
         if eos_token_id is not None and int(seq[n - 1]) == eos_token_id:
             break
