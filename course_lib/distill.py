@@ -34,6 +34,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+# sum_x min(p(x), q(x)) = 1 - TV(p, q): the probability that speculative sampling accepts a token drafted
+# from q against the target p (Module 08). One definition for the course, in speculative.theory.
+from course_lib.speculative.theory import acceptance_rate as expected_acceptance
+
 REDUCTIONS = ("batchmean", "sum", "none")
 
 
@@ -201,17 +205,6 @@ def relation_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor) ->
 # --------------------------------------------------------------------------------------------------
 # Metrics: how good a draft is this student for this teacher?
 # --------------------------------------------------------------------------------------------------
-def expected_acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """sum_x min(p(x), q(x)) over the last dim, for probability tensors p (target), q (draft) [..., V].
-
-    Speculative sampling accepts a drafted x ~ q with probability min(1, p(x)/q(x)); averaged over x ~ q
-    that is sum_x q(x) min(1, p(x)/q(x)) = sum_x min(p(x), q(x)) = 1 - TV(p, q).
-    """
-    if not isinstance(p, torch.Tensor) or not isinstance(q, torch.Tensor) or p.shape != q.shape:
-        raise ValueError("p and q must be probability tensors of the same shape [..., vocab]")
-    return torch.minimum(p, q).sum(-1)
-
-
 def _windows(ids: list[int], W: int):
     """Non-overlapping windows of W+1 tokens (one token overlap), as score_texts scores them."""
     for s in range(0, len(ids) - 1, W):

@@ -48,6 +48,7 @@ import torch
 
 from course_lib.generation import sample as _sample
 from course_lib.paged import BlockManager
+from course_lib.perf.metrics import percentiles
 
 __all__ = ["SamplingParams", "StepOutput", "RequestOutput", "Engine", "static_batch_generate",
            "hf_static_generate", "synthetic_workload", "as_workload", "run_engine_workload",
@@ -722,11 +723,8 @@ def latency_summary(outs: list[RequestOutput], start: float) -> dict:
     """Throughput (generated tokens / wall s from start to the last finish) and latency percentiles."""
     tokens = sum(len(o.token_ids) for o in outs)
     wall = max(o.finish_time for o in outs) - start
-    e2e = torch.tensor([o.e2e for o in outs])
-    ttft = torch.tensor([o.ttft for o in outs])
-    q = torch.tensor([0.5, 0.9])
-    e50, e90 = torch.quantile(e2e, q).tolist()
-    t50, t90 = torch.quantile(ttft, q).tolist()
+    e50, e90 = percentiles([o.e2e for o in outs], (50, 90)).values()
+    t50, t90 = percentiles([o.ttft for o in outs], (50, 90)).values()
     return {"requests": len(outs), "tokens": tokens, "wall_s": round(wall, 3),
             "tokens_per_s": round(tokens / wall, 1), "p50_latency_s": round(e50, 3), "p90_latency_s": round(e90, 3),
             "p50_ttft_s": round(t50, 3), "p90_ttft_s": round(t90, 3)}

@@ -13,12 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-QS = (50, 90, 99)
-
-
-def _pcts(xs, qs=QS):
-    a = np.asarray(xs, dtype=float)
-    return {q: float(np.percentile(a, q)) for q in qs}
+from course_lib.perf.metrics import percentiles   # Module 00's definition (numpy's linear interpolation)
 
 
 def makespan(result) -> float:
@@ -43,7 +38,7 @@ def summarize(result, ttft_slo: float | None = None, tpot_slo: float | None = No
     out = {"policy": result.policy, "requests": len(recs)}
     for name, xs in (("ttft", [r.ttft for r in recs]), ("tpot", [r.tpot for r in recs if r.output_tokens > 1]),
                      ("e2e", [r.e2e for r in recs])):
-        for q, v in _pcts(xs or [0.0]).items():
+        for q, v in percentiles(xs or [0.0]).items():
             out[f"{name}_p{q}"] = v
     span = makespan(result)
     out["makespan_s"] = span
