@@ -32,6 +32,24 @@ def save(name: str, rows: list[dict], **meta) -> Path:
     return path
 
 
+def memory_bandwidth() -> tuple[float, str]:
+    """(bytes/s, where the number comes from) of this device's main memory: the hardware table for a
+    known GPU (its HBM datasheet figure), else a measured copy (what a roofline should be drawn against)."""
+    from course_lib.perf.device_bench import measure_copy_bandwidth
+    from course_lib.perf.hardware import get_gpu
+    if torch.cuda.is_available():
+        try:
+            spec = get_gpu(torch.cuda.get_device_name())
+            return spec.bandwidth, f"{spec.name} datasheet, {spec.bandwidth_gbs:,.0f} GB/s"
+        except ValueError:
+            pass
+        dev, nbytes = torch.device("cuda"), 2**30
+    else:
+        dev, nbytes = torch.device("cpu"), 256 * 2**20
+    gbs = measure_copy_bandwidth(dev, nbytes, repeats=5)
+    return gbs * 1e9, f"measured copy bandwidth, {gbs:,.1f} GB/s"
+
+
 def print_table(rows: list[dict], cols: list[str]):
     widths = [max(len(c), *(len(f"{r[c]}") for r in rows)) for c in cols]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))

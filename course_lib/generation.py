@@ -11,10 +11,11 @@ Sampling turns the logits of the last position into the next token, in small com
     sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
                                    temperature 0 means greedy (argmax, no randomness)
 
-``generate(model, input_ids, max_new_tokens, ...)`` is the baseline loop: every step runs the model on
-the whole sequence so far (no KV cache; Module 05 adds one), takes the last position's logits, samples,
-appends, and records when each token was ready. It returns the new tokens and a ``Trace`` from which
-``course_lib.perf.metrics`` computes TTFT, TPOT, tokens/s.
+``generate(model, input_ids, max_new_tokens, ...)`` is the loop: by default every step runs the model on
+the whole sequence so far (no KV cache), takes the last position's logits, samples, appends, and records
+when each token was ready. ``cache=`` (Module 05) prefills once and feeds one token per step;
+``compile=True`` (Module 12) runs that step compiled through a static cache. It returns the new tokens
+and a ``Trace`` from which ``course_lib.perf.metrics`` computes TTFT, TPOT, tokens/s.
 
 Shapes: logits [..., V] (any leading batch dims); sampled tokens [...].
 """
@@ -30,7 +31,7 @@ import torch
 from course_lib.perf.metrics import TokenEvent, Trace
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
-           "generate", "GenerateOutput", "TokenEvent", "Trace", "model_logits", "context_length"]
+           "generate", "decode_step", "GenerateOutput", "TokenEvent", "Trace", "model_logits", "context_length"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -221,22 +222,80 @@ class GenerateOutput(NamedTuple):
     trace: Trace
 
 
+def _check_generator(generator, device: torch.device):
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device.type} but the model is on {device.type}: create it "
+                         f"there, torch.Generator(device={str(device)!r}).manual_seed(...)")
+
+
+def _make_cache(model, cache, compile, batch: int, span: int):
+    """The cache generate decodes through: None (recompute), a fresh one by name, or the caller's."""
+    from course_lib.kvcache import ContiguousCache, KVCache, StaticCache
+    if hasattr(model, "generation_config") and (cache is not None or compile):
+        raise ValueError("cache= and compile= need a course model (course_lib.models); a transformers model "
+                         "brings its own cache: use model.generate")
+    if compile and cache is None:
+        cache = "static"
+    if cache is None or isinstance(cache, KVCache):
+        if compile and not isinstance(cache, StaticCache):
+            raise ValueError(f"compile=True needs a StaticCache (fixed shapes), got {type(cache).__name__}")
+        if cache is not None and cache.get_seq_length() != 0:
+            raise ValueError("cache must be empty: generate prefills the prompt into it")
+        return cache
+    if cache == "contiguous":
+        return ContiguousCache()
+    if cache == "static":
+        # Sized to the request rounded up to 256 tokens (capped at the context): a compiled step is
+        # reused by every request in the same size bucket, and attention reads few unused slots.
+        ctx = model.config.max_position_embeddings
+        return StaticCache.for_model(model, batch, min(ctx, -(-span // 256) * 256))
+    raise ValueError(f"cache must be None, 'contiguous', 'static' or an empty KVCache, got {cache!r}")
+
+
+def decode_step(model, compile: bool | str = True):
+    """``model`` itself, or its forward compiled for one-token steps through a ``StaticCache``.
+
+    compile=True: ``torch.compile(fullgraph=True)``, with CUDA graphs (mode "reduce-overhead") on a
+    GPU, where a step of a small model is launch-bound; inductor's C++ code on a CPU. A string names
+    another torch.compile backend ("eager" traces the graph without generating code: a cheap check that
+    the step has no graph break). Compiled once per model and setting; a new cache size compiles again.
+    """
+    if not compile:
+        return model
+    backend = "inductor" if compile is True else str(compile)
+    mode = "reduce-overhead" if backend == "inductor" and model.device.type == "cuda" else None
+    steps = model.__dict__.setdefault("_compiled_decode_steps", {})
+    if (backend, mode) not in steps:
+        steps[(backend, mode)] = torch.compile(model.forward, backend=backend, mode=mode, fullgraph=True,
+                                               dynamic=False)
+    return steps[(backend, mode)]
+
+
 @torch.inference_mode()
 def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None,
              eos_token_id: int | list[int] | None = None,
-             callback: Callable[[TokenEvent], bool | None] | None = None) -> GenerateOutput:
+             callback: Callable[[TokenEvent], bool | None] | None = None,
+             cache=None, compile: bool | str = False) -> GenerateOutput:
     """Generate up to `max_new_tokens` tokens after the prompt `input_ids` (list of ids, [T] or [1, T]).
 
     The default temperature 0 is greedy decoding (like ``model.generate(do_sample=False)``); give
-    temperature > 0 (and optionally top_k / top_p, and a seeded ``generator``) to sample.
-    Generation stops after an `eos_token_id` token (included in the output) if one is given.
+    temperature > 0 (and optionally top_k / top_p, and a seeded ``generator`` on the model's device) to
+    sample. Generation stops after an `eos_token_id` token (included in the output) if one is given.
     ``callback(event)`` runs after each token with a ``TokenEvent(index, token_id, time, start)``
     (``time.perf_counter()`` seconds, taken once the token is on the host, so device work is finished);
     if it returns True, generation stops there (streaming UIs, custom stop rules).
 
-    This is the baseline without a KV cache: each step runs the model over the *whole* sequence, so
-    step i costs about as much as a prefill of prompt + i tokens.
+    cache: None (default) is the baseline without a KV cache: each step runs the model over the *whole*
+    sequence, so step i costs about as much as a prefill of prompt + i tokens. With a cache (Module 05:
+    "contiguous", "static", or an empty ``KVCache``) the prompt is prefilled once and each step feeds
+    one token. compile (Module 12, the gpt-fast recipe): the decode step compiled whole, through a
+    ``StaticCache`` (made if none is given; see ``decode_step``); the prefill stays eager. The first call
+    compiles (seconds to a minute); greedy output equals the eager loop's.
     """
     ids = _prompt_tensor(input_ids)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
@@ -248,9 +307,11 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
     if top_p is not None:
         _check_top_p(top_p)
     ctx = context_length(model)
-    if ctx is not None and ids.numel() + max_new_tokens > ctx:
-        raise ValueError(f"prompt of {ids.numel()} tokens + max_new_tokens={max_new_tokens} is past the "
-                         f"model's context of {ctx} tokens (config.max_position_embeddings)")
+    # The model sees the prompt and every new token but the last (which is never fed back).
+    span = ids.numel() + max(max_new_tokens - 1, 0)
+    if ctx is not None and span > ctx:
+        raise ValueError(f"prompt of {ids.numel()} tokens + max_new_tokens={max_new_tokens} needs {span} "
+                         f"positions, past the model's context of {ctx} tokens (config.max_position_embeddings)")
     if eos_token_id is None:
         eos = set()
     elif isinstance(eos_token_id, numbers.Integral) and not isinstance(eos_token_id, bool):
@@ -261,25 +322,38 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
         raise ValueError(f"eos_token_id must be an int, a list of ints or None, got {eos_token_id!r}")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable (it receives a TokenEvent), got {type(callback).__name__}")
-
+    if not isinstance(compile, (bool, str)):
+        raise TypeError(f"compile must be True, False or a torch.compile backend name, got {compile!r}")
     device = _model_device(model)
+    _check_generator(generator, device)
+    cache = _make_cache(model, cache, compile, 1, span)
+    if cache is not None and getattr(cache, "max_len", span) < span:
+        raise ValueError(f"cache holds max_len={cache.max_len} tokens but this request needs {span}")
+    step = decode_step(model, compile) if cache is not None else None
+
     start = time.perf_counter()
     seq = ids.to(device)[None]  # [1, T]: everything so far, prompt + generated
     trace = Trace(start=start, events=[], prompt_tokens=int(ids.numel()))
     new_tokens: list[int] = []
+    step_input = seq            # what the model sees first: the prompt
     for i in range(max_new_tokens):
-        # What the model sees this step. Without a cache it is the whole sequence; with a KV cache
-        # (Module 05) it would be only the tokens the cache has not seen yet, seq[:, cache_len:].
-        step_input = seq
-        logits = model_logits(model, step_input)[:, -1, :]  # [1, V] the last position predicts the next
+        if cache is None:
+            # No cache: the whole sequence again (with a cache it is only the tokens it has not seen).
+            logits = model_logits(model, seq)[:, -1, :]                     # [1, V] the last position predicts
+        elif i == 0:
+            logits = model(step_input, cache=cache)[:, -1, :]               # prefill, eager
+        else:
+            logits = step(step_input, cache=cache)[:, -1, :]                # one token through the cache
         token = sample(logits, temperature, top_k, top_p, generator)  # [1]
         token_id = int(token)  # copies to the host: waits for the device, so the time below is real
         now = time.perf_counter()
         event = TokenEvent(index=i, token_id=token_id, time=now, start=start)
         trace.events.append(event)
         new_tokens.append(token_id)
-        seq = torch.cat([seq, token.view(1, 1).to(seq.dtype)], dim=1)  # [1, T + i + 1]
+        step_input = token.view(1, 1).to(seq.dtype)
+        if cache is None:
+            seq = torch.cat([seq, step_input], dim=1)  # [1, T + i + 1]
         stop = callback(event) if callback is not None else None
         if token_id in eos or stop is True:
             break
-    return GenerateOutput(torch.tensor(new_tokens, dtype=torch.long), trace)
+    return GenerateOutput(torch.tensor(new_tokens, dtype=torch.long, device="cpu"), trace)

@@ -307,10 +307,10 @@ def test_context_limit(tiny):
     model, _ = tiny
     ctx = model.config.max_position_embeddings
     ids = [1] * (ctx - 1)
-    tokens, _ = generate(model, ids, 1)  # exactly fills the context
-    assert len(tokens) == 1
+    tokens, _ = generate(model, ids, 2)  # the first new token is fed at the last position; the second never is
+    assert len(tokens) == 2
     with pytest.raises(ValueError, match="context"):
-        generate(model, ids, 2)
+        generate(model, ids, 3)
     with pytest.raises(ValueError, match="context"):
         generate(model, [1] * (ctx + 1), 0)
 

@@ -16,12 +16,19 @@ tells the length "before this forward". Caches that evict tokens make a differen
 Extras every cache here has: ``stored_length(layer)``, ``nbytes()`` (bytes of the tensors it holds),
 ``attn_mask(T)`` (a [T, S] mask for the next forward of T tokens, or None for the model's causal mask)
 and ``attach(model)`` (a context manager; only caches that need more than k and v use it).
+
+The model calls ``cache.attend(q, k, v, layer, attn_mask)`` when the cache has it: by default that is
+``update`` and then attention over what it returns; a cache overrides it to attend its own way (the
+static cache masks its unwritten slots so the shapes never change). A cache with a ``positions(T)``
+method places the new tokens itself (the static cache keeps its position on the device).
 """
 from __future__ import annotations
 
 import contextlib
 
 import torch
+
+from course_lib.attention import attention
 
 
 def _check_kv(k, v, layer, name="update"):
@@ -70,6 +77,12 @@ class KVCache:
     def attach(self, model):
         """Context manager: hooks a cache needs on the model (default: none)."""
         return contextlib.nullcontext(self)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+               attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Store this layer's new k, v [B, K, T, Dh] and attend q [B, H, T, Dh] over all that is held."""
+        k_all, v_all = self.update(k, v, layer)          # [B, K, S, Dh]
+        return attention(q, k_all, v_all, attn_mask)     # [B, H, T, Dh]
 
 
 def attached(cache, model):
@@ -131,60 +144,102 @@ class ContiguousCache(KVCache):
 class StaticCache(KVCache):
     """A preallocated cache: [B, K, max_len, Dh] per layer, written in place at the current position.
 
-    Nothing is reallocated while generating (no copies, fixed addresses: what CUDA graphs and
-    torch.compile want), but the whole `max_len` is reserved up front whether it is used or not,
-    the waste Module 06 measures. ``update`` returns views of the filled part.
+    Nothing is reallocated while generating and the tensor shapes never change: what CUDA graphs and
+    ``torch.compile`` need (the gpt-fast recipe). The position of the next token is a tensor on the
+    cache's device (``pos[layer]``, advanced in place), so a decode step reads no Python int that changes
+    per token (no host sync, no recompile), and ``model(token, cache=static_cache)`` compiles once.
+    Attention runs over all ``max_len`` slots with a mask that hides the unwritten ones. The price: the
+    whole ``max_len`` is reserved up front whether it is used or not, the waste Module 06 measures.
 
     Buffers are created on the first update of each layer from k's shape, dtype and device, or all at
-    once with ``StaticCache.for_model(model, batch, max_len)``.
+    once with ``StaticCache.for_model(model, batch, max_len)``. All rows of the batch share a position.
+    ``update`` (the plain contract) returns views of the filled part; reading that length is a host sync.
     """
 
     def __init__(self, max_len: int):
-        if not isinstance(max_len, int) or max_len <= 0:
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
             raise ValueError(f"max_len must be a positive int, got {max_len!r}")
         self.max_len = max_len
-        self.k: list[torch.Tensor] = []  # per layer [B, K, max_len, Dh]
+        self.k: list[torch.Tensor] = []    # per layer [B, K, max_len, Dh]
         self.v: list[torch.Tensor] = []
-        self.lengths: list[int] = []     # tokens written per layer
+        self.pos: list[torch.Tensor] = []  # per layer: tokens written, a 0-d int64 tensor on the device
 
     @classmethod
     def for_model(cls, model, batch: int, max_len: int | None = None, dtype=None, device=None):
         cfg = model.config
         max_len = max_len or cfg.max_position_embeddings
+        if max_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_len={max_len} is past the model's context of {cfg.max_position_embeddings}")
         cache = cls(max_len)
-        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        dtype = dtype or model.dtype
-        device = device or model.device
         for _ in range(cfg.num_hidden_layers):
-            cache.k.append(torch.zeros(shape, dtype=dtype, device=device))
-            cache.v.append(torch.zeros(shape, dtype=dtype, device=device))
-            cache.lengths.append(0)
+            cache._allocate(batch, cfg.num_key_value_heads, cfg.head_dim, dtype or model.dtype,
+                            device or model.device)
         return cache
 
-    def update(self, k, v, layer):
-        _check_kv(k, v, layer)
+    def _allocate(self, B, K, Dh, dtype, device):
+        k = torch.zeros(B, K, self.max_len, Dh, dtype=dtype, device=device)
+        v = torch.zeros(B, K, self.max_len, Dh, dtype=dtype, device=device)
+        pos = torch.zeros((), dtype=torch.long, device=device)
+        if hasattr(torch, "_dynamo"):
+            for t in (k, v, pos):     # fixed addresses: CUDA graphs may read and write them in place
+                torch._dynamo.mark_static_address(t)
+        self.k.append(k)
+        self.v.append(v)
+        self.pos.append(pos)
+
+    def _write(self, k, v, layer) -> torch.Tensor:
+        """Write k, v [B, K, T, Dh] at this layer's position; returns the positions written [T]."""
         B, K, T, Dh = k.shape
         if layer == len(self.k):
-            self.k.append(torch.zeros(B, K, self.max_len, Dh, dtype=k.dtype, device=k.device))
-            self.v.append(torch.zeros(B, K, self.max_len, Dh, dtype=v.dtype, device=v.device))
-            self.lengths.append(0)
+            self._allocate(B, K, Dh, k.dtype, k.device)
         elif layer > len(self.k):
             raise ValueError(f"update: layers must be filled in order; got layer {layer} with "
                              f"{len(self.k)} layers allocated")
-        _check_same_stream(self.k[layer], k, layer)
-        start = self.lengths[layer]
+        idx = self.pos[layer] + torch.arange(T, device=k.device)          # [T] on the device
+        self.k[layer].index_copy_(2, idx, k)                               # in place, no reallocation
+        self.v[layer].index_copy_(2, idx, v)
+        self.pos[layer].add_(T)
+        return idx
+
+    def positions(self, num_new: int) -> torch.Tensor:
+        """[T] positions of the next `num_new` tokens, on the device (no host sync)."""
+        if not self.pos:
+            return torch.arange(num_new, device="cpu")   # nothing allocated yet: the first forward starts at 0
+        return self.pos[0] + torch.arange(num_new, device=self.pos[0].device)
+
+    def update(self, k, v, layer):
+        _check_kv(k, v, layer)
+        T = k.shape[2]
+        if layer < len(self.k):
+            _check_same_stream(self.k[layer], k, layer)
+        start = self.stored_length(layer)
         if start + T > self.max_len:
             raise ValueError(f"StaticCache is full: {start} tokens cached + {T} new > max_len={self.max_len}")
-        self.k[layer][:, :, start:start + T] = k   # write in place, no reallocation
-        self.v[layer][:, :, start:start + T] = v
-        self.lengths[layer] = start + T
+        self._write(k, v, layer)
         return self.k[layer][:, :, :start + T], self.v[layer][:, :, :start + T]
 
+    def attend(self, q, k, v, layer, attn_mask=None):
+        """Write k, v and attend over all max_len slots; slots past each query's position are masked."""
+        if attn_mask is not None:    # an explicit mask (a tree) covers the filled part only: the plain way
+            return super().attend(q, k, v, layer, attn_mask)
+        if not torch.compiler.is_compiling() and layer < len(self.k):
+            _check_kv(k, v, layer)
+            _check_same_stream(self.k[layer], k, layer)
+        idx = self._write(k, v, layer)                                     # [T]
+        keys = torch.arange(self.max_len, device=idx.device)
+        mask = keys[None, :] <= idx[:, None]                               # [T, max_len]: causal + unwritten
+        return attention(q, self.k[layer], self.v[layer], mask)
+
     def get_seq_length(self) -> int:
-        return self.lengths[0] if self.lengths else 0
+        return int(self.pos[0]) if self.pos else 0
 
     def stored_length(self, layer: int = 0) -> int:
-        return self.lengths[layer] if layer < len(self.lengths) else 0
+        return int(self.pos[layer]) if layer < len(self.pos) else 0
+
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens written per layer (read from the device)."""
+        return [int(p) for p in self.pos]
 
     def nbytes(self) -> int:
         """Bytes reserved (the whole max_len), not only the part in use."""
@@ -196,9 +251,11 @@ class StaticCache(KVCache):
 
     def crop(self, length: int):
         """Forget everything after the first `length` tokens (nothing is freed: it is all reserved)."""
-        if not isinstance(length, int) or not 0 <= length <= self.get_seq_length():
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.get_seq_length():
             raise ValueError(f"length must be an int in [0, {self.get_seq_length()}], got {length!r}")
-        self.lengths = [length] * len(self.lengths)
+        for p in self.pos:
+            p.fill_(length)
 
     def reset(self):
-        self.lengths = [0] * len(self.lengths)
+        for p in self.pos:
+            p.zero_()

@@ -8,7 +8,9 @@ loads in the other without renaming. Shapes use these letters:
 
 ``forward(input_ids, cache=None, positions=None)``: with a cache (anything with
 ``update(k, v, layer) -> (k_all, v_all)`` on ``[B, K, S, Dh]`` tensors, the Module 05 contract) only the
-new tokens are computed; without one the whole sequence is.
+new tokens are computed; without one the whole sequence is. A ``KVCache`` also attends itself
+(``cache.attend``) and may place the new tokens itself (``cache.positions``): with a ``StaticCache``,
+``model(token, cache=static_cache)`` is the decode step that ``torch.compile`` captures whole.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from course_lib.attention import attention
 
 
 @dataclass
@@ -140,22 +144,15 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, K, Dh).transpose(1, 2)  # [B, K, T, Dh]
         v = self.v_proj(x).view(B, T, K, Dh).transpose(1, 2)  # [B, K, T, Dh]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx)  # [B, K, S, Dh]
-        S = k.shape[2]
-        # GQA: each group of H // K query heads shares one K/V head. The cache holds only K heads.
-        k = k.repeat_interleave(H // K, dim=1)  # [B, H, S, Dh]
-        v = v.repeat_interleave(H // K, dim=1)
-        is_causal = False
-        if attn_mask is None and T == S:
-            is_causal = True      # no cache before: plain causal attention, no mask tensor to build
-        elif attn_mask is None and T > 1:
-            # Causal over the whole sequence: new token t sits at absolute index S - T + t.
-            i = torch.arange(T, device=x.device)[:, None] + (S - T)
-            j = torch.arange(S, device=x.device)[None, :]
-            attn_mask = j <= i  # [T, S] True = may attend
-        # (T == 1 with a cache: the one new token sees every cached key, so no mask at all.)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)  # [B, H, T, Dh]
+        if cache is None:
+            out = attention(q, k, v, attn_mask)                           # [B, H, T, Dh]
+        elif hasattr(cache, "attend"):
+            # A KVCache stores k, v and attends over everything it holds (a paged cache reads its
+            # blocks through the block table; a static cache masks its unwritten slots).
+            out = cache.attend(q, k, v, self.layer_idx, attn_mask)
+        else:                                                             # any object with update()
+            k, v = cache.update(k, v, self.layer_idx)                     # [B, K, S, Dh]
+            out = attention(q, k, v, attn_mask)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
 
 
@@ -220,8 +217,8 @@ class LlamaForCausalLM(nn.Module):
                 attn_mask: torch.Tensor | None = None, return_hidden: bool = False):
         """Logits [B, T, V] for input_ids [B, T].
 
-        positions: [B, T] or [T] absolute positions (default: continue after what ``cache`` holds,
-        read from ``cache.get_seq_length()`` when it has one, else 0..T-1).
+        positions: [B, T] or [T] absolute positions (default: ``cache.positions(T)`` when the cache has it,
+        else continue after ``cache.get_seq_length()``, else 0..T-1).
         attn_mask: optional boolean [T, S] or [B, 1, T, S] (True = attend) overriding the causal mask,
         e.g. a tree mask for speculative verification.
         return_hidden: also return the final hidden states [B, T, D] (after the last norm).
@@ -233,14 +230,20 @@ class LlamaForCausalLM(nn.Module):
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must have shape [batch, seq] with seq >= 1, got {tuple(input_ids.shape)}")
         B, T = input_ids.shape
-        if positions is None:
-            start = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+        ctx = self.config.max_position_embeddings
+        if positions is None and hasattr(cache, "positions"):
+            # The cache knows where its next tokens go (StaticCache: a tensor on the device, so the decode
+            # step needs no host sync and compiles once); it keeps them inside its own max_len.
+            positions = cache.positions(T).to(input_ids.device)
+        elif positions is None:
+            start = cache.get_seq_length() if cache is not None else 0
+            if start + T > ctx:
+                raise ValueError(f"position {start + T - 1} is past the model's context of {ctx} tokens")
             positions = torch.arange(start, start + T, device=input_ids.device)
+        elif int(positions.max()) >= ctx:                                 # caller's positions: one host check
+            raise ValueError(f"position {int(positions.max())} is past the model's context of {ctx} tokens")
         if positions.dim() == 1:
             positions = positions[None].expand(B, T)
-        if int(positions.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"position {int(positions.max())} is past the model's context of "
-                             f"{self.config.max_position_embeddings} tokens")
         x = self.model.embed_tokens(input_ids)  # [B, T, D]
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for layer in self.model.layers:

@@ -203,7 +203,10 @@ _ALIASES = {_norm(k): k for k in GPUS}
 _ALIASES.update({"a100": "A100-80GB", "a10040": "A100-40GB", "a10080": "A100-80GB",
                  "a100sxm": "A100-80GB", "a100sxm480gb": "A100-80GB", "a100sxm440gb": "A100-40GB",
                  "h100": "H100-SXM", "h100sxm5": "H100-SXM", "h100sxm580gb": "H100-SXM", "h100sxm80gb": "H100-SXM",
-                 "h200sxm": "H200", "h200sxm141gb": "H200", "t416gb": "T4", "l424gb": "L4"})
+                 "h200sxm": "H200", "h200sxm141gb": "H200", "t416gb": "T4", "l424gb": "L4",
+                 # as torch.cuda.get_device_name() spells them
+                 "h10080gbhbm3": "H100-SXM", "h200141gbhbm3e": "H200",
+                 "a100sxm480gb": "A100-80GB", "a100pcie40gb": "A100-40GB", "a100pcie80gb": "A100-80GB"})
 
 
 def gpu_names() -> list[str]:

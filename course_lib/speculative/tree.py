@@ -150,23 +150,26 @@ def build_tree(candidates_per_depth, paths, root: int) -> TokenTree:
     paths: prefix-closed list of top-k index tuples (see the module docstring); [] gives the root alone,
         which makes verification a plain decoding step.
     root: the last decided token (node 0).
-    Returns a TokenTree with nodes ordered by depth, so every parent index is smaller than its child's.
+    Returns a TokenTree with nodes ordered by depth, so every parent index is smaller than its child's,
+    its tokens on the candidates' device (the CPU for lists).
     """
     paths = _check_paths(paths)
-    cands = [torch.as_tensor(c).reshape(-1).long() for c in candidates_per_depth]
+    device = next((c.device for c in candidates_per_depth if isinstance(c, torch.Tensor)), torch.device("cpu"))
+    # One host copy per depth (not one device sync per node): the tree is built in Python.
+    cands = [torch.as_tensor(c).reshape(-1).long().tolist() for c in candidates_per_depth]
     index = {(): 0}
     tokens, parents = [int(root)], [-1]
     for p in paths:
         d = len(p)
         if d > len(cands):
             raise ValueError(f"paths: {p} has depth {d} but candidates_per_depth has only {len(cands)} depths")
-        if p[-1] >= cands[d - 1].numel():
+        if p[-1] >= len(cands[d - 1]):
             raise ValueError(f"paths: {p} asks for candidate {p[-1]} at depth {d} but candidates_per_depth"
-                             f"[{d - 1}] has only {cands[d - 1].numel()}")
+                             f"[{d - 1}] has only {len(cands[d - 1])}")
         index[p] = len(tokens)
         tokens.append(int(cands[d - 1][p[-1]]))
         parents.append(index[p[:-1]])
-    return TokenTree(torch.tensor(tokens, dtype=torch.long), parents, paths)
+    return TokenTree(torch.tensor(tokens, dtype=torch.long, device=device), parents, paths)
 
 
 def cartesian_paths(topk) -> list[tuple[int, ...]]:
@@ -200,12 +203,13 @@ def tree_attention_mask(parents, past_len: int = 0, device=None) -> torch.Tensor
     if not isinstance(past_len, int) or past_len < 0:
         raise ValueError(f"past_len must be an int >= 0, got {past_len!r}")
     N = len(parents)
-    tree = torch.zeros(N, N, dtype=torch.bool)
+    # Built on the host (a Python loop over rows would be N tiny kernels on a GPU), then moved once.
+    tree = torch.zeros(N, N, dtype=torch.bool, device="cpu")
     for i in range(N):
         if parents[i] >= 0:
             tree[i] = tree[parents[i]]  # the parent's row already holds all of its ancestors
         tree[i, i] = True
-    past = torch.ones(N, past_len, dtype=torch.bool)
+    past = torch.ones(N, past_len, dtype=torch.bool, device="cpu")
     return torch.cat([past, tree], dim=1).to(device)  # [N, past_len + N]
 
 
@@ -242,9 +246,10 @@ def compact_cache(cache, keep: torch.Tensor):
         if isinstance(cache, StaticCache):
             cache.k[layer][:, :, :M] = k
             cache.v[layer][:, :, :M] = v
-            cache.lengths[layer] = M
         else:
             cache.k[layer], cache.v[layer] = k, v
+    if isinstance(cache, StaticCache):
+        cache.crop(M)
     return cache
 
 
@@ -318,7 +323,8 @@ def verify_tree(target, cache, tree: TokenTree, compact: bool = True) -> TreeVer
         if path == list(range(len(path))):       # the path is a prefix of the node order: just crop
             cache.crop(past + len(path))
         else:
-            keep = torch.cat([torch.arange(past), past + torch.tensor(path, dtype=torch.long)])
+            keep = torch.cat([torch.arange(past, device=device),
+                              past + torch.tensor(path, dtype=torch.long, device=device)])
             compact_cache(cache, keep)
     return TreeVerification(path=path, tokens=[tokens[i] for i in path[1:]], next_token=greedy[last],
                             hidden=hidden[last], logits=logits)
