@@ -23,11 +23,20 @@ def device_name() -> str:
     return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
+def device_slug() -> str:
+    """The device the benchmarks run on, as their result files name it: <name>-<slug>.json."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def result_path(name: str) -> Path:
+    """Where `save(name, ...)` writes on this machine."""
+    return RESULTS / f"{name}-{device_slug()}.json"
+
+
 def save(name: str, rows: list[dict], **meta) -> Path:
     RESULTS.mkdir(exist_ok=True)
     dev = device_name()
-    slug = "cuda" if torch.cuda.is_available() else "cpu"
-    path = RESULTS / f"{name}-{slug}.json"
+    path = result_path(name)
     path.write_text(json.dumps({"device": dev, "torch": torch.__version__, **meta, "rows": rows}, indent=2) + "\n")
     return path
 

@@ -155,14 +155,16 @@ class FeatureProjector(torch.nn.Module):
 
     The student is narrower than the teacher, so its hidden states cannot be compared directly;
     FitNets-style feature distillation learns this projection jointly.
+    device, dtype: where the weight is created (PyTorch's factory convention); build it on the hidden
+    states' device, e.g. ``FeatureProjector(Ds, Dt, device=student_hidden.device)``.
     """
 
-    def __init__(self, student_dim: int, teacher_dim: int):
+    def __init__(self, student_dim: int, teacher_dim: int, device=None, dtype=None):
         super().__init__()
         for name, v in (("student_dim", student_dim), ("teacher_dim", teacher_dim)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        self.proj = torch.nn.Linear(student_dim, teacher_dim, bias=False)
+        self.proj = torch.nn.Linear(student_dim, teacher_dim, bias=False, device=device, dtype=dtype)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # [..., Ds] -> [..., Dt]
         return self.proj(h)
@@ -181,6 +183,11 @@ def feature_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, pro
     if student_hidden.shape[-1] != projector.proj.in_features or teacher_hidden.shape[-1] != projector.proj.out_features:
         raise ValueError(f"projector maps {projector.proj.in_features} -> {projector.proj.out_features} but the "
                          f"hidden sizes are {student_hidden.shape[-1]} and {teacher_hidden.shape[-1]}")
+    where = projector.proj.weight.device
+    if where != student_hidden.device or where != teacher_hidden.device:
+        raise ValueError(f"projector is on {where} but the hidden states are on {student_hidden.device} and "
+                         f"{teacher_hidden.device}: build it there, FeatureProjector(..., "
+                         f"device=student_hidden.device), or move it with projector.to(...)")
     return F.mse_loss(projector(student_hidden.float()), teacher_hidden.float())
 
 
@@ -290,6 +297,10 @@ def generate_teacher_corpus(teacher, stream: torch.Tensor, n_sequences: int, seq
 
     The student never sees the teacher's probabilities, only its text (sequence-level distillation,
     as with an API-only teacher).
+
+    Devices: the prompt windows are drawn on the stream's device and the tokens are sampled on the
+    teacher's, each with a generator seeded with `seed` on that device (one generator when both are the
+    same device). The corpus is returned on the stream's device (the host, for a host stream).
     """
     from course_lib.kvcache import ContiguousCache
     if not 1 <= prompt_len <= seq_len:
@@ -298,9 +309,10 @@ def generate_teacher_corpus(teacher, stream: torch.Tensor, n_sequences: int, seq
         raise ValueError(f"n_sequences must be a positive int, got {n_sequences!r}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (sampling), got {temperature!r}")
-    gen = torch.Generator().manual_seed(seed)
     device = next(teacher.parameters()).device
-    starts = torch.randint(0, stream.numel() - prompt_len, (n_sequences,), generator=gen)
+    gen = torch.Generator(device=stream.device).manual_seed(seed)                          # prompt windows
+    tok_gen = gen if device == stream.device else torch.Generator(device=device).manual_seed(seed)  # tokens
+    starts = torch.randint(0, stream.numel() - prompt_len, (n_sequences,), generator=gen, device=stream.device)
     rows = []
     batches = range(0, n_sequences, batch_size)
     if progress:
@@ -311,22 +323,27 @@ def generate_teacher_corpus(teacher, stream: torch.Tensor, n_sequences: int, seq
         cache, out = ContiguousCache(), [prompt]
         logits = teacher(prompt, cache=cache)[:, -1]                             # [b, V]
         for _ in range(seq_len + 1 - prompt_len):
-            probs = F.softmax(logits.float() / temperature, dim=-1).cpu()
-            nxt = torch.multinomial(probs, 1, generator=gen).to(device)          # [b, 1]
+            probs = F.softmax(logits.float() / temperature, dim=-1)                # [b, V] on the teacher's device
+            nxt = torch.multinomial(probs, 1, generator=tok_gen)                 # [b, 1]
             out.append(nxt)
             if sum(o.shape[1] for o in out) == seq_len + 1:
                 break
             logits = teacher(nxt, cache=cache)[:, -1]
-        rows.append(torch.cat(out, dim=1).cpu())
+        rows.append(torch.cat(out, dim=1).to(stream.device))
     return torch.cat(rows)
 
 
 def new_student(like, seed: int = 0):
-    """A freshly initialised course model with the config of `like` (a model or a LlamaConfig)."""
+    """A freshly initialised course model (float32) with the config of `like` (a model or a LlamaConfig), on
+    the device of `like` (the CPU for a config). The weights are drawn on the CPU from `seed` and then
+    moved, so a seed gives the same student on every device."""
     from course_lib.models.llama import LlamaConfig, LlamaForCausalLM
     cfg = like if isinstance(like, LlamaConfig) else like.config
+    device = torch.device("cpu") if isinstance(like, LlamaConfig) else next(like.parameters()).device
     torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg)
+    with torch.device("cpu"):
+        model = LlamaForCausalLM(cfg)
+    return model.to(device)
 
 
 MODES = ("white_box", "black_box", "scratch")
@@ -383,14 +400,14 @@ def distill(teacher, student, tokenizer=None, steps: int = 100, batch_size: int 
     projector = None
     params = list(student.parameters())
     if mode == "white_box" and feature_weight > 0:
-        projector = FeatureProjector(student.config.hidden_size, teacher.config.hidden_size).to(device)
+        projector = FeatureProjector(student.config.hidden_size, teacher.config.hidden_size, device=device)
         params += list(projector.parameters())
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     warmup = min(100, max(1, steps // 10)) if warmup is None else warmup
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=stream.device).manual_seed(seed)     # the windows: drawn where the stream is
     n = stream.numel() - seq_len - 1
     student.train()
     bar = range(steps)
@@ -407,7 +424,7 @@ def distill(teacher, student, tokenizer=None, steps: int = 100, batch_size: int 
             targets = x[:, 1:].clone()
             targets[:, :prompt_len - 1] = -100                                         # prompt: context only
         else:
-            starts = torch.randint(0, n, (batch_size,), generator=gen)
+            starts = torch.randint(0, n, (batch_size,), generator=gen, device=stream.device)
             x = torch.stack([stream[i:i + seq_len + 1] for i in starts.tolist()]).to(device)   # [B, L+1]
             targets = x[:, 1:]
         inp = x[:, :-1]                                                                # [B, L]

@@ -39,7 +39,7 @@ def checks() -> list[tuple[str, bool, str, bool]]:
             from course_lib.models import load
             t0 = time.perf_counter()
             model, tok = load(name, device="cpu", verbose=False)
-            ids = torch.tensor([tok("def main():")["input_ids"]])
+            ids = torch.tensor([tok("def main():")["input_ids"]], device=model.device)
             with torch.no_grad():
                 logits = model(ids)
             ok = bool(torch.isfinite(logits).all())

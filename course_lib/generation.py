@@ -196,7 +196,7 @@ def _prompt_tensor(input_ids, why_one: str = "generate runs one request (batch s
     elif isinstance(input_ids, (list, tuple)):
         if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in input_ids):
             raise TypeError("input_ids must be a list of int token ids or an integer tensor")
-        ids = torch.tensor([int(t) for t in input_ids], dtype=torch.long)
+        ids = torch.tensor([int(t) for t in input_ids], dtype=torch.long, device="cpu")
     else:
         raise TypeError(f"input_ids must be a list of token ids or a tensor [T] / [1, T], "
                         f"got {type(input_ids).__name__}")

@@ -1,6 +1,5 @@
 """Module 04: distillation losses against brute-force definitions and torch's KLDivLoss, the T^2 factor,
 the seed's double-softmax bug, acceptance rate, and the training loop (scratch == course_lib.models.train)."""
-import math
 
 import pytest
 import torch
@@ -8,6 +7,7 @@ import torch.nn.functional as F
 
 from course_lib import distill as D
 from course_lib.models import LlamaConfig, LlamaForCausalLM, load
+from device_tools import tol_for
 
 
 def fresh(*shape, scale=3.0):
@@ -117,20 +117,25 @@ def test_hard_label_and_combined_loss():
     torch.testing.assert_close(D.distillation_loss(s, t, y, 0.5, 2.0, kind="reverse"), rev)
 
 
-def test_feature_and_relation_losses():
+def test_feature_and_relation_losses(device):
     torch.manual_seed(torch.seed() % 2**31)
-    hs, ht = torch.randn(2, 7, 12), torch.randn(2, 7, 20)
-    proj = D.FeatureProjector(12, 20)
+    hs, ht = torch.randn(2, 7, 12, device=device), torch.randn(2, 7, 20, device=device)
+    proj = D.FeatureProjector(12, 20, device=device)                     # built where the hidden states are
+    assert proj.proj.weight.device == hs.device
     want = ((hs @ proj.proj.weight.T - ht) ** 2).mean()
-    torch.testing.assert_close(D.feature_loss(hs, ht, proj), want)
+    torch.testing.assert_close(D.feature_loss(hs, ht, proj), want, **tol_for(device, dict(rtol=1.3e-6, atol=1e-5)))
     assert D.feature_loss(hs, proj(hs).detach(), proj).item() < 1e-12
+    # a projector left on another device: a clear error ("meta" is a second device on every machine)
+    with pytest.raises(ValueError, match="device=student_hidden.device"):
+        D.feature_loss(hs, ht, D.FeatureProjector(12, 20, device="meta"))
     # relation loss by hand: cosine similarity of every pair of tokens
     def sims(h):
         return torch.tensor([[[F.cosine_similarity(h[b, i], h[b, j], dim=0).item() for j in range(7)]
                               for i in range(7)] for b in range(2)])
-    torch.testing.assert_close(D.relation_loss(hs, ht), ((sims(hs) - sims(ht)) ** 2).mean(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(D.relation_loss(hs, ht).cpu(), ((sims(hs) - sims(ht)) ** 2).mean(), rtol=1e-4,
+                               atol=1e-6)
     # a teacher that is the student seen through an isometry (any width) has the same relations
-    Q, _ = torch.linalg.qr(torch.randn(20, 12))                          # [20, 12], orthonormal columns
+    Q, _ = torch.linalg.qr(torch.randn(20, 12, device=device))          # [20, 12], orthonormal columns
     assert D.relation_loss(hs, 3.0 * hs @ Q.T).item() < 1e-10
     assert D.relation_loss(hs, ht).item() > 1e-3
 
@@ -148,18 +153,18 @@ def test_expected_acceptance_is_speculative_sampling_acceptance():
 
 
 @pytest.fixture(scope="module")
-def pair():
-    t, tok = load("tiny", device="cpu")
-    d, _ = load("tiny-draft", device="cpu")
+def pair(device):
+    t, tok = load("tiny", device=device)
+    d, _ = load("tiny-draft", device=device)
     return t, d, tok
 
 
-def test_acceptance_rate_on_text(pair):
+def test_acceptance_rate_on_text(pair, device):
     t, d, tok = pair
     text = "import os\n\ndef walk(path):\n    for name in os.listdir(path):\n        yield name\n"
     assert D.acceptance_rate(t, t, [text], tokenizer=tok) == pytest.approx(1.0, abs=1e-5)
     assert D.acceptance_rate(t, t, [text], 0.0, tokenizer=tok) == 1.0
-    ids = torch.tensor([[tok.eos_token_id] + tok(text)["input_ids"]])
+    ids = torch.tensor([[tok.eos_token_id] + tok(text)["input_ids"]], device=device)
     with torch.no_grad():
         p, q = F.softmax(t(ids[:, :-1])[0], -1), F.softmax(d(ids[:, :-1])[0], -1)
     want = torch.minimum(p, q).sum(-1).mean().item()
@@ -175,27 +180,35 @@ def _tiny(d, layers, seed):
                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
 
 
-def test_scratch_mode_is_the_training_script():
-    """Same init, data order and schedule as course_lib.models.train: identical weights."""
+def test_scratch_mode_is_the_training_script(device):
+    """Same init, data order and schedule as course_lib.models.train: identical weights. On a device too:
+    both draw the windows with a generator on the stream's device and train where the stream is."""
     from course_lib.models.train import TrainSettings, train_model
-    stream = torch.randint(0, 64, (3000,), generator=torch.Generator().manual_seed(1))
+    stream = torch.randint(0, 64, (3000,), generator=torch.Generator().manual_seed(1)).to(device)
     ref, _ = train_model(_tiny(32, 1, 0).config, stream, TrainSettings(steps=6, batch=3, seq_len=16, warmup=2),
                          log=None)
-    ours, hist = D.distill(_tiny(64, 2, 1), D.new_student(ref, seed=0), steps=6, batch_size=3, seq_len=16,
-                           mode="scratch", stream=stream, warmup=2, progress=False)
+    assert ref.device == stream.device
+    ours, hist = D.distill(_tiny(64, 2, 1).to(device), D.new_student(ref, seed=0), steps=6, batch_size=3,
+                           seq_len=16, mode="scratch", stream=stream, warmup=2, progress=False)
+    # CPU: the same computation, equal to float rounding; CUDA: the embedding's backward adds with atomics
+    # (summation order not fixed), so the two runs agree to the device tolerance
+    tol = tol_for(device, dict(rtol=1.3e-6, atol=1e-5))
     for (n, a), (_, b) in zip(ref.state_dict().items(), ours.state_dict().items()):
-        torch.testing.assert_close(a, b, msg=n)
+        torch.testing.assert_close(a, b, msg=n, **tol)
     assert len(hist["loss"]) == 6 and hist["tokens"] == 6 * 3 * 16
 
 
 @pytest.mark.parametrize("mode", ["white_box", "black_box", "scratch"])
-def test_distill_modes_learn(mode):
-    teacher = _tiny(64, 2, 1)
+def test_distill_modes_learn(mode, device):
+    """Models on the device, the token stream on the host (the loop moves each batch; black_box samples the
+    teacher's text on the device with a generator there)."""
+    teacher = _tiny(64, 2, 1).to(device)
     # a teacher with something to teach: its logits depend strongly on the last token
     with torch.no_grad():
         teacher.lm_head.weight.mul_(30)
     stream = torch.randint(0, 64, (4000,), generator=torch.Generator().manual_seed(2))
-    student = D.new_student(_tiny(32, 1, 0), seed=3)
+    student = D.new_student(_tiny(32, 1, 0).to(device), seed=3)
+    assert student.device == teacher.device
     before = D.acceptance_rate(teacher, student, stream[None, :200])
     student, hist = D.distill(teacher, student, steps=60, batch_size=8, seq_len=32, mode=mode, stream=stream,
                               lr=1e-2, feature_weight=0.5 if mode == "white_box" else 0.0, progress=False)
@@ -206,14 +219,16 @@ def test_distill_modes_learn(mode):
         assert after > before + 0.05, f"{mode}: acceptance {before:.3f} -> {after:.3f}"
 
 
-def test_teacher_corpus_is_seeded_and_starts_with_training_prompts():
-    teacher = _tiny(32, 1, 1)
-    stream = torch.arange(1000) % 64
+@pytest.mark.parametrize("stream_on", ["host", "device"])
+def test_teacher_corpus_is_seeded_and_starts_with_training_prompts(device, stream_on):
+    teacher = _tiny(32, 1, 1).to(device)
+    stream = (torch.arange(1000) % 64).to("cpu" if stream_on == "host" else device)
     a = D.generate_teacher_corpus(teacher, stream, 5, 12, prompt_len=4, seed=7, progress=False)
     b = D.generate_teacher_corpus(teacher, stream, 5, 12, prompt_len=4, seed=7, progress=False)
     assert a.shape == (5, 13) and torch.equal(a, b)
+    assert a.device == stream.device                        # the corpus is kept where the stream is
     for row in a:   # a window of the stream: consecutive values mod 64
-        assert torch.equal(row[1:4], (row[0] + torch.arange(1, 4)) % 64)
+        assert torch.equal(row[1:4], (row[0] + torch.arange(1, 4, device=a.device)) % 64)
 
 
 def test_bad_input_raises():
@@ -236,3 +251,5 @@ def test_bad_input_raises():
         D.feature_loss(torch.randn(2, 3, 4), torch.randn(2, 3, 8), D.FeatureProjector(5, 8))
     with pytest.raises(ValueError, match="student_dim"):
         D.FeatureProjector(0, 8)
+    with pytest.raises(ValueError, match="is on meta"):
+        D.feature_loss(torch.randn(2, 3, 4), torch.randn(2, 3, 8), D.FeatureProjector(4, 8, device="meta"))

@@ -252,3 +252,26 @@ def test_percentile_and_search_clipping():
         search_clip_ratio(x, grid=[0.0, 0.5])
     with pytest.raises(ValueError):
         percentile_clip_ratio(x, 0)
+
+
+# --- devices --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", ["absmax", "zeropoint"])
+def test_quantization_stays_on_the_data_device(device, scheme):
+    """Codes, scales and the dequantized tensor stay on the input's device, with the CPU's error there
+    (a code may round the other way at an exact .5 on another device: compare errors, not codes)."""
+    from course_lib.quant import nf4_dequantize, nf4_quantize
+    x = rand(64, 256, seed=21).to(device)
+    for kw in (dict(), dict(granularity="group", group_size=64)):
+        q = quantize(x, 4, scheme, **kw)
+        assert q.codes.device == q.scale.device == x.device
+        assert q.zero_point is None or q.zero_point.device == x.device
+        err = mse(x, q.dequantize())
+        assert q.dequantize().device == x.device
+        assert err == pytest.approx(mse(x.cpu(), quantize(x.cpu(), 4, scheme, **kw).dequantize()), rel=1e-3)
+    best, ratios, curve = search_clip_ratio(x, bits=3, scheme=scheme, granularity="group", group_size=64,
+                                            per_scale=True)
+    assert best.device == x.device and best.shape == (64, 4)          # per-scale answer: on the data's device
+    assert ratios.device.type == curve.device.type == "cpu"            # the grid and its curve: a host table
+    assert mse(x, fake_quantize(x, 3, scheme, "group", group_size=64, clip_ratio=best)) <= float(curve.min()) + 1e-9
+    n = nf4_quantize(x, double_quant=True)
+    assert n.packed.device == x.device and nf4_dequantize(n).device == x.device

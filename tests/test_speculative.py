@@ -17,6 +17,7 @@ from course_lib.speculative import (accept_step, acceptance_rate, expected_token
 from course_lib.speculative.loop import check_tokenizers, speculative_generate
 from course_lib.speculative.measure import measure
 from course_lib.speculative.prompt_lookup import editing_prompts, prompt_lookup_generate, propose_ngram
+from device_tools import assert_greedy_match, tol_for
 
 ALPHA = 1e-6
 
@@ -72,7 +73,9 @@ def seed_rule(p, q, draft_tokens, generator):
 
 
 def random_probs(rows, V, gen, scale=1.5):
-    return torch.softmax(scale * torch.randn(rows, V, generator=gen, dtype=torch.float64), -1).float()
+    """Random probability rows on the generator's device."""
+    return torch.softmax(scale * torch.randn(rows, V, generator=gen, dtype=torch.float64, device=gen.device),
+                         -1).float()
 
 
 def draft_sample(q, gen):
@@ -91,20 +94,32 @@ def tiny_model(seed, vocab, layers, hidden=32, scale=1.0, max_pos=128):
 
 
 @pytest.fixture(scope="module")
-def pair():
-    target, tok = load("tiny", device="cpu", verbose=False)
-    draft, _ = load("tiny-draft", device="cpu", verbose=False)
+def pair(device):
+    target, tok = load("tiny", device=device, verbose=False)
+    draft, _ = load("tiny-draft", device=device, verbose=False)
     return target, draft, tok
 
 
 @pytest.fixture(scope="module")
 def greedy_refs(pair, prompts):
-    """Plain cached greedy decoding of each prompt (30 new tokens): the reference for temperature 0."""
-    return [generate_with_cache(pair[0], p[None], 30) for p in prompts]
+    """Plain cached greedy decoding of each prompt (30 new tokens) on the models' device, with the logits
+    that chose each token: the reference for temperature 0."""
+    target = pair[0]
+    return [generate_with_cache(target, p[None].to(target.device), 30, return_logits=True) for p in prompts]
+
+
+def assert_greedy(got, ref, n, device, what=""):
+    """got [1, T + n] against the reference (ids, logits) of greedy_refs: the prompt, then the first n greedy
+    tokens; exact on the CPU, up to a near-tie on CUDA (tests/device_tools.py)."""
+    ids, logits = ref
+    T = ids.shape[1] - logits.shape[1]
+    assert got.shape[1] <= T + n and torch.equal(got[0, :T].cpu(), ids[0, :T].cpu()), what
+    assert_greedy_match(got[0, T:], ids[0, T:T + n], logits[0], device, what=what)
 
 
 @pytest.fixture(scope="module")
 def prompts(pair):
+    """Prompts on the CPU (the loops move them to the models' device)."""
     _, _, tok = pair
     texts = ["import os\nimport sys\n\n\ndef main(argv=None):\n",
              "class Queue:\n    \"\"\"A simple FIFO queue.\"\"\"\n\n    def __init__(self",
@@ -181,9 +196,11 @@ def test_tokens_per_step_include_the_bonus():
     assert abs(float(lengths.mean()) - expected_tokens_per_pass(a, 2)) < 5 * float(lengths.std()) / math.sqrt(N)
 
 
-def test_accept_step_records_and_residual():
-    gen = torch.Generator().manual_seed(5)
+def test_accept_step_records_and_residual(device):
+    """Also on the device: p, q there and a seeded generator there (accept_step draws with it)."""
+    gen = torch.Generator(device=device).manual_seed(5)
     p, q = random_probs(4, 7, gen), random_probs(3, 7, gen)
+    assert p.device == q.device == gen.device
     for _ in range(50):
         d = draft_sample(q, gen)
         r = accept_step(p, q, d, gen)
@@ -197,14 +214,15 @@ def test_accept_step_records_and_residual():
         if r.bonus:
             assert r.num_accepted == 3 and r.residual is None
         else:
+            assert r.residual.device == p.device
             i = r.num_accepted
             want = torch.clamp(p[i].double() - q[i].double(), min=0)
             torch.testing.assert_close(r.residual.double(), want / want.sum(), atol=1e-6, rtol=0)
             assert r.residual[r.tokens[-1]] > 0
     # the same generator seed gives the same step
     d = draft_sample(q, gen)
-    r1 = accept_step(p, q, d, torch.Generator().manual_seed(9))
-    r2 = accept_step(p, q, d, torch.Generator().manual_seed(9))
+    r1 = accept_step(p, q, d, torch.Generator(device=device).manual_seed(9))
+    r2 = accept_step(p, q, d, torch.Generator(device=device).manual_seed(9))
     assert (r1.tokens, r1.draws, r1.num_accepted) == (r2.tokens, r2.draws, r2.num_accepted)
 
 
@@ -228,12 +246,12 @@ def test_temperature_zero_is_greedy_verification():
 # (b) Temperature 0: speculative == target greedy (== HF assisted)
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("g", [1, 3, 5])
-def test_greedy_equals_target_greedy_bundled(pair, prompts, greedy_refs, g):
+def test_greedy_equals_target_greedy_bundled(pair, prompts, greedy_refs, g, device):
     target, draft, _ = pair
     for prompt, ref, n in zip(prompts, greedy_refs, (23, 17, 30)):   # lengths that end mid-pass
-        want = ref[:, :prompt.numel() + n]
         got, stats = speculative_generate(target, draft, prompt, n, draft_length=g)
-        assert torch.equal(got, want), (g, n)
+        assert got.device == target.device and got.shape == (1, prompt.numel() + n)
+        assert_greedy(got, ref, n, device, what=f"g={g} n={n}")
         assert stats.emitted == n and sum(stats.per_pass) == stats.accepted
         assert stats.accepted + stats.passes >= n                 # the last pass may be cut
 
@@ -252,25 +270,28 @@ def test_greedy_equals_target_greedy_random_pair_and_adaptive():
     assert stats.per_pass[:4] == [3, 3, 3, 3] and stats.acceptance_rate == 1.0
 
 
-def test_eos_stops_like_greedy(pair, prompts, greedy_refs):
+def test_eos_stops_like_greedy(pair, prompts, greedy_refs, device):
     target, draft, _ = pair
-    want = greedy_refs[0][0, prompts[0].numel():]
+    want = greedy_refs[0][0][0, prompts[0].numel():]
     eos = int(want[7])                                           # a token greedy emits at step 7 (or earlier)
     first = int((want == eos).nonzero()[0])
     got, stats = speculative_generate(target, draft, prompts[0], 30, draft_length=4, eos_token_id=eos)
-    assert torch.equal(got[0, prompts[0].numel():], want[:first + 1])
-    assert stats.emitted == first + 1
+    assert_greedy(got, greedy_refs[0], first + 1, device, what="eos")
+    if torch.equal(got[0, prompts[0].numel():], want[:first + 1]):   # (always on the CPU; CUDA: no near-tie)
+        assert stats.emitted == first + 1
 
 
-def test_ours_equals_hf_assisted_equals_greedy(pair, prompts, greedy_refs):
+def test_ours_equals_hf_assisted_equals_greedy(pair, prompts, greedy_refs, device):
     pytest.importorskip("transformers")
-    from course_lib.speculative.hf import hf_assisted_generate
+    from course_lib.speculative.hf import hf_assisted_generate, load_hf
     target, draft, _ = pair
     prompt = prompts[0]
-    want = greedy_refs[0][:, :prompt.numel() + 24]
     ours, _ = speculative_generate(target, draft, prompt, 24, draft_length=3)
-    theirs, seconds = hf_assisted_generate("tiny", "tiny-draft", prompt, 24, draft_length=3)
-    assert torch.equal(ours, want) and torch.equal(theirs.cpu(), want) and seconds > 0
+    theirs, seconds = hf_assisted_generate(load_hf("tiny").to(device), load_hf("tiny-draft").to(device), prompt, 24,
+                                           draft_length=3)
+    assert theirs.device == target.device and seconds > 0
+    assert_greedy(ours, greedy_refs[0], 24, device, what="ours")
+    assert_greedy(theirs, greedy_refs[0], 24, device, what="transformers assisted")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,7 +305,7 @@ def fresh_cache(model, ids):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_caches_in_sync_after_every_pass(pair, prompts, temperature):
+def test_caches_in_sync_after_every_pass(pair, prompts, temperature, device):
     target, draft, _ = pair
     seen = {"passes": 0, "lagging": 0}
 
@@ -296,13 +317,14 @@ def test_caches_in_sync_after_every_pass(pair, prompts, temperature):
         seen["lagging"] += d_len == n - 2
         for model, cache, length in ((target, tcache, n - 1), (draft, dcache, d_len)):
             ref = fresh_cache(model, ids[:, :length])
+            tol = tol_for(device, dict(atol=1e-5, rtol=1e-4))
             for layer in range(len(ref.k)):
-                torch.testing.assert_close(cache.k[layer], ref.k[layer], atol=1e-5, rtol=1e-4)
-                torch.testing.assert_close(cache.v[layer], ref.v[layer], atol=1e-5, rtol=1e-4)
+                torch.testing.assert_close(cache.k[layer], ref.k[layer], **tol)
+                torch.testing.assert_close(cache.v[layer], ref.v[layer], **tol)
         seen["passes"] += 1
 
     _, stats = speculative_generate(target, draft, prompts[1], 24, draft_length=3, temperature=temperature,
-                                    generator=torch.Generator().manual_seed(4), on_pass=on_pass)
+                                    generator=torch.Generator(device=device).manual_seed(4), on_pass=on_pass)
     assert seen["passes"] == stats.passes
     # both cases happened: a rejection (draft at n - 1) and a pass with all drafts kept (n - 2)
     assert stats.rejections > 0 and seen["lagging"] > 0
@@ -318,25 +340,28 @@ def target_joint(target, prompt, temperature=1.0, top_k=None):
     p1 = probs_from_logits(target(prompt[None])[0, -1], temperature, top_k)
     rows = []
     for x in range(V):
-        ext = torch.cat([prompt, torch.tensor([x])])
+        ext = torch.cat([prompt, torch.tensor([x], device=prompt.device)])
         rows.append(probs_from_logits(target(ext[None])[0, -1], temperature, top_k))
     return p1[:, None] * torch.stack(rows)
 
 
 @pytest.mark.parametrize("kw,trials", [(dict(temperature=1.0, draft_length=2), 600),
                                        (dict(temperature=0.8, top_k=3, draft_length=3, adaptive=0.6), 500)])
-def test_sampled_speculative_matches_target_law(kw, trials):
+def test_sampled_speculative_matches_target_law(kw, trials, device):
     # A 4-token vocabulary and two different random one-layer models (a ~ 0.63 at temperature 1), a
     # one-token prompt (no prefill: cheap trials); every cell of the 4 x 4 joint expects >= 5 at 500 trials.
+    # On each device: the models there, and a seeded generator there (every draw of the loop uses it).
     V = 4
     target, draft = tiny_model(3, V, 1, hidden=16, scale=3.0), tiny_model(4, V, 1, hidden=16, scale=3.0)
-    prompt = torch.tensor([3])
-    joint = target_joint(target, prompt, kw["temperature"], kw.get("top_k"))
+    target, draft = target.to(device), draft.to(device)
+    prompt = torch.tensor([3], device=device)
+    joint = target_joint(target, prompt, kw["temperature"], kw.get("top_k")).cpu()
     counts = torch.zeros(V, V)
     rejected = 0
     for s in range(trials):
-        ids, stats = speculative_generate(target, draft, prompt, 3, generator=torch.Generator().manual_seed(s),
-                                          **kw)
+        gen = torch.Generator(device=device).manual_seed(s)
+        ids, stats = speculative_generate(target, draft, prompt, 3, generator=gen, **kw)
+        ids = ids.cpu()
         counts[ids[0, 1], ids[0, 2]] += 1
         rejected += stats.rejections
     assert rejected > trials // 10           # the draft really differs: the residual path is exercised
@@ -393,13 +418,13 @@ def test_propose_ngram():
     assert propose_ngram(torch.tensor([4, 1, 2, 9, 2]), 2, max_ngram=3).tolist() == [9, 2]   # falls to n=1
 
 
-def test_prompt_lookup_equals_greedy(pair, prompts):
+def test_prompt_lookup_equals_greedy(pair, prompts, device):
     target, _, tok = pair
     edit = editing_prompts(tok, num=1)[0][0]
     for prompt in (edit, prompts[2]):
-        want = generate_with_cache(target, prompt[None], 25)
+        ref = generate_with_cache(target, prompt[None].to(device), 25, return_logits=True)
         got, stats = prompt_lookup_generate(target, prompt, 25, draft_length=6)
-        assert torch.equal(got, want)
+        assert_greedy(got, ref, 25, device, what="prompt lookup")
         assert stats.emitted == 25
     assert stats.passes <= 25
 

@@ -32,6 +32,7 @@ def generate_with_cache(model, input_ids: torch.Tensor, max_new_tokens: int, cac
         raise ValueError(f"input_ids must be a non-empty [batch, seq] prompt, got shape {tuple(ids.shape)}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    ids = ids.to(model.device)                                 # a host prompt for a model on the GPU
     cache = ContiguousCache() if cache is None else cache
     choose = sample or (lambda logits: logits.argmax(-1))
     out, all_logits = [ids], []

@@ -42,7 +42,9 @@ def quantize_minmax(x: torch.Tensor, bits: int, dim: int):
     xf = x.float()
     lo = xf.amin(dim, keepdim=True)
     hi = xf.amax(dim, keepdim=True)
-    scale = ((hi - lo) / qmax).clamp(min=1e-8).half()   # stored in fp16
+    # Stored in fp16, clamped after the cast: a range under ~5e-7 (a constant channel) would round to a
+    # scale of 0, and the NaN codes it makes turn into different garbage on a CPU and on a GPU.
+    scale = ((hi - lo) / qmax).half().clamp(min=2.0 ** -24)
     zero = lo.half()
     codes = ((xf - zero.float()) / scale.float()).round().clamp(0, qmax).to(torch.uint8)
     return codes, scale, zero

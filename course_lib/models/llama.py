@@ -95,9 +95,9 @@ class LlamaConfig:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, device=None, dtype=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))  # None: the default device
         self.eps = eps
 
     def forward(self, x):  # [..., D]
@@ -225,6 +225,9 @@ class LlamaForCausalLM(nn.Module):
         """
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int32):
             raise TypeError("input_ids must be an integer torch.Tensor of shape [batch, seq]")
+        if input_ids.device != self.device:
+            raise ValueError(f"input_ids are on {input_ids.device} but the model is on {self.device}: "
+                             f"move them with input_ids.to(model.device)")
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:

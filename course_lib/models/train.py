@@ -71,18 +71,18 @@ def encode_stream(tok, texts: list[str]) -> torch.Tensor:
     for enc in tok.encode_batch(texts):
         ids.append(eos)
         ids.extend(enc.ids)
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long, device="cpu")   # host stream; batches go to the model's device
 
 
 def train_model(cfg: LlamaConfig, stream: torch.Tensor, s: TrainSettings, log=print):
     torch.manual_seed(s.seed)
-    model = LlamaForCausalLM(cfg)
+    model = LlamaForCausalLM(cfg).to(stream.device)       # initialised from the seed on the CPU, then moved
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=s.lr, betas=(0.9, 0.95))
-    gen = torch.Generator().manual_seed(s.seed)
+    gen = torch.Generator(device=stream.device).manual_seed(s.seed)   # the windows: drawn where the stream is
     n = stream.numel() - s.seq_len - 1
     t0 = time.perf_counter()
     try:
@@ -96,7 +96,7 @@ def train_model(cfg: LlamaConfig, stream: torch.Tensor, s: TrainSettings, log=pr
         lr = s.lr * min(1.0, (step + 1) / s.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / s.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        starts = torch.randint(0, n, (s.batch,), generator=gen)
+        starts = torch.randint(0, n, (s.batch,), generator=gen, device=stream.device)
         x = torch.stack([stream[i:i + s.seq_len + 1] for i in starts.tolist()])
         loss = causal_lm_loss(model(x[:, :-1]), x[:, 1:])
         opt.zero_grad(set_to_none=True)
@@ -114,7 +114,7 @@ def unigram_bits_per_byte(train_stream: torch.Tensor, heldout_docs: list[list[in
     """Add-one smoothed token unigram model fitted on the training stream."""
     counts = torch.bincount(train_stream, minlength=vocab).double() + 1
     logp = torch.log2(counts / counts.sum())
-    total = sum(-logp[torch.tensor(d)].sum().item() for d in heldout_docs if d)
+    total = sum(-logp[torch.tensor(d, device=logp.device)].sum().item() for d in heldout_docs if d)
     return total / heldout_bytes
 
 

@@ -154,9 +154,9 @@ def time_decode_step(model, context: int = 64, batch: int = 1, warmup: int = 3, 
     if context + 1 > cfg.max_position_embeddings:
         raise ValueError(f"context={context}: the model's context is {cfg.max_position_embeddings} tokens")
     dev = model.device
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, cfg.vocab_size, (batch, context), generator=g).to(dev)
-    new = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g).to(dev)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    prompt = torch.randint(0, cfg.vocab_size, (batch, context), generator=g, device=dev)
+    new = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g, device=dev)
     cache = prefix_cache(model, prompt)
     return benchmark(model, new, cache=cache, warmup=warmup, repeats=repeats, device=dev)
 
@@ -168,8 +168,8 @@ def time_forward(model, seq_len: int, batch: int = 1, warmup: int = 2, repeats: 
     if seq_len < 1 or batch < 1 or seq_len > cfg.max_position_embeddings:
         raise ValueError(f"seq_len must be in 1..{cfg.max_position_embeddings} and batch >= 1, "
                          f"got seq_len={seq_len}, batch={batch}")
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g).to(model.device)
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g, device=model.device)
     return benchmark(model, ids, warmup=warmup, repeats=repeats, device=model.device)
 
 

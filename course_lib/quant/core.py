@@ -340,8 +340,10 @@ def search_clip_ratio(x: torch.Tensor, bits: int = 4, scheme: str = "absmax", gr
     its own, which is never worse than the best shared ratio).
     """
     check_tensor(x, "x")
-    ratios = torch.linspace(0.3, 1.0, 71, dtype=torch.float64) if grid is None else \
-        torch.as_tensor(grid, dtype=torch.float64)
+    # The grid and the MSE table are small float64 host tensors (results, not data; not every device has
+    # float64); the per-scale answer below is on x's device.
+    ratios = torch.linspace(0.3, 1.0, 71, dtype=torch.float64, device="cpu") if grid is None else \
+        torch.as_tensor(grid, dtype=torch.float64, device="cpu")
     if ratios.numel() == 0 or bool(((ratios <= 0) | (ratios > 1)).any()):
         raise ValueError("grid must hold clip ratios in (0, 1]")
     xf = x.to(_work_dtype(x))
@@ -352,7 +354,7 @@ def search_clip_ratio(x: torch.Tensor, bits: int = 4, scheme: str = "absmax", gr
         mse.append(float(err.mean()))
         if per_scale:
             per_group.append(group_sum(err, granularity, axis, group_size))
-    mse = torch.tensor(mse, dtype=torch.float64)
+    mse = torch.tensor(mse, dtype=torch.float64, device="cpu")
     if not per_scale:
         return float(ratios.flip(0)[int(torch.argmin(mse.flip(0)))]), ratios, mse
     stack = torch.stack(per_group).flip(0)                     # [n_ratios, *scale_shape], largest ratio first

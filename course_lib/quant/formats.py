@@ -236,7 +236,7 @@ def encode_bits(value: float, fmt) -> int:
     f = get_format(fmt)
     if not isinstance(f, FloatFormat) or f.torch_dtype is None:
         raise ValueError(f"encode_bits needs a float format that torch has, got {f.name}")
-    t = torch.tensor([float(value)], dtype=torch.float64).to(f.torch_dtype)
+    t = torch.tensor([float(value)], dtype=torch.float64, device="cpu").to(f.torch_dtype)   # one host scalar
     raw = int(t.view(_UINT_VIEW[f.bits]).item())
     return raw & ((1 << f.bits) - 1)
 
@@ -246,12 +246,12 @@ def representable_values(fmt, finite: bool = True) -> torch.Tensor:
     INT8/INT4 (the integer codes) and NF4 (its 16 codebook entries). Too many for FP32."""
     f = get_format(fmt)
     if isinstance(f, IntFormat):
-        return torch.arange(f.min_value, f.max_value + 1, dtype=torch.float64)
+        return torch.arange(f.min_value, f.max_value + 1, dtype=torch.float64, device="cpu")   # a host table
     if isinstance(f, CodebookFormat):
         return f.values.double()
     if f.bits > 16:
         raise ValueError(f"{f.name} has 2^{f.bits} patterns; representable_values is for 16 bits or fewer")
-    vals = torch.tensor([decode_bits(p, f).value for p in range(1 << f.bits)], dtype=torch.float64)
+    vals = torch.tensor([decode_bits(p, f).value for p in range(1 << f.bits)], dtype=torch.float64, device="cpu")
     if finite:
         vals = vals[torch.isfinite(vals)]
     return torch.unique(vals)  # sorted; +0 and -0 merge

@@ -50,12 +50,13 @@ def nf4_codebook(offset: float = 0.9677083) -> torch.Tensor:
     """The 16 NF4 levels, sorted, in [-1, 1], float32 (index 7 is exactly 0)."""
     if not 0.5 < offset < 1:
         raise ValueError(f"offset must be in (0.5, 1), got {offset}")
-    # float32 probabilities (as bitsandbytes built its table), float64 inverse normal CDF
-    p_pos = torch.linspace(offset, 0.5, 9, dtype=torch.float32)[:-1].double()   # 8 probabilities > 0.5
-    p_neg = torch.linspace(offset, 0.5, 8, dtype=torch.float32)[:-1].double()   # 7 probabilities > 0.5
+    # float32 probabilities (as bitsandbytes built its table), float64 inverse normal CDF. A constant table,
+    # built on the host (float64) and moved to the data by its users (nf4_quantize: .to(x.device)).
+    p_pos = torch.linspace(offset, 0.5, 9, dtype=torch.float32, device="cpu")[:-1].double()   # 8 probs > 0.5
+    p_neg = torch.linspace(offset, 0.5, 8, dtype=torch.float32, device="cpu")[:-1].double()   # 7 probs > 0.5
     pos = torch.special.ndtri(p_pos)
     neg = -torch.special.ndtri(p_neg)
-    v = torch.cat([neg, torch.zeros(1, dtype=torch.float64), pos]).to(torch.float32).sort().values
+    v = torch.cat([neg, torch.zeros(1, dtype=torch.float64, device="cpu"), pos]).to(torch.float32).sort().values
     return v / v.max()
 
 
@@ -65,14 +66,14 @@ def dynamic_map(max_exponent_bits: int = 7) -> torch.Tensor:
     "exponent" picks the decade, a "fraction" the position inside it, and small decades get fewer levels."""
     data = []
     for i in range(max_exponent_bits):
-        bounds = torch.linspace(0.1, 1, 2 ** i + 1, dtype=torch.float32)
+        bounds = torch.linspace(0.1, 1, 2 ** i + 1, dtype=torch.float32, device="cpu")   # a host table
         means = (bounds[:-1] + bounds[1:]) / 2.0
         level = 10 ** (-(max_exponent_bits - 1) + i)
         data += (level * means).tolist()
         data += (-level * means).tolist()
     data += [0.0, 1.0]
     data += [0.0] * (256 - len(data))
-    return torch.tensor(sorted(data), dtype=torch.float32)
+    return torch.tensor(sorted(data), dtype=torch.float32, device="cpu")
 
 
 def nearest_code(v: torch.Tensor, code: torch.Tensor) -> torch.Tensor:

@@ -132,7 +132,7 @@ class StepCostModel:
         params = next(model.parameters())
         dev = params.device if device is None else torch.device(device)
         V = model.config.vocab_size
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator(device=dev).manual_seed(0)      # the ids are drawn where the model runs
 
         def timed(fn):
             ts = []
@@ -147,14 +147,14 @@ class StepCostModel:
         rows, ys, samples = [], [], []
         with torch.inference_mode():
             for T in prefill_lengths:
-                ids = torch.randint(0, V, (1, T), generator=g).to(dev)
+                ids = torch.randint(0, V, (1, T), generator=g, device=dev)
                 t = timed(lambda: model(ids))
                 rows.append([1.0, T, 0, T]); ys.append(t); samples.append(("prefill", 1, T, t))
             for B in batch_sizes:
                 for C in context_lengths:
                     cache = ContiguousCache()
-                    model(torch.randint(0, V, (B, C), generator=g).to(dev), cache=cache)
-                    tok = torch.randint(0, V, (B, 1), generator=g).to(dev)
+                    model(torch.randint(0, V, (B, C), generator=g, device=dev), cache=cache)
+                    tok = torch.randint(0, V, (B, 1), generator=g, device=dev)
 
                     def one():
                         model(tok, cache=cache)

@@ -19,7 +19,7 @@ from course_lib.kvcache import ContiguousCache, generate_with_cache
 
 from .loop import _check_int, _model_device, _sync, check_pair, check_prompt, speculative_generate
 from .prompt_lookup import prompt_lookup_generate
-from .theory import expected_tokens_per_pass, speedup
+from .theory import expected_tokens_per_pass
 
 __all__ = ["step_times", "measure", "measure_prompt_lookup"]
 
@@ -57,6 +57,7 @@ def step_times(models: dict, context: torch.Tensor, num_tokens: dict, repeats: i
 
 
 def _plain(target, prompt, max_new_tokens, temperature, top_k, top_p, generator):
+    prompt = prompt.to(_model_device(target))        # generate_with_cache runs where its input is
     if temperature == 0:
         return generate_with_cache(target, prompt[None], max_new_tokens)
     return generate_with_cache(target, prompt[None], max_new_tokens,
@@ -168,7 +169,7 @@ def measure_prompt_lookup(target, prompts, draft_lengths=(4, 8), max_new_tokens:
             t0 = time.perf_counter()
             for p, n in zip(prompts, max_new):
                 if key == "plain":
-                    generate_with_cache(target, p[None], n)
+                    generate_with_cache(target, p[None].to(_model_device(target)), n)
                 else:
                     _, st = prompt_lookup_generate(target, p, n, draft_length=key, max_ngram=max_ngram)
                     if r == 0:

@@ -41,9 +41,9 @@ BUNDLED_HEADS_ROOT = Path(__file__).resolve().parents[1] / "models" / "bundled"
 class ResBlock(nn.Module):
     """h + SiLU(W h + b): starts as the identity (W = 0, b = 0), so the head starts as the lm_head."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, device=None, dtype=None):
         super().__init__()
-        self.linear = nn.Linear(dim, dim)
+        self.linear = nn.Linear(dim, dim, device=device, dtype=dtype)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
@@ -57,18 +57,21 @@ class MedusaHeads(nn.Module):
     hidden_size, vocab_size: the target's D and V. share_lm_head=True (default) projects with the target's
     frozen lm_head, passed to ``forward``; False gives each head its own [V, D] projection (V*D more
     parameters per head: 0.5M for the bundled target, which is why the bundled heads share).
+    device, dtype: where the parameters are created (PyTorch's factory convention; None = the default).
+    The heads must sit on the target's device: they read its hidden states.
     """
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 3, share_lm_head: bool = True):
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 3, share_lm_head: bool = True,
+                 device=None, dtype=None):
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("vocab_size", vocab_size), ("num_heads", num_heads)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.hidden_size, self.vocab_size, self.num_heads = hidden_size, vocab_size, num_heads
         self.share_lm_head = bool(share_lm_head)
-        self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+        self.blocks = nn.ModuleList(ResBlock(hidden_size, device=device, dtype=dtype) for _ in range(num_heads))
         self.lm_heads = None if share_lm_head else nn.ModuleList(
-            nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+            nn.Linear(hidden_size, vocab_size, bias=False, device=device, dtype=dtype) for _ in range(num_heads))
 
     def config(self) -> dict:
         return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "num_heads": self.num_heads,
@@ -83,6 +86,17 @@ class MedusaHeads(nn.Module):
         if cfg.vocab_size != self.vocab_size:
             raise ValueError(f"{name}: vocab_size={self.vocab_size} but the target's vocabulary has "
                              f"{cfg.vocab_size} tokens")
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks[0].linear.weight.device
+
+    def check_device(self, target, name: str = "heads"):
+        """ValueError unless these heads are on the target's device (nothing is moved behind your back)."""
+        if self.device != target.device:
+            raise ValueError(f"{name} are on {self.device} but the target is on {target.device}: load them with "
+                             f"load_medusa_heads(..., device=target.device) or move them with "
+                             f"heads.to(target.device)")
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module | torch.Tensor | None = None) -> torch.Tensor:
         """Logits [..., Hm, V] from hidden states [..., D].
@@ -115,24 +129,25 @@ def _encode(texts, tokenizer) -> torch.Tensor:
         if eos is not None:
             ids.append(eos)
         ids.extend(tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"])
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long, device="cpu")   # host: windows go to the target in _features
 
 
 @torch.no_grad()
 def _features(target, stream: torch.Tensor, seq_len: int, batch: int = 8, progress: bool = True, desc="hidden"):
-    """Cut `stream` into windows of seq_len and run the frozen target once: hidden [W, L, D], ids [W, L]."""
+    """Cut `stream` into windows of seq_len and run the frozen target once: hidden [W, L, D] (float32), ids [W, L],
+    both on the target's device (the heads train and are scored there, without a host round trip per step)."""
     n = stream.numel() // seq_len
     if n == 0:
         raise ValueError(f"texts: {stream.numel()} tokens is less than one window of seq_len={seq_len}")
-    ids = stream[:n * seq_len].view(n, seq_len)
+    ids = stream[:n * seq_len].view(n, seq_len).to(target.device)
     out = []
     it = range(0, n, batch)
     if progress:
         from tqdm.auto import tqdm
         it = tqdm(it, desc=desc, leave=False)
     for a in it:
-        _, h = target(ids[a:a + batch].to(target.device), return_hidden=True)
-        out.append(h.float().cpu())
+        _, h = target(ids[a:a + batch], return_hidden=True)
+        out.append(h.float())
     return torch.cat(out), ids
 
 
@@ -152,7 +167,9 @@ def train_medusa(target, texts: list[str], tokenizer, steps: int, num_heads: int
                  seed: int = 0, progress: bool = True):
     """Train Medusa heads on `texts` with the target frozen; returns (heads, history).
 
-    The target is left with requires_grad=False (Medusa-1 never changes it).
+    The target is left with requires_grad=False (Medusa-1 never changes it). The heads are trained on the
+    target's device (given `heads` are moved there) and returned there; the seeded batch order is drawn
+    by a generator on that device.
 
     The target's hidden states are computed once for all windows (it never changes), so each step
     costs only the heads. Loss = sum over heads of the cross entropy of head k against the tokens k+2
@@ -164,7 +181,8 @@ def train_medusa(target, texts: list[str], tokenizer, steps: int, num_heads: int
     if not texts or not all(isinstance(t, str) for t in texts):
         raise ValueError("texts must be a non-empty list of strings")
     cfg = target.config
-    heads = heads if heads is not None else MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads)
+    heads = heads if heads is not None else MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads,
+                                                        device=target.device)
     heads.check_target(target)
     if seq_len <= heads.num_heads + 2:
         raise ValueError(f"seq_len must exceed num_heads + 2 = {heads.num_heads + 2}, got {seq_len}")
@@ -180,7 +198,7 @@ def train_medusa(target, texts: list[str], tokenizer, steps: int, num_heads: int
     heads.to(hidden.device).train()
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=hidden.device).manual_seed(seed)
     history = {"loss": [], "head_loss": [], "tokens": int(stream.numel())}
     it = range(steps)
     if progress:
@@ -189,7 +207,7 @@ def train_medusa(target, texts: list[str], tokenizer, steps: int, num_heads: int
     for step in it:
         for g in opt.param_groups:
             g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-        rows = torch.randint(0, hidden.shape[0], (batch_size,), generator=gen)
+        rows = torch.randint(0, hidden.shape[0], (batch_size,), generator=gen, device=hidden.device)
         losses = _head_losses(heads, lm_head, hidden[rows], ids[rows])
         loss = sum(losses)
         opt.zero_grad(set_to_none=True)
@@ -214,13 +232,14 @@ def medusa_accuracy(target, heads: MedusaHeads, texts: list[str], tokenizer, seq
     Head k is right at position t when ids[t + 2 + k] is among its top-k tokens.
     """
     heads.check_target(target)
+    heads.check_device(target)
     stream = _encode(texts, tokenizer)
     if max_tokens is not None:
         stream = stream[:max_tokens]
     hidden, ids = _features(target, stream, seq_len, progress=progress, desc="eval")  # [W, L, D], [W, L]
     base_hits, head_hits = 0.0, [0.0] * heads.num_heads
     for a in range(0, hidden.shape[0], 8):      # a few windows at a time: logits are [w, L, Hm, V]
-        h, y = hidden[a:a + 8].to(target.device), ids[a:a + 8].to(target.device)
+        h, y = hidden[a:a + 8], ids[a:a + 8]                                   # on the target's device
         top = target.lm_head(h.to(target.dtype)).topk(topk, dim=-1).indices[:, :-1]
         base_hits += (top == y[:, 1:, None]).any(-1).float().sum().item()
         logits = heads(h, target.lm_head)
@@ -251,6 +270,7 @@ def save_medusa_heads(heads: MedusaHeads, path: str | Path, extra: dict | None =
 def load_medusa_heads(model_name: str = "tiny", path: str | Path | None = None, device=None) -> MedusaHeads:
     """The bundled Medusa heads for a bundled target (``tiny`` -> models/bundled/tiny-medusa/), or a folder.
 
+    device: where to put them (default: the CPU); pass the target's, ``device=target.device``.
     Raises FileNotFoundError with the command that trains them when the folder is missing.
     """
     from safetensors.torch import load_file
@@ -261,10 +281,11 @@ def load_medusa_heads(model_name: str = "tiny", path: str | Path | None = None, 
             f"medusa_config.json). Train them with `python -m course_lib.speculative.medusa --out {folder}`"
             f" or use train_medusa(...).")
     cfg = json.loads((folder / "medusa_config.json").read_text())
-    heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], cfg["num_heads"], cfg.get("share_lm_head", True))
-    heads.load_state_dict(load_file(str(folder / "heads.safetensors")))
+    heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], cfg["num_heads"], cfg.get("share_lm_head", True),
+                        device=device or "cpu")
+    heads.load_state_dict(load_file(str(folder / "heads.safetensors")))   # copies into the heads' device
     heads.info = cfg
-    return heads.to(device or "cpu").eval()
+    return heads.eval()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -320,6 +341,7 @@ def medusa_generate(target, heads: MedusaHeads, input_ids: torch.Tensor, max_new
     if not isinstance(heads, MedusaHeads):
         raise TypeError(f"heads must be MedusaHeads, got {type(heads).__name__}")
     heads.check_target(target, "heads")
+    heads.check_device(target, "heads")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int32):
         raise TypeError("input_ids must be an integer tensor [1, T] or [T]")
     ids = input_ids[None] if input_ids.dim() == 1 else input_ids

@@ -112,7 +112,8 @@ def editing_prompts(tokenizer, num: int = 4, min_tokens: int = 60, max_tokens: i
                 continue
             head, body = block.split("\n", 1)
             ids = tokenizer(block + "\n\n\n" + head + "\n")["input_ids"]
-            out.append((torch.tensor(ids, dtype=torch.long), len(tokenizer(body)["input_ids"])))
+            out.append((torch.tensor(ids, dtype=torch.long, device="cpu"),   # host prompts: the loops move them
+                        len(tokenizer(body)["input_ids"])))
             if len(out) == num:
                 return out
     if not out:

@@ -89,7 +89,7 @@ class TokenTree:
 
     def __post_init__(self):
         if not isinstance(self.tokens, torch.Tensor):
-            self.tokens = torch.as_tensor(self.tokens, dtype=torch.long)
+            self.tokens = torch.as_tensor(self.tokens, dtype=torch.long, device="cpu")   # a list: host tokens
         if self.tokens.dim() != 1 or self.tokens.dtype not in (torch.long, torch.int32):
             raise TypeError(f"tokens must be an integer tensor [N], got {self.tokens.dtype} "
                             f"of shape {tuple(self.tokens.shape)}")
@@ -156,7 +156,8 @@ def build_tree(candidates_per_depth, paths, root: int) -> TokenTree:
     paths = _check_paths(paths)
     device = next((c.device for c in candidates_per_depth if isinstance(c, torch.Tensor)), torch.device("cpu"))
     # One host copy per depth (not one device sync per node): the tree is built in Python.
-    cands = [torch.as_tensor(c).reshape(-1).long().tolist() for c in candidates_per_depth]
+    cands = [(c if isinstance(c, torch.Tensor) else torch.as_tensor(c, device="cpu")).reshape(-1).long().tolist()
+             for c in candidates_per_depth]
     index = {(): 0}
     tokens, parents = [int(root)], [-1]
     for p in paths:
@@ -232,7 +233,7 @@ def compact_cache(cache, keep: torch.Tensor):
     from course_lib.kvcache import ContiguousCache, StaticCache
     if not isinstance(cache, (ContiguousCache, StaticCache)):
         raise TypeError(f"cache must be a ContiguousCache or StaticCache, got {type(cache).__name__}")
-    keep = torch.as_tensor(keep, dtype=torch.long)
+    keep = keep.long() if isinstance(keep, torch.Tensor) else torch.as_tensor(keep, dtype=torch.long, device="cpu")
     S = cache.get_seq_length()
     if keep.dim() != 1 or (keep.numel() and (int(keep.min()) < 0 or int(keep.max()) >= S)):
         raise ValueError(f"keep must be a 1-D tensor of positions in [0, {S}), got {keep.tolist()}")

@@ -204,7 +204,7 @@ class QuantExplorer:
         scale = float(q.scale[si])
         zp = int(q.zero_point[si]) if q.zero_point is not None else 0
         qmin, qmax = qrange(p["bits"], symmetric=p["scheme"] == "absmax")
-        grid = (torch.arange(qmin, qmax + 1, dtype=torch.float64) - zp) * scale
+        grid = (torch.arange(qmin, qmax + 1, dtype=torch.float64, device="cpu") - zp) * scale   # for matplotlib
         saturated = float((q.codes == qmin).float().mean() + (q.codes == qmax).float().mean()) \
             if p["clip_ratio"] < 1 else 0.0
         rep.update(bits_per_weight=q.bits_per_value(scale_bits=16), n_scales=q.scale.numel(), grid=grid,
@@ -241,8 +241,8 @@ class QuantExplorer:
         ax.set_title(f"weights (log count) and the {len(grid)}-level grid\nof the group with the largest |w|",
                      fontsize=9)
         ax.set_xlabel("weight value")
-        g = torch.Generator().manual_seed(self.seed)
-        idx = torch.randperm(w.numel(), generator=g)[: self.sample]
+        g = torch.Generator(device=w.device).manual_seed(self.seed)
+        idx = torch.randperm(w.numel(), generator=g, device=w.device)[: self.sample]
         ax = axes[1]
         ax.scatter(w[idx].numpy(), w_hat[idx].numpy(), s=2, alpha=0.5, color="#5080c0")
         lo, hi = float(w.min()), float(w.max())

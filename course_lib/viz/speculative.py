@@ -65,7 +65,7 @@ def _bars(ax, p_row, q_row, highlight: int, tokenizer, top: int, title: str, sho
         order |= set(torch.topk(q_row, min(top, q_row.numel())).indices.tolist())
     order.add(int(highlight))
     toks = sorted(order, key=lambda t: -float(p_row[t]))
-    x = torch.arange(len(toks), dtype=torch.float64)
+    x = torch.arange(len(toks), dtype=torch.float64, device="cpu")   # bar positions for matplotlib
     w = 0.4 if show_q and q_row is not None else 0.8
     pb = ax.bar((x - w / 2 if w < 0.8 else x).tolist(), [float(p_row[t]) for t in toks], width=w,
                 color="#1f5fbf", label="p (target)")
@@ -146,6 +146,7 @@ class SpeculativeStepper:
         if not prompt_ids:
             raise ValueError("prompt must hold at least one token")
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.device = next(target.parameters()).device     # ids, draws and coins live where the models are
         self.prompt_ids = prompt_ids
         self.seed, self.top, self.plot = int(seed), int(top), plot
         self.figure = None
@@ -170,7 +171,7 @@ class SpeculativeStepper:
         self.kinds: list[str] = ["prompt"] * len(self.prompt_ids)
         self.rejected_before: dict[int, int] = {}   # position of a corrected token -> the draft it replaced
         self.history: list[StepRecord] = []
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
         self.update()
 
     @torch.no_grad()
@@ -180,14 +181,14 @@ class SpeculativeStepper:
         ids = list(self.ids)
         drafts, q_rows = [], []
         for _ in range(g):      # recompute without a cache: the sequences here are short
-            logits = self.draft(torch.tensor([ids + drafts]))[0, -1]
+            logits = self.draft(torch.tensor([ids + drafts], device=self.device))[0, -1]
             q = probs_from_logits(logits, temp)
             drafts.append(int(torch.multinomial(q, 1, generator=self.generator)))
             q_rows.append(q)
-        logits = self.target(torch.tensor([ids + drafts]))[0, -(g + 1):]
+        logits = self.target(torch.tensor([ids + drafts], device=self.device))[0, -(g + 1):]
         p = probs_from_logits(logits, temp)                           # [g+1, V]
         q = torch.stack(q_rows)                                       # [g, V]
-        drafts_t = torch.tensor(drafts, dtype=torch.long)
+        drafts_t = torch.tensor(drafts, dtype=torch.long, device=self.device)
         state = self.generator.get_state()
         result = accept_step(p, q, drafts_t, self.generator)
         rec = StepRecord(len(self.ids), drafts_t, q, p, state, result, temp)
