@@ -11,6 +11,8 @@ then). Throughput = generated tokens / wall seconds; latency = arrival to last t
 static batching, when its own last token came out: the kindest reading). ``speedup`` is relative to
 the best static batching row.
 
+Every system runs on the model's device (``course_lib.env.device()``: CUDA where there is one; the engine
+then decodes with the Triton paged-attention kernel, transformers' model is moved to the same GPU).
 Writes bench/results/serving-<cpu|cuda>.json with the device named.
 """
 import argparse
@@ -39,8 +41,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, _ = load("tiny")
+    model, _ = load("tiny")                     # the best device here (CUDA where there is one)
     model.eval()
+    print(f"device: {model.device}")
     kw = {"max_batch": args.max_batch, "max_prefill_tokens": args.max_prefill_tokens}
     if args.num_blocks:
         kw["num_blocks"] = args.num_blocks
@@ -53,7 +56,7 @@ def main(argv=None):
     print_table(rows, COLS)
     print(f"({time.perf_counter() - t:.0f} s)")
     print("saved", save("serving", rows, requests=args.requests, rate=args.rate, repeats=args.repeats,
-                        engine=kw, threads=torch.get_num_threads()))
+                        engine=kw, threads=torch.get_num_threads(), model_device=str(model.device)))
 
 
 if __name__ == "__main__":

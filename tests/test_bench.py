@@ -10,10 +10,65 @@ def test_bench_lists_scripts_and_rejects_unknown_names(capsys):
     assert "available" in capsys.readouterr().err
 
 
+def _bench_device_slug() -> str:
+    """The device name bench/_common.py gives the result files on this machine (cpu, cuda)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_common", bench.BENCH_DIR / "_common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    return common.device_slug()
+
+
 def test_generation_bench_runs_and_names_the_device(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_BENCH_RESULTS", str(tmp_path))
     assert bench.main(["generation"]) == 0
-    data = json.loads((tmp_path / "generation-cpu.json").read_text())
+    written = sorted(p.name for p in tmp_path.glob("generation-*.json"))
+    assert written == [f"generation-{_bench_device_slug()}.json"], written   # named by the device it ran on
+    data = json.loads((tmp_path / written[0]).read_text())
     assert data["device"] and data["rows"][0]["model"] == "tiny"
     ratio = data["rows"][2]
     assert 0 < ratio["tpot_p50_ms"] < 1, "the draft should decode faster than the target"
+
+
+def test_decode_bench_runs_on_cpu_and_reports_the_roofline(tmp_path):
+    """bench/decode.py in its CPU size (compiled rows skipped: a minute of C++ compiling each)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(__import__("os").environ, COURSE_BENCH_RESULTS=str(tmp_path), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, str(root / "bench" / "decode.py"), "--no-compile"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(next(tmp_path.glob("decode-*.json")).read_text())
+    names = [r["implementation"] for r in data["rows"]]
+    assert names[:2] == ["course eager, ContiguousCache", "course eager, StaticCache"]
+    assert any(n.startswith("transformers") for n in names)
+    assert data["device"] and data["roofline_ms"] > 0 and data["bandwidth"]
+    assert all(r["ms/token"] > 0 for r in data["rows"])
+
+
+def test_paged_attention_bench_runs_and_reports_bandwidth(tmp_path):
+    """bench/paged_attention.py at a small size: every row timed and checked against the reference; on CPU
+    the Triton rows are skipped with the reason recorded (on CUDA they run, split and not)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, COURSE_BENCH_RESULTS=str(tmp_path), OMP_NUM_THREADS="1")
+    args = ["--batch", "2", "--heads", "8", "--kv-heads", "2", "--head-dim", "64", "--tokens", "200",
+            "--dtype", "fp32", "--repeats", "3", "--splits", "1", "2"]
+    res = subprocess.run([sys.executable, str(root / "bench" / "paged_attention.py"), *args], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(next(tmp_path.glob("paged_attention-*.json")).read_text())
+    names = [r["backend"] for r in data["rows"]]
+    assert data["device"] and data["bytes_per_call"] == 2 * 2 * 2 * 200 * 64 * 4 + 2 * 2 * 8 * 64 * 4
+    assert names[-3:-1] == ["torch", "reference"] and names[-1].startswith("sdpa-contiguous")
+    if "triton" in data["skipped"]:
+        assert "triton" not in names
+    else:
+        assert [r["num_splits"].split()[0] for r in data["rows"] if r["backend"] == "triton"] == ["1", "2"]
+    for r in data["rows"]:
+        assert r["time_us"] > 0 and r["GB/s"] > 0 and float(r["max_err"]) < 1e-4

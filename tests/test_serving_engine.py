@@ -1,8 +1,11 @@
 """The continuous-batching engine (course_lib.serving.engine) against decoding each request alone.
 
-Oracles: ``course_lib.kvcache.generate_with_cache`` (plain cached decoding of one request), the
-reference ``course_lib.paged.PagedCache`` for the batched paged forward, and transformers' ``generate``
-for the HF baseline. Prompts, lengths and seeds are fresh random each run (the seed is printed).
+Oracles: ``course_lib.kvcache.generate_with_cache`` (plain cached decoding of one request, a contiguous
+cache), and transformers' ``generate`` for the HF baseline. The engine runs on Module 06's PagedCache
+(decode through ``paged_attention``: the Triton kernel on CUDA). Every test runs on each device of the
+``device`` fixture (CUDA where there is one); on CUDA greedy sequences are compared with
+``device_tools.assert_greedy_match`` (a first difference must be a float near-tie). Prompts, lengths and
+seeds are fresh random each run (the seed is printed).
 """
 import random
 import time
@@ -11,18 +14,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from device_tools import assert_greedy_match
+
 from course_lib.generation import sample
-from course_lib.kvcache import generate_with_cache
+from course_lib.kvcache import ContiguousCache, generate_with_cache
 from course_lib.models import load
-from course_lib.paged import BlockManager, KVPool, PagedCache
+from course_lib.paged import attention as paged_attention_module
 from course_lib.serving.engine import (Engine, RequestOutput, SamplingParams, compare_with_static,
                                        hf_static_generate, static_batch_generate, synthetic_workload)
 
+# decode backends the engine can use on a CPU ("auto" is "torch" there, "triton" on CUDA)
+CPU_BACKENDS = [b for b in ("reference", "torch") if b in getattr(paged_attention_module, "BACKENDS", ("reference",))]
+
 
 @pytest.fixture(scope="module")
-def model():
+def model(device):
     torch.set_num_threads(1)
-    m, _ = load("tiny")
+    m, _ = load("tiny", device=device)
     return m.eval()
 
 
@@ -37,13 +45,23 @@ def prompts_for(rng, lengths):
     return [[rng.randrange(1, 2048) for _ in range(n)] for n in lengths]
 
 
-def alone(model, prompt, n, params=None):
-    """One request decoded by itself: greedy, or sampled with its own seeded generator."""
-    if params is None or params.temperature == 0:
-        return generate_with_cache(model, torch.tensor(prompt), n)[0, len(prompt):].tolist()
-    g = torch.Generator().manual_seed(params.seed)
-    pick = lambda logits: sample(logits, params.temperature, params.top_k, params.top_p, generator=g)  # noqa: E731
-    return generate_with_cache(model, torch.tensor(prompt), n, sample=pick)[0, len(prompt):].tolist()
+def alone(model, prompt, n, params=None, return_logits=False):
+    """One request decoded by itself (a contiguous cache): greedy, or sampled with its own seeded generator
+    on the model's device (as the engine's). return_logits: also the logits [n, V] behind each token."""
+    ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
+    pick = None
+    if params is not None and params.temperature != 0:
+        g = torch.Generator(device=model.device).manual_seed(params.seed)
+        pick = lambda logits: sample(logits, params.temperature, params.top_k, params.top_p, generator=g)  # noqa: E731
+    out, logits = generate_with_cache(model, ids, n, sample=pick, return_logits=True)
+    toks = out[0, len(prompt):].tolist()
+    return (toks, logits[0]) if return_logits else toks
+
+
+def assert_same_greedy(model, got, prompt, n, what=""):
+    """The engine's greedy tokens == decoding the prompt alone (on CUDA: up to a float near-tie)."""
+    want, want_logits = alone(model, prompt, n, return_logits=True)
+    assert_greedy_match(got, want, want_logits, model.device, what=what)
 
 
 def run_checked(eng):
@@ -59,18 +77,21 @@ def run_checked(eng):
     return streamed
 
 
+@pytest.mark.parametrize("backend", ["auto"] + CPU_BACKENDS)
 @pytest.mark.parametrize("num_blocks,max_batch,max_prefill,expect_preempt", [
     (256, 16, 512, False),      # plenty of memory: no preemption
     (64, 16, 9, False),         # chunked prefill: 9 prompt tokens per step
     (12, 8, 64, True),          # so few blocks that running requests must be preempted and recomputed
 ])
-def test_greedy_equals_alone(model, rng, num_blocks, max_batch, max_prefill, expect_preempt):
+def test_greedy_equals_alone(model, rng, num_blocks, max_batch, max_prefill, expect_preempt, backend):
     if expect_preempt:      # 6 requests growing to 4-6 blocks each in a pool of 12: someone must yield
         lengths, max_tokens = [rng.randrange(17, 24) for _ in range(6)], [rng.randrange(12, 20) for _ in range(6)]
     else:
         lengths, max_tokens = [70] + [rng.randrange(1, 50) for _ in range(5)], [rng.randrange(1, 20) for _ in range(6)]
     prompts = prompts_for(rng, lengths)
-    eng = Engine(model, num_blocks=num_blocks, block_size=8, max_batch=max_batch, max_prefill_tokens=max_prefill)
+    eng = Engine(model, num_blocks=num_blocks, block_size=8, max_batch=max_batch, max_prefill_tokens=max_prefill,
+                 backend=backend)
+    assert eng.backend == backend and eng.manager is eng.cache.manager       # one store, one set of block tables
     ids = [eng.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, max_tokens)]
     streamed = run_checked(eng)
     if expect_preempt:
@@ -79,38 +100,37 @@ def test_greedy_equals_alone(model, rng, num_blocks, max_batch, max_prefill, exp
         assert eng.num_preemptions == 0
     for i, p, n in zip(ids, prompts, max_tokens):
         out = eng.output(i)
-        assert out.finished and out.finish_reason == "length"
-        assert out.token_ids == alone(model, p, n), f"request {i} (prompt {len(p)}, {n} tokens) differs"
+        assert out.finished and out.finish_reason == "length" and len(out.token_ids) == n
+        assert_same_greedy(model, out.token_ids, p, n, what=f"request {i} (prompt {len(p)}, {n} tokens)")
         assert streamed[i] == out.token_ids                    # what step() streamed is the result
         assert out.arrival_time <= out.first_token_time <= out.finish_time
         assert 0 <= out.ttft <= out.e2e
 
 
-def test_batched_forward_matches_paged_cache(model, rng):
-    """The engine's one-gather-per-layer forward equals the reference PagedCache on ragged rows."""
+def test_batched_forward_equals_contiguous(model, rng):
+    """The engine's forwards through the paged store (ragged prefill rows right-padded in one forward,
+    then one decode step for rows of different lengths) give each row's logits of a contiguous cache."""
     prompts = prompts_for(rng, [rng.randrange(2, 30) for _ in range(4)])
     eng = Engine(model, num_blocks=32, block_size=4, max_batch=8)
-    ref = PagedCache(BlockManager(32, 4), KVPool.for_model(model, 32, 4))
-    for i, p in enumerate(prompts):
+    for p in prompts:
         eng.add_request(p, SamplingParams(max_tokens=2))
-        ref.add_sequence(i, p)
     eng._admit()
     reqs = list(eng.running)
-    with torch.no_grad():
-        got = eng._forward(reqs, [0] * 4, [len(p) for p in prompts], prompts)      # [B, V] last logits
-        want = []
-        for i, p in enumerate(prompts):
-            ref.set_active([i])
-            want.append(model(torch.tensor([p]), cache=ref)[0, -1])
-        torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-4)
-        nxt = got.argmax(-1)                                   # one decode step, rows of different lengths
-        ref.set_active(list(range(4)))
-        ref.append(list(range(4)), nxt)
-        for r, t in zip(reqs, nxt.tolist()):
-            eng.manager.append(r.id, t)
-        got = eng._forward(reqs, [len(p) for p in prompts], [1] * 4, [[t] for t in nxt.tolist()])
-        want = model(nxt[:, None], cache=ref, positions=ref.positions(1), attn_mask=ref.attn_mask(1))[:, -1]
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    tol = dict(rtol=1e-4, atol=1e-4) if model.device.type == "cpu" else dict(rtol=1e-4, atol=1e-3)
+    with torch.inference_mode():
+        got = eng._forward(reqs, [len(p) for p in prompts], prompts)       # [B, V] last logits
+        caches, want = [], []
+        for p in prompts:
+            caches.append(ContiguousCache())
+            want.append(model(torch.tensor([p], device=model.device), cache=caches[-1])[0, -1])
+        torch.testing.assert_close(got, torch.stack(want), **tol)
+        assert [r.computed for r in reqs] == [len(p) for p in prompts] == [eng.cache.computed[r.id] for r in reqs]
+        nxt = got.argmax(-1).tolist()
+        eng.cache.append([r.id for r in reqs], nxt)                        # one decode step
+        got = eng._forward(reqs, [1] * 4, [[t] for t in nxt])
+        want = [model(torch.tensor([[t]], device=model.device), cache=c)[0, -1] for t, c in zip(nxt, caches)]
+        torch.testing.assert_close(got, torch.stack(want), **tol)
+    eng.manager.check_invariants()
 
 
 def test_seeded_sampling_is_per_request(model, rng):
@@ -126,7 +146,7 @@ def test_seeded_sampling_is_per_request(model, rng):
                                    seed=rng.randrange(2**31)) for _ in others]
     outs = eng.generate(others[:2] + [p] + others[2:], other_params[:2] + [params] + other_params[2:])
     assert outs[2].token_ids == solo
-    # static batching draws from the request's own generator too: same tokens
+    # static batching draws from the request's own generator (on the model's device) too: same tokens
     stat = static_batch_generate(model, others[:2] + [p], other_params[:2] + [params], batch_size=3)
     assert stat[2].token_ids == solo
     # the same draws as plain cached decoding with a generator seeded the same way
@@ -139,7 +159,7 @@ def test_seeded_sampling_is_per_request(model, rng):
 
 def test_stop_tokens_and_streaming(model, rng):
     p = prompts_for(rng, [20])[0]
-    ref = alone(model, p, 10)
+    ref = alone(model, p, 10)                  # the engine stops where its own tokens say (compared below)
     stop = ref[3]
     first = ref.index(stop)
     got = []
@@ -187,7 +207,7 @@ def test_bad_requests_rejected_while_serving(model, rng):
     assert len(eng.requests) == 4                              # nothing was added by the bad calls
     run_checked(eng)
     for i, p, n in zip(ids, prompts, max_tokens):
-        assert eng.output(i).token_ids == alone(model, p, n)
+        assert_same_greedy(model, eng.output(i).token_ids, p, n, what=f"request {i}")
 
 
 def test_engine_arguments(model):
@@ -203,7 +223,7 @@ def test_static_batching_equals_alone(model, rng):
     outs = static_batch_generate(model, prompts, [SamplingParams(max_tokens=n) for n in max_tokens], batch_size=3)
     assert all(isinstance(o, RequestOutput) and o.finished for o in outs)
     for o, p, n in zip(outs, prompts, max_tokens):
-        assert o.token_ids == alone(model, p, n)
+        assert_same_greedy(model, o.token_ids, p, n, what="static batching")
         assert o.arrival_time <= o.first_token_time <= o.finish_time
 
 
@@ -211,9 +231,10 @@ def test_hf_static_equals_alone(model, rng):
     pytest.importorskip("transformers")
     prompts = prompts_for(rng, [rng.randrange(1, 30) for _ in range(3)])
     max_tokens = [rng.randrange(1, 10) for _ in prompts]
-    outs = hf_static_generate(prompts, [SamplingParams(max_tokens=n) for n in max_tokens], batch_size=3)
+    outs = hf_static_generate(prompts, [SamplingParams(max_tokens=n) for n in max_tokens], batch_size=3,
+                              device=model.device)
     for o, p, n in zip(outs, prompts, max_tokens):
-        assert o.token_ids == alone(model, p, n)
+        assert_same_greedy(model, o.token_ids, p, n, what="transformers generate")
 
 
 @pytest.mark.parametrize("replay", [False, True])
@@ -228,3 +249,82 @@ def test_compare_with_static_rows(model, replay):
         assert r["tokens"] == sum(w[2] if isinstance(w, tuple) else w.output_tokens for w in wl)
         assert r["tokens_per_s"] > 0
         assert 0 < r["p50_latency_s"] <= r["p90_latency_s"] and r["mode"] == ("replay" if replay else "offline")
+
+
+def test_everything_lives_on_the_model_device(model, rng):
+    """Generators, pools and every forward's plan (positions, slot mapping, block tables, lengths) are on
+    the model's device (the H100 failure: CPU index tensors and CPU generators next to CUDA tensors)."""
+    eng = Engine(model, num_blocks=32, block_size=8)
+    rid = eng.add_request(prompts_for(rng, [9])[0], SamplingParams(max_tokens=3, temperature=1.0))
+    eng.add_request(prompts_for(rng, [4])[0], SamplingParams(max_tokens=4))
+    assert eng.requests[rid].generator.device.type == model.device.type
+    assert all(t.device.type == model.device.type for t in eng.cache.pool.k + eng.cache.pool.v)
+    seen = set()
+    write = eng.cache._write
+
+    def spy(k, v, layer, plan):
+        seen.update(t.device.type for t in (k, plan.pos, plan.blk, plan.off, plan.tables, plan.lens))
+        return write(k, v, layer, plan)
+
+    eng.cache._write = spy
+    while eng.has_unfinished():
+        eng.step()
+    assert seen == {model.device.type}
+    assert len(eng.output(rid).token_ids) == 3
+
+
+@pytest.mark.gpu
+def test_engine_decodes_with_the_triton_kernel_on_cuda(model, rng, monkeypatch):
+    pytest.importorskip("triton")
+    if model.device.type != "cuda":
+        pytest.skip("the CUDA run of this test")
+    from course_lib.paged import triton_paged
+    calls = []
+    real = triton_paged.paged_attention_triton
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(triton_paged, "paged_attention_triton", spy)
+    prompts = prompts_for(rng, [rng.randrange(3, 40) for _ in range(5)])
+    outs = Engine(model, num_blocks=64, block_size=16, max_batch=8).generate(prompts, SamplingParams(max_tokens=6))
+    assert calls, "decode steps should go through the Triton paged-attention kernel"
+    assert len(calls) % model.config.num_hidden_layers == 0
+    for o, p in zip(outs, prompts):
+        assert_same_greedy(model, o.token_ids, p, 6, what="engine on CUDA")
+
+
+ENGINE_TRITON_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {root!r})
+torch.set_num_threads(1)
+from course_lib.kvcache import generate_with_cache
+from course_lib.models import load
+from course_lib.serving.engine import Engine, SamplingParams
+model, _ = load("tiny", device="cpu", verbose=False)
+g = torch.Generator(device="cpu").manual_seed(0)
+prompts = [torch.randint(1, 2048, (n,), generator=g, device="cpu").tolist() for n in (5, 19, 11)]
+outs = Engine(model, num_blocks=32, block_size=8, max_batch=4, backend="triton").generate(
+    prompts, SamplingParams(max_tokens=4))
+for o, p in zip(outs, prompts):
+    want = generate_with_cache(model, torch.tensor(p, device="cpu"), 4)[0, len(p):].tolist()
+    assert o.token_ids == want, (o.token_ids, want)
+print("ENGINE_TRITON_INTERPRET_OK")
+"""
+
+
+@pytest.mark.slow
+def test_engine_with_the_triton_kernel_under_the_interpreter():
+    """The engine's decode through the Triton kernel, on CPU tensors (TRITON_INTERPRET=1 must be set
+    before triton is imported, so it runs in a fresh process): what runs natively on CUDA."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    pytest.importorskip("triton")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", ENGINE_TRITON_SCRIPT.format(root=root)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert "ENGINE_TRITON_INTERPRET_OK" in res.stdout, res.stdout + res.stderr

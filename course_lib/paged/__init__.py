@@ -11,8 +11,9 @@ sample_workload / simulate (waste of contiguous vs paged), PagedPlayground (the 
 Errors: OutOfBlocks (a signal for the scheduler), PagingError (misuse: double free, unknown ids, ...).
 """
 from .allocator import BlockAllocator, OutOfBlocks, PagingError
-from .attention import (KVPool, PagedCache, contiguous_to_paged, gather_kv, paged_attention,
+from .attention import (contiguous_to_paged, gather_kv, paged_attention,
                         paged_attention_reference)
+from .cache import KVPool, PagedCache
 from .manager import BlockManager, SeqState, default_hash
 from .playground import PagedPlayground
 from .waste import ContiguousArena, Request, WasteReport, sample_workload, simulate

@@ -7,26 +7,40 @@ Layout of the physical KV memory (one pool per layer, for K and for V):
     context_lens:   [B]                                   tokens of sequence b (the rest of its last
                                                           block, and unused table entries, are ignored)
 
-``paged_attention_reference`` gathers each sequence's blocks into a contiguous [K, L, Dh] tensor and
-calls ordinary attention: the readable definition. ``course_lib.paged.triton_paged`` computes the
-same thing for decoding (one query per sequence) without gathering: each program reads the blocks in
-place, following the table, with an online softmax.
+Three implementations of one decode step (one query per sequence), all -> [B, H, Dh]:
 
-``PagedCache`` plugs a ``BlockManager`` and a ``KVPool`` into the course model's cache contract, so the
-model generates through paged memory (batch rows may have different lengths: pass
-``positions=cache.positions(T)`` and ``attn_mask=cache.attn_mask(T)``).
+* ``paged_attention_reference``: gathers each sequence's blocks into a contiguous [K, L, Dh] tensor and
+  calls ordinary attention, one row at a time: the readable definition (and it checks everything).
+* ``paged_attention(..., backend="torch")``: the same without a Python loop or a host sync: gather
+  ``k_pool[block_tables]`` for the whole batch, mask each row past its length, and run one batched
+  attention in which the G query heads of a KV group are the query rows of that KV head (GQA without
+  repeating K/V).
+* ``course_lib.paged.triton_paged``: a Triton kernel that reads the blocks in place, following the
+  table, with an online softmax (and a split-KV variant for small batches).
+
+``course_lib.paged.cache`` (``KVPool``, ``PagedCache``) runs the course model on paged memory and
+decodes through ``paged_attention``.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 
-from .allocator import PagingError
-from .manager import BlockManager
+BACKENDS = ("auto", "torch", "triton", "reference")
 
 
-def _check_paged_args(q, k_pool, v_pool, block_tables, context_lens):
+def _check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks: bool = True):
+    """Raise ValueError naming the argument and what was expected.
+
+    Shapes, dtypes, devices and H % K are always checked (no device work). ``sync_checks`` adds the
+    checks that must read the lengths and tables on the host (a device sync): lengths in
+    [1, max_blocks * block_size] and every used table entry inside the pool."""
+    for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("block_tables", block_tables),
+                    ("context_lens", context_lens)):
+        if not torch.is_tensor(t):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 3:
         raise ValueError(f"q must be [batch, heads, head_dim] (one decode query per sequence), got {tuple(q.shape)}")
     if k_pool.dim() != 4 or k_pool.shape != v_pool.shape:
@@ -34,40 +48,52 @@ def _check_paged_args(q, k_pool, v_pool, block_tables, context_lens):
                          f"{tuple(k_pool.shape)} and {tuple(v_pool.shape)}")
     B, H, Dh = q.shape
     N, K, bs, Dh2 = k_pool.shape
+    if B < 1 or H < 1 or Dh < 1 or N < 1 or K < 1 or bs < 1:
+        raise ValueError(f"empty q {tuple(q.shape)} or pools {tuple(k_pool.shape)}: every dimension must be >= 1")
     if Dh != Dh2:
         raise ValueError(f"q head_dim {Dh} != pool head_dim {Dh2}")
     if H % K:
         raise ValueError(f"query heads {H} must be a multiple of kv heads {K}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != B or block_tables.dtype.is_floating_point:
-        raise ValueError(f"block_tables must be an integer [batch={B}, max_blocks] tensor, got "
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or block_tables.shape[1] < 1 \
+            or block_tables.dtype.is_floating_point or block_tables.dtype == torch.bool:
+        raise ValueError(f"block_tables must be an integer [batch={B}, max_blocks>=1] tensor, got "
                          f"{block_tables.dtype} {tuple(block_tables.shape)}")
-    if context_lens.shape != (B,) or context_lens.dtype.is_floating_point:
-        raise ValueError(f"context_lens must be an integer [batch={B}] tensor, got {tuple(context_lens.shape)}")
-    if q.device != k_pool.device or q.device != block_tables.device or q.device != context_lens.device:
-        raise ValueError("q, pools, block_tables and context_lens must be on the same device")
-    if q.dtype != k_pool.dtype:
-        raise ValueError(f"q ({q.dtype}) and the pools ({k_pool.dtype}) must share a dtype")
+    if context_lens.shape != (B,) or context_lens.dtype.is_floating_point or context_lens.dtype == torch.bool:
+        raise ValueError(f"context_lens must be an integer [batch={B}] tensor, got {context_lens.dtype} "
+                         f"{tuple(context_lens.shape)}")
+    devices = {name: t.device for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool),
+                                              ("block_tables", block_tables), ("context_lens", context_lens))}
+    if len(set(devices.values())) > 1:
+        raise ValueError("q, k_pool, v_pool, block_tables and context_lens must be on the same device, got "
+                         + ", ".join(f"{n}: {d}" for n, d in devices.items()))
+    if not (q.dtype == k_pool.dtype == v_pool.dtype) or not q.dtype.is_floating_point:
+        raise ValueError(f"q ({q.dtype}) and the pools (k_pool {k_pool.dtype}, v_pool {v_pool.dtype}) must share "
+                         "a floating-point dtype")
+    if not sync_checks:
+        return
     lens = context_lens.tolist()
     if min(lens) < 1 or max(lens) > block_tables.shape[1] * bs:
         raise ValueError(f"context_lens must be in [1, max_blocks * block_size = {block_tables.shape[1] * bs}], "
                          f"got {lens}")
+    tables = block_tables.tolist()
     for b, n in enumerate(lens):
-        used = block_tables[b, :-(-n // bs)]
-        if int(used.min()) < 0 or int(used.max()) >= N:
-            raise ValueError(f"block_tables[{b}] points outside the pool of {N} blocks: {used.tolist()}")
+        used = tables[b][:-(-n // bs)]
+        if min(used) < 0 or max(used) >= N:
+            raise ValueError(f"block_tables[{b}] points outside the pool of {N} blocks: {used}")
 
 
 def gather_kv(pool: torch.Tensor, table, length: int) -> torch.Tensor:
     """Contiguous [K, length, Dh] from a pool [N, K, bs, Dh] and a block table (list or tensor)."""
     bs = pool.shape[2]
     nb = -(-length // bs)
-    idx = torch.as_tensor(table[:nb] if not torch.is_tensor(table) else table[:nb], device=pool.device).long()
+    idx = torch.as_tensor(table[:nb], device=pool.device).long()
     blocks = pool[idx]                                               # [nb, K, bs, Dh]
     return blocks.permute(1, 0, 2, 3).reshape(pool.shape[1], nb * bs, pool.shape[3])[:, :length]
 
 
 def paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, scale: float | None = None):
-    """Decode attention through block tables: out[b] = softmax(q[b] K_b^T * scale) V_b, [B, H, Dh]."""
+    """Decode attention through block tables: out[b] = softmax(q[b] K_b^T * scale) V_b, [B, H, Dh].
+    One sequence at a time, in fp32, with every argument checked (this reads the lengths on the host)."""
     _check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
     B, H, Dh = q.shape
     K = k_pool.shape[1]
@@ -82,175 +108,88 @@ def paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, sca
     return out
 
 
-def paged_attention(q, k_pool, v_pool, block_tables, context_lens, scale=None, backend: str = "auto"):
-    """Dispatch: ``triton`` (CUDA, or TRITON_INTERPRET=1 on CPU), ``reference``, or ``auto`` (Triton on
-    CUDA when it is installed, the reference elsewhere)."""
-    if backend not in ("auto", "triton", "reference"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'reference', got {backend!r}")
+def paged_attention_torch(q, k_pool, v_pool, block_tables, context_lens, scale: float | None = None):
+    """Vectorized paged decode attention: no Python loop over rows, no host sync.
+
+    k_pool[block_tables] (as one ``index_select``, the fastest gather on CPU) collects every row's blocks
+    at once -> [B, K, max_blocks * bs, Dh]; a length mask
+    [B, 1, 1, S] hides the tokens past each row's length; the query q [B, H, Dh] is viewed as
+    [B, K, G, Dh] (query head h = kvh * G + g, as in ``repeat_interleave``), so each KV head meets its G
+    query heads as G query rows: one batched ``scaled_dot_product_attention``, K/V never repeated.
+    Table entries past a row's last used block are ignored (replaced by block 0 before the gather)."""
+    B, H, Dh = q.shape
+    N, K, bs, _ = k_pool.shape
+    G, max_blocks = H // K, block_tables.shape[1]
+    lens = context_lens.to(device=q.device, dtype=torch.long)
+    used = torch.arange(max_blocks, device=q.device) * bs < lens[:, None]              # [B, max_blocks]
+    idx = torch.where(used, block_tables.long(), 0)
+    S = max_blocks * bs
+
+    def gathered(pool):                    # [B * max_blocks, K, bs, Dh] -> [B, K, max_blocks * bs, Dh]
+        blocks = pool.index_select(0, idx.reshape(-1)).view(B, max_blocks, K, bs, Dh)
+        return blocks.permute(0, 2, 1, 3, 4).reshape(B, K, S, Dh)
+
+    mask = (torch.arange(S, device=q.device) < lens[:, None])[:, None, None, :]        # [B, 1, 1, S]
+    out = F.scaled_dot_product_attention(q.reshape(B, K, G, Dh), gathered(k_pool), gathered(v_pool),
+                                         attn_mask=mask, scale=scale)                 # [B, K, G, Dh]
+    return out.reshape(B, H, Dh)
+
+
+def paged_attention(q, k_pool, v_pool, block_tables, context_lens, scale=None, backend: str = "auto",
+                    num_splits: int | None = None, validate: bool = False):
+    """Paged decode attention: q [B, H, Dh], pools [N, K, bs, Dh], block_tables [B, max_blocks],
+    context_lens [B] -> [B, H, Dh].
+
+    backend: ``reference`` (per-row loop, everything checked), ``torch`` (vectorized, no host sync),
+    ``triton`` (the kernel of ``triton_paged``: CUDA, or CPU with TRITON_INTERPRET=1), or ``auto``
+    (triton on CUDA when it is installed, else torch). Shapes, dtypes and devices are always checked;
+    ``validate=True`` adds the checks that read lengths and tables on the host (a sync), which the
+    reference always does. ``num_splits``: split-KV chunks for the triton kernel (None: a heuristic)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    if backend == "reference":
+        return paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, scale)
+    _check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)
     if backend == "auto":
         from course_lib.env import has_package
-        backend = "triton" if q.is_cuda and has_package("triton") else "reference"
+        backend = "triton" if q.is_cuda and has_package("triton") else "torch"
     if backend == "triton":
         from .triton_paged import paged_attention_triton
-        return paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale)
-    return paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, scale)
+        return paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale,
+                                      num_splits=num_splits, validate=False)
+    return paged_attention_torch(q, k_pool, v_pool, block_tables, context_lens, scale)
 
 
 def contiguous_to_paged(k: torch.Tensor, v: torch.Tensor, lengths, block_size: int, num_blocks: int | None = None,
                         generator: torch.Generator | None = None):
     """Scatter contiguous K/V [B, K, S, Dh] (row b valid up to lengths[b]) into pools with shuffled,
-    non-contiguous blocks. Returns (k_pool, v_pool, block_tables [B, max_blocks] int32, context_lens)."""
+    non-contiguous blocks. Returns (k_pool, v_pool, block_tables [B, max_blocks] int32, context_lens
+    int32), all on k's device; the rest of each last block and of the pool is zeros. ``generator`` (on
+    any device) draws the shuffle."""
     B, K, S, Dh = k.shape
-    lengths = [int(x) for x in lengths]
+    lengths = [int(x) for x in (lengths.tolist() if torch.is_tensor(lengths) else lengths)]
+    if len(lengths) != B or min(lengths) < 1 or max(lengths) > S:
+        raise ValueError(f"lengths must be {B} values in [1, {S}], got {lengths}")
     need = [-(-n // block_size) for n in lengths]
     total = sum(need)
     num_blocks = num_blocks or total + 3
     if num_blocks < total:
         raise ValueError(f"num_blocks={num_blocks} < {total} blocks needed")
-    perm = torch.randperm(num_blocks, generator=generator).tolist()
+    gen_device = generator.device if generator is not None else "cpu"
+    perm = torch.randperm(num_blocks, generator=generator, device=gen_device).tolist()
     k_pool = torch.zeros(num_blocks, K, block_size, Dh, dtype=k.dtype, device=k.device)
     v_pool = torch.zeros_like(k_pool)
-    tables = torch.zeros(B, max(need), dtype=torch.int32, device=k.device)
+    rows = []
     for b in range(B):
-        for i in range(need[b]):
-            blk = perm.pop()
-            tables[b, i] = blk
-            a, e = i * block_size, min((i + 1) * block_size, lengths[b])
-            k_pool[blk, :, :e - a] = k[b, :, a:e]
-            v_pool[blk, :, :e - a] = v[b, :, a:e]
+        blocks = [perm.pop() for _ in range(need[b])]
+        rows.append(blocks + [0] * (max(need) - need[b]))
+        idx = torch.tensor(blocks, device=k.device)
+        for src, pool in ((k, k_pool), (v, v_pool)):
+            x = src.new_zeros(K, need[b] * block_size, Dh)
+            x[:, :lengths[b]] = src[b, :, :lengths[b]]
+            pool[idx] = x.reshape(K, need[b], block_size, Dh).transpose(0, 1)
+    tables = torch.tensor(rows, dtype=torch.int32, device=k.device)
     return k_pool, v_pool, tables, torch.tensor(lengths, dtype=torch.int32, device=k.device)
-
-
-class KVPool:
-    """The physical KV memory of a model: per layer, K and V pools [num_blocks, K, block_size, Dh]."""
-
-    def __init__(self, num_layers: int, num_blocks: int, kv_heads: int, block_size: int, head_dim: int,
-                 dtype=torch.float32, device="cpu"):
-        shape = (num_blocks, kv_heads, block_size, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
-
-    @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int):
-        c = model.config
-        return cls(c.num_hidden_layers, num_blocks, c.num_key_value_heads, block_size, c.head_dim,
-                   model.dtype, model.device)
-
-    def copy_block(self, src: int, dst: int):
-        for pool in self.k + self.v:
-            pool[dst] = pool[src]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-
-class PagedCache:
-    """The course model's cache contract on top of paged memory.
-
-    Typical use (see Module 06):
-        cache = PagedCache(BlockManager(num_blocks, bs, prefix_caching=True), KVPool.for_model(model, ...))
-        skip = cache.add_sequence("a", prompt)          # tokens whose KV the prefix cache already holds
-        cache.set_active(["a"])
-        logits = model(prompt[skip:][None], cache=cache)
-        cache.append(["a"], [next_token]); logits = model(next_token[None, None], cache=cache)
-
-    ``add_sequence``/``append`` register tokens with the block manager (allocating blocks; ``OutOfBlocks``
-    if memory is short); the model's forward then writes their K/V into the pool slots and reads each
-    sequence's K/V back through its block table.
-
-    With prefix caching, the block manager registers a prompt's full blocks when the sequence is added,
-    before its prefill has written them: run a sequence's prefill before adding another sequence that
-    may share its prefix (vLLM marks blocks "computed" after the forward for the same reason).
-    """
-
-    def __init__(self, manager: BlockManager, pool: KVPool):
-        if manager.block_size != pool.block_size or manager.num_blocks != pool.num_blocks:
-            raise ValueError("manager and pool disagree on block_size or num_blocks")
-        self.manager, self.pool = manager, pool
-        self.computed: dict = {}     # seq -> tokens whose K/V are in the pool
-        self.active: list = []
-
-    # --- sequence management -----------------------------------------------------------------------
-    def add_sequence(self, seq_id, prompt) -> int:
-        prompt = [int(t) for t in (prompt.tolist() if torch.is_tensor(prompt) else prompt)]
-        cached = self.manager.add_sequence(seq_id, prompt)
-        self.computed[seq_id] = cached
-        return cached
-
-    def append(self, seq_ids, tokens) -> None:
-        """One new token per sequence (before the forward that computes it)."""
-        tokens = tokens.tolist() if torch.is_tensor(tokens) else list(tokens)
-        need = sum(self.manager.blocks_needed(s, 1) for s in seq_ids)
-        if need > self.manager.num_free_blocks:
-            from .allocator import OutOfBlocks
-            raise OutOfBlocks(need, self.manager.num_free_blocks, "decode step")
-        for s, t in zip(seq_ids, tokens):
-            for src, dst in self.manager.append(s, int(t)):
-                self.pool.copy_block(src, dst)
-
-    def fork(self, parent, child) -> None:
-        self.manager.fork(parent, child)
-        self.computed[child] = self.computed[parent]
-
-    def free(self, seq_id) -> None:
-        self.manager.free(seq_id)
-        del self.computed[seq_id]
-        self.active = [s for s in self.active if s != seq_id]
-
-    def set_active(self, seq_ids) -> None:
-        """The sequences of the next forward, in batch-row order."""
-        for s in seq_ids:
-            if s not in self.computed:
-                raise PagingError(f"unknown sequence {s!r}")
-        self.active = list(seq_ids)
-
-    # --- the model's cache contract ----------------------------------------------------------------
-    def get_seq_length(self) -> int:
-        lens = {self.computed[s] for s in self.active}
-        if len(lens) != 1:
-            raise ValueError(f"the active sequences have different lengths {sorted(lens)}: call the model with "
-                             "positions=cache.positions(T) and attn_mask=cache.attn_mask(T)")
-        return lens.pop()
-
-    def positions(self, num_new: int) -> torch.Tensor:
-        dev = self.pool.k[0].device
-        return torch.stack([torch.arange(self.computed[s], self.computed[s] + num_new, device=dev)
-                            for s in self.active])                                         # [B, T]
-
-    def attn_mask(self, num_new: int, device=None) -> torch.Tensor:
-        """[B, 1, T, S]: row b's query t sees its own keys up to its position (padding excluded)."""
-        pos = self.positions(num_new)                                                        # [B, T]
-        S = int(pos[:, -1].max()) + 1
-        j = torch.arange(S, device=pos.device)
-        return (j[None, None, :] <= pos[:, :, None])[:, None]
-
-    def update(self, k, v, layer):
-        B, K, T, Dh = k.shape
-        if B != len(self.active):
-            raise ValueError(f"update: batch {B} but {len(self.active)} active sequences (call set_active)")
-        mgr, bs = self.manager, self.pool.block_size
-        pk, pv = self.pool.k[layer], self.pool.v[layer]
-        lens = []
-        for b, s in enumerate(self.active):
-            start = self.computed[s]
-            if start + T > mgr.num_tokens(s):
-                raise ValueError(f"sequence {s!r}: {T} new tokens but only {mgr.num_tokens(s) - start} were "
-                                 "registered; call add_sequence/append first")
-            table = mgr.seqs[s].table
-            idx = range(start, start + T)
-            blocks = torch.tensor([table[i // bs] for i in idx], device=pk.device)
-            offs = torch.tensor([i % bs for i in idx], device=pk.device)
-            pk[blocks, :, offs] = k[b].transpose(0, 1)                    # [T, K, Dh] into the slots
-            pv[blocks, :, offs] = v[b].transpose(0, 1)
-            lens.append(start + T)
-        S = max(lens)
-        k_all = k.new_zeros(B, K, S, Dh)
-        v_all = v.new_zeros(B, K, S, Dh)
-        for b, s in enumerate(self.active):                               # read back through the table
-            k_all[b, :, :lens[b]] = gather_kv(pk, mgr.seqs[s].table, lens[b])
-            v_all[b, :, :lens[b]] = gather_kv(pv, mgr.seqs[s].table, lens[b])
-        if layer == self.pool.num_layers - 1:
-            for s in self.active:
-                self.computed[s] += T
-        return k_all, v_all

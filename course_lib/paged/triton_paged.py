@@ -1,16 +1,42 @@
 """A Triton decode kernel for paged attention: K/V read in place through the block table.
 
-One program per (sequence, query head). It walks the sequence's blocks in order: loads the physical
-block number from the table, loads that block's keys [block_size, Dh] for the query head's KV head,
-scores them, and folds them into a running (max, sum, weighted V) - the online softmax - so no gathered
-copy of K/V is ever made. Tokens past the sequence length in its last block are masked.
+Design (one decode query per sequence, K/V in a pool [N, K, block_size, Dh]):
+
+* One program per (sequence b, KV head kvh[, split s]). It serves the whole GQA group: the G = H // K
+  query heads that share KV head kvh are the rows of a [BLOCK_G, BLOCK_D] query tile (G padded to a
+  power of two >= 16, the smallest ``tl.dot`` shape), so each K/V byte is read once per group, not once
+  per query head.
+* K/V are walked in tiles of TILE_N tokens (several blocks per tile). For each token of the tile the
+  kernel loads its physical block id from the table (the repeated entries of one block are the same
+  address and come from L1), and the token's address is ``pool + block * s_n + kvh * s_h + (t % bs) *
+  s_s``: no gathered copy is made. Scores ``q @ k^T`` and ``p @ v`` are two ``tl.dot``, the softmax is
+  online (running max, running sum, weighted V) in fp32, in the log2 domain (``exp2``).
+* Split-KV (flash-decoding): with ``num_splits = S > 1`` a third grid axis cuts each sequence's tiles
+  into S chunks; every program writes its partial (max, sum, unnormalised acc) to fp32 scratch, and a
+  second kernel combines the S partials of each (sequence, head) with log-sum-exp weights. It pays
+  when B * K programs cannot fill the GPU (small batches, long contexts); ``num_splits=None`` picks S
+  from B * K and the number of SMs.
+* Tokens past a sequence's length (and the rest of its last block) are masked; empty splits write
+  (-inf, 0, 0) and weigh nothing in the combination.
 
 Runs on CUDA, and on CPU tensors under the interpreter (set ``TRITON_INTERPRET=1`` before importing
-triton); block_size must be a power of two, head_dim any size (padded to a power of two and masked).
+triton); any block_size (each token finds its block by a division, a shift for powers of two), any
+head_dim (padded to a power of two and masked); fp32 (dots in IEEE fp32, not tf32), fp16 and bf16
+(fp32 accumulation).
+
+Why the interpreter path loops a host-known number of times: in triton 3.6's interpreter every scalar
+is a 1-element 1-D numpy array (``program_id`` returns ``np.array([i])``, and every assignment goes
+through ``to_tensor``), and a tensor used as a Python ``range`` bound is converted with
+``int(array)``, which NumPy >= 2.4 refuses for ndim > 0 arrays ("only 0-dimensional arrays can be
+converted to Python scalars"; triton 3.9's interpreter squeezes first). So under the interpreter the
+tile loop's trip count is an inline constexpr expression (the table's width), the same tiles are
+visited and the extra iterations are fully masked; compiled kernels keep the runtime, per-sequence trip
+count (no wasted iterations, and a ``for`` that the software pipeliner can stage).
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -18,58 +44,219 @@ import triton.language as tl
 
 from .attention import _check_paged_args
 
+LOG2E = 1.4426950408889634
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Under the interpreter the tile loop runs a host-known number of times (see the module docstring);
+# tests set this to False to run the compiled path's runtime trip count in an interpreter that allows it.
+STATIC_LOOP_IN_INTERPRETER = True
+
+
+def interpreting() -> bool:
+    """True when triton runs kernels in its interpreter (TRITON_INTERPRET=1 when triton was imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+# --- tile configurations ------------------------------------------------------------------------------
+# On a GPU a small autotune (keyed on head_dim, block_size, group rows, splits and the dtypes) picks the
+# tile length, warps and pipeline depth once per shape family; under the interpreter one small config
+# (no benchmarking, and tiles of several blocks even at the small block sizes of the tests). A tile need
+# not hold whole blocks: each token looks up its own block, so any power-of-two TILE_N >= 16 works with
+# any block size (a block larger than the tile is read over several tiles).
+def _configs():
+    if interpreting():
+        return [triton.Config({"TILE_N": 16}, num_warps=4, num_stages=1)]
+    return [triton.Config({"TILE_N": n}, num_warps=w, num_stages=s)
+            for n, w, s in ((32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2))]
+
 
 @triton.jit
-def _paged_decode_kernel(Q, KP, VP, TBL, LENS, OUT, scale,
+def _attend_tile(q, m_i, l_i, acc, tile, tok_hi, tbl_row, k_base, v_base, s_kn, s_ks, s_vn, s_vs,
+                 d, dmask, qk_scale,
+                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 UPCAST_DOT: tl.constexpr):
+    """Fold the tokens [tile * TILE_N, (tile + 1) * TILE_N) that are < tok_hi into (m_i, l_i, acc)."""
+    tok = tile * TILE_N + tl.arange(0, TILE_N)
+    tmask = tok < tok_hi
+    blk = tl.load(tbl_row + tok // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)   # physical block per token
+    slot = tok % BLOCK_SIZE
+    kvmask = tmask[:, None] & dmask[None, :]
+    k = tl.load(k_base + blk[:, None] * s_kn + slot[:, None] * s_ks + d[None, :], mask=kvmask, other=0.0)
+    if UPCAST_DOT:          # the interpreter's tl.dot multiplies bf16 bit patterns: do it in fp32
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    s = s * qk_scale                                                                 # [BLOCK_G, TILE_N], log2
+    s = tl.where(tmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)      # a row with nothing seen yet: no NaN
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    v = tl.load(v_base + blk[:, None] * s_vn + slot[:, None] * s_vs + d[None, :], mask=kvmask, other=0.0)
+    if UPCAST_DOT:
+        pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + pv
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return m_new, l_i, acc
+
+
+@triton.autotune(configs=_configs(), key=["HEAD_DIM", "BLOCK_SIZE", "BLOCK_G", "NUM_SPLITS"])
+@triton.jit
+def _paged_decode_kernel(Q, KP, VP, TBL, LENS, OUT, M_PART, L_PART, ACC_PART, qk_scale, max_blocks,
                          s_qb, s_qh, s_kn, s_kh, s_ks, s_vn, s_vh, s_vs, s_tb, s_ob, s_oh,
-                         GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
+                         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                         STATIC_TOKENS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                         TILE_N: tl.constexpr):
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    kvh = h // GROUP                                   # GQA: the KV head this query head reads
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < GROUP
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    q = tl.load(Q + b * s_qb + h * s_qh + d, mask=dmask, other=0.0).to(tl.float32)
-    L = tl.load(LENS + b)
-    offs = tl.arange(0, BLOCK_SIZE)
-    m_i = tl.full([1], float("-inf"), tl.float32)     # running max of the scores
-    l_i = tl.zeros([1], tl.float32)                    # running sum of exp(score - max)
-    acc = tl.zeros([BLOCK_D], tl.float32)              # running sum of exp(score - max) * v
-    num_blocks = tl.cdiv(L, BLOCK_SIZE)
-    for i in range(0, num_blocks):
-        blk = tl.load(TBL + b * s_tb + i).to(tl.int64)  # logical block i -> physical block
-        tok = i * BLOCK_SIZE + offs
-        tmask = tok < L
-        kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(KP + blk * s_kn + kvh * s_kh + offs[:, None] * s_ks + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale       # [BLOCK_SIZE]
-        s = tl.where(tmask, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        p = tl.exp(s - m_new)
-        alpha = tl.exp(m_i - m_new)
-        v = tl.load(VP + blk * s_vn + kvh * s_vh + offs[:, None] * s_vs + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
-    out = acc / l_i
+    head = kvh * GROUP + g                                                   # query heads of this group
+    q = tl.load(Q + b * s_qb + head[:, None] * s_qh + d[None, :], mask=gmask[:, None] & dmask[None, :],
+                other=0.0)                                                   # [BLOCK_G, BLOCK_D]
+    L = tl.minimum(tl.load(LENS + b), max_blocks * BLOCK_SIZE)              # never read past the table
+    n_tiles = tl.cdiv(L, TILE_N)
+    per_split = tl.cdiv(n_tiles, NUM_SPLITS)                                 # tiles of each split
+    tile_lo = split * per_split
+    tok_hi = tl.minimum((tile_lo + per_split) * TILE_N, L)                  # this split's tokens end
+    tbl_row = TBL + b * s_tb
+    k_base = KP + kvh * s_kh
+    v_base = VP + kvh * s_vh
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)   # running max of the scores (log2 units)
+    l_i = tl.zeros([BLOCK_G], tl.float32)                  # running sum of exp2(score - max)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)         # running sum of exp2(score - max) * v
+    if STATIC_TOKENS > 0:   # interpreter: host-known trip count (see the module docstring)
+        for i in range(0, (STATIC_TOKENS + TILE_N * NUM_SPLITS - 1) // (TILE_N * NUM_SPLITS)):
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile_lo + i, tok_hi, tbl_row, k_base, v_base,
+                                         s_kn, s_ks, s_vn, s_vs, d, dmask, qk_scale,
+                                         BLOCK_SIZE, TILE_N, DOT_PRECISION, UPCAST_DOT)
+    else:                   # compiled: this split's own tiles only
+        for i in range(0, tl.maximum(tl.minimum(per_split, n_tiles - tile_lo), 0)):
+            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile_lo + i, tok_hi, tbl_row, k_base, v_base,
+                                         s_kn, s_ks, s_vn, s_vs, d, dmask, qk_scale,
+                                         BLOCK_SIZE, TILE_N, DOT_PRECISION, UPCAST_DOT)
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(OUT + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=gmask[:, None] & dmask[None, :])
+    else:                   # partials, [B, H, NUM_SPLITS] and [B, H, NUM_SPLITS, HEAD_DIM], fp32
+        row = (b * (tl.num_programs(1) * GROUP) + head) * NUM_SPLITS + split
+        tl.store(M_PART + row, m_i, mask=gmask)
+        tl.store(L_PART + row, l_i, mask=gmask)
+        tl.store(ACC_PART + row[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _combine_splits_kernel(M_PART, L_PART, ACC_PART, OUT, s_ob, s_oh,
+                           NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    """out[b, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s (log-sum-exp)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    row = b * tl.num_programs(1) + h
+    s = tl.arange(0, BLOCK_S)
+    smask = s < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    m = tl.load(M_PART + row * NUM_SPLITS + s, mask=smask, other=float("-inf"))
+    l_s = tl.load(L_PART + row * NUM_SPLITS + s, mask=smask, other=0.0)
+    acc = tl.load(ACC_PART + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + d[None, :],
+                  mask=smask[:, None] & dmask[None, :], other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.exp2(m - m_max)                                 # empty splits: 2^-inf = 0
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_s, axis=0)
     tl.store(OUT + b * s_ob + h * s_oh + d, out.to(OUT.dtype.element_ty), mask=dmask)
 
 
-def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale: float | None = None):
-    """Same contract as ``paged_attention_reference``: q [B, H, Dh] -> out [B, H, Dh]."""
-    _check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def choose_num_splits(batch: int, kv_heads: int, max_tokens: int, num_sms: int, programs_per_sm: int = 2,
+                      min_tokens_per_split: int = 256, max_splits: int = 32) -> int:
+    """How many KV chunks per (sequence, KV head): 1 when B * K programs already fill the GPU (about
+    ``programs_per_sm`` resident per SM), else the smallest split whose waves are at least 85% as
+    efficient as the best one (FlashAttention's ``num_splits_heuristic``), with each chunk at least
+    ``min_tokens_per_split`` tokens of the table's width (a bound known without reading the lengths)."""
+    programs, slots = batch * kv_heads, num_sms * programs_per_sm
+    if programs >= 0.8 * slots:
+        return 1
+    limit = max(1, min(max_splits, max_tokens // min_tokens_per_split))
+
+    def efficiency(s):
+        waves = programs * s / slots
+        return waves / math.ceil(waves)
+
+    best = max(efficiency(s) for s in range(1, limit + 1))
+    return next(s for s in range(1, limit + 1) if efficiency(s) >= 0.85 * best)
+
+
+def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale: float | None = None,
+                           num_splits: int | None = None, validate: bool = False, tile_n: int | None = None):
+    """Same contract as ``paged_attention_reference``: q [B, H, Dh] -> out [B, H, Dh].
+
+    ``num_splits``: KV chunks per sequence (split-KV, flash-decoding); None = a heuristic (1 under the
+    interpreter). ``validate``: also run the checks that read the tables and lengths on the host (a
+    device sync). ``tile_n``: tokens per K/V tile (a power of two >= 16; it need not be a multiple of the
+    block size, every token finds its own block), bypassing the autotuner (tests, experiments)."""
+    _check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)
     B, H, Dh = q.shape
     N, K, bs, _ = k_pool.shape
-    if bs & (bs - 1):
-        raise ValueError(f"the Triton kernel needs a power-of-two block_size, got {bs}")
-    q, k_pool, v_pool = q.contiguous(), k_pool.contiguous(), v_pool.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
-    out = torch.empty_like(q)
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"the Triton kernel supports {SUPPORTED_DTYPES}, got dtype {q.dtype}")
+    if not q.is_cuda and not interpreting():
+        raise ValueError(f"the Triton kernel needs CUDA tensors (got {q.device}), or TRITON_INTERPRET=1 set "
+                         "before triton is imported to run it on CPU in the interpreter")
+    max_blocks = block_tables.shape[1]
+    if num_splits is None:
+        num_splits = choose_num_splits(B, K, max_blocks * bs, _sm_count(q.device)) if q.is_cuda else 1
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    if tile_n is not None and (isinstance(tile_n, bool) or not isinstance(tile_n, int) or tile_n < 16
+                               or tile_n & (tile_n - 1)):
+        raise ValueError(f"tile_n must be a power of two >= 16 (tl.dot's smallest side), got {tile_n!r}")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k_pool = k_pool if k_pool.stride(-1) == 1 else k_pool.contiguous()
+    v_pool = v_pool if v_pool.stride(-1) == 1 else v_pool.contiguous()
+    tables = block_tables if block_tables.dtype == torch.int32 and block_tables.stride(1) == 1 \
+        else block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32)
+    out = torch.empty(B, H, Dh, dtype=q.dtype, device=q.device)
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
-    _paged_decode_kernel[(B, H)](
-        q, k_pool, v_pool, tables, lens, out, scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=H // K, BLOCK_SIZE=bs, HEAD_DIM=Dh, BLOCK_D=triton.next_power_of_2(Dh))
+    G = H // K
+    if num_splits > 1:
+        m_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        acc_part = torch.empty(B, H, num_splits, Dh, dtype=torch.float32, device=q.device)
+    else:
+        m_part = l_part = acc_part = out                   # unused (NUM_SPLITS == 1 writes out directly)
+    args = (q, k_pool, v_pool, tables, lens, out, m_part, l_part, acc_part, scale * LOG2E, max_blocks,
+            q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+            v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), tables.stride(0), out.stride(0), out.stride(1))
+    meta = dict(GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=Dh,
+                BLOCK_D=max(16, triton.next_power_of_2(Dh)), BLOCK_SIZE=bs, NUM_SPLITS=num_splits,
+                STATIC_TOKENS=max_blocks * bs if interpreting() and STATIC_LOOP_IN_INTERPRETER else 0,
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+                UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
+    grid = (B, K, num_splits)
+    if tile_n is None:
+        _paged_decode_kernel[grid](*args, **meta)
+    else:
+        _paged_decode_kernel.fn[grid](*args, **meta, TILE_N=tile_n, num_warps=4 if tile_n <= 64 else 8,
+                                      num_stages=1 if interpreting() else 2)
+    if num_splits > 1:
+        _combine_splits_kernel[(B, H)](m_part, l_part, acc_part, out, out.stride(0), out.stride(1),
+                                       NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+                                       HEAD_DIM=Dh, BLOCK_D=triton.next_power_of_2(Dh))
     return out

@@ -24,12 +24,17 @@ How one ``step()`` works (the scheduler of vLLM, in miniature):
    request draws the same tokens whatever else shares its batch. Stream the tokens (``step()``'s return
    value, a per-request callback, ``stream()``) and record arrival / first token / finish times.
 
-Memory: the block *bookkeeping* is ``course_lib.paged.BlockManager`` (block tables, free list); the K/V
-live in one flat tensor per layer, ``[(num_blocks + 1) * block_size, kv_heads, head_dim]``, so token ``p``
-of a sequence sits in slot ``table[p // bs] * bs + p % bs``. Per step the engine builds one write-index
-and one read-index tensor for the whole batch, and every layer does one ``index_copy_`` and one
-``index_select``: no per-row Python loop per layer (``PagedCache.update``, the readable reference, loops
-over rows). The extra last block is scratch space where padding tokens write.
+Memory: the engine runs on Module 06's one paged KV store, ``course_lib.paged.PagedCache`` (``engine.cache``):
+its ``BlockManager`` (``engine.manager``) holds the block tables and the free list, its ``KVPool`` the K/V
+blocks ``[num_blocks, kv_heads, block_size, head_dim]`` per layer. The engine only schedules: it registers
+tokens (``add_sequence`` at admission, ``append`` for a decode step), frees preempted and finished
+requests, and says which requests each forward runs and how many new tokens each brings
+(``set_active(ids, num_new=...)``, rows right-padded). The cache builds the slot mapping, block tables and
+context lengths once per forward on the model's device; every layer writes its new K/V with one batched
+``index_put`` and a decode step reads them in place through the block tables with ``paged_attention``
+(the Triton kernel on CUDA, ``backend=`` to choose), a prefill with one gather and causal attention.
+Sampling stays on the device too (a ``torch.Generator`` on the model's device per request); the only host
+sync of a step is the ``tolist()`` of its sampled tokens.
 
 Baselines for the benchmark: ``static_batch_generate`` (our static batching: fixed groups, left
 padding, a contiguous KV cache, a group runs until its longest request ends) and ``hf_static_generate``
@@ -40,6 +45,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -47,7 +53,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course_lib.generation import sample as _sample
-from course_lib.paged import BlockManager
+from course_lib.paged import BlockManager, KVPool, PagedCache
 from course_lib.perf.metrics import percentiles
 
 __all__ = ["SamplingParams", "StepOutput", "RequestOutput", "Engine", "static_batch_generate",
@@ -63,8 +69,9 @@ class SamplingParams:
     """How one request is decoded. An unknown field (``SamplingParams(temprature=0.5)``) is a TypeError.
 
     max_tokens: tokens to generate (>= 1). temperature 0 = greedy. top_k / top_p: filters (None = off).
-    seed: seeds this request's own torch.Generator, so its sampled tokens do not depend on the batch
-    (None: a seed drawn from torch's global generator when the request is added).
+    seed: seeds this request's own torch.Generator (on the model's device), so its sampled tokens do not
+    depend on the batch (None: a seed drawn on the host from torch's global CPU generator when the request
+    is added).
     stop_token_ids: generation ends after one of these tokens (it is included in the output).
     """
     max_tokens: int = 32
@@ -145,12 +152,13 @@ class RequestOutput:
 class _Request:
     """The engine's private state of one request."""
 
-    def __init__(self, rid, prompt, params, arrival, callback):
+    def __init__(self, rid, prompt, params, arrival, callback, device="cpu"):
         self.id, self.prompt, self.params, self.callback = rid, prompt, params, callback
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        self.generator = None if params.greedy else torch.Generator().manual_seed(int(seed))
+        # the seed is drawn on the host (no device sync); the generator lives next to the logits
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (), device="cpu"))
+        self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(int(seed))
         self.out = RequestOutput(rid, list(prompt), arrival_time=arrival)
-        self.computed = 0          # tokens whose K/V are in the pool
+        self.computed = 0          # tokens whose K/V are in the pool (a mirror of cache.computed)
         self.prefill_end = 0       # tokens to prefill at (re)admission: prompt + tokens generated so far
 
     @property
@@ -189,31 +197,15 @@ def _as_token_list(prompt_ids, vocab_size: int, name: str = "prompt_ids") -> lis
     return ids
 
 
-# --------------------------------------------------------------------------------------------------
-# The per-step cache: one batched write and one batched read per layer
-# --------------------------------------------------------------------------------------------------
-class _StepCache:
-    """The model's cache contract for one forward of the engine.
-
-    write: [B*T] flat slots where the new tokens' K/V go; read: [B, S] flat slots of each row's keys
-    0..S-1 (beyond a row's length they point anywhere: the attention mask hides them).
-    """
-
-    def __init__(self, k_pool, v_pool, write, read):
-        self.k_pool, self.v_pool, self.write, self.read = k_pool, v_pool, write, read
-
-    def update(self, k, v, layer):  # k, v [B, K, T, Dh]
-        B, K, T, Dh = k.shape
-        kp, vp = self.k_pool[layer], self.v_pool[layer]                           # [slots, K, Dh]
-        kp.index_copy_(0, self.write, k.transpose(1, 2).reshape(B * T, K, Dh))
-        vp.index_copy_(0, self.write, v.transpose(1, 2).reshape(B * T, K, Dh))
-        S = self.read.shape[1]
-        k_all = kp.index_select(0, self.read.reshape(-1)).view(B, S, K, Dh).transpose(1, 2)   # [B, K, S, Dh]
-        v_all = vp.index_select(0, self.read.reshape(-1)).view(B, S, K, Dh).transpose(1, 2)
-        return k_all, v_all
-
-    def get_seq_length(self) -> int:
-        raise ValueError("the engine passes positions and attn_mask explicitly")
+def _sample_tokens(reqs, logits) -> list[int]:
+    """One token per row of logits [B, V] (on the model's device): greedy rows take the argmax, sampled
+    rows draw with their request's own generator (on the same device). One host sync: the tolist()."""
+    toks = logits.argmax(-1)                                                  # [B] on the device
+    for i, r in enumerate(reqs):
+        p = r.params
+        if not p.greedy:
+            toks[i] = _sample(logits[i:i + 1].float(), p.temperature, p.top_k, p.top_p, generator=r.generator)[0]
+    return toks.tolist()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -225,10 +217,12 @@ class Engine:
     model: a course model (``course_lib.models.load``). num_blocks x block_size: the KV token slots.
     max_batch: most requests running at once. max_prefill_tokens: prompt tokens prefilled per step
     (longer prompts are chunked). watermark: fraction of the blocks kept free when admitting.
+    backend: the decode attention (``course_lib.paged.paged_attention``): "auto" (the Triton kernel on
+    CUDA, the vectorized PyTorch gather elsewhere), "torch", "triton" or "reference".
     """
 
     def __init__(self, model, num_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
-                 max_prefill_tokens: int = 512, watermark: float = 0.01):
+                 max_prefill_tokens: int = 512, watermark: float = 0.01, backend: str = "auto"):
         for name, val in (("num_blocks", num_blocks), ("block_size", block_size), ("max_batch", max_batch),
                           ("max_prefill_tokens", max_prefill_tokens)):
             if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
@@ -242,13 +236,9 @@ class Engine:
         self.block_size, self.num_blocks, self.max_batch = block_size, num_blocks, max_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.watermark_blocks = int(watermark * num_blocks)
-        self.manager = BlockManager(num_blocks, block_size)
-        slots = (num_blocks + 1) * block_size            # + one scratch block for padding writes
-        shape = (slots, cfg.num_key_value_heads, cfg.head_dim)
-        dev, dt = model.device, model.dtype
-        self.k_pool = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
-        self.v_pool = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(cfg.num_hidden_layers)]
-        self.scratch = num_blocks * block_size
+        # the one paged KV store (Module 06): block tables in its BlockManager, K/V in its KVPool
+        self.cache = PagedCache(BlockManager(num_blocks, block_size), KVPool.for_model(model, num_blocks, block_size),
+                                backend=backend)
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []                # in admission order (the last is the newest)
         self.requests: dict[int, _Request] = {}
@@ -284,10 +274,20 @@ class Engine:
                              f"has {self.num_blocks}: it could never finish")
         rid = self._next_id
         self._next_id += 1
-        req = _Request(rid, ids, params, time.perf_counter() if arrival_time is None else arrival_time, callback)
+        req = _Request(rid, ids, params, time.perf_counter() if arrival_time is None else arrival_time, callback,
+                       device=self.model.device)
         self.requests[rid] = req
         self.waiting.append(req)
         return rid
+
+    @property
+    def manager(self) -> BlockManager:
+        """The block bookkeeping (``self.cache.manager``): the one source of block tables."""
+        return self.cache.manager
+
+    @property
+    def backend(self) -> str:
+        return self.cache.backend
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -305,7 +305,7 @@ class Engine:
     # --- scheduling --------------------------------------------------------------------------------
     def _preempt(self, req: _Request):
         """Free a running request's blocks and put it back at the head of the queue (recompute later)."""
-        self.manager.free(req.id)
+        self.cache.free(req.id)
         self.running.remove(req)
         req.computed = req.prefill_end = 0
         req.out.num_preemptions += 1
@@ -320,8 +320,7 @@ class Engine:
             if need <= self.manager.num_free_blocks:
                 break
             self._preempt(self.running[-1])
-        for r in rows:
-            self.manager.append(r.id, r.tokens[r.computed])
+        self.cache.append([r.id for r in rows], [r.tokens[r.computed] for r in rows])
         return rows
 
     def _admit(self):
@@ -332,61 +331,34 @@ class Engine:
             reserve = self.watermark_blocks if self.running else 0    # alone, it only needs to fit
             if self.manager.num_free_blocks - need < reserve:
                 break
-            self.manager.add_sequence(req.id, toks)
+            req.computed = self.cache.add_sequence(req.id, toks)    # 0: no prefix caching here
             self.waiting.popleft()
-            req.computed, req.prefill_end = 0, len(toks)
+            req.prefill_end = len(toks)
             self.running.append(req)
 
     # --- forwards ----------------------------------------------------------------------------------
-    def _slots(self, req: _Request, start: int, n: int) -> list[int]:
-        table, bs = self.manager.seqs[req.id].table, self.block_size
-        return [table[p // bs] * bs + p % bs for p in range(start, start + n)]
-
-    def _read_index(self, reqs, S: int, dev) -> torch.Tensor:
-        """[B, S] flat slots of keys 0..S-1 of each row (past a row's table: the scratch block)."""
-        bs = self.block_size
-        nb = -(-S // bs)
-        tables = [self.manager.seqs[r.id].table[:nb] for r in reqs]
-        tbl = torch.full((len(reqs), nb), self.num_blocks, dtype=torch.long)
-        for i, t in enumerate(tables):
-            tbl[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-        idx = (tbl[:, :, None] * bs + torch.arange(bs)).reshape(len(reqs), nb * bs)[:, :S]
-        return idx.to(dev)
-
-    def _forward(self, reqs, starts, counts, tokens_per_row):
-        """One forward over rows (req, start position, n new tokens); returns each row's last logits [B, V]."""
+    def _forward(self, reqs, counts, tokens_per_row, rows=None):
+        """One forward over rows (req, n new tokens, those tokens), right-padded to the longest; the cache
+        places them after each request's computed tokens. Returns the last logits [len(rows), V] of the
+        rows asked for (default: all)."""
         dev = self.model.device
-        B, T = len(reqs), max(counts)
-        ids = torch.zeros(B, T, dtype=torch.long)
-        pos = torch.zeros(B, T, dtype=torch.long)
-        write = torch.empty(B, T, dtype=torch.long)
-        for i, (r, s, n, toks) in enumerate(zip(reqs, starts, counts, tokens_per_row)):
-            ids[i, :n] = torch.tensor(toks, dtype=torch.long)
-            pos[i, :n] = torch.arange(s, s + n)
-            pos[i, n:] = s + n - 1                                   # padding queries: a harmless copy
-            write[i, :n] = torch.tensor(self._slots(r, s, n), dtype=torch.long)
-            write[i, n:] = self.scratch + torch.arange(T - n) % self.block_size
-        S = max(s + n for s, n in zip(starts, counts))
-        read = self._read_index(reqs, S, dev)
-        mask = (torch.arange(S)[None, None, :] <= pos[:, :, None])[:, None]      # [B, 1, T, S]
-        cache = _StepCache(self.k_pool, self.v_pool, write.reshape(-1).to(dev), read)
-        logits = self.model(ids.to(dev), cache=cache, positions=pos.to(dev), attn_mask=mask.to(dev))  # [B, T, V]
+        T = max(counts)
+        # host -> device copies before the forward is queued (a copy waits for the stream; it is idle here)
+        ids = torch.tensor([list(t) + [0] * (T - len(t)) for t in tokens_per_row], dtype=torch.long, device=dev)
+        pick = None
+        if T > 1 or rows is not None:
+            rows = range(len(reqs)) if rows is None else rows
+            pick = torch.tensor([list(rows), [counts[i] - 1 for i in rows]], dtype=torch.long, device=dev)
+        self.cache.set_active([r.id for r in reqs], num_new=counts)
+        logits = self.model(ids, cache=self.cache)               # positions from cache.positions(T)
         self.num_forwards += 1
-        last = torch.tensor(counts, device=dev) - 1
-        return logits[torch.arange(B, device=dev), last]                         # [B, V]
+        for r in reqs:
+            r.computed = self.cache.computed[r.id]
+        return logits[:, 0] if pick is None else logits[pick[0], pick[1]]      # [rows, V]
 
     # --- sampling and bookkeeping ------------------------------------------------------------------
     def _sample_rows(self, reqs, logits) -> list[int]:
-        greedy = logits.argmax(-1).tolist()
-        out = []
-        for i, r in enumerate(reqs):
-            p = r.params
-            if p.greedy:
-                out.append(greedy[i])
-            else:
-                out.append(int(_sample(logits[i:i + 1].float(), p.temperature, p.top_k, p.top_p,
-                                       generator=r.generator)[0]))
-        return out
+        return _sample_tokens(reqs, logits)
 
     def _emit(self, req: _Request, token: int, now: float) -> StepOutput:
         o = req.out
@@ -400,7 +372,7 @@ class Engine:
             reason = "length"
         if reason is not None:
             o.finished, o.finish_reason, o.finish_time = True, reason, now
-            self.manager.free(req.id)
+            self.cache.free(req.id)
             self.running.remove(req)
         so = StepOutput(req.id, token, reason is not None, reason)
         if req.callback is not None:
@@ -428,24 +400,17 @@ class Engine:
                 budget -= n
         results = []
         if decode:
-            logits = self._forward(decode, [r.computed for r in decode], [1] * len(decode),
-                                   [[r.tokens[r.computed]] for r in decode])
-            for r in decode:
-                r.computed += 1
+            logits = self._forward(decode, [1] * len(decode), [[r.tokens[r.computed]] for r in decode])
             toks = self._sample_rows(decode, logits)
             now = time.perf_counter()
             results += [self._emit(r, t, now) for r, t in zip(decode, toks)]
         for group in self._prefill_groups(pre):
             reqs = [r for r, _, _ in group]
-            logits = self._forward(reqs, [s for _, s, _ in group], [n for _, _, n in group],
-                                   [r.tokens[s:s + n] for r, s, n in group])
-            done = []
-            for i, (r, s, n) in enumerate(group):
-                r.computed += n
-                if not r.prefilling:
-                    done.append(i)
+            done = [i for i, (r, s, n) in enumerate(group) if s + n >= r.prefill_end]   # prompts that end here
+            logits = self._forward(reqs, [n for _, _, n in group], [r.tokens[s:s + n] for r, s, n in group],
+                                   rows=done)
             if done:
-                toks = self._sample_rows([reqs[i] for i in done], logits[done])
+                toks = self._sample_rows([reqs[i] for i in done], logits)
                 now = time.perf_counter()
                 results += [self._emit(reqs[i], t, now) for i, t in zip(done, toks)]
         return results
@@ -518,10 +483,8 @@ def _static_group(model, group: list[_Request]):
     B = len(group)
     lens = [len(r.prompt) for r in group]
     L = max(lens)
-    pad = torch.tensor([L - n for n in lens], device=dev)                                   # [B]
-    ids = torch.zeros(B, L, dtype=torch.long, device=dev)
-    for i, r in enumerate(group):
-        ids[i, L - lens[i]:] = torch.tensor(r.prompt, dtype=torch.long)
+    pad = torch.tensor([L - n for n in lens], dtype=torch.long, device=dev)                 # [B]
+    ids = torch.tensor([[0] * (L - n) + r.prompt for n, r in zip(lens, group)], dtype=torch.long, device=dev)
     ar = torch.arange(L, device=dev)
     pos = (ar[None, :] - pad[:, None]).clamp(min=0)                                          # [B, L]
     i_, j_ = ar[:, None], ar[None, :]
@@ -532,14 +495,10 @@ def _static_group(model, group: list[_Request]):
     steps = max(r.params.max_tokens for r in group)
     done = [False] * B
     for step in range(steps):
-        toks = []
-        greedy = logits.argmax(-1).tolist()
+        toks = _sample_tokens(group, logits)                 # every row draws (done rows' tokens are dropped)
         now = None
         for i, r in enumerate(group):
-            p = r.params
-            t = greedy[i] if p.greedy else int(_sample(logits[i:i + 1].float(), p.temperature, p.top_k, p.top_p,
-                                                       generator=r.generator)[0])
-            toks.append(t)
+            p, t = r.params, toks[i]
             if not done[i]:
                 now = now or time.perf_counter()
                 o = r.out
@@ -589,17 +548,19 @@ def static_batch_generate(model, prompts, params=None, batch_size: int = 8) -> l
         ids = _as_token_list(p, V, f"prompts[{i}]")
         if len(ids) + sp.max_tokens - 1 > ctx:
             raise ValueError(f"prompts[{i}]: {len(ids)} tokens + max_tokens={sp.max_tokens} is past the context {ctx}")
-        reqs.append(_Request(i, ids, sp, t0, None))
+        reqs.append(_Request(i, ids, sp, t0, None, device=model.device))
     _run_static(model, reqs, batch_size)
     return [r.out for r in reqs]
 
 
 def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None, hf_model=None,
-                       arrivals=None) -> list[RequestOutput]:
+                       arrivals=None, device=None) -> list[RequestOutput]:
     """Static batching with transformers' batched ``generate`` (left padding, greedy) on the bundled model.
 
     Greedy only (sampling in HF uses its own random stream). arrivals: optional arrival times
     (perf_counter seconds) for a replay; groups then start as in ``static_batch_generate``.
+    hf_model: a loaded transformers model (it runs where it is); otherwise the model is loaded from
+    model_dir (default: the bundled tiny model) onto ``device`` (default: ``course_lib.env.device()``).
     """
     import transformers
 
@@ -609,8 +570,10 @@ def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None
     if any(not p.greedy for p in params):
         raise ValueError("hf_static_generate compares greedy decoding only (temperature=0)")
     if hf_model is None:
+        from course_lib.env import device as best_device
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir or bundled_path("tiny")),
                                                                      dtype=torch.float32).eval()
+        hf_model = hf_model.to(best_device() if device is None else torch.device(device))
     t0 = time.perf_counter()
     arrivals = [t0] * len(prompts) if arrivals is None else list(arrivals)
     outs = [RequestOutput(i, p, arrival_time=a) for i, (p, a) in enumerate(zip(prompts, arrivals))]
@@ -625,12 +588,10 @@ def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None
         while order and len(group) < batch_size and arrivals[order[0]] <= now:
             group.append(order.popleft())
         L = max(len(prompts[i]) for i in group)
-        ids = torch.zeros(len(group), L, dtype=torch.long)
-        am = torch.zeros(len(group), L, dtype=torch.long)
-        for row, i in enumerate(group):
-            n = len(prompts[i])
-            ids[row, L - n:] = torch.tensor(prompts[i])
-            am[row, L - n:] = 1
+        # built on the host, moved to the model's device in one copy each
+        ids = torch.tensor([[0] * (L - len(prompts[i])) + prompts[i] for i in group], dtype=torch.long, device="cpu")
+        am = torch.tensor([[0] * (L - len(prompts[i])) + [1] * len(prompts[i]) for i in group], dtype=torch.long,
+                          device="cpu")
         n_new = max(params[i].max_tokens for i in group)
         # no end-of-sequence token: every row runs its max_tokens, as in the engine (min_new_tokens would
         # instead forbid the eos token and change the greedy choices)
@@ -655,19 +616,21 @@ def synthetic_workload(n: int = 64, seed: int = 0, vocab_size: int = 2048, rate:
                        sigma: float = 1.0) -> list[tuple[float, list[int], int]]:
     """[(arrival_s, prompt_ids, max_tokens)]: prompt lengths log-uniform in prompt_range, output lengths
     lognormal (median output_median) clipped to output_range, arrivals Poisson at ``rate`` per second
-    (all at 0 when rate is None). Token ids are random: the engine's speed does not depend on them."""
-    g = torch.Generator().manual_seed(seed)
+    (all at 0 when rate is None). Token ids are random: the engine's speed does not depend on them.
+    Generated on the host (a CPU generator, CPU tensors): a workload is plain Python data."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
     lo, hi = prompt_range
-    plen = torch.exp(math.log(lo) + torch.rand(n, generator=g) * (math.log(hi) - math.log(lo))).round().long()
-    olen = torch.exp(math.log(output_median) + sigma * torch.randn(n, generator=g)).round().long()
+    plen = torch.exp(math.log(lo) + torch.rand(n, generator=g, device="cpu") * (math.log(hi) - math.log(lo)))
+    plen = plen.round().long()
+    olen = torch.exp(math.log(output_median) + sigma * torch.randn(n, generator=g, device="cpu")).round().long()
     olen = olen.clamp(*output_range)
     if rate is None:
-        arr = torch.zeros(n)
+        arr = torch.zeros(n, device="cpu")
     else:
-        arr = torch.cumsum(-torch.log(torch.rand(n, generator=g)) / rate, 0)
+        arr = torch.cumsum(-torch.log(torch.rand(n, generator=g, device="cpu")) / rate, 0)
         arr = arr - arr[0]
-    return [(float(arr[i]), torch.randint(1, vocab_size, (int(plen[i]),), generator=g).tolist(), int(olen[i]))
-            for i in range(n)]
+    return [(float(arr[i]), torch.randint(1, vocab_size, (int(plen[i]),), generator=g, device="cpu").tolist(),
+             int(olen[i])) for i in range(n)]
 
 
 def as_workload(workload, vocab_size: int = 2048, seed: int = 0) -> list[tuple[float, list[int], int]]:
@@ -675,8 +638,8 @@ def as_workload(workload, vocab_size: int = 2048, seed: int = 0) -> list[tuple[f
 
     Accepts such tuples, or request objects with ``arrival_s``, ``prompt_tokens`` (a count, or the ids)
     and ``output_tokens`` (``course_lib.serving.workload.Request``): counts get random prompt ids
-    (seeded; the engine's speed does not depend on which tokens they are)."""
-    g = torch.Generator().manual_seed(seed)
+    (seeded, drawn on the host; the engine's speed does not depend on which tokens they are)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
     out = []
     for i, w in enumerate(workload):
         if hasattr(w, "arrival_s"):
@@ -688,7 +651,7 @@ def as_workload(workload, vocab_size: int = 2048, seed: int = 0) -> list[tuple[f
                 raise TypeError(f"workload[{i}] must be (arrival_s, prompt_ids, max_tokens) or a Request with "
                                 f"arrival_s/prompt_tokens/output_tokens, got {w!r}") from None
         if isinstance(prompt, numbers.Integral):
-            prompt = torch.randint(1, vocab_size, (int(prompt),), generator=g).tolist()
+            prompt = torch.randint(1, vocab_size, (int(prompt),), generator=g, device="cpu").tolist()
         elif torch.is_tensor(prompt):
             prompt = prompt.reshape(-1).tolist()
         if not isinstance(arr, numbers.Real) or not math.isfinite(arr) or arr < 0:
@@ -735,7 +698,8 @@ def compare_with_static(model, workload, batch_size=8, replay: bool = False, hf:
     """Serve one workload [(arrival_s, prompt_ids, max_tokens)] (greedy) with the engine, our static
     batching and (hf=True) transformers' batched generate, interleaved on the same machine.
 
-    batch_size: an int or a tuple of static batch sizes to try (each is a row).
+    batch_size: an int or a tuple of static batch sizes to try (each is a row). Everything runs on the
+    model's device (hf_model, if given, where it is; if loaded here, on the model's device).
     replay=False: all requests arrive at t=0 (offline); True: replay the arrival times (the engine only
     sees requests that have arrived; a static group starts with the requests arrived by then).
     repeats: run every system this many times, alternating, and report the median of each number.
@@ -763,6 +727,7 @@ def compare_with_static(model, workload, batch_size=8, replay: bool = False, hf:
         from course_lib.models import bundled_path
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(bundled_path("tiny")),
                                                                      dtype=torch.float32).eval()
+        hf_model = hf_model.to(model.device)          # every system on the same device
     outs, runs = {}, {}
 
     def engine_run():
@@ -773,7 +738,8 @@ def compare_with_static(model, workload, batch_size=8, replay: bool = False, hf:
 
     def static_run(bs):
         t0 = time.perf_counter()
-        reqs = [_Request(i, list(p), SamplingParams(max_tokens=n), t0 + (a if replay else 0.0), None)
+        reqs = [_Request(i, list(p), SamplingParams(max_tokens=n), t0 + (a if replay else 0.0), None,
+                         device=model.device)
                 for i, (a, p, n) in enumerate(workload)]
         _run_static(model, reqs, bs)
         o = [r.out for r in reqs]
@@ -797,7 +763,7 @@ def compare_with_static(model, workload, batch_size=8, replay: bool = False, hf:
             runs.setdefault(name, []).append(summary)
     rows = []
     for name, _ in systems:
-        med = {k: float(torch.tensor([float(r[k]) for r in runs[name]]).median()) for k in runs[name][0]}
+        med = {k: statistics.median_low([float(r[k]) for r in runs[name]]) for k in runs[name][0]}
         med = {k: (int(v) if k in ("requests", "tokens", "preemptions") else round(v, 3)) for k, v in med.items()}
         rows.append({"mode": mode, "system": name, **med})
     if check:
