@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # override it, e.g. TORCH="torch --index-url https://download.pytorch.org/whl/cu124".
 TORCH  ?= torch==2.13.0
 
-.PHONY: course test setup labs grade doctor bench train clean
+.PHONY: course test setup labs grade doctor bench train clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,3 +53,7 @@ train: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+## On a machine with a CUDA GPU: the whole suite, every notebook at full size, the roofline benches.
+gpu-check: setup
+	PYTHON=$(BIN)/python bash tools/gpu_check.sh

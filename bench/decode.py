@@ -75,12 +75,19 @@ def main(argv=None):
     roofline_ms = 1e3 * step_bytes(cfg, dtype, prompt_len + n_new / 2) / bw
     compile_note = "" if not args.no_compile else " (compiled rows skipped: --no-compile)"
 
+    # One static cache, reset between calls (as transformers keeps its own): CUDA graphs read its
+    # buffers at fixed addresses, and a new cache per call would be recorded again.
+    static = StaticCache.for_model(model, 1, prompt_len + n_new)
+
+    def course_static(n, compile=False):
+        static.reset()
+        return generate(model, prompt, n, cache=static, compile=compile)
     runs = {
         "course eager, ContiguousCache": lambda n: generate(model, prompt, n, cache=ContiguousCache()),
-        "course eager, StaticCache": lambda n: generate(model, prompt, n, cache="static"),
+        "course eager, StaticCache": course_static,
     }
     if not args.no_compile:
-        runs["course StaticCache + compile"] = lambda n: generate(model, prompt, n, cache="static", compile=True)
+        runs["course StaticCache + compile"] = lambda n: course_static(n, compile=True)
     if not args.no_hf:
         import transformers
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg.to_hf())).to(dev, dtype).eval()
