@@ -1,59 +1,80 @@
 # The course's commands. A newcomer needs two:  make course  and  make test.
 PYTHON ?= python3
+# VENV: the course (the library, JupyterLab, the optional kernels; no instructor tools).
+# DEV: tests and instructors (the course plus pytest, nbval, nbgrader, papermill).
+# WORK: your own copies of the notebooks and labs; JupyterLab opens here.
 VENV   ?= .venv
-BIN    := $(VENV)/bin
-# torch is never pinned by the package (Colab brings its own). A fresh machine gets this one;
-# override it, e.g. TORCH="torch --index-url https://download.pytorch.org/whl/cu124".
+DEV    ?= .venv-dev
+WORK   ?= work
+# torch is never pinned by the package (Colab brings its own). A fresh environment gets this one;
+# on a machine without a GPU the CPU build is much smaller:
+#   make course TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+# and a CUDA build for a given CUDA version, e.g. TORCH="torch --index-url https://download.pytorch.org/whl/cu124".
 TORCH  ?= torch==2.13.0
+# JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
+ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: course test setup labs grade doctor bench train clean gpu-check
+.PHONY: course workdir test setup setup-dev labs grade doctor bench train clean gpu-check
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+# $(call make-env,<venv>,<extras>): a venv with torch (only if it has none) and the package with those extras.
+define make-env
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -c "import torch" 2>/dev/null || $(1)/bin/python -m pip install -q $(TORCH)
+	$(1)/bin/python -m pip install -q -e ".[$(2)]"
+	$(1)/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)" >/dev/null
+	touch $(1)/.installed
+endef
 
-# Installs torch only when the environment has none, then the package with its test/grading tools.
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)" >/dev/null
-	touch $@
+$(VENV)/.installed: pyproject.toml
+	$(call make-env,$(VENV),course)
+
+$(DEV)/.installed: pyproject.toml
+	$(call make-env,$(DEV),dev)
 
 setup: $(VENV)/.installed
+setup-dev: $(DEV)/.installed
 
-## Set up and open the course: JupyterLab on notebooks/, offline, on the bundled models.
-course: setup
-	$(BIN)/course doctor || true
-	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/jupyter lab notebooks/
+## Set up and open the course: JupyterLab on your copies of notebooks/ and labs/, offline, on the bundled
+## models. Copies are made once (your work is never overwritten; delete a copy to get a fresh one).
+course: setup workdir
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(VENV)/bin/course doctor || true
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(WORK)
+
+## Your copies of the notebooks and labs (JupyterLab saves outputs into them, not into the tracked files).
+workdir:
+	@mkdir -p $(WORK)/notebooks $(WORK)/labs
+	@for f in notebooks/*.ipynb labs/*.ipynb; do \
+	  if [ -e "$(WORK)/$$f" ]; then echo "kept your $(WORK)/$$f"; else cp "$$f" "$(WORK)/$$f"; fi; done
 
 ## Set up and run the whole test suite (what CI runs).
-test: setup
-	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+test: setup-dev
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest
 
 ## Instructors: regenerate labs/ from solutions/ (deterministic; commit the result).
-labs: setup
-	$(BIN)/course build-labs
+labs: setup-dev
+	$(DEV)/bin/course build-labs
 
 ## Instructors: grade a folder of downloaded submissions, e.g.  make grade SUBMISSIONS=~/Downloads/lab01
-grade: setup
-	$(BIN)/course grade "$(SUBMISSIONS)"
+grade: setup-dev
+	$(DEV)/bin/course grade "$(SUBMISSIONS)"
 
 doctor: setup
-	$(BIN)/course doctor
+	$(VENV)/bin/course doctor
 
 bench: setup
-	$(BIN)/course bench
+	$(VENV)/bin/course bench
 
 ## Retrain the bundled models (about 90 minutes on a 2-core CPU): the target and the scratch draft,
 ## then the default draft distilled from the target (installed only if it beats the scratch draft).
 train: setup
-	$(BIN)/python -m course_lib.models.train
-	$(BIN)/python -m course_lib.distill --continue-from-bundled --steps 250 --lr 1e-3 --warmup 10 --seed 1 --threads 2 --out build/distill
-	$(BIN)/python -m course_lib.distill --install-from build/distill
-
-clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	$(VENV)/bin/python -m course_lib.models.train
+	$(VENV)/bin/python -m course_lib.distill --continue-from-bundled --steps 250 --lr 1e-3 --warmup 10 --seed 1 --threads 2 --out build/distill
+	$(VENV)/bin/python -m course_lib.distill --install-from build/distill
 
 ## On a machine with a CUDA GPU: the whole suite, every notebook at full size, the roofline benches.
-gpu-check: setup
-	PYTHON=$(BIN)/python bash tools/gpu_check.sh
+gpu-check: setup-dev
+	PYTHON=$(DEV)/bin/python bash tools/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) $(DEV) build *.egg-info .pytest_cache

@@ -38,8 +38,14 @@ def offline() -> bool:
 
 
 def quick() -> bool:
-    """Notebooks' quick mode (CI, CPU): small sizes. Set by COURSE_QUICK=1."""
-    return os.environ.get("COURSE_QUICK", "0") not in ("", "0", "false", "False")
+    """Notebooks' sizes: quick (small, each notebook about a minute on a 2-core CPU) or full (real sizes).
+
+    COURSE_QUICK=1 forces quick and COURSE_QUICK=0 full; unset, a machine without a CUDA GPU runs quick
+    and one with a GPU runs full."""
+    value = os.environ.get("COURSE_QUICK", "").strip()
+    if value == "":
+        return not torch.cuda.is_available()
+    return value not in ("0", "false", "False", "no")
 
 
 def has_package(name: str) -> bool:

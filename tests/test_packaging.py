@@ -112,3 +112,47 @@ def test_device_asks_for_missing_cuda(bad):
         pytest.skip("CUDA is here")
     with pytest.raises(ValueError, match="CUDA"):
         env.device(bad)
+
+
+def test_make_course_opens_copies_of_notebooks_and_labs_without_instructor_tools(tmp_path):
+    """make course: the student environment (no nbgrader), doctor and JupyterLab offline, JupyterLab on a
+    working folder holding copies of notebooks/ and labs/, --allow-root exactly when run as root."""
+    import os
+    work = tmp_path / "w"
+    plan = subprocess.run(["make", "-n", "-B", "course", f"WORK={work}"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    assert '-e ".[course]"' in plan and ".[dev]" not in plan, plan
+    doctor = next(line for line in plan.splitlines() if "course doctor" in line)
+    lab = next(line for line in plan.splitlines() if "jupyter lab" in line)
+    assert "COURSE_OFFLINE=1" in doctor and "COURSE_OFFLINE=1" in lab
+    assert lab.rstrip().endswith(str(work)), lab
+    assert ("--allow-root" in lab) == (os.getuid() == 0)
+    # the copies: made once, never overwritten
+    subprocess.run(["make", "-s", "workdir", f"WORK={work}"], cwd=ROOT, check=True, capture_output=True)
+    copies = sorted(p.relative_to(work).as_posix() for p in work.rglob("*.ipynb"))
+    tracked = sorted(p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("labs/*.ipynb")])
+    assert copies == tracked
+    mine = work / tracked[0]
+    mine.write_text("my work")
+    again = subprocess.run(["make", "-s", "workdir", f"WORK={work}"], cwd=ROOT, check=True, capture_output=True,
+                           text=True).stdout
+    assert mine.read_text() == "my work" and f"kept your {work}/{tracked[0]}" in again
+
+
+def test_student_extras_have_no_instructor_tools_and_dev_has_all_of_them():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not any(d.startswith(("nbgrader", "pytest", "nbval")) for d in extras["course"]), extras["course"]
+    assert set(extras["course"]) <= set(extras["dev"])
+
+
+def test_quick_mode_follows_the_device_unless_forced(monkeypatch):
+    from course_lib import env
+    monkeypatch.delenv("COURSE_QUICK", raising=False)
+    for cuda, quick in ((False, True), (True, False)):
+        monkeypatch.setattr(env.torch.cuda, "is_available", lambda c=cuda: c)
+        assert env.quick() is quick
+        monkeypatch.setenv("COURSE_QUICK", "0")
+        assert env.quick() is False
+        monkeypatch.setenv("COURSE_QUICK", "1")
+        assert env.quick() is True
+        monkeypatch.delenv("COURSE_QUICK")
