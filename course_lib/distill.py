@@ -90,7 +90,7 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
 
 def seed_kd_loss_buggy(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                        temperature: float = 2.0) -> torch.Tensor:
-    """The seed notes' loss, reproduced to show its bug: log_softmax applied to probabilities.
+    """A double-softmax KD loss met in tutorials, reproduced to show its bug: log_softmax of probabilities.
 
     softmax(student / T) is already a distribution; log_softmax of it treats those probabilities as
     logits in [0, 1], which makes an almost uniform distribution. The loss then measures the teacher's
