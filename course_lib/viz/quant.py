@@ -118,7 +118,8 @@ class QuantExplorer:
         self.bits = W.IntSlider(value=bits, min=2, max=8, step=1, description="bits", style=style)
         self.scheme = W.ToggleButtons(options=[("absmax (symmetric)", "absmax"),
                                                ("zero-point (asymmetric)", "zeropoint")],
-                                      value=scheme, description="scheme", style=style)
+                                      value=scheme, description="scheme",
+                                      style={**style, "button_width": "190px"})   # whole option labels
         self.granularity = W.Dropdown(options=["tensor", "channel", "group"], value=granularity,
                                       description="granularity", style=style)
         gs = divisors(self.weights[first].shape[1])

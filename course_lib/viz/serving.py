@@ -146,9 +146,13 @@ class ServingExplorer:
         self.state = playground or ServingPlayground(**kw)
         self.plot = plot
         self.figure = None
-        self.policy = W.Dropdown(options=list(POLICY_NAMES), value=self.state.policy, description="policy")
-        self.rate = W.FloatSlider(value=self.state.rate, min=1.0, max=40.0, step=1.0, description="load (req/s)")
-        self.num_blocks = W.IntSlider(value=self.state.num_blocks, min=64, max=4096, step=32, description="KV blocks")
+        label = {"description_width": "initial"}      # whole labels
+        self.policy = W.Dropdown(options=list(POLICY_NAMES), value=self.state.policy, description="policy",
+                                 style=label)
+        self.rate = W.FloatSlider(value=self.state.rate, min=1.0, max=40.0, step=1.0, description="load (req/s)",
+                                  style=label)
+        self.num_blocks = W.IntSlider(value=self.state.num_blocks, min=64, max=4096, step=32, description="KV blocks",
+                                      style=label)
         self.metrics = W.HTML(value="")
         self.out = W.Output()
         for w in (self.policy, self.rate, self.num_blocks):

@@ -150,9 +150,11 @@ class SpeculativeStepper:
         self.prompt_ids = prompt_ids
         self.seed, self.top, self.plot = int(seed), int(top), plot
         self.figure = None
-        self.draft_length = W.IntSlider(value=int(draft_length), min=1, max=8, description="draft length g")
+        label = {"description_width": "initial"}      # the whole label, not "draft leng..."
+        self.draft_length = W.IntSlider(value=int(draft_length), min=1, max=8, description="draft length g",
+                                        style=label)
         self.temperature = W.FloatSlider(value=float(temperature), min=0.0, max=1.5, step=0.1,
-                                         description="temperature")
+                                         description="temperature", style=label)
         self.next_button = W.Button(description="Next step")
         self.reset_button = W.Button(description="Reset")
         self.summary = W.HTML(value="")
@@ -230,7 +232,7 @@ class SpeculativeStepper:
             return "press <b>Next step</b>: the draft proposes g tokens, the target checks them in one pass"
         r = self.history[-1].result
         last = (f"last pass: {r.num_accepted} of {self.history[-1].drafts.numel()} drafts accepted + 1 "
-                f"{'bonus' if r.bonus else 'corrected'} token = {len(r.tokens)} tokens")
+                f"{'bonus' if r.bonus else 'corrected'} token = {len(r.tokens)} token{'s' if len(r.tokens) != 1 else ''}")
         return (f"{last}<br>passes {st['passes']}, emitted {st['emitted']} tokens, tokens per pass "
                 f"{st['tokens_per_pass']:.2f}, acceptance rate {st['acceptance_rate']:.2f} "
                 f"({st['accepted']} of {st['tested']} tested drafts)")
