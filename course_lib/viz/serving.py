@@ -24,6 +24,7 @@ def plot_timeline(result, ax=None, max_requests: int = 40, t_max: float | None =
     (waiting / prefill / decode / preempted / transfer / padding); a tick at each arrival."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
     recs = sorted(result.records, key=lambda r: (r.arrival_s, r.rid))[:max_requests]
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.16 * len(recs) + 1.4))
@@ -36,11 +37,12 @@ def plot_timeline(result, ax=None, max_requests: int = 40, t_max: float | None =
     ax.set_xlim(0, (t_max if t_max is not None else max(r.finish_s for r in recs) - t0) * 1.01)
     ax.set_xlabel("time since the first arrival (s)")
     ax.set_ylabel("request (by arrival)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))          # request 2, not 2.5
     used = {s for r in recs for s, _, _ in r.segments}
+    # the legend sits between the title and the bars (below the axis it collided with the x label)
     ax.legend(handles=[Patch(color=c, label=s) for s, c in STATE_COLORS.items() if s in used],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 - 1.0 / (len(recs) + 8)), fontsize=7,
-              ncol=6, frameon=False)
-    ax.set_title(title or f"{result.policy}: what each request is doing", fontsize=10)
+              loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, ncol=6, frameon=False)
+    ax.set_title(title or f"{result.policy}: what each request is doing", fontsize=10, pad=18)
     return ax
 
 
