@@ -90,9 +90,11 @@ def plot_roofline(devices=None, dtype="fp16", tables=(), ax=None, annotate: bool
                     names = [m[0] for m in members]
                     text = ", ".join(names) if len(names) <= 2 else ", ".join(names[:2]) + f" +{len(names) - 2}"
                     _, xi, yi = members[0]
-                    dy = 6 + 10 * (j % 2)
-                    ax.annotate(text, (xi, yi), textcoords="offset points", fontsize=7, ha="right",
-                                xytext=(-4, -dy - 4 if t.phase == "decode" else dy))
+                    # below and right of the point, where the roof leaves empty space, with a leader line;
+                    # neighbouring groups alternate heights so their labels do not overlap
+                    dy = (28 if t.phase == "decode" else 40) + 14 * (j % 2)
+                    ax.annotate(text, (xi, yi), textcoords="offset points", fontsize=7, ha="left", va="top",
+                                xytext=(10, -dy), arrowprops=dict(arrowstyle="-", lw=0.5, color="0.4"))
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable FLOP/s")
     ax.set_title(title or f"Roofline ({canonical_dtype(dtype)})")
