@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from course_lib.kvcache import ContiguousCache, KVCache, StaticCache
 from course_lib.perf.metrics import TokenEvent, Trace
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
@@ -234,7 +235,6 @@ def _check_generator(generator, device: torch.device):
 
 def _make_cache(model, cache, compile, batch: int, span: int):
     """The cache generate decodes through: None (recompute), a fresh one by name, or the caller's."""
-    from course_lib.kvcache import ContiguousCache, KVCache, StaticCache
     if hasattr(model, "generation_config") and (cache is not None or compile):
         raise ValueError("cache= and compile= need a course model (course_lib.models); a transformers model "
                          "brings its own cache: use model.generate")

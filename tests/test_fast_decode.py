@@ -108,8 +108,6 @@ def test_compiled_step_handles_gqa_mqa_and_batch():
                 a = model(nxt, cache=eager)
                 b = step(nxt, cache=compiled)
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-            want = model(torch.cat([ids, torch.zeros(3, 1, dtype=torch.long)], 1))  # sanity: shapes agree
-        assert want.shape == (3, 8, 97)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ sample_workload / simulate (waste of contiguous vs paged), PagedPlayground (the 
 Errors: OutOfBlocks (a signal for the scheduler), PagingError (misuse: double free, unknown ids, ...).
 """
 from .allocator import BlockAllocator, OutOfBlocks, PagingError
-from .attention import (contiguous_to_paged, gather_kv, paged_attention,
+from .attention import (contiguous_to_paged, gather_blocks, gather_kv, paged_attention,
                         paged_attention_reference)
 from .cache import KVPool, PagedCache
 from .manager import BlockManager, SeqState, default_hash
@@ -19,6 +19,6 @@ from .playground import PagedPlayground
 from .waste import ContiguousArena, Request, WasteReport, sample_workload, simulate
 
 __all__ = ["BlockAllocator", "OutOfBlocks", "PagingError", "KVPool", "PagedCache", "contiguous_to_paged",
-           "gather_kv", "paged_attention", "paged_attention_reference", "BlockManager", "SeqState",
+           "gather_blocks", "gather_kv", "paged_attention", "paged_attention_reference", "BlockManager", "SeqState",
            "default_hash", "PagedPlayground", "ContiguousArena", "Request", "WasteReport", "sample_workload",
            "simulate"]

@@ -41,9 +41,6 @@ from . import attention as _paged          # paged_attention, looked up at call 
 from .allocator import OutOfBlocks, PagingError
 from .manager import BlockManager
 
-_BACKENDS = ("auto", "torch", "triton", "reference")
-
-
 class KVPool:
     """The physical KV memory of a model: per layer, K and V pools [num_blocks, K, block_size, Dh]."""
 
@@ -161,8 +158,8 @@ class PagedCache(KVCache):
     def __init__(self, manager: BlockManager, pool: KVPool, backend: str = "auto"):
         if manager.block_size != pool.block_size or manager.num_blocks != pool.num_blocks:
             raise ValueError("manager and pool disagree on block_size or num_blocks")
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+        if backend not in _paged.BACKENDS:
+            raise ValueError(f"backend must be one of {_paged.BACKENDS}, got {backend!r}")
         self.manager, self.pool, self.backend = manager, pool, backend
         self.computed: dict = {}     # seq -> tokens whose K/V are in the pool
         self.active: list = []
@@ -247,12 +244,8 @@ class PagedCache(KVCache):
 
     def _gather(self, layer: int, plan: _Plan):
         """Each row's keys 0..S-1 through its block table: [B, K, S, Dh] (past a row's length: junk)."""
-        def one(pool):
-            N, K, bs, Dh = pool.shape
-            # index_select on the block axis (about twice as fast on a CPU as pool[tables]), then one copy
-            blocks = pool.index_select(0, plan.tables_long.view(-1)).view(plan.B, plan.nb, K, bs, Dh)
-            return blocks.permute(0, 2, 1, 3, 4).reshape(plan.B, K, plan.nb * bs, Dh)[:, :, :plan.S]
-        return one(self.pool.k[layer]), one(self.pool.v[layer])
+        return (_paged.gather_blocks(self.pool.k[layer], plan.tables_long, plan.S),
+                _paged.gather_blocks(self.pool.v[layer], plan.tables_long, plan.S))
 
     def _end_layer(self, layer: int, plan: _Plan) -> None:
         if layer == self.pool.num_layers - 1:                              # the forward is done

@@ -152,18 +152,23 @@ class RequestOutput:
 class _Request:
     """The engine's private state of one request."""
 
-    def __init__(self, rid, prompt, params, arrival, callback, device="cpu"):
+    def __init__(self, rid, prompt, params, arrival, callback, device="cpu", cache=None):
         self.id, self.prompt, self.params, self.callback = rid, prompt, params, callback
+        self.cache = cache         # the engine's PagedCache (None in the static baselines)
         # the seed is drawn on the host (no device sync); the generator lives next to the logits
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (), device="cpu"))
         self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(int(seed))
         self.out = RequestOutput(rid, list(prompt), arrival_time=arrival)
-        self.computed = 0          # tokens whose K/V are in the pool (a mirror of cache.computed)
         self.prefill_end = 0       # tokens to prefill at (re)admission: prompt + tokens generated so far
 
     @property
     def tokens(self) -> list:
         return self.prompt + self.out.token_ids
+
+    @property
+    def computed(self) -> int:
+        """Tokens whose K/V are in the pool: the cache's count (0 while waiting or after preemption)."""
+        return self.cache.computed.get(self.id, 0) if self.cache is not None else 0
 
     @property
     def prefilling(self) -> bool:
@@ -275,7 +280,7 @@ class Engine:
         rid = self._next_id
         self._next_id += 1
         req = _Request(rid, ids, params, time.perf_counter() if arrival_time is None else arrival_time, callback,
-                       device=self.model.device)
+                       device=self.model.device, cache=self.cache)
         self.requests[rid] = req
         self.waiting.append(req)
         return rid
@@ -307,7 +312,7 @@ class Engine:
         """Free a running request's blocks and put it back at the head of the queue (recompute later)."""
         self.cache.free(req.id)
         self.running.remove(req)
-        req.computed = req.prefill_end = 0
+        req.prefill_end = 0
         req.out.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -331,7 +336,7 @@ class Engine:
             reserve = self.watermark_blocks if self.running else 0    # alone, it only needs to fit
             if self.manager.num_free_blocks - need < reserve:
                 break
-            req.computed = self.cache.add_sequence(req.id, toks)    # 0: no prefix caching here
+            self.cache.add_sequence(req.id, toks)                   # no prefix caching here: all to compute
             self.waiting.popleft()
             req.prefill_end = len(toks)
             self.running.append(req)
@@ -352,14 +357,9 @@ class Engine:
         self.cache.set_active([r.id for r in reqs], num_new=counts)
         logits = self.model(ids, cache=self.cache)               # positions from cache.positions(T)
         self.num_forwards += 1
-        for r in reqs:
-            r.computed = self.cache.computed[r.id]
         return logits[:, 0] if pick is None else logits[pick[0], pick[1]]      # [rows, V]
 
     # --- sampling and bookkeeping ------------------------------------------------------------------
-    def _sample_rows(self, reqs, logits) -> list[int]:
-        return _sample_tokens(reqs, logits)
-
     def _emit(self, req: _Request, token: int, now: float) -> StepOutput:
         o = req.out
         o.token_ids.append(token)
@@ -401,7 +401,7 @@ class Engine:
         results = []
         if decode:
             logits = self._forward(decode, [1] * len(decode), [[r.tokens[r.computed]] for r in decode])
-            toks = self._sample_rows(decode, logits)
+            toks = _sample_tokens(decode, logits)
             now = time.perf_counter()
             results += [self._emit(r, t, now) for r, t in zip(decode, toks)]
         for group in self._prefill_groups(pre):
@@ -410,7 +410,7 @@ class Engine:
             logits = self._forward(reqs, [n for _, _, n in group], [r.tokens[s:s + n] for r, s, n in group],
                                    rows=done)
             if done:
-                toks = self._sample_rows([reqs[i] for i in done], logits)
+                toks = _sample_tokens([reqs[i] for i in done], logits)
                 now = time.perf_counter()
                 results += [self._emit(reqs[i], t, now) for i, t in zip(done, toks)]
         return results
