@@ -18,6 +18,7 @@ call ``.click()``.
 from __future__ import annotations
 
 from course_lib.paged.playground import PagedPlayground
+from ._output import show_figure
 
 ALL = "(all)"
 
@@ -169,14 +170,8 @@ class PagedVisualizer:
         self.counters.value = self.counters_html()
         self.tables.value = self.tables_html()
         if self.plot:
-            import matplotlib.pyplot as plt
-            from IPython.display import clear_output, display
-            with self.out:
-                clear_output(wait=True)
-                fig = draw_blocks(self.state).figure
-                self.figure = fig
-                display(fig)
-                plt.close(fig)
+            self.figure = draw_blocks(self.state).figure
+            show_figure(self.out, self.figure)
 
     def _ipython_display_(self):
         from IPython.display import display

@@ -16,6 +16,7 @@ import torch
 from course_lib.quant.core import qrange, quantize
 from course_lib.quant.formats import decode_bits, encode_bits, get_format
 from course_lib.quant.metrics import error_report
+from ._output import show_figure
 
 __all__ = ["plot_bit_layout", "plot_bit_layouts", "QuantExplorer", "linear_weights", "divisors"]
 
@@ -260,14 +261,9 @@ class QuantExplorer:
         return fig
 
     def _render(self):
-        import matplotlib.pyplot as plt
-        from IPython.display import clear_output, display
         fig = self.figure()
         self.figure_count += 1
-        with self.out:
-            clear_output(wait=True)
-            display(fig)
-        plt.close(fig)
+        show_figure(self.out, fig)
 
     def _ipython_display_(self):
         from IPython.display import display

@@ -19,6 +19,7 @@ from course_lib.perf.hardware import GPUS, DeviceSpec, bytes_per_element, canoni
 from course_lib.perf.intensity import OpTable, _si, as_model, intensity_table
 from course_lib.perf.roofline import (COMPUTE_BOUND, MEMORY_BOUND, analyze, decode_critical_batch, decode_matmul_sums,
                                       ridge_point)
+from ._output import show_figure
 
 _PHASE_MARKERS = {"prefill": "o", "decode": "X"}
 
@@ -250,15 +251,8 @@ class RooflineExplorer:
         self.result = self.compute()
         self.summary.value = self.summary_html()
         if self.plot:
-            from IPython.display import clear_output, display
-            import matplotlib.pyplot as plt
-            with self.out:
-                clear_output(wait=True)
-                fig = self.draw()
-                self.figure = fig
-                if fig is not None:
-                    display(fig)
-                    plt.close(fig)
+            self.figure = self.draw()
+            show_figure(self.out, self.figure)
 
     def _on_change(self, change):
         self.update()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 
 from course_lib.serving import (POLICY_NAMES, StepCostModel, format_metrics, make_policy, make_workload, simulate)
+from ._output import show_figure
 
 STATE_COLORS = {"waiting": "#d9d9d9", "prefill": "#ff7f0e", "decode": "#1f77b4", "preempted": "#d62728",
                 "transfer": "#9467bd", "padding": "#f2c4c4"}
@@ -169,14 +170,8 @@ class ServingExplorer:
     def update(self):
         self.metrics.value = "<pre>" + html.escape(self.state.metrics_text) + "</pre>"
         if self.plot and self.state.result is not None:
-            import matplotlib.pyplot as plt
-            from IPython.display import clear_output, display
-            with self.out:
-                clear_output(wait=True)
-                fig = plot_timeline(self.state.result).figure
-                self.figure = fig
-                display(fig)
-                plt.close(fig)
+            self.figure = plot_timeline(self.state.result).figure
+            show_figure(self.out, self.figure)
 
     def _ipython_display_(self):
         from IPython.display import display

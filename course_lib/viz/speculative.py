@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.speculative.acceptance import StepResult, accept_step, probs_from_logits
+from ._output import show_figure
 
 __all__ = ["SpeculativeStepper", "StepRecord", "plot_step"]
 
@@ -241,15 +242,11 @@ class SpeculativeStepper:
         self.text.value = self.text_html()
         self.summary.value = self.summary_html()
         if self.plot:
-            import matplotlib.pyplot as plt
-            from IPython.display import clear_output, display
-            with self.out:
-                clear_output(wait=True)
-                if self.history:
-                    fig = plot_step(self.history[-1], self.tokenizer, self.top)
-                    self.figure = fig
-                    display(fig)
-                    plt.close(fig)
+            if self.history:
+                self.figure = plot_step(self.history[-1], self.tokenizer, self.top)
+                show_figure(self.out, self.figure)
+            else:
+                show_figure(self.out, None)
 
     def _ipython_display_(self):
         from IPython.display import display
