@@ -156,3 +156,23 @@ def test_quick_mode_follows_the_device_unless_forced(monkeypatch):
         monkeypatch.setenv("COURSE_QUICK", "1")
         assert env.quick() is True
         monkeypatch.delenv("COURSE_QUICK")
+
+
+def test_notebook_time_budget_fails_the_run(tmp_path):
+    """The root conftest sums each notebook's cell times and fails the run (exit status 1, the notebook
+    named) when one exceeds COURSE_NOTEBOOK_BUDGET_S; within budget the run passes."""
+    pytest.importorskip("nbval")
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import time; time.sleep(1.0)")]
+    nbformat.write(nb, tmp_path / "probe.ipynb")
+    import os
+    runs = {}
+    for budget in ("0.5", "120"):
+        env = {**os.environ, "COURSE_NOTEBOOK_BUDGET_S": budget, "PYTHONPATH": str(ROOT)}
+        runs[budget] = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider", "--nbval-lax",
+             "probe.ipynb"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    over, within = runs["0.5"], runs["120"]
+    assert over.returncode == 1 and "OVER BUDGET" in over.stdout and "probe.ipynb" in over.stdout, over.stdout
+    assert within.returncode == 0 and "OVER BUDGET" not in within.stdout, within.stdout
