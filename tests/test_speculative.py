@@ -294,6 +294,36 @@ def test_ours_equals_hf_assisted_equals_greedy(pair, prompts, greedy_refs, devic
     assert_greedy(theirs, greedy_refs[0], 24, device, what="transformers assisted")
 
 
+def test_hf_assisted_drops_only_transformers_internal_deprecation():
+    """transformers' assisted generation warns about its own call of the assistant (generation_config
+    plus max/min_new_tokens); hf_assisted_generate drops that one message, nothing else, and only
+    during the call."""
+    pytest.importorskip("transformers")
+    import logging
+
+    from course_lib.speculative.hf import _quiet_internal_deprecation, hf_assisted_generate
+    log = logging.getLogger("transformers.generation.utils")
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    h = Keep(level=logging.WARNING)
+    log.addHandler(h)
+    try:
+        with _quiet_internal_deprecation():
+            log.warning("Passing `generation_config` together with generation-related arguments=({'x'}) is deprecated")
+            log.warning("some other warning")
+        log.warning("Passing `generation_config` together with generation-related arguments=({'y'}) outside")
+        hf_assisted_generate("tiny", "tiny-draft", [1, 2, 3, 4, 5], 6, draft_length=2)
+    finally:
+        log.removeHandler(h)
+    assert seen[:2] == ["some other warning",
+                        "Passing `generation_config` together with generation-related arguments=({'y'}) outside"]
+    assert not any("deprecated" in m for m in seen[2:]), seen
+
+
 # --------------------------------------------------------------------------------------------------
 # (c) The caches hold exactly the K/V of the kept tokens after every pass
 # --------------------------------------------------------------------------------------------------

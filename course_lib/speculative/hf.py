@@ -8,6 +8,8 @@ The bundled course models are saved in the Hugging Face Llama layout, so their f
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from pathlib import Path
 
@@ -33,6 +35,27 @@ def load_hf(path_or_model):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
+class _DropInternalDeprecation(logging.Filter):
+    """transformers' own assisted generation calls the assistant's ``generate`` with both a
+    ``generation_config`` and ``max_new_tokens``/``min_new_tokens``, and then warns that this is
+    deprecated: a message about its internals, not about our call, which a student would read as an
+    error of theirs. Only that message is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Passing `generation_config` together with generation-related" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_internal_deprecation():
+    log = logging.getLogger("transformers.generation.utils")
+    f = _DropInternalDeprecation()
+    log.addFilter(f)
+    try:
+        yield
+    finally:
+        log.removeFilter(f)
+
+
 @torch.inference_mode()
 def hf_assisted_generate(target_path_or_model, draft, input_ids, max_new_tokens: int,
                          draft_length: int = 4, temperature: float = 0.0, seed: int | None = None):
@@ -54,7 +77,8 @@ def hf_assisted_generate(target_path_or_model, draft, input_ids, max_new_tokens:
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
     assistant.generation_config.assistant_confidence_threshold = 0.0   # no early stop: fixed g
     start = time.perf_counter()
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
-                          max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                          eos_token_id=None, pad_token_id=0, **kw)
+    with _quiet_internal_deprecation():
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=assistant,
+                              max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                              eos_token_id=None, pad_token_id=0, **kw)
     return out, time.perf_counter() - start
