@@ -53,6 +53,10 @@ class LlamaConfig:
                     f"LlamaConfig: num_attention_heads={self.num_attention_heads} must divide "
                     f"hidden_size={self.hidden_size} (or give head_dim explicitly)")
             self.head_dim = self.hidden_size // self.num_attention_heads
+        # An explicit head_dim need not be hidden_size / heads (q_proj is D -> H*Dh, as in HF); RoPE
+        # rotates two halves, so it must be even.
+        if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
+            raise ValueError(f"LlamaConfig.head_dim must be a positive even integer, got {self.head_dim!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"LlamaConfig: num_key_value_heads={self.num_key_value_heads} must divide "
@@ -61,22 +65,57 @@ class LlamaConfig:
     # --- Hugging Face config.json round trip -------------------------------------------------------
     @classmethod
     def from_hf(cls, d: dict) -> "LlamaConfig":
-        """Build from a Hugging Face ``config.json`` dict (extra keys ignored)."""
+        """Build from a Hugging Face ``config.json`` dict.
+
+        Every key is checked against the tables below: a key the model implements is read, a key that
+        cannot change the logits is ignored, a key with a required value must have it, and anything else
+        raises ValueError (a config the model does not implement is refused, never silently ignored:
+        ignoring e.g. llama3 rope scaling or a sliding window loads fine and computes wrong logits)."""
         mt = d.get("model_type", "llama")
-        if mt not in ("llama", "mistral", "qwen2"):
-            raise ValueError(f"config.json: model_type {mt!r} is not a Llama-family model")
-        if d.get("rope_scaling"):
-            raise ValueError("config.json: rope_scaling is not supported by the course model")
-        rope_theta = d.get("rope_theta")
-        if rope_theta is None:  # transformers >= 5 nests it in rope_parameters
-            rope_theta = (d.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        if mt not in _HF_MODEL_TYPES:
+            why = _HF_MODEL_TYPES_REFUSED.get(mt, "it is not a Llama-family model")
+            raise ValueError(f"config.json: model_type {mt!r} is not supported: {why} "
+                             f"(supported: {', '.join(_HF_MODEL_TYPES)})")
+        if mt == "mistral" and "sliding_window" not in d:
+            # transformers' MistralConfig defaults sliding_window to 4096, so a missing key is a window.
+            raise ValueError("config.json: model_type 'mistral' without a sliding_window key means a "
+                             "4096-token sliding window in transformers; the course model supports only "
+                             "full causal attention (sliding_window: null)")
         names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names and k != "rope_theta"}
-        kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+        for key, value in d.items():
+            if key in names or key in _HF_IGNORED or key in _HF_ROPE_KEYS or key.startswith("_") \
+                    or key == "model_type":
+                continue
+            if key == "layer_types" and isinstance(value, list) and all(t == "full_attention" for t in value):
+                continue
+            if key in _HF_REQUIRED:
+                allowed, what = _HF_REQUIRED[key]
+                if value not in allowed:  # == as transformers reads it: attention_bias 0 is False
+                    raise ValueError(f"config.json: {key}={value!r} is not supported by the course model, which "
+                                     f"implements {what} only ({key} in {list(allowed)})")
+                continue
+            raise ValueError(
+                f"config.json: unknown key {key!r} (= {value!r}). The course model refuses a key it does not "
+                f"know rather than ignore it, since it may change the math. It reads {sorted(names)} and "
+                f"{list(_HF_ROPE_KEYS)}, requires {sorted(_HF_REQUIRED)} at fixed values, and ignores "
+                f"metadata (keys starting with '_', and course_lib.models.llama._HF_IGNORED)")
+        rope_theta = d.get("rope_theta")
+        for key in _HF_ROPE_KEYS:
+            theta = _rope_dict_theta(key, d.get(key))
+            if theta is not None and rope_theta is not None and float(theta) != float(rope_theta):
+                raise ValueError(f"config.json: {key}.rope_theta={theta!r} contradicts rope_theta={rope_theta!r}")
+            rope_theta = rope_theta if rope_theta is not None else theta
+        missing = [k for k in _HF_REQUIRED_KEYS if d.get(k) is None]
+        if missing:
+            raise ValueError(f"config.json: missing {missing} (the course model needs the shapes stated)")
+        # A missing key means transformers' default, not this dataclass's (which are the bundled model's).
+        kw = {**_HF_DEFAULTS, **{k: v for k, v in d.items() if k in names and k != "rope_theta"}}
+        if kw.get("num_key_value_heads") is None:  # absent or null: plain multi-head attention (as HF)
+            kw["num_key_value_heads"] = d["num_attention_heads"]
         eos = kw.get("eos_token_id")
         if isinstance(eos, list):
             kw["eos_token_id"] = eos[0]
-        return cls(rope_theta=float(rope_theta), **kw)
+        return cls(rope_theta=float(10000.0 if rope_theta is None else rope_theta), **kw)
 
     def to_hf(self) -> dict:
         d = asdict(self)
@@ -92,6 +131,75 @@ class LlamaConfig:
         layer = attn + 3 * D * F_ + 2 * D
         emb = V * D * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * layer + emb + D
+
+
+# --- what LlamaConfig.from_hf accepts from a Hugging Face config.json --------------------------------
+# model types whose math, at the values checked below, is exactly this file's.
+_HF_MODEL_TYPES = ("llama", "mistral")
+_HF_MODEL_TYPES_REFUSED = {
+    "qwen2": "its q/k/v projections always carry biases (not a config key), which the course model lacks",
+    "qwen3": "it normalizes q and k per head (q_norm, k_norm), which the course model lacks",
+}
+# Keys that cannot change the logits of a loaded checkpoint: bookkeeping, initialization (pad_token_id
+# only zeroes an embedding row at init), dtype (the caller picks it), cache use, and generation defaults
+# (they act after the logits).
+_HF_IGNORED = frozenset({
+    "architectures", "transformers_version", "torch_dtype", "dtype", "use_cache", "initializer_range",
+    "pad_token_id", "sep_token_id", "decoder_start_token_id", "is_llama_config", "tokenizer_class",
+    "output_hidden_states", "output_attentions", "return_dict", "use_return_dict", "torchscript",
+    "id2label", "label2id", "problem_type", "finetuning_task", "task_specific_params", "prefix",
+    "chunk_size_feed_forward", "tie_encoder_decoder", "is_decoder",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens",
+})
+# Keys a config.json must state, and transformers' defaults (Llama and Mistral alike) for keys it may omit.
+_HF_REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "max_position_embeddings")
+_HF_DEFAULTS = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+# transformers 4 spells RoPE variants rope_scaling, transformers 5 rope_parameters (with rope_theta inside);
+# both must describe plain RoPE (_rope_dict_theta).
+_HF_ROPE_KEYS = ("rope_scaling", "rope_parameters")
+# Keys the model implements at one value only: key -> (accepted values, what the model implements).
+_HF_REQUIRED = {
+    "hidden_act": (("silu", "swish"), "a SwiGLU MLP, silu(gate) * up ('swish' is the same function)"),
+    "attention_bias": ((False,), "q/k/v/o projections without bias"),
+    "mlp_bias": ((False,), "gate/up/down projections without bias"),
+    "sliding_window": ((None,), "full causal attention (no sliding window)"),
+    "use_sliding_window": ((False,), "full causal attention (no sliding window)"),
+    "layer_types": ((None,), "full attention in every layer (a list of 'full_attention' is accepted too)"),
+    "attention_dropout": ((0.0,), "attention without dropout (training would differ)"),
+    "pretraining_tp": ((1,), "unsliced projections"),
+    "rope_interleaved": ((False,), "RoPE on two halves (rotate_half), not on interleaved pairs"),
+    "partial_rotary_factor": ((1.0,), "RoPE over the whole head"),
+    "quantization_config": ((None,), "unquantized weights"),
+    "pruned_heads": (({},), "all heads (none pruned)"),
+    "is_encoder_decoder": ((False,), "a decoder-only model"),
+    "add_cross_attention": ((False,), "no cross attention"),
+}
+
+
+def _rope_dict_theta(key: str, rope: dict | None):
+    """The rope_theta inside ``rope_scaling``/``rope_parameters`` (or None) once the dict is checked to
+    describe plain RoPE: rope_type 'default' and nothing that changes the frequencies."""
+    if rope is None or rope == {}:
+        return None
+    if not isinstance(rope, dict):
+        raise ValueError(f"config.json: {key}={rope!r} is not a dict")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"config.json: {key}.rope_type={rope_type!r} is not supported by the course model "
+                         f"(it changes the RoPE frequencies); supported: rope_type 'default' (plain RoPE "
+                         f"with rope_theta)")
+    for k, v in rope.items():
+        ok = k in ("rope_type", "type", "rope_theta") or (k == "partial_rotary_factor" and v == 1.0)
+        if not ok:
+            raise ValueError(f"config.json: {key}.{k}={v!r} is not supported by the course model; supported: "
+                             f"{key} with only rope_type 'default' and rope_theta")
+    return rope.get("rope_theta")
 
 
 class RMSNorm(nn.Module):
