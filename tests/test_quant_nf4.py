@@ -96,3 +96,35 @@ def test_matches_bitsandbytes(double_quant):
         ref_scales = bnb_F.dequantize_blockwise(state.absmax, state.state2) + state.offset
         assert torch.all((ours.scales() - true_absmax).abs() <= (ref_scales - true_absmax).abs() + 1e-7)
         assert torch.allclose(ours.dequantize(), ref, rtol=0, atol=5e-3 * float(x.abs().max()))
+
+
+def _planted_block(absmax: float, mids: torch.Tensor):
+    """absmax itself, then every scaled codebook midpoint (as float32 mid * absmax) and its neighbours 1 ulp
+    either side; also the number of them where x / absmax and x * (1 / absmax) fall on different sides."""
+    a = torch.tensor(absmax, dtype=torch.float32)
+    x = mids * a
+    x = torch.stack([torch.nextafter(x, -2 * a), x, torch.nextafter(x, 2 * a)], dim=1).reshape(-1)
+    flips = int((torch.bucketize(x / a, mids) != torch.bucketize(x * (1.0 / a), mids)).sum())
+    return torch.cat([a[None], x]), flips
+
+
+def test_partial_last_block_rounds_like_bitsandbytes():
+    """bitsandbytes (backends/default/ops.py, quantize_4bit) scales full blocks by x * (1/absmax) but the
+    partial last block by x / absmax; they differ by 1 ulp for some x, and on a codebook midpoint 1 ulp
+    changes the code. Values planted on and around the midpoints, in a full block and in a partial one."""
+    code = bnb_F.get_4bit_type("nf4", device="cpu")
+    mids = (code[:-1] + code[1:]) / 2
+    full, flips_full = _planted_block(0.9137, mids)       # 46 values: padded to one full block of 64
+    part, flips_part = _planted_block(1.3, mids)          # 46 values + 1 zero: a partial block of 47
+    assert flips_full > 0 and flips_part > 0              # the two roundings really disagree here
+    g = torch.Generator().manual_seed(3)
+    cases = [torch.cat([full, torch.zeros(64 - full.numel()), part, torch.zeros(1)]),   # n = 111, odd
+             torch.cat([torch.randn(64, generator=g), -part]),                            # n = 110
+             torch.cat([torch.randn(128, generator=g), torch.zeros(10)])]                 # all-zero partial block
+    for x in cases:
+        assert x.numel() % 64
+        packed, state = bnb_F.quantize_4bit(x, blocksize=64, quant_type="nf4", compress_statistics=False)
+        ours = nf4_quantize(x, blocksize=64)
+        assert torch.equal(ours.packed, packed.reshape(-1))
+        assert torch.equal(ours.absmax, state.absmax)     # an all-zero partial block: 1e-38, as bitsandbytes
+        assert torch.equal(ours.dequantize(), bnb_F.dequantize_4bit(packed, state).reshape(x.shape))

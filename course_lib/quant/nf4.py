@@ -16,6 +16,8 @@ bitsandbytes uses:
 Blockwise quantization (block 64): each block of 64 consecutive values (of the flattened tensor) is
 divided by its absmax, each result is replaced by the index of the nearest codebook entry (ties go to the
 lower entry), and two indices are packed per byte, the first in the high nibble (bitsandbytes' order).
+"Divided" is rounded as bitsandbytes rounds it: x * (1/absmax) in full blocks, x / absmax in a partial last
+block (the two can differ by 1 ulp, enough to move a value on a midpoint to the next code).
 Storage: 4 bits + 32/64 (fp32 absmax) = 4.5 bits per weight.
 
 Double quantization: the absmax values (one per 64 weights) are themselves quantized to 8 bits in blocks
@@ -82,15 +84,26 @@ def nearest_code(v: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     return torch.bucketize(v, mid.to(v.dtype))
 
 
-def _blockwise_absmax_codes(flat: torch.Tensor, blocksize: int, code: torch.Tensor):
-    """flat [n] float32 -> (indices [n] int64, absmax [ceil(n/blocksize)] float32)."""
+def _blockwise_absmax_codes(flat: torch.Tensor, blocksize: int, code: torch.Tensor, divide_partial: bool):
+    """flat [n] float32 -> (indices [n] int64, absmax [ceil(n/blocksize)] float32).
+
+    Each block is scaled by x * (1/absmax). With ``divide_partial`` a partial last block is scaled by
+    x / absmax instead, with its absmax clamped to 1e-38 (and stored clamped): that is bitsandbytes'
+    quantize_4bit on CPU (backends/default/ops.py), and x * (1/a) and x / a can differ by 1 ulp, which
+    flips the code of a value on a codebook midpoint. Its CPU 8-bit step (double quantization) is a C
+    kernel that stores 0 for an all-zero block, so that step multiplies throughout."""
     n = flat.numel()
-    n_blocks = -(-n // blocksize)
-    padded = torch.nn.functional.pad(flat, (0, n_blocks * blocksize - n))     # zeros do not change absmax
+    full = n - n % blocksize if divide_partial else n
+    n_blocks = -(-full // blocksize)
+    padded = torch.nn.functional.pad(flat[:full], (0, n_blocks * blocksize - full))  # zeros keep absmax
     blocks = padded.reshape(n_blocks, blocksize)
     absmax = blocks.abs().amax(dim=1)
-    scaled = torch.clamp(blocks * (1.0 / absmax.clamp(min=1e-38)).unsqueeze(1), -1, 1)
-    return nearest_code(scaled.reshape(-1), code)[:n], absmax
+    scaled = (blocks * (1.0 / absmax.clamp(min=1e-38)).unsqueeze(1)).reshape(-1)[:full]
+    if full < n:
+        am = flat[full:].abs().max().clamp(min=1e-38)
+        absmax = torch.cat([absmax, am.unsqueeze(0)])
+        scaled = torch.cat([scaled, flat[full:] / am])
+    return nearest_code(torch.clamp(scaled, -1, 1), code), absmax
 
 
 @dataclass
@@ -160,7 +173,7 @@ def nf4_quantize(x: torch.Tensor, blocksize: int = 64, double_quant: bool = Fals
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     code = nf4_codebook().to(x.device)
     flat = x.detach().reshape(-1).to(torch.float32)
-    idx, absmax = _blockwise_absmax_codes(flat, blocksize, code)
+    idx, absmax = _blockwise_absmax_codes(flat, blocksize, code, divide_partial=True)
     if idx.numel() % 2:                                   # pad with the index of 0.0 (as bitsandbytes does)
         idx = torch.cat([idx, torch.full((1,), 7, dtype=idx.dtype, device=idx.device)])
     idx8 = idx.to(torch.uint8)
@@ -169,7 +182,7 @@ def nf4_quantize(x: torch.Tensor, blocksize: int = 64, double_quant: bool = Fals
     if double_quant:
         offset = absmax.mean()
         code2 = dynamic_map().to(x.device)
-        a_idx, absmax2 = _blockwise_absmax_codes(absmax - offset, dq_blocksize, code2)
+        a_idx, absmax2 = _blockwise_absmax_codes(absmax - offset, dq_blocksize, code2, divide_partial=False)
         q.absmax, q.absmax_codes, q.absmax2 = None, a_idx.to(torch.uint8), absmax2
         q.offset, q.code2, q.dq_blocksize = float(offset), code2, dq_blocksize
     return q
