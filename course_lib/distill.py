@@ -372,8 +372,10 @@ def distill(teacher, student, tokenizer=None, steps: int = 100, batch_size: int 
     for name, v in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if seq_len + 1 > student.config.max_position_embeddings:
-        raise ValueError(f"seq_len must be below the student's context {student.config.max_position_embeddings}")
+    for who, m in (("student", student), ("teacher", teacher)):   # the models see windows of seq_len tokens
+        if m is not None and seq_len > m.config.max_position_embeddings:
+            raise ValueError(f"seq_len must be at most the {who}'s context {m.config.max_position_embeddings}, "
+                             f"got {seq_len}")
     if stream is None:
         if tokenizer is None:
             raise ValueError("tokenizer is needed to tokenize the training text (or pass stream=)")
@@ -496,15 +498,17 @@ def main(argv=None):
     report_path = bundled_path("tiny").parent / "training_report.json"
     base = json.loads(report_path.read_text())
     base = base.get("draft_scratch", base["draft"])
+    last = base["stages"][-1] if "stages" in base else base   # a staged run: default to its last windows
     steps = args.steps or base["steps"]
-    batch = args.batch or base["batch"]
-    seq_len = args.seq_len or base["seq_len"]
+    batch = args.batch or last["batch"]
+    seq_len = args.seq_len or last["seq_len"]
     train_texts, heldout = load_split("train"), load_split("heldout", max_files=args.heldout_files)
     if args.quick:
         steps, batch, seq_len = 20, 4, 64
         train_texts, heldout = train_texts[:20], heldout[:2]
     stream = token_stream(tok, train_texts)
-    same_budget = (steps, batch, seq_len) == (base["steps"], base["batch"], base["seq_len"]) and not args.quick
+    same_budget = ("stages" not in base and (steps, batch, seq_len) == (base["steps"], last["batch"], last["seq_len"])
+                   and not args.quick)
     print(f"budget: {steps} steps x {batch} x {seq_len} = {steps * batch * seq_len:,} tokens "
           f"({'the bundled draft' + chr(39) + 's budget' if same_budget else 'reduced'})")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -549,7 +553,8 @@ def main(argv=None):
     bundled_key = "scratch" if "scratch" not in students else "bundled_scratch"
     students[bundled_key] = bundled_scratch
     report[bundled_key] = {"mode": "scratch", "model": f"bundled {scratch_name} (course_lib.models.train)",
-                           "steps": base["steps"], "batch": base["batch"], "seq_len": base["seq_len"]}
+                           "steps": base["steps"], "batch": last["batch"], "seq_len": last["seq_len"],
+                           "stages": base.get("stages")}
     for name, student in students.items():
         rates = acceptance_rates(teacher, student, heldout, tok, temperatures=(1.0, 0.0), progress=False)
         report[name].update(bits_per_byte=bits_per_byte(student, tok, heldout, progress=False),

@@ -185,8 +185,7 @@ def test_scratch_mode_is_the_training_script(device):
     both draw the windows with a generator on the stream's device and train where the stream is."""
     from course_lib.models.train import TrainSettings, train_model
     stream = torch.randint(0, 64, (3000,), generator=torch.Generator().manual_seed(1)).to(device)
-    ref, _ = train_model(_tiny(32, 1, 0).config, stream, TrainSettings(steps=6, batch=3, seq_len=16, warmup=2),
-                         log=None)
+    ref, _ = train_model(_tiny(32, 1, 0).config, stream, TrainSettings(steps=6, batch=3, seq_len=16, warmup=2))
     assert ref.device == stream.device
     ours, hist = D.distill(_tiny(64, 2, 1).to(device), D.new_student(ref, seed=0), steps=6, batch_size=3,
                            seq_len=16, mode="scratch", stream=stream, warmup=2, progress=False)
