@@ -1,0 +1,491 @@
+# Source of the notebook beside this file (same name, .ipynb). After editing it, run
+#     python tools/nb.py sync --from-py
+# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
+
+# %% [markdown] id="c002"
+# # Module 09 · Batching and serving
+#
+# Modules 01 and 05 showed that a decode step is memory-bound: it reads every weight once whatever the
+# batch size, so serving 32 users at once costs little more than serving one. Batching is how a server
+# turns that into throughput. But requests do not come in neat batches: they arrive at random times, with
+# prompts of 20 or 2000 tokens, and want 5 or 500 tokens back. *How* the server forms batches decides
+# its throughput, its latency, and how many users it keeps within their latency target.
+#
+# This notebook measures that with a **discrete-event simulator** (`course_lib.serving`), then with a
+# real small engine:
+#
+# 1. workloads: random arrivals (steady and bursty) and long-tailed lengths;
+# 2. a step-cost model: how long one engine step takes, calibrated on this machine or predicted from
+#    the roofline of Module 01;
+# 3. why static batching wastes the GPU (padding and waiting), measured;
+# 4. iteration-level (continuous) batching, KV-block admission and preemption;
+# 5. latency CDFs, throughput vs offered load, SLOs and goodput;
+# 6. chunked prefill and prefill/decode disaggregation;
+# 7. an interactive explorer;
+# 8. the real engine (paged KV + continuous batching) against static batching, and what the KV cache
+#    changes in a simplified continuous-batching sketch of the kind found in tutorials.
+
+# %% id="c003" tags=["parameters"]
+import course_lib.env
+
+QUICK = course_lib.env.quick()
+N_REQUESTS = 150 if QUICK else 800            # requests per simulated workload
+RATES = [1, 2, 4, 8, 16, 32] if QUICK else [1, 2, 4, 8, 12, 16, 24, 32, 48]   # offered loads (req/s)
+GPU, MODEL = "A100-40GB", "llama2-7b"         # the simulated server
+CALIB_REPEATS = 1 if QUICK else 5             # timing repeats of the local calibration
+ENGINE_REQUESTS = 16 if QUICK else 64         # requests served by the real engine
+
+# %% id="c004"
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from course_lib.models import load
+from course_lib.perf import get_gpu
+from course_lib.perf.intensity import as_model
+from course_lib.serving import (ChunkedPrefill, ContinuousBatching, Disaggregated, DynamicBatching, Request,
+                                StaticBatching, StepCostModel, check_invariants, format_metrics, make_workload,
+                                max_blocks_used, simulate, sweep_load)
+from course_lib.viz.serving import ServingExplorer, plot_latency_cdf, plot_load_sweep, plot_timeline
+
+torch.set_num_threads(1) if QUICK else None
+device = course_lib.env.device()
+print("device:", device)
+
+# %% [markdown] id="c005"
+# ## 1. Workloads
+#
+# Two things describe a serving workload: **when** requests arrive and **how long** they are.
+#
+# * Arrivals. Independent users give a *Poisson process*: the gaps between arrivals are exponential,
+#   their standard deviation equals their mean (coefficient of variation, CV = 1). Real traffic is
+#   **burstier** (a batch job fires 50 requests, a page loads and sends 10): we model it with gamma gaps of
+#   the same mean and a CV above 1, i.e. many tiny gaps and a few long silences.
+# * Lengths. Prompt and output lengths are long-tailed: most are short, a few are very long. A lognormal
+#   (clipped to the context window) captures that; `make_workload(lengths_table=...)` samples an
+#   empirical table instead, and `save_trace` / `load_trace` store a workload as JSON lines or CSV so a
+#   run can be replayed.
+
+# %% id="c006"
+steady = make_workload(N_REQUESTS, rate=8.0, arrival="poisson", seed=0)
+bursty = make_workload(N_REQUESTS, rate=8.0, arrival="bursty", cv=3.0, seed=0)
+
+
+def cv(reqs):
+    gaps = np.diff([r.arrival_s for r in reqs])
+    return gaps.std() / gaps.mean()
+
+
+p = np.array([r.prompt_tokens for r in steady])
+o = np.array([r.output_tokens for r in steady])
+print(f"inter-arrival CV: poisson {cv(steady):.2f}, bursty {cv(bursty):.2f}")
+print(f"prompt tokens  p50 {np.median(p):.0f}  p90 {np.percentile(p, 90):.0f}  max {p.max()}")
+print(f"output tokens  p50 {np.median(o):.0f}  p90 {np.percentile(o, 90):.0f}  max {o.max()}")
+assert cv(bursty) > 1.5 * cv(steady)
+assert o.max() > 3 * np.median(o)          # the long tail that static batching will pad to
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 2.8))
+for name, reqs in (("poisson", steady), ("bursty (CV 3)", bursty)):
+    axes[0].plot([r.arrival_s for r in reqs], np.arange(len(reqs)), label=name)
+axes[0].set_xlabel("time (s)"); axes[0].set_ylabel("requests arrived"); axes[0].legend()
+axes[1].hist(o, bins=40, color="C1"); axes[1].set_xlabel("output tokens"); axes[1].set_ylabel("requests")
+plt.tight_layout(); plt.show()
+
+# %% [markdown] id="c007"
+# ## 2. What one engine step costs
+#
+# The simulator advances in engine **steps** (one forward pass over the batch). A step processes some
+# prompt tokens (prefill) and some decoding sequences (one token each), whose attention reads their KV
+# caches. `StepCostModel` says how long that takes:
+#
+# `step = overhead + max(fixed + per_token·n + per_seq·decodes + per_context_token·context, compute_per_token·n)`
+#
+# Two ways to get the numbers:
+#
+# * `StepCostModel.from_roofline(gpu, model)`: Module 01's roofline. A step reads all the weights once
+#   (`fixed` = weight bytes / bandwidth) and every sequence's KV cache (`per_context_token` = KV bytes per
+#   token / bandwidth), and computes 2 × params FLOPs per token (`compute_per_token` = 2 × params / peak).
+#   Decode is memory-bound (the first term wins), a big prefill compute-bound (the max flips).
+# * `StepCostModel.calibrate_local(model)`: time real steps of the bundled model on *this* machine (a few
+#   batch sizes and context lengths, with a KV cache) and fit the linear terms by least squares.
+
+# %% id="c008"
+cost = StepCostModel.from_roofline(GPU, MODEL)
+shape = as_model(MODEL)
+gpu = get_gpu(GPU)
+print(cost.source)
+print(f"decode, batch 1, 512 cached tokens : {1e3 * cost.decode_time(1, 512):6.2f} ms")
+print(f"decode, batch 32, 512 cached tokens: {1e3 * cost.decode_time(32, 512):6.2f} ms")
+print(f"prefill of 1024 tokens             : {1e3 * cost.prefill_time(1024):6.2f} ms")
+# batching is nearly free for decode: 32 sequences cost far less than 32 single steps
+assert cost.decode_time(32, 512) < 4 * cost.decode_time(1, 512)
+
+# the KV pool: what is left of the GPU memory (90% of it) after the fp16 weights, in blocks of 16 tokens
+BLOCK = 16
+kv_per_block = shape.kv_cache_bytes(1, BLOCK, "fp16")
+NUM_BLOCKS = int((0.9 * gpu.memory_gb * 1e9 - 2 * shape.num_parameters()) // kv_per_block)
+print(f"KV pool: {NUM_BLOCKS} blocks of {BLOCK} tokens = {NUM_BLOCKS * BLOCK} tokens "
+      f"({kv_per_block / 2**20:.0f} MiB per block)")
+
+# %% id="c009"
+t0 = time.perf_counter()
+model, tok = load("tiny", device=device)
+local = StepCostModel.calibrate_local(model, repeats=CALIB_REPEATS,
+                                      batch_sizes=(1, 4, 8), context_lengths=(32, 160), prefill_lengths=(32, 96, 192))
+print(f"calibrated in {time.perf_counter() - t0:.1f} s: {local.source}")
+print(f"fixed {1e3 * local.fixed_s:.2f} ms, per token {1e6 * local.per_token_s:.0f} us, "
+      f"per sequence {1e6 * local.per_seq_s:.0f} us, per context token {1e9 * local.per_context_token_s:.0f} ns")
+print(" kind     batch  tokens  measured ms  fitted ms")
+for kind, B, C, t in local.samples:
+    fit = local.prefill_time(C) if kind == "prefill" else local.decode_time(B, C)
+    print(f" {kind:8s} {B:5d} {C:7d} {1e3 * t:12.2f} {1e3 * fit:10.2f}")
+
+# %% [markdown] id="c010"
+# The fit is only as good as the timings on a shared machine, but its shape is the point: the fixed
+# part of a step (running through all the layers and weights) is large next to the extra cost of one more
+# sequence. That is why batching pays. From here on the simulated server is the 7B model on the GPU above
+# (`cost`); the calibrated model of your machine works the same way (`simulate(..., cost=local)`).
+
+# %% [markdown] id="c011"
+# ## 3. Why static batching wastes the GPU
+#
+# **Static batching** (what `model.generate(batch)` does) waits until it has a full batch, pads every
+# prompt to the longest one, and runs until the *longest* output is finished; rows that are done keep
+# computing padding, and requests that arrive meanwhile wait for the whole batch. **Dynamic batching**
+# starts as soon as the engine is free with whatever is waiting, but a batch still runs to its end.
+# Both waste compute two ways, which the simulator counts:
+#
+# * **padding**: the share of computed token slots that belong to no request (`padding_waste`);
+# * **waiting**: time a request spends queued before its batch starts (part of its TTFT).
+
+# %% id="c012"
+LOAD = 8.0
+reqs = make_workload(N_REQUESTS, rate=LOAD, seed=1)
+policies = {"static": StaticBatching(max_batch=16, timeout_s=1.0), "dynamic": DynamicBatching(max_batch=16),
+            "continuous": ContinuousBatching(max_batch=16)}
+runs = {name: simulate(reqs, pol, cost=cost, num_blocks=NUM_BLOCKS, block_size=BLOCK) for name, pol in policies.items()}
+summ = {name: r.summary() for name, r in runs.items()}
+for name, r in runs.items():
+    assert check_invariants(r, reqs) == []
+    print(format_metrics(summ[name]))
+st, co = summ["static"], summ["continuous"]
+print(f"\nstatic batching computes {st['padding_waste']:.0%} padding; continuous {co['padding_waste']:.0%}")
+print(f"same batch size 16: continuous serves {co['throughput_tok_s'] / st['throughput_tok_s']:.1f}x the tokens/s "
+      f"of static batching at {LOAD:g} req/s")
+assert st["padding_waste"] > 0.3 and co["padding_waste"] == 0
+assert co["throughput_tok_s"] > 1.5 * st["throughput_tok_s"]
+assert co["ttft_p50"] < st["ttft_p50"]
+
+# %% id="c013"
+fig, axes = plt.subplots(2, 1, figsize=(10, 9))
+t_end = max(r.finish_s for r in sorted(runs["static"].records, key=lambda r: r.arrival_s)[:30])
+plot_timeline(runs["static"], ax=axes[0], max_requests=30, t_max=t_end)
+plot_timeline(runs["continuous"], ax=axes[1], max_requests=30, t_max=t_end)
+plt.tight_layout(); plt.show()
+
+# %% [markdown] id="c014"
+# Read the static chart row by row: grey is waiting (for the batch to fill, then for the previous batch
+# to end), pink is a finished request whose row still occupies the batch (padding), until the longest
+# request in its batch is done. In the continuous chart a request starts as soon as there is room, and
+# leaves the moment it is done.
+#
+# ## 4. Iteration-level scheduling, KV blocks and preemption
+#
+# **Continuous batching** (Orca's *iteration-level scheduling*, vLLM's scheduler) re-forms the batch at
+# **every step**: finished requests leave, waiting ones join, and a prefill can run in the same step as
+# the decodes of the others. No padding, no waiting for stragglers.
+#
+# What limits admission is KV memory (Module 06). With paged KV, a request holding c tokens needs
+# ⌈c / block_size⌉ blocks and gets one more block each time the last one fills. The scheduler
+# (`fcfs_schedule`, the reference) does, every step:
+#
+# 1. **grow**: each running request (oldest first) gets the block its next token needs; if none is
+#    free, the **newest** running request is **preempted**: its blocks are freed and it goes back to the
+#    **head** of the queue, to be prefilled again later with the tokens it had already generated
+#    (*recompute*; vLLM can also swap the blocks to CPU memory);
+# 2. **admit** waiting requests in arrival order (first come, first served: no overtaking) while their
+#    prompt's blocks fit and the batch has room.
+#
+# Admission does not reserve room for future tokens, so a tight pool over-admits and then preempts. A
+# scarce pool shows it:
+
+# %% id="c015"
+heavy = make_workload(N_REQUESTS // 2, rate=40.0, seed=2, max_context=2048)
+pool = {}
+for blocks in (NUM_BLOCKS, 400, 200):
+    r = simulate(heavy, ContinuousBatching(max_batch=64), cost=cost, num_blocks=blocks, block_size=BLOCK)
+    bad = check_invariants(r, heavy)
+    assert bad == [], bad                        # every request done, FCFS kept, no block over-subscribed
+    assert max_blocks_used(r) <= blocks
+    pool[blocks] = r
+    s = r.summary()
+    print(f"{blocks:5d} blocks: peak used {max_blocks_used(r):5d}, preemptions {s['preemptions']:4d}, "
+          f"throughput {s['throughput_tok_s']:6.0f} tok/s, mean batch {s['mean_batch']:.1f}, e2e p90 {s['e2e_p90']:.1f} s")
+assert pool[200].summary()["preemptions"] > 0 and pool[NUM_BLOCKS].summary()["preemptions"] == 0
+assert pool[200].summary()["throughput_tok_s"] < pool[NUM_BLOCKS].summary()["throughput_tok_s"]
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+r = pool[200]
+axes[0].step([s.t0 for s in r.steps], [s.blocks_used for s in r.steps], where="post")
+axes[0].axhline(200, color="red", ls="--", label="pool")
+for t, *_ in r.preemptions:
+    axes[0].axvline(t, color="C3", alpha=0.15, lw=0.8)
+axes[0].set_xlabel("time (s)"); axes[0].set_ylabel("KV blocks used"); axes[0].legend()
+axes[0].set_title("200 blocks: usage (red lines = preemptions)", fontsize=10)
+plot_timeline(r, ax=axes[1], max_requests=25)
+plt.tight_layout(); plt.show()
+
+# %% [markdown] id="c016"
+# Preempted requests (red) lose their KV cache and pay their prefill again, but nothing deadlocks: the
+# oldest requests always keep their blocks, so the queue drains. The invariants checked above
+# (`check_invariants`) are also the simulator's tests: no step uses more blocks than the pool, every
+# request emits exactly its output tokens, first admissions follow arrival order, preempted requests
+# resume before any new one starts, time never runs backwards.
+#
+# ## 5. Latency distributions and offered load
+#
+# One number per policy hides the story. Users feel the **tail**: the CDF of TTFT (time to first token)
+# and end-to-end latency shows the p50 / p90 / p99 together.
+
+# %% id="c017"
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+plot_latency_cdf(runs, "ttft", ax=axes[0])
+plot_latency_cdf(runs, "e2e", ax=axes[1])
+plt.tight_layout(); plt.show()
+for name in runs:
+    print(f"{name:10s} TTFT p50 {summ[name]['ttft_p50']:7.2f} s  p99 {summ[name]['ttft_p99']:7.2f} s   "
+          f"e2e p99 {summ[name]['e2e_p99']:7.1f} s")
+
+# %% [markdown] id="c018"
+# Now sweep the **offered load** (requests per second) for every policy. A policy's throughput grows with
+# the load until the server saturates; past that point the queue grows without bound and latency
+# explodes. The higher a policy's saturation point, the more users one GPU serves.
+
+# %% id="c019"
+SLO = dict(ttft_slo=1.0, tpot_slo=0.05)       # first token within 1 s, then at least 20 tokens/s
+sweep_policies = {"static": StaticBatching(16, 1.0), "dynamic": DynamicBatching(16),
+                  "continuous": ContinuousBatching(64), "chunked": ChunkedPrefill(64, 512),
+                  "disaggregated (2 GPUs)": Disaggregated(1, 1, transfer_s_per_token=shape.kv_cache_bytes(1, 1) / 25e9,
+                                                          max_batch=64)}
+t0 = time.perf_counter()
+rows = sweep_load(lambda rate: make_workload(N_REQUESTS, rate, seed=3), sweep_policies, RATES, cost=cost,
+                  num_blocks=NUM_BLOCKS, block_size=BLOCK, **SLO)
+print(f"{len(rows)} simulations in {time.perf_counter() - t0:.1f} s")
+plot_load_sweep(rows, latency="e2e_p90")
+plt.tight_layout(); plt.show()
+
+
+def at(label, rate, key):
+    return next(r[key] for r in rows if r["label"] == label and r["rate"] == rate)
+
+
+top = RATES[-1]
+print(f"at {top} req/s: static {at('static', top, 'throughput_tok_s'):.0f} tok/s, "
+      f"continuous {at('continuous', top, 'throughput_tok_s'):.0f} tok/s")
+assert at("continuous", top, "throughput_tok_s") > 2 * at("static", top, "throughput_tok_s")
+
+# %% [markdown] id="c020"
+# ## 6. SLOs and goodput
+#
+# A service promises a **service-level objective** (SLO), e.g. "first token within 1 s and at least 20
+# tokens/s afterwards" (TTFT ≤ 1 s, TPOT ≤ 50 ms). **Goodput** counts only the requests that met the SLO,
+# per second. Throughput can keep rising while goodput collapses: the server is busy, but with answers
+# that come too late.
+
+# %% id="c021"
+print("goodput (req/s meeting TTFT <= 1 s and TPOT <= 50 ms) / offered load")
+print("policy                  " + "".join(f"{r:>7g}" for r in RATES))
+for label in sweep_policies:
+    print(f"{label:24s}" + "".join(f"{at(label, r, 'goodput_req_s'):7.2f}" for r in RATES))
+fig, ax = plt.subplots(figsize=(5.5, 3.4))
+for label in sweep_policies:
+    ax.plot(RATES, [at(label, r, "slo_attainment") for r in RATES], marker="o", label=label)
+ax.set_xlabel("offered load (req/s)"); ax.set_ylabel("share of requests meeting the SLO"); ax.legend(fontsize=7)
+plt.tight_layout(); plt.show()
+best = max(RATES, key=lambda r: at("continuous", r, "goodput_req_s"))
+print(f"continuous: goodput peaks at {at('continuous', best, 'goodput_req_s'):.2f} req/s (offered {best}); "
+      f"static never exceeds {max(at('static', r, 'goodput_req_s') for r in RATES):.2f} req/s")
+assert max(at("continuous", r, "goodput_req_s") for r in RATES) > 3 * max(at("static", r, "goodput_req_s") for r in RATES)
+assert all(r["goodput_req_s"] <= r["requests_per_s"] + 1e-9 for r in rows)
+
+# %% [markdown] id="c022"
+# ## 7. Chunked prefill
+#
+# In plain continuous batching a newly admitted prompt is prefilled whole, *in the same step* as everyone
+# else's decode. A 3000-token prompt makes that step long, so every decoding user sees a hiccup: the
+# time between two of their tokens jumps. **Chunked prefill** gives each step a token budget: first one
+# token per decoding request, then prompt chunks with what is left. A long prompt is spread over
+# several steps, each of bounded length. The price: that prompt's own first token comes a little later.
+
+# %% id="c023"
+long_prompts = make_workload(N_REQUESTS // 2, rate=4.0, seed=4, prompt_median=1500, prompt_sigma=0.6,
+                             output_median=64, output_sigma=0.5, max_context=4096)
+plain = simulate(long_prompts, ContinuousBatching(64), cost=cost, num_blocks=NUM_BLOCKS, block_size=BLOCK)
+chunk = simulate(long_prompts, ChunkedPrefill(64, token_budget=256), cost=cost, num_blocks=NUM_BLOCKS,
+                 block_size=BLOCK)
+sp, sc = plain.summary(), chunk.summary()
+for s in (sp, sc):
+    print(f"{s['policy']:10s} TPOT p50 {1e3 * s['tpot_p50']:6.1f} ms  p99 {1e3 * s['tpot_p99']:6.1f} ms   "
+          f"TTFT p50 {1e3 * s['ttft_p50']:6.0f} ms   throughput {s['throughput_tok_s']:.0f} tok/s")
+assert sc["tpot_p99"] < sp["tpot_p99"]
+longest = max(s.t1 - s.t0 for s in plain.steps), max(s.t1 - s.t0 for s in chunk.steps)
+print(f"longest step: {1e3 * longest[0]:.0f} ms unchunked, {1e3 * longest[1]:.0f} ms chunked")
+assert longest[1] < longest[0]
+plot_latency_cdf({"continuous": plain, "chunked (256)": chunk}, "tpot")
+plt.show()
+
+# %% [markdown] id="c024"
+# ## 8. Prefill/decode disaggregation
+#
+# Chunking limits the interference between prefill and decode; **disaggregation** removes it. One pool of
+# workers only prefills, another only decodes; after its prefill a request's KV cache is shipped to a
+# decode worker (here over a 25 GB/s link: the time is proportional to the prompt's KV bytes). Each pool
+# can be sized and batched for its own phase (prefill is compute-bound, decode memory-bound). To be fair
+# the comparison uses the same two GPUs: disaggregated (1 prefill + 1 decode worker) against two
+# independent continuous-batching replicas, each given every other request.
+
+# %% id="c025"
+link = 25e9                                   # bytes/s between the GPUs
+per_tok = shape.kv_cache_bytes(1, 1) / link
+print(f"KV transfer: {shape.kv_cache_bytes(1, 1) / 2**10:.0f} KiB per prompt token -> "
+      f"{1e3 * per_tok * 1500:.0f} ms for a 1500-token prompt")
+dis = simulate(long_prompts, Disaggregated(1, 1, transfer_s_per_token=per_tok, max_batch=64), cost=cost,
+               num_blocks=NUM_BLOCKS, block_size=BLOCK)
+assert check_invariants(dis, long_prompts) == []
+halves = [simulate(long_prompts[k::2], ContinuousBatching(64), cost=cost, num_blocks=NUM_BLOCKS, block_size=BLOCK)
+          for k in (0, 1)]
+
+
+def later_gaps(records):
+    """Gaps between consecutive tokens from the 2nd token on (the decode phase proper)."""
+    return [b - a for r in records for a, b in zip(r.token_times[1:], r.token_times[2:])]
+
+
+def first_gaps(records):
+    return [r.token_times[1] - r.token_times[0] for r in records if r.output_tokens > 1]
+
+
+rep_records = [r for h in halves for r in h.records]
+for name, recs in (("2 continuous replicas", rep_records), ("disaggregated 1P + 1D", dis.records)):
+    print(f"{name:22s}: gap token 1->2 p50 {1e3 * np.median(first_gaps(recs)):5.1f} ms, later gaps p99 "
+          f"{1e3 * np.percentile(later_gaps(recs), 99):5.1f} ms, max {1e3 * max(later_gaps(recs)):5.0f} ms; "
+          f"TPOT p99 {1e3 * np.percentile([r.tpot for r in recs], 99):5.1f} ms; "
+          f"TTFT p50 {1e3 * np.median([r.ttft for r in recs]):4.0f} ms")
+assert max(later_gaps(dis.records)) < max(later_gaps(rep_records))          # no prefill stalls the decoders
+assert np.median(first_gaps(dis.records)) > np.median(first_gaps(rep_records))   # the KV transfer sits here
+assert len(dis.preemptions) == 0
+
+# %% [markdown] id="c026"
+# The decode worker never runs a prompt, so once decoding has started its token gaps stay flat: no step
+# ever waits for someone else's 3000-token prefill (the mixed replicas' longest gap is that prefill). But
+# the KV transfer sits between a request's first and second token, so for a short answer to a long
+# prompt it dominates the *mean* TPOT: disaggregation trades the prefill stalls for a transfer, and the
+# link speed decides the deal. In production it pays when prompts are long, TPOT targets tight and the
+# link fast (NVLink, InfiniBand); for short prompts one mixed pool with chunked prefill is simpler and
+# just as good.
+#
+# ## 9. Explore
+#
+# Pick a policy, the offered load and the KV budget; the explorer re-runs the simulation, redraws the
+# timeline and prints the metrics. Things to try: static vs continuous at 30 req/s; continuous with 64
+# blocks (preemptions); chunked vs continuous.
+
+# %% id="c027"
+explorer = ServingExplorer(num_requests=40, rate=8.0, num_blocks=800, cost=cost)
+explorer.policy.value = "static"                      # what a click does
+assert explorer.state.result.policy == "static"
+explorer.policy.value = "continuous"
+explorer
+
+# %% [markdown] id="c028"
+# ## 10. The real engine
+#
+# `course_lib.serving.engine` is a small real server: paged KV memory (Module 06), the FCFS scheduler with
+# preemption by recompute, chunked prompts, one batched forward per step. Below it serves the same
+# workload as our static batching (fixed groups, left padding, a contiguous KV cache, each group runs
+# until its longest request ends), both greedy, so their outputs must agree token for token.
+#
+# > **Claim checked.** A "simplified continuous batching" sketch of the kind found in tutorials concatenates each request's
+# > prompt and generated tokens, pads them into one batch and runs the **whole sequence** through the model
+# > at every step, keeping no KV cache: every step recomputes every earlier token, so a step costs
+# > O(length) tokens of work instead of 1 per request (Module 05). Its padding is on the right with no
+# > attention mask, and it reads `logits[i, -1]`: for every row shorter than the longest that is the
+# > logit at a padding position, not after the row's last real token. Both are measured below.
+
+# %% id="c029"
+g = torch.Generator().manual_seed(0)
+V = model.config.vocab_size
+short = torch.randint(1, V, (1, 12), generator=g).to(device)
+longer = torch.randint(1, V, (1, 20), generator=g).to(device)
+padded = torch.cat([short, torch.zeros(1, 8, dtype=torch.long, device=device)], 1)   # right padding (pad_sequence)
+with torch.inference_mode():
+    batch_logits = model(torch.cat([padded, longer]))
+    alone = model(short)[0, -1]
+wrong = (batch_logits[0, -1] - alone).abs().max().item()
+right = (batch_logits[0, 11] - alone).abs().max().item()
+print(f"row 0: logits[i, -1] differs from the unpadded run by {wrong:.2f}; logits[i, len-1] by {right:.1e}")
+assert wrong > 1e-2 and right < 1e-3
+
+# what the KV cache changes: one step of the sketch (full padded batch) vs one cached decode step
+from course_lib.kvcache import ContiguousCache
+B, L = 8, 160
+ids = torch.randint(1, V, (B, L), generator=g).to(device)
+with torch.inference_mode():
+    cache = ContiguousCache()
+    model(ids[:, :-1], cache=cache)
+
+
+def sketch_step():
+    model(ids)                                 # recompute all L tokens of all B rows
+
+
+def cached_step():
+    model(ids[:, -1:], cache=cache)            # one new token per row
+    cache.crop(L - 1)
+
+
+def median_time(fn, n=3):
+    ts = []
+    with torch.inference_mode():
+        fn()
+        for _ in range(n):
+            course_lib.env.sync()
+            t = time.perf_counter(); fn(); course_lib.env.sync(); ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+t_sketch, t_cached = median_time(sketch_step), median_time(cached_step)
+print(f"batch {B}, {L} tokens: the sketch's step {1e3 * t_sketch:.1f} ms, a cached decode step {1e3 * t_cached:.1f} ms "
+      f"({t_sketch / t_cached:.1f}x), processing {B * L} vs {B} tokens")
+
+# %% id="c030"
+from course_lib.serving.engine import compare_with_static, synthetic_workload
+
+workload = synthetic_workload(ENGINE_REQUESTS, seed=0, vocab_size=V, prompt_range=(8, 96), output_range=(4, 48),
+                              output_median=16)
+t0 = time.perf_counter()
+table = compare_with_static(model, workload, batch_size=8, max_batch=16)   # asserts the greedy outputs agree
+print(f"served {ENGINE_REQUESTS} requests twice in {time.perf_counter() - t0:.1f} s ({device}, this run)")
+print(f"{'system':24s} {'tokens/s':>9s} {'p50 latency s':>14s} {'p90 latency s':>14s} {'speedup':>8s}")
+for r in table:
+    print(f"{r['system']:24s} {r['tokens_per_s']:9.1f} {r['p50_latency_s']:14.3f} {r['p90_latency_s']:14.3f} {r['speedup']:8.2f}")
+assert table[0]["tokens"] == table[1]["tokens"] == sum(n for *_, n in workload)
+
+# %% [markdown] id="c031"
+# On a GPU the engine's advantage grows with the batch (a decode step costs about the same for 1 or 16
+# rows); on a CPU a step's cost grows with the rows, so the gain is mostly the padding and the waiting
+# that static groups carry, as in the simulator. Timings on a shared machine vary from run to run: read
+# the ratio, not the absolute numbers, and run `bench/serving.py` for a full measurement.
+#
+# ## Summary
+#
+# * Static batching pads to the longest prompt and output and makes requests wait for full batches; on a
+#   long-tailed workload most of its compute is padding (measured above).
+# * Iteration-level scheduling re-forms the batch every step; KV blocks limit admission; when they run
+#   out, the newest request is preempted and recomputed, and the run still completes.
+# * Judge a policy by its tail latency and its goodput under an SLO, across offered loads, not by its
+#   peak throughput.
+# * Chunked prefill bounds step time and so the decode hiccups; disaggregation removes prefill from the
+#   decode workers at the price of a KV transfer.

@@ -1,0 +1,456 @@
+# Source of the notebook beside this file (same name, .ipynb). After editing it, run
+#     python tools/nb.py sync --from-py
+# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
+
+# %% [markdown] id="c002"
+# # Lab 00 · Measuring inference: metrics and sampling
+#
+# In this lab you implement, from scratch, the two small toolkits every later module relies on:
+#
+# * **Part A–B (5 points): latency metrics.** From the timestamps a generation loop records, compute
+#   TTFT, TPOT, end-to-end latency, tokens/s, and percentiles over many requests.
+# * **Part C–E (5 points): sampling.** Top-k and top-p (nucleus) filtering, temperature, and drawing a token.
+#
+# How it works:
+#
+# * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
+# * Each part is followed by a test cell. Run it: the tests you see check fixed examples and tell you
+#   what was expected and what came. When grading, **hidden tests** also check your functions on fresh
+#   random inputs against the course's reference implementation, so make them correct in general, not
+#   only on the examples.
+# * Use plain Python, `math`, `numpy` and `torch`. Do not import the answers from `course_lib.perf` or
+#   `course_lib.generation`: the hidden tests check that the functions are your own.
+# * Everything runs on a CPU in seconds. Total: 10 points.
+
+# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+import math
+import time
+
+import numpy as np
+import torch
+
+from course_lib.grading.checks import check_close, check_equal, check_raises
+
+
+def _own_work(fn, name):
+    """The grader's check that `fn` is the student's own function, not course_lib's reference."""
+    if getattr(fn, "__module__", None) != "__main__":
+        raise AssertionError(f"{name} must be defined in this notebook, not imported "
+                             f"(it comes from {getattr(fn, '__module__', '?')})")
+    for ref in getattr(getattr(fn, "__code__", None), "co_names", ()):
+        obj = fn.__globals__.get(ref)
+        mod = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
+        if isinstance(mod, str) and mod.startswith(("course_lib.perf", "course_lib.generation")):
+            raise AssertionError(f"{name} calls {ref} from {mod}: write it yourself")
+
+
+def _p_off_boundaries(logits, p, gap=1e-4):
+    """True when no token's cumulative probability lies within `gap` of p, so that correct answers
+    written with a different rounding order cannot disagree (the grader draws p again otherwise)."""
+    probs = torch.softmax(logits.double(), dim=-1).sort(dim=-1, descending=True).values
+    before = probs.cumsum(-1) - probs
+    return bool(((before - p).abs() > gap).all())
+
+# %% [markdown] id="c004"
+# ## Part A · Metrics of one request (3 points)
+#
+# A request starts at time `start` and produces tokens `0 .. n-1` at times `times[0] <= ... <= times[n-1]`
+# (seconds, one clock). Implement:
+#
+# | function | definition |
+# |---|---|
+# | `ttft(start, times)` | time to first token: `times[0] - start` |
+# | `e2e_latency(start, times)` | end-to-end latency: `times[-1] - start` |
+# | `tpot(times)` | time per output token after the first: `(times[-1] - times[0]) / (n - 1)` (the mean gap between consecutive tokens; there are n - 1 gaps) |
+# | `tokens_per_second(start, times)` | `n / e2e_latency(start, times)` (what one user sees, prefill included) |
+#
+# Raise a `ValueError` when `times` is empty (no token: nothing to measure), and in `tpot` when there
+# are fewer than 2 times. `times` may be a list or a numpy array.
+
+# %% id="c005" nbgrader={"grade_id": "metrics", "solution": true}
+def ttft(start, times):
+    """Time to first token (seconds)."""
+    ### BEGIN SOLUTION
+    if len(times) == 0:
+        raise ValueError("times is empty: no token was produced")
+    return float(times[0]) - float(start)
+    ### END SOLUTION
+
+
+def e2e_latency(start, times):
+    """End-to-end latency (seconds): from the start to the last token."""
+    ### BEGIN SOLUTION
+    if len(times) == 0:
+        raise ValueError("times is empty: no token was produced")
+    return float(times[-1]) - float(start)
+    ### END SOLUTION
+
+
+def tpot(times):
+    """Time per output token after the first (seconds per token)."""
+    ### BEGIN SOLUTION
+    if len(times) < 2:
+        raise ValueError(f"TPOT needs at least 2 token times, got {len(times)}")
+    return (float(times[-1]) - float(times[0])) / (len(times) - 1)
+    ### END SOLUTION
+
+
+def tokens_per_second(start, times):
+    """Tokens per second of the request, prefill included."""
+    ### BEGIN SOLUTION
+    return len(times) / e2e_latency(start, times)
+    ### END SOLUTION
+
+# %% id="c006" nbgrader={"grade_id": "ttft_e2e_tests", "grade": true, "points": 1}
+start, times = 100.0, [100.25, 100.30, 100.45, 100.50]
+check_close(ttft(start, times), 0.25, "ttft(100.0, [100.25, 100.30, 100.45, 100.50])")
+check_close(e2e_latency(start, times), 0.50, "e2e_latency(100.0, [100.25, 100.30, 100.45, 100.50])")
+check_close(ttft(2.0, np.array([2.5])), 0.5, "ttft(2.0, np.array([2.5])) (a numpy array, one token)")
+check_raises(lambda: ttft(0.0, []), ValueError, "ttft(0.0, []) (no tokens)")
+check_raises(lambda: e2e_latency(0.0, []), ValueError, "e2e_latency(0.0, []) (no tokens)")
+print("Part A (TTFT, E2E): visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.perf import metrics as _ref
+
+_own_work(ttft, "ttft")
+_own_work(e2e_latency, "e2e_latency")
+_seed = time.time_ns() % 2**32
+_rng = np.random.default_rng(_seed)
+for _ in range(50):
+    _n = int(_rng.integers(1, 40))
+    _start = float(_rng.uniform(0, 1e3))
+    _times = _start + _rng.exponential(0.2) + np.cumsum(_rng.exponential(0.03, size=_n))
+    _what = f"(random trace, seed {_seed}: start={_start:.4f}, {_n} times from {_times[0]:.4f})"
+    check_close(ttft(_start, list(_times)), _ref.ttft(_start, list(_times)), "ttft " + _what, rtol=1e-9)
+    check_close(e2e_latency(_start, list(_times)), _ref.e2e_latency(_start, list(_times)),
+                "e2e_latency " + _what, rtol=1e-9)
+### END HIDDEN TESTS
+
+# %% id="c007" nbgrader={"grade_id": "tpot_tps_tests", "grade": true, "points": 2}
+start, times = 100.0, [100.25, 100.30, 100.45, 100.50]
+check_close(tpot(times), 0.25 / 3, "tpot([100.25, 100.30, 100.45, 100.50]) (4 tokens: 3 gaps)")
+check_close(tokens_per_second(start, times), 8.0, "tokens_per_second(100.0, [100.25, 100.30, 100.45, 100.50])")
+check_close(tpot(np.array([1.0, 1.5])), 0.5, "tpot(np.array([1.0, 1.5]))")
+check_close(tokens_per_second(0.0, [0.25]), 4.0, "tokens_per_second(0.0, [0.25]) (one token)")
+check_raises(lambda: tpot([1.0]), ValueError, "tpot([1.0]) (one token: no gap)")
+check_raises(lambda: tpot([]), ValueError, "tpot([]) (no tokens)")
+check_raises(lambda: tokens_per_second(0.0, []), ValueError, "tokens_per_second(0.0, []) (no tokens)")
+print("Part A (TPOT, tokens/s): visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.perf import metrics as _ref
+
+_own_work(tpot, "tpot")
+_own_work(tokens_per_second, "tokens_per_second")
+_seed = time.time_ns() % 2**32
+_rng = np.random.default_rng(_seed)
+for _ in range(50):
+    _n = int(_rng.integers(2, 40))
+    _start = float(_rng.uniform(0, 1e3))
+    _times = _start + _rng.exponential(0.2) + np.cumsum(_rng.exponential(0.03, size=_n))
+    _what = f"(random trace, seed {_seed}: start={_start:.4f}, {_n} times from {_times[0]:.4f})"
+    check_close(tpot(list(_times)), _ref.tpot(list(_times)), "tpot " + _what, rtol=1e-9)
+    check_close(tokens_per_second(_start, list(_times)), _ref.tokens_per_second(_start, list(_times)),
+                "tokens_per_second " + _what, rtol=1e-9)
+### END HIDDEN TESTS
+
+# %% [markdown] id="c008"
+# ## Part B · Percentiles over requests (2 points)
+#
+# A service is judged by its slow requests, so latencies are reported as percentiles: p50 (the median),
+# p90, p99. Implement `percentile(values, q)` for `q` in `[0, 100]` with **linear interpolation**, the
+# default of `numpy.percentile`:
+#
+# 1. sort the values: `v[0] <= v[1] <= ... <= v[n-1]`;
+# 2. the percentile sits at the fractional position `r = q / 100 * (n - 1)`;
+# 3. with `i = floor(r)` and `f = r - i`, the answer is `v[i] + f * (v[i+1] - v[i])` (just `v[n-1]` when `i = n - 1`).
+#
+# Example: `[15, 20, 35, 40, 50]`, q = 40: r = 1.6, so 20 + 0.6 × (35 − 20) = 29.
+# Raise a `ValueError` for empty `values` or `q` outside `[0, 100]`. Do not call `np.percentile` or
+# `np.quantile` (the tests compare against them).
+
+# %% id="c009" nbgrader={"grade_id": "percentile", "solution": true}
+def percentile(values, q):
+    """q-th percentile (q in [0, 100]) of values, numpy's linear interpolation."""
+    ### BEGIN SOLUTION
+    v = sorted(float(x) for x in values)
+    if not v:
+        raise ValueError("values is empty")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    r = q / 100 * (len(v) - 1)
+    i = math.floor(r)
+    if i >= len(v) - 1:
+        return v[-1]
+    return v[i] + (r - i) * (v[i + 1] - v[i])
+    ### END SOLUTION
+
+# %% id="c010" nbgrader={"grade_id": "percentile_tests", "grade": true, "points": 2}
+v = [15, 20, 35, 40, 50]
+for q, want in [(0, 15), (40, 29.0), (50, 35), (90, 46.0), (99, 49.6), (100, 50)]:
+    check_close(percentile(v, q), want, f"percentile([15, 20, 35, 40, 50], {q})")
+check_close(percentile([40, 15, 50, 35, 20], 40), 29.0, "percentile([40, 15, 50, 35, 20], 40) (unsorted input)")
+check_close(percentile([7.0], 99), 7.0, "percentile([7.0], 99) (one value)")
+check_close(percentile(np.array([1.0, 2.0]), 25), 1.25, "percentile(np.array([1.0, 2.0]), 25)")
+check_raises(lambda: percentile([], 50), ValueError, "percentile([], 50)")
+check_raises(lambda: percentile([1, 2], 101), ValueError, "percentile([1, 2], 101)")
+check_raises(lambda: percentile([1, 2], -1), ValueError, "percentile([1, 2], -1)")
+print("Part B: visible tests passed")
+### BEGIN HIDDEN TESTS
+_own_work(percentile, "percentile")
+_used = {"percentile", "quantile", "nanpercentile", "nanquantile"} & set(percentile.__code__.co_names)
+if _used:
+    raise AssertionError(f"percentile calls {sorted(_used)}: implement the interpolation yourself")
+_seed = time.time_ns() % 2**32
+_rng = np.random.default_rng(_seed)
+for _ in range(200):
+    _n = int(_rng.integers(1, 50))
+    _vals = _rng.lognormal(-3, 1, size=_n)
+    _q = float(_rng.choice([0, 50, 90, 99, 100])) if _rng.random() < 0.3 else float(_rng.uniform(0, 100))
+    check_close(percentile(list(_vals), _q), np.percentile(_vals, _q),
+                f"percentile of {_n} random values (seed {_seed}) at q={_q}", rtol=1e-9)
+### END HIDDEN TESTS
+
+# %% [markdown] id="c011"
+# ## Part C · Top-k filtering (1 point)
+#
+# Sampling turns the model's **logits** (one score per vocabulary token, shape `[..., V]`) into a token.
+# Top-k keeps only the k most likely tokens: `top_k_filter(logits, k)` returns a new tensor of the same
+# shape where every logit smaller than the row's k-th largest is set to `-inf` (so its probability
+# becomes 0). Rules:
+#
+# * work on any shape `[..., V]` (each row along the last dimension separately); do not modify the input;
+# * tokens **tied** with the k-th largest logit are kept too (Hugging Face does the same);
+# * `k >= V` keeps everything; `k < 1` (or not an int) raises a `ValueError`.
+#
+# Hint: `torch.topk(logits, k, dim=-1).values[..., -1:]` is the k-th largest value of each row.
+
+# %% id="c012" nbgrader={"grade_id": "top_k", "solution": true}
+def top_k_filter(logits, k):
+    """Keep the k largest logits per row (ties with the k-th kept); the others become -inf."""
+    ### BEGIN SOLUTION
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    k = min(k, logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+    ### END SOLUTION
+
+# %% id="c013" nbgrader={"grade_id": "top_k_tests", "grade": true, "points": 1}
+inf = float("inf")
+x = torch.tensor([0.1, 2.0, -1.0, 0.5])
+check_equal(top_k_filter(x, 2), torch.tensor([-inf, 2.0, -inf, 0.5]), "top_k_filter([0.1, 2.0, -1.0, 0.5], k=2)")
+check_equal(top_k_filter(x, 1), torch.tensor([-inf, 2.0, -inf, -inf]), "top_k_filter([0.1, 2.0, -1.0, 0.5], k=1)")
+check_equal(top_k_filter(x, 10), x, "top_k_filter([0.1, 2.0, -1.0, 0.5], k=10) (k >= V keeps all)")
+check_equal(top_k_filter(torch.tensor([1.0, 3.0, 3.0, 2.0]), 1), torch.tensor([-inf, 3.0, 3.0, -inf]),
+            "top_k_filter([1.0, 3.0, 3.0, 2.0], k=1) (ties with the k-th largest are kept)")
+xb = torch.tensor([[0.0, 1.0, 2.0], [5.0, 4.0, 3.0]])
+check_equal(top_k_filter(xb, 2), torch.tensor([[-inf, 1.0, 2.0], [5.0, 4.0, -inf]]),
+            "top_k_filter on a batch [[0, 1, 2], [5, 4, 3]], k=2 (each row separately)")
+check_equal(x, torch.tensor([0.1, 2.0, -1.0, 0.5]), "the input logits after top_k_filter (must not change)")
+check_raises(lambda: top_k_filter(x, 0), ValueError, "top_k_filter(x, k=0)")
+print("Part C: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib import generation as _gen
+
+_own_work(top_k_filter, "top_k_filter")
+_seed = time.time_ns() % 2**32
+_g = torch.Generator().manual_seed(_seed)
+for _ in range(30):
+    _shape = [int(s) for s in torch.randint(1, 6, (int(torch.randint(0, 3, (1,), generator=_g)),), generator=_g)]
+    _V = int(torch.randint(2, 300, (1,), generator=_g))
+    _x = torch.randn(*_shape, _V, generator=_g) * 3
+    _k = int(torch.randint(1, _V + 5, (1,), generator=_g))
+    _x0 = _x.clone()
+    check_equal(top_k_filter(_x, _k), _gen.top_k_filter(_x, _k),
+                f"top_k_filter on random logits of shape {tuple(_x.shape)}, k={_k} (seed {_seed})")
+    check_equal(_x, _x0, "the input logits after top_k_filter (must not change)")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c014"
+# ## Part D · Top-p (nucleus) filtering (2 points)
+#
+# Top-p keeps the **smallest set of most likely tokens whose total probability reaches p**, and sets the
+# other logits to `-inf`. With the probabilities `softmax(logits)` sorted in decreasing order, a token
+# is kept when the probability of the tokens *before* it is still below p. So:
+#
+# * the token that crosses p is **kept** (with probabilities 0.5, 0.3, 0.15, 0.05 and p = 0.55, the first
+#   two are kept: 0.5 alone does not reach 0.55);
+# * the most likely token is always kept, whatever p;
+# * `p = 1` keeps everything; `p` outside `(0, 1]` raises a `ValueError`;
+# * any shape `[..., V]`, each row separately, tokens in any order in the vocabulary; do not modify the input.
+#
+# Hints: `torch.sort(logits, dim=-1, descending=True)` gives the sorted values and the original
+# positions; `torch.cumsum`; put a boolean mask back in vocabulary order with `Tensor.scatter`.
+
+# %% id="c015" nbgrader={"grade_id": "top_p", "solution": true}
+def top_p_filter(logits, p):
+    """Keep the smallest set of most likely tokens whose probability reaches p; the others become -inf."""
+    ### BEGIN SOLUTION
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p!r}")
+    if p == 1:
+        return logits.clone()
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # probability of the tokens before each one
+    remove_sorted = before >= p
+    remove_sorted[..., 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+    ### END SOLUTION
+
+# %% id="c016" nbgrader={"grade_id": "top_p_tests", "grade": true, "points": 2}
+inf = float("inf")
+x = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+
+
+def kept(out):
+    return (~torch.isinf(out)).nonzero().flatten().tolist()
+
+
+for p, want in [(0.45, [0]), (0.55, [0, 1]), (0.7, [0, 1]), (0.9, [0, 1, 2]), (0.97, [0, 1, 2, 3]),
+                (1.0, [0, 1, 2, 3]), (1e-6, [0])]:
+    check_equal(kept(top_p_filter(x, p)), want,
+                f"kept tokens of top_p_filter(log([0.5, 0.3, 0.15, 0.05]), p={p})")
+out = top_p_filter(x, 0.7)
+check_close(out[:2], x[:2], "the kept logits of top_p_filter (they must keep their values)")
+xp = x[torch.tensor([2, 0, 3, 1])]  # the same probabilities in another vocabulary order
+check_equal(kept(top_p_filter(xp, 0.55)), [1, 3], "kept tokens of top_p_filter(log([0.15, 0.5, 0.05, 0.3]), p=0.55)")
+xb = torch.stack([x, x.flip(0)])
+check_equal(kept(top_p_filter(xb, 0.55)[1]), [2, 3], "row 2 of top_p_filter on a batch (each row separately)")
+check_equal(x, torch.tensor([0.5, 0.3, 0.15, 0.05]).log(), "the input logits after top_p_filter (must not change)")
+check_raises(lambda: top_p_filter(x, 0.0), ValueError, "top_p_filter(x, p=0.0)")
+check_raises(lambda: top_p_filter(x, 1.5), ValueError, "top_p_filter(x, p=1.5)")
+print("Part D: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib import generation as _gen
+
+_own_work(top_p_filter, "top_p_filter")
+_seed = time.time_ns() % 2**32
+_g = torch.Generator().manual_seed(_seed)
+for _ in range(40):
+    _B = int(torch.randint(1, 5, (1,), generator=_g))
+    _V = int(torch.randint(2, 300, (1,), generator=_g))
+    _x = torch.randn(_B, _V, generator=_g) * float(torch.empty(1).uniform_(0.3, 6, generator=_g))
+    _p = float(torch.empty(1).uniform_(0.01, 1.0, generator=_g))
+    while not _p_off_boundaries(_x, _p):
+        _p = float(torch.empty(1).uniform_(0.01, 1.0, generator=_g))
+    _x0 = _x.clone()
+    _got, _want = top_p_filter(_x, _p), _gen.top_p_filter(_x, _p)
+    check_equal(torch.isinf(_got), torch.isinf(_want),
+                f"which logits top_p_filter removes, random logits of shape {tuple(_x.shape)}, p={_p:.4f} (seed {_seed})")
+    check_close(_got, _want, f"top_p_filter on random logits, p={_p:.4f} (seed {_seed})")
+    check_equal(_x, _x0, "the input logits after top_p_filter (must not change)")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c017"
+# ## Part E · Temperature and sampling (2 points)
+#
+# Put it together. `sampling_probs(logits, temperature=1.0, top_k=None, top_p=None)` returns the
+# probabilities the next token is drawn from, shape `[..., V]`, in this order (the order Hugging Face uses):
+#
+# 1. **temperature**: divide the logits by `temperature` (below 1 sharpens, above 1 flattens). Temperature
+#    **0 means greedy**: return a one-hot distribution at the argmax (first index among equal maxima);
+#    a negative temperature raises a `ValueError`;
+# 2. **top-k** with your `top_k_filter` (if `top_k` is not None);
+# 3. **top-p** with your `top_p_filter` (if `top_p` is not None), on the *temperature-scaled* logits;
+# 4. softmax over the last dimension.
+#
+# `sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None)` draws one token id per row
+# (`[..., V] -> [...]`, dtype int64) from `sampling_probs`, with `torch.multinomial(..., generator=generator)`;
+# for temperature 0 it returns the argmax.
+
+# %% id="c018" nbgrader={"grade_id": "sampling", "solution": true}
+def sampling_probs(logits, temperature=1.0, top_k=None, top_p=None):
+    """The distribution of the next token: temperature, then top-k, then top-p, then softmax."""
+    ### BEGIN SOLUTION
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        idx = torch.argmax(logits, dim=-1, keepdim=True)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter(-1, idx, 1.0)
+    x = logits.float() / temperature
+    if top_k is not None:
+        x = top_k_filter(x, top_k)
+    if top_p is not None:
+        x = top_p_filter(x, top_p)
+    return torch.softmax(x, dim=-1)
+    ### END SOLUTION
+
+
+def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """One token id per row, drawn from sampling_probs (argmax for temperature 0)."""
+    ### BEGIN SOLUTION
+    probs = sampling_probs(logits, temperature, top_k, top_p)
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    ### END SOLUTION
+
+# %% id="c019" nbgrader={"grade_id": "sampling_tests", "grade": true, "points": 2}
+x = torch.tensor([2.0, 1.0, 0.5, -1.0])
+check_close(sampling_probs(x), torch.softmax(x, -1), "sampling_probs([2, 1, 0.5, -1]) (temperature 1)", atol=1e-7)
+check_close(sampling_probs(x, temperature=0.0), torch.tensor([1.0, 0, 0, 0]),
+            "sampling_probs([2, 1, 0.5, -1], temperature=0) (greedy: one-hot at the argmax)")
+check_close(sampling_probs(x, 0.5, top_k=2), torch.tensor([0.880797, 0.119203, 0, 0]),
+            "sampling_probs([2, 1, 0.5, -1], temperature=0.5, top_k=2)", atol=1e-5)
+check_close(sampling_probs(x, 2.0, top_p=0.8), torch.tensor([0.481024, 0.291756, 0.227220, 0]),
+            "sampling_probs([2, 1, 0.5, -1], temperature=2, top_p=0.8) (top-p after the temperature)", atol=1e-5)
+check_raises(lambda: sampling_probs(x, temperature=-1.0), ValueError, "sampling_probs(x, temperature=-1)")
+xb = torch.tensor([[0.0, 3.0, 1.0], [2.0, 2.0, 1.0], [5.0, -1.0, 5.5]])
+check_equal(sample(xb, temperature=0.0), torch.tensor([1, 0, 2]), "sample(batch, temperature=0) (argmax per row)")
+draws = sample(x.expand(4000, -1), 1.0, top_k=3, generator=torch.Generator().manual_seed(0))
+check_equal(tuple(draws.shape), (4000,), "the shape of sample(logits of shape [4000, 4])")
+check_equal(draws.dtype, torch.int64, "the dtype of sample(...)")
+check_equal(int((draws == 3).sum()), 0, "how often sample(..., top_k=3) drew the filtered token 3")
+freq = torch.bincount(draws, minlength=4).double() / 4000
+check_close(freq[:3], sampling_probs(x, 1.0, top_k=3)[:3].double(),
+            "the sampled frequencies of tokens 0-2 (4000 draws, top_k=3)", atol=0.035)
+print("Part E: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib import generation as _gen
+
+_own_work(sampling_probs, "sampling_probs")
+_own_work(sample, "sample")
+_seed = time.time_ns() % 2**32
+_g = torch.Generator().manual_seed(_seed)
+for _ in range(30):
+    _B = int(torch.randint(1, 5, (1,), generator=_g))
+    _V = int(torch.randint(2, 200, (1,), generator=_g))
+    _x = torch.randn(_B, _V, generator=_g) * 3
+    _t = float(torch.empty(1).uniform_(0.2, 2.5, generator=_g))
+    _k = int(torch.randint(1, _V + 3, (1,), generator=_g)) if bool(torch.rand(1, generator=_g) < 0.6) else None
+    _p = float(torch.empty(1).uniform_(0.05, 1.0, generator=_g)) if bool(torch.rand(1, generator=_g) < 0.6) else None
+    _xk = _gen.top_k_filter(_x / _t, _k) if _k is not None else _x / _t
+    while _p is not None and not _p_off_boundaries(_xk, _p):
+        _p = float(torch.empty(1).uniform_(0.05, 1.0, generator=_g))
+    _what = f"random logits {tuple(_x.shape)}, temperature={_t:.3f}, top_k={_k}, top_p={_p} (seed {_seed})"
+    _want = _gen.sampling_probs(_x, _t, _k, _p)
+    check_close(sampling_probs(_x, _t, _k, _p), _want, "sampling_probs on " + _what, atol=1e-6)
+    check_close(sampling_probs(_x, 0.0), _gen.sampling_probs(_x, 0.0), "sampling_probs(temperature=0) on " + _what)
+    check_equal(sample(_x, 0.0, _k, _p), _x.argmax(-1), "sample(temperature=0) on " + _what)
+    _d = sample(_x, _t, _k, _p, generator=torch.Generator().manual_seed(_seed))
+    check_equal(tuple(_d.shape), (_B,), "the shape of sample on " + _what)
+    check_equal(bool((_want.gather(-1, _d.long()[:, None]) > 0).all()), True,
+                "sample drew only tokens with a non-zero probability, on " + _what)
+### END HIDDEN TESTS
+
+# %% [markdown] id="c020"
+# ## Putting it together (not graded)
+#
+# Your metrics on a real generation: `course_lib.generation.generate` runs the course's bundled model
+# and records when each token was ready. Compare your numbers with the trace's own.
+
+# %% id="c021"
+from course_lib.generation import generate
+from course_lib.models import load
+
+model, tok = load("tiny", device="cpu", verbose=False)
+prompt = tok("def fibonacci(n):\n", add_special_tokens=False)["input_ids"]
+tokens, trace = generate(model, prompt, 12)
+print(f"mine: TTFT {ttft(trace.start, trace.times) * 1e3:.2f} ms, TPOT {tpot(trace.times) * 1e3:.2f} ms, "
+      f"{tokens_per_second(trace.start, trace.times):.1f} tokens/s")
+print(f"ref:  TTFT {trace.ttft * 1e3:.2f} ms, TPOT {trace.tpot * 1e3:.2f} ms, {trace.tokens_per_second:.1f} tokens/s")
+logits = model(torch.tensor([prompt]))[0, -1].detach()
+print("tokens kept by top-p 0.9:", int((sampling_probs(logits, 1.0, top_p=0.9) > 0).sum()), "of", logits.numel())

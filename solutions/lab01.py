@@ -1,0 +1,319 @@
+# Source of the notebook beside this file (same name, .ipynb). After editing it, run
+#     python tools/nb.py sync --from-py
+# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
+
+# %% [markdown] id="c002"
+# # Lab 01 — Where the time goes
+#
+# In this lab you write the small formulas behind module 01: the FLOPs, bytes and arithmetic intensity
+# of a matrix multiplication, the roofline of a device, whether an operation is memory- or
+# compute-bound, the fastest possible decode step, and the batch size at which decoding stops being
+# memory-bound.
+#
+# * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).
+# * Run the test cell under it: the visible tests check fixed examples and tell you what was expected.
+#   When the lab is graded, more tests run on random inputs, so write the general formula, not the
+#   examples' answers.
+# * Use plain Python numbers (no need for torch). Units: FLOPs, bytes, seconds, FLOP/s, bytes/s.
+#
+# 5 exercises, 2 points each.
+
+# %% id="c003"
+import math
+import os
+import random
+import time
+
+from course_lib.grading.checks import check_close, check_equal
+
+# Numbers you will need (dense, from the datasheets; course_lib.perf.GPUS has them all):
+A100_FP16_FLOPS = 312e12       # NVIDIA A100 (80 GB SXM): fp16 tensor cores, FLOP/s
+A100_BANDWIDTH = 2039e9        # its HBM2e bandwidth, bytes/s
+H100_FP16_FLOPS = 989.4e12     # NVIDIA H100 SXM
+H100_BANDWIDTH = 3350e9
+
+# %% [markdown] id="c004"
+# ## Exercise 1 — FLOPs, bytes and intensity of a matmul (2 points)
+#
+# A matrix multiplication `[m, k] × [k, n] → [m, n]` does `m·n·k` multiply-adds, and each multiply-add is
+# **two** floating-point operations. Assume it reads both inputs from memory once and writes its output
+# once; every element takes `bytes_per_element` bytes (4 for fp32, 2 for fp16, 1 for int8, 0.5 for int4).
+#
+# Write `matmul_cost(m, n, k, bytes_per_element)` returning the tuple `(flops, nbytes, intensity)`, where
+# `intensity = flops / nbytes` (FLOP per byte).
+
+# %% id="c005" nbgrader={"grade_id": "matmul_cost", "solution": true}
+def matmul_cost(m, n, k, bytes_per_element):
+    """FLOPs, bytes moved and FLOP/byte of [m, k] x [k, n] -> [m, n]."""
+    ### BEGIN SOLUTION
+    flops = 2 * m * n * k
+    nbytes = bytes_per_element * (m * k + k * n + m * n)
+    return flops, nbytes, flops / nbytes
+    ### END SOLUTION
+
+# %% id="c006" nbgrader={"grade_id": "matmul_cost_tests", "grade": true, "points": 2}
+# A decode step of a 4096-wide projection in fp16: one row times a 4096 x 4096 weight.
+flops, nbytes, intensity = matmul_cost(1, 4096, 4096, 2)
+check_equal(flops, 33_554_432, "matmul_cost(1, 4096, 4096, 2): FLOPs (2 per multiply-add)")
+check_equal(nbytes, 33_570_816, "matmul_cost(1, 4096, 4096, 2): bytes (input + weight + output, 2 bytes each)")
+check_close(intensity, 0.99951195, "matmul_cost(1, 4096, 4096, 2): FLOP/byte", rtol=1e-6)
+# The same weight in a prefill of 2048 tokens.
+check_close(matmul_cost(2048, 4096, 4096, 2)[2], 1024.0, "matmul_cost(2048, 4096, 4096, 2): FLOP/byte")
+# fp32 halves the intensity of the same matmul
+check_close(matmul_cost(2048, 4096, 4096, 4)[2], 512.0, "matmul_cost(2048, 4096, 4096, 4): FLOP/byte")
+### BEGIN HIDDEN TESTS
+from course_lib.perf.intensity import matmul_cost as _ref_matmul_cost
+
+_rng = random.Random(time.time_ns())
+for _ in range(25):
+    _m, _n, _k = _rng.randint(1, 9000), _rng.randint(1, 9000), _rng.randint(1, 9000)
+    _b = _rng.choice([0.5, 1, 2, 4])
+    _ref = _ref_matmul_cost(_m, _n, _k, _b)
+    _got = matmul_cost(_m, _n, _k, _b)
+    _what = f"matmul_cost({_m}, {_n}, {_k}, {_b})"
+    check_close(_got[0], _ref.flops, _what + ": FLOPs", rtol=1e-9)
+    check_close(_got[1], _ref.bytes, _what + ": bytes", rtol=1e-9)
+    check_close(_got[2], _ref.intensity, _what + ": FLOP/byte", rtol=1e-9)
+### END HIDDEN TESTS
+
+# %% [markdown] id="c007"
+# ## Exercise 2 — The roofline (2 points)
+#
+# A device with peak throughput `peak_flops` (FLOP/s) and memory bandwidth `bandwidth` (bytes/s) can run
+# an operation of arithmetic intensity `I` at most at `min(peak_flops, I × bandwidth)` FLOP/s. The two
+# limits meet at the **ridge point**, the intensity `peak_flops / bandwidth`.
+#
+# Write `ridge_point(peak_flops, bandwidth)` (FLOP/byte) and `attainable(intensity, peak_flops, bandwidth)`
+# (FLOP/s).
+
+# %% id="c008" nbgrader={"grade_id": "roofline", "solution": true}
+def ridge_point(peak_flops, bandwidth):
+    """Intensity (FLOP/byte) where the roofline bends."""
+    ### BEGIN SOLUTION
+    return peak_flops / bandwidth
+    ### END SOLUTION
+
+
+def attainable(intensity, peak_flops, bandwidth):
+    """Best possible FLOP/s for an operation of this intensity."""
+    ### BEGIN SOLUTION
+    return min(peak_flops, intensity * bandwidth)
+    ### END SOLUTION
+
+# %% id="c009" nbgrader={"grade_id": "roofline_tests", "grade": true, "points": 2}
+check_close(ridge_point(A100_FP16_FLOPS, A100_BANDWIDTH), 153.01618, "ridge_point of an A100 80GB in fp16", rtol=1e-6)
+check_close(ridge_point(H100_FP16_FLOPS, H100_BANDWIDTH), 295.34328, "ridge_point of an H100 SXM in fp16", rtol=1e-6)
+check_close(attainable(1.0, A100_FP16_FLOPS, A100_BANDWIDTH), 2.039e12,
+            "attainable(1 FLOP/byte) on an A100: memory-bound, intensity x bandwidth")
+check_close(attainable(1000.0, A100_FP16_FLOPS, A100_BANDWIDTH), 312e12,
+            "attainable(1000 FLOP/byte) on an A100: compute-bound, the peak")
+check_close(attainable(153.01618, A100_FP16_FLOPS, A100_BANDWIDTH), 312e12,
+            "attainable at the ridge point: the peak", rtol=1e-6)
+### BEGIN HIDDEN TESTS
+from course_lib.perf.hardware import DeviceSpec as _DeviceSpec
+from course_lib.perf.roofline import attainable_flops as _ref_attainable
+from course_lib.perf.roofline import ridge_point as _ref_ridge
+
+_rng = random.Random(time.time_ns())
+for _ in range(25):
+    _peak = _rng.uniform(1e12, 2e15)
+    _bw = _rng.uniform(1e11, 8e12)
+    _dev = _DeviceSpec("random device", bandwidth_gbs=_bw / 1e9, peak_tflops={"fp16": _peak / 1e12})
+    _what = f"peak_flops={_peak:.6g}, bandwidth={_bw:.6g}"
+    check_close(ridge_point(_peak, _bw), _ref_ridge(_dev, "fp16"), "ridge_point(" + _what + ")", rtol=1e-9)
+    for _I in (_rng.uniform(0.01, 10), _rng.uniform(10, 3000), _rng.uniform(0, 1e5)):
+        check_close(attainable(_I, _peak, _bw), _ref_attainable(_I, _dev, "fp16"),
+                    f"attainable({_I:.6g}, {_what})", rtol=1e-9)
+### END HIDDEN TESTS
+
+# %% [markdown] id="c010"
+# ## Exercise 3 — Memory-bound or compute-bound, and how long at least (2 points)
+#
+# * `classify(intensity, peak_flops, bandwidth)` returns the string `"memory-bound"` when the intensity is
+#   below the ridge point and `"compute-bound"` when it is at or above it.
+# * `op_time(flops, nbytes, peak_flops, bandwidth)` returns the shortest possible time (seconds) of an
+#   operation: it cannot compute faster than the peak nor move its bytes faster than the bandwidth, so
+#   its time is the larger of the two.
+
+# %% id="c011" nbgrader={"grade_id": "bound_and_time", "solution": true}
+def classify(intensity, peak_flops, bandwidth):
+    """'memory-bound' or 'compute-bound'."""
+    ### BEGIN SOLUTION
+    return "compute-bound" if intensity >= peak_flops / bandwidth else "memory-bound"
+    ### END SOLUTION
+
+
+def op_time(flops, nbytes, peak_flops, bandwidth):
+    """Lower bound on the time of an operation, in seconds."""
+    ### BEGIN SOLUTION
+    return max(flops / peak_flops, nbytes / bandwidth)
+    ### END SOLUTION
+
+# %% id="c012" nbgrader={"grade_id": "bound_and_time_tests", "grade": true, "points": 2}
+check_equal(classify(1.0, A100_FP16_FLOPS, A100_BANDWIDTH), "memory-bound",
+            "classify: a decode projection (about 1 FLOP/byte) on an A100")
+check_equal(classify(1024.0, A100_FP16_FLOPS, A100_BANDWIDTH), "compute-bound",
+            "classify: a 2048-token prefill projection (1024 FLOP/byte) on an A100")
+check_equal(classify(200.0, A100_FP16_FLOPS, A100_BANDWIDTH), "compute-bound", "classify: 200 FLOP/byte on an A100")
+check_equal(classify(200.0, H100_FP16_FLOPS, H100_BANDWIDTH), "memory-bound", "classify: 200 FLOP/byte on an H100")
+check_equal(classify(10.0, 100.0, 10.0), "compute-bound", "classify exactly at the ridge point (10 FLOP/byte)")
+# A decode projection of a 7B model in fp16 on an A100: 33.6 MFLOP, 33.6 MB -> bandwidth decides.
+check_close(op_time(33_554_432, 33_570_816, A100_FP16_FLOPS, A100_BANDWIDTH), 33_570_816 / 2039e9,
+            "op_time of a decode projection on an A100 (bytes / bandwidth)")
+# The same weight in a 2048-token prefill: 68.7 GFLOP, 67.1 MB -> the peak decides.
+check_close(op_time(68_719_476_736, 67_108_864, A100_FP16_FLOPS, A100_BANDWIDTH), 68_719_476_736 / 312e12,
+            "op_time of a prefill projection on an A100 (FLOPs / peak)")
+### BEGIN HIDDEN TESTS
+from course_lib.perf.hardware import DeviceSpec as _DeviceSpec
+from course_lib.perf.roofline import classify as _ref_classify
+from course_lib.perf.roofline import roofline_time as _ref_time
+
+_rng = random.Random(time.time_ns())
+for _ in range(30):
+    _peak = _rng.uniform(1e12, 2e15)
+    _bw = _rng.uniform(1e11, 8e12)
+    _dev = _DeviceSpec("random device", bandwidth_gbs=_bw / 1e9, peak_tflops={"fp16": _peak / 1e12})
+    _I = _rng.choice([_rng.uniform(0.01, 50), _rng.uniform(50, 5000)])
+    check_equal(classify(_I, _peak, _bw), _ref_classify(_I, _dev, "fp16"),
+                f"classify({_I:.6g}, peak_flops={_peak:.6g}, bandwidth={_bw:.6g})")
+    _f, _nb = _rng.uniform(1e6, 1e14), _rng.uniform(1e5, 1e11)
+    check_close(op_time(_f, _nb, _peak, _bw), _ref_time(_f, _nb, _dev, "fp16"),
+                f"op_time({_f:.6g}, {_nb:.6g}, peak_flops={_peak:.6g}, bandwidth={_bw:.6g})", rtol=1e-9)
+### END HIDDEN TESTS
+
+# %% [markdown] id="c013"
+# ## Exercise 4 — The fastest possible decode step (2 points)
+#
+# In a decode step every weight of the model is read from memory once (whatever the batch), and each
+# sequence's KV cache is read too. Memory bandwidth therefore sets a floor on the time per step:
+#
+# `(num_params × bytes_per_param + kv_cache_bytes) / bandwidth` seconds.
+#
+# Write `min_decode_latency(num_params, bytes_per_param, bandwidth, kv_cache_bytes=0)`.
+
+# %% id="c014" nbgrader={"grade_id": "decode_latency", "solution": true}
+def min_decode_latency(num_params, bytes_per_param, bandwidth, kv_cache_bytes=0):
+    """Seconds per decode step at best (memory-bound: read every weight and the KV cache once)."""
+    ### BEGIN SOLUTION
+    return (num_params * bytes_per_param + kv_cache_bytes) / bandwidth
+    ### END SOLUTION
+
+# %% id="c015" nbgrader={"grade_id": "decode_latency_tests", "grade": true, "points": 2}
+# A 7B model in fp16 on an A100 80GB: 14 GB / 2.039 TB/s, about 7 ms per token.
+check_close(min_decode_latency(7e9, 2, A100_BANDWIDTH), 6.8661108e-3, "min_decode_latency(7e9, fp16, A100)", rtol=1e-6)
+# Llama-2-7B has 6,738,415,616 parameters.
+check_close(min_decode_latency(6_738_415_616, 2, A100_BANDWIDTH), 6.6095298e-3,
+            "min_decode_latency(Llama-2-7B, fp16, A100)", rtol=1e-6)
+check_close(min_decode_latency(7e9, 0.5, A100_BANDWIDTH), 1.7165277e-3, "min_decode_latency(7e9, int4, A100)", rtol=1e-6)
+check_close(min_decode_latency(7e9, 2, H100_BANDWIDTH, kv_cache_bytes=2e9), 4.7761194e-3,
+            "min_decode_latency(7e9, fp16, H100, with a 2 GB KV cache)", rtol=1e-6)
+### BEGIN HIDDEN TESTS
+from course_lib.perf.hardware import DeviceSpec as _DeviceSpec
+from course_lib.perf.roofline import min_decode_latency as _ref_latency
+
+_rng = random.Random(time.time_ns())
+for _ in range(25):
+    _n = _rng.uniform(1e8, 5e11)
+    _b = _rng.choice([0.5, 1, 2, 4])
+    _bw = _rng.uniform(1e11, 8e12)
+    _kv = _rng.choice([0, _rng.uniform(1e6, 1e11)])
+    _dev = _DeviceSpec("random device", bandwidth_gbs=_bw / 1e9, peak_tflops={"fp16": 100})
+    check_close(min_decode_latency(_n, _b, _bw, _kv), _ref_latency(_n, _dev, _b, kv_cache_bytes=_kv),
+                f"min_decode_latency({_n:.6g}, {_b}, {_bw:.6g}, kv_cache_bytes={_kv:.6g})", rtol=1e-9)
+### END HIDDEN TESTS
+
+# %% [markdown] id="c016"
+# ## Exercise 5 — When does decoding stop being memory-bound? (2 points)
+#
+# Decoding `B` sequences together turns a weight matmul into `[B, d_in] × [d_in, d_out]`: the weight is read
+# once for the whole batch, so the intensity grows with `B`. Write
+# `critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth)` returning the **smallest integer
+# batch size `B ≥ 1`** at which this matmul is compute-bound (its intensity is at or above the ridge point),
+# or `None` if no batch size gets there.
+#
+# Hint: write the intensity as a function of `B` (exercise 1) and solve `intensity(B) = ridge` for `B`; or
+# search. Careful: the intensity cannot exceed `2·d_in·d_out / (bytes_per_element·(d_in + d_out))`, however
+# large the batch.
+
+# %% id="c017" nbgrader={"grade_id": "critical_batch", "solution": true}
+def critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth):
+    """Smallest integer batch at which [B, d_in] x [d_in, d_out] is compute-bound, or None."""
+    ### BEGIN SOLUTION
+    ridge = peak_flops / bandwidth
+    a, W, A = bytes_per_element, d_in * d_out, d_in + d_out
+    # 2 B W / (a (B A + W)) = ridge  ->  B (2 W - ridge a A) = ridge a W
+    den = 2 * W - ridge * a * A
+    if den <= 0:
+        return None
+    b = max(1, math.ceil(ridge * a * W / den))
+
+    def intensity(batch):
+        return 2 * batch * W / (a * (batch * A + W))
+
+    while b > 1 and intensity(b - 1) >= ridge:  # guard against rounding at an exact integer
+        b -= 1
+    while intensity(b) < ridge:
+        b += 1
+    return b
+    ### END SOLUTION
+
+# %% id="c018" nbgrader={"grade_id": "critical_batch_tests", "grade": true, "points": 2}
+check_equal(critical_batch(4096, 4096, 2, A100_FP16_FLOPS, A100_BANDWIDTH), 166,
+            "critical_batch(4096, 4096, fp16, A100)")
+check_equal(critical_batch(4096, 11008, 2, H100_FP16_FLOPS, H100_BANDWIDTH), 328,
+            "critical_batch(4096, 11008, fp16, H100)")
+check_equal(critical_batch(8192, 8192, 1, 624e12, A100_BANDWIDTH), 159,
+            "critical_batch(8192, 8192, int8 at 624 TOPS, A100)")
+check_equal(critical_batch(64, 64, 2, H100_FP16_FLOPS, H100_BANDWIDTH), None,
+            "critical_batch(64, 64, fp16, H100): never compute-bound")
+check_equal(critical_batch(4096, 4096, 2, 1e12, 1e12), 2,
+            "critical_batch(4096, 4096, fp16) on a device whose ridge is 1 FLOP/byte")
+check_equal(critical_batch(4096, 4096, 1, 1e12, 1e12), 1,
+            "critical_batch(4096, 4096, int8) on a device whose ridge is 1 FLOP/byte (batch 1 is enough)")
+### BEGIN HIDDEN TESTS
+from course_lib.perf.hardware import DeviceSpec as _DeviceSpec
+from course_lib.perf.intensity import matmul_cost as _ref_matmul_cost
+from course_lib.perf.roofline import critical_batch as _ref_critical
+
+_rng = random.Random(time.time_ns())
+for _ in range(30):
+    _din, _dout = _rng.choice([_rng.randint(16, 512), _rng.randint(512, 32768)]), _rng.randint(16, 32768)
+    _b = _rng.choice([1, 2, 4])
+    _peak, _bw = _rng.uniform(5e12, 2e15), _rng.uniform(1e11, 8e12)
+    _dev = _DeviceSpec("random device", bandwidth_gbs=_bw / 1e9, peak_tflops={"fp16": _peak / 1e12})
+    _ridge = _peak / _bw
+    _ref = _ref_critical(_din, _dout, _dev, _b, peak_dtype="fp16")
+    _got = critical_batch(_din, _dout, _b, _peak, _bw)
+    _what = f"critical_batch({_din}, {_dout}, {_b}, {_peak:.6g}, {_bw:.6g})"
+    if math.isinf(_ref):
+        check_equal(_got, None, _what + " (never compute-bound)")
+        continue
+    if not isinstance(_got, int) or _got < 1:
+        raise AssertionError(f"{_what}: expected a positive integer batch size, got {_got!r}")
+    if _ref_matmul_cost(_got, _dout, _din, _b).intensity < _ridge * (1 - 1e-12):
+        raise AssertionError(f"{_what}: batch {_got} is still memory-bound; expected {max(1, math.ceil(_ref))}")
+    if _got > 1 and _ref_matmul_cost(_got - 1, _dout, _din, _b).intensity >= _ridge * (1 + 1e-12):
+        raise AssertionError(f"{_what}: batch {_got - 1} is already compute-bound; expected {max(1, math.ceil(_ref))}")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c019"
+# ## Extension (not graded): your own machine
+#
+# `course_lib.perf.measure_device()` measures this machine's copy bandwidth and matmul throughput (a few
+# seconds on a CPU). Use your functions on it: where is its ridge point, and at what batch size would a
+# 4096 × 4096 fp32 projection become compute-bound here? (Skipped during grading.)
+
+# %% id="c020"
+if os.environ.get("NBGRADER_EXECUTION"):
+    print("skipped while grading")
+else:
+    from course_lib.perf import device_bench
+
+    local = device_bench.measure_device(quick=True)
+    peak, bw = local.peak_flops(local.default_dtype), local.bandwidth
+    print(f"{local.name}: {bw / 1e9:.1f} GB/s, {peak / 1e9:.1f} GFLOP/s ({local.default_dtype})")
+    try:
+        print(f"ridge point: {ridge_point(peak, bw):.1f} FLOP/byte; a 4096 x 4096 fp32 projection turns "
+              f"compute-bound at batch {critical_batch(4096, 4096, 4, peak, bw)}")
+    except NotImplementedError:
+        print("finish exercises 2 and 5 first")

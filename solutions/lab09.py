@@ -1,0 +1,295 @@
+# Source of the notebook beside this file (same name, .ipynb). After editing it, run
+#     python tools/nb.py sync --from-py
+# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
+
+# %% [markdown] id="c002"
+# # Lab 09 · A continuous-batching scheduler
+#
+# In this lab you write the heart of a continuous-batching server (Module 09): the scheduler that, at
+# every engine step, decides which requests run, which new ones start, and which one gives its memory
+# back when the KV cache is full. You plug it into the course's serving simulator and compare it with
+# the reference.
+#
+# * **Part A (2 points): KV blocks.** How many blocks a request needs.
+# * **Part B (6 points): the scheduler.** Admission under the KV budget, preemption of the newest
+#   request, first come first served.
+# * **Part C (2 points): goodput.** Requests per second that met the latency targets.
+#
+# How it works:
+#
+# * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
+# * Each part is followed by a test cell with fixed examples. When grading, **hidden tests** also run
+#   your scheduler on fresh random workloads and compare every request's token times with the course's
+#   reference scheduler, so follow the specification exactly.
+# * Plain Python only; do not import `fcfs_schedule` or `blocks_needed` from `course_lib`: the hidden tests
+#   check that the code is your own. Everything runs on a CPU in seconds. Total: 10 points.
+
+# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+import math
+import random
+import time
+
+from course_lib.grading.checks import check_close, check_equal
+from course_lib.serving import (ContinuousBatching, Decision, Request, SeqView, StepCostModel, check_invariants,
+                                make_workload, simulate)
+
+COST = StepCostModel()          # roughly a 7B model on an A100: seconds per engine step
+
+
+def _own_work(fn, name):
+    """The grader's check that `fn` is the student's own function, not course_lib's."""
+    if getattr(fn, "__module__", None) != "__main__":
+        raise AssertionError(f"{name} must be defined in this notebook (it comes from {fn.__module__})")
+    for ref in fn.__code__.co_names:
+        val = fn.__globals__.get(ref)
+        mod = getattr(val, "__module__", None) or ""
+        if isinstance(mod, str) and mod.startswith("course_lib.serving") and ref in ("fcfs_schedule", "blocks_needed",
+                                                                                   "_blocks"):
+            raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
+
+# %% [markdown] id="c004"
+# ## The simulator and the scheduler hook
+#
+# The simulator runs an engine in **steps**. In one step every running request that is decoding produces
+# one token, and every request that was just admitted is prefilled (its whole prompt is processed) and
+# produces its first token. KV memory is cut into blocks of `block_size` tokens.
+#
+# Before each step the simulator calls **your** function:
+#
+# ```python
+# decision = schedule(waiting, running, free_blocks, block_size, max_batch)
+# ```
+#
+# * `waiting`: a list of `SeqView`s in queue order (the head first);
+# * `running`: a list of `SeqView`s in admission order (the oldest first);
+# * `free_blocks`: the number of free KV blocks; `max_batch`: the most requests that may run at once.
+#
+# A `SeqView` has `rid` (the request id), `arrival_s`, `blocks` (the blocks it holds now: 0 for a waiting
+# request) and `need`: the number of tokens it must have KV room for **after the next step** (a running
+# request that decodes needs its context + 1; a waiting request needs its whole prompt). You return
+# `Decision(preempt=[rids], admit=[rids])`; the simulator then frees the blocks of the preempted requests
+# (they go back to the **head** of the waiting queue, to be prefilled again later with the tokens they
+# already generated: *recompute*), gives every remaining running request the blocks its `need` asks for,
+# allocates the blocks of the admitted ones, and runs the step. It also handles completion: a request
+# that emitted its last token leaves the batch and its blocks are freed.
+#
+# ## Part A · KV blocks (2 points)
+#
+# Implement `blocks_needed(tokens, block_size)`: the number of blocks that hold `tokens` tokens,
+# i.e. ceil(tokens / block_size) (0 tokens need 0 blocks). Raise `ValueError` if `block_size` is not a
+# positive integer or `tokens` is not an integer >= 0. Use integer arithmetic (no floats: they round
+# wrongly for huge numbers).
+
+# %% id="c005" nbgrader={"grade_id": "blocks_answer", "solution": true}
+def blocks_needed(tokens, block_size):
+    ### BEGIN SOLUTION
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
+    return -(-tokens // block_size)
+    ### END SOLUTION
+
+# %% id="c006" nbgrader={"grade_id": "blocks_tests", "grade": true, "points": 2}
+check_equal([blocks_needed(t, 16) for t in (0, 1, 15, 16, 17, 32, 33)], [0, 1, 1, 1, 2, 2, 3],
+            "blocks_needed(t, 16) for t = 0, 1, 15, 16, 17, 32, 33")
+check_equal(blocks_needed(10**18 + 1, 10**9), 10**9 + 1, "blocks_needed(10**18 + 1, 10**9) (integer arithmetic)")
+for _bad in ((5, 0), (5, -16), (-1, 16), (2.5, 16)):
+    try:
+        blocks_needed(*_bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"blocks_needed{_bad} should raise ValueError")
+print("Part A: visible tests passed")
+### BEGIN HIDDEN TESTS
+_own_work(blocks_needed, "blocks_needed")
+_rng = random.Random(time.time_ns())
+for _ in range(500):
+    _t, _b = _rng.randrange(0, 10**6), _rng.randrange(1, 300)
+    check_equal(blocks_needed(_t, _b), -(-_t // _b), f"blocks_needed({_t}, {_b})")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c007"
+# ## Part B · The scheduler (6 points)
+#
+# Implement `schedule(waiting, running, free_blocks, block_size, max_batch)` (first come, first served,
+# as vLLM's default scheduler):
+#
+# 1. **Growth, oldest first.** Walk `running` from the oldest. A request needs
+#    `blocks_needed(r.need, block_size) - r.blocks` more blocks (often 0). While there are not enough free
+#    blocks for it, **preempt the newest running request** (the last one not yet preempted): add its rid to
+#    `preempt` and its `blocks` to the free count. If the request that needs the blocks is itself the
+#    newest one left, preempt it and stop the walk. Otherwise take its blocks from the free count and go on
+#    to the next request.
+# 2. **Admission, only if nothing was preempted in this step.** Walk `waiting` from the head: admit a
+#    request if the batch still has room (running requests left + admitted so far < `max_batch`) and its
+#    `blocks_needed(w.need, block_size)` blocks fit in the free count; then subtract them. **Stop at the
+#    first request that does not fit**: no later request may overtake it (FCFS).
+#
+# Return `Decision(preempt=..., admit=...)` (lists of rids; `admit` in queue order). Never admit more
+# than the free blocks allow: a server that over-subscribes its KV memory crashes or corrupts outputs.
+
+# %% id="c008" nbgrader={"grade_id": "schedule_answer", "solution": true}
+def schedule(waiting, running, free_blocks, block_size, max_batch):
+    ### BEGIN SOLUTION
+    run = list(running)
+    free = free_blocks
+    preempt = []
+    i = 0
+    while i < len(run):
+        r = run[i]
+        extra = max(0, blocks_needed(r.need, block_size) - r.blocks)
+        while extra > free and len(run) > i + 1:
+            victim = run.pop()
+            preempt.append(victim.rid)
+            free += victim.blocks
+        if extra > free:
+            run.pop()
+            preempt.append(r.rid)
+            free += r.blocks
+            break
+        free -= extra
+        i += 1
+    admit = []
+    if not preempt:
+        for w in waiting:
+            nb = blocks_needed(w.need, block_size)
+            if len(run) + len(admit) >= max_batch or nb > free:
+                break
+            admit.append(w.rid)
+            free -= nb
+    return Decision(preempt=preempt, admit=admit)
+    ### END SOLUTION
+
+# %% id="c009" nbgrader={"grade_id": "schedule_tests", "grade": true, "points": 6}
+V = SeqView   # SeqView(rid, arrival_s, blocks, need)
+# admission: 10 tokens need 1 block, 40 tokens 3; with 3 free blocks 0 is admitted, 1 does not fit, 2 waits behind it
+d = schedule([V(0, 0.0, 0, 10), V(1, 0.1, 0, 40), V(2, 0.2, 0, 5)], [], 3, 16, 8)
+check_equal((sorted(d.preempt), d.admit), ([], [0]), "(preempt, admit) with 3 free blocks, prompts of 10, 40, 5 "
+            "tokens (request 1 needs 3 blocks, only 2 are left: stop there, FCFS)")
+d = schedule([V(0, 0.0, 0, 10), V(1, 0.1, 0, 10)], [V(5, 0.0, 1, 3)], 9, 16, 2)
+check_equal(d.admit, [0], "admit with max_batch=2 and one request already running")
+# growth: request 7 (16 tokens -> 17) needs a 2nd block, there is none free: the newest (9) is preempted
+run = [V(7, 0.0, 1, 17), V(8, 0.1, 2, 20), V(9, 0.2, 1, 5)]
+d = schedule([V(3, 0.3, 0, 4)], run, 0, 16, 8)
+check_equal((sorted(d.preempt), d.admit), ([9], []), "(preempt, admit): request 7 needs a block, none is free "
+            "(preempt the newest, 9; admit nobody in a step that preempted)")
+d = schedule([], [V(7, 0.0, 1, 17), V(8, 0.1, 1, 33)], 0, 16, 8)
+check_equal(sorted(d.preempt), [8], "preempt when the oldest (7) needs 1 more block and none is free "
+            "(the newest, 8, is preempted and its block goes to 7)")
+check_equal(schedule([V(1, 0.0, 0, 5)], [V(0, 0.0, 1, 16)], 0, 16, 8).admit, [],
+            "admit when no block is free (a 5-token prompt needs 1 block)")
+# the whole simulation on a fixed small workload with a scarce KV pool
+_reqs = make_workload(40, rate=30.0, seed=9, max_context=512, prompt_median=120, output_median=60)
+_pol = ContinuousBatching(max_batch=16, scheduler=schedule)
+_mine = simulate(_reqs, _pol, cost=COST, num_blocks=60, block_size=16, strict=False)
+check_equal(check_invariants(_mine, _reqs), [], "rules broken by your scheduler on the fixed workload "
+            "(60 blocks of 16)")
+_ref = simulate(_reqs, ContinuousBatching(max_batch=16), cost=COST, num_blocks=60, block_size=16)
+check_equal(len(_mine.preemptions), len(_ref.preemptions), "number of preemptions on the fixed workload")
+check_close([r.finish_s for r in _mine.records], [r.finish_s for r in _ref.records],
+            "finishing times of the 40 requests (s)", rtol=1e-9)
+print(f"Part B: visible tests passed ({len(_mine.preemptions)} preemptions, throughput "
+      f"{_mine.summary()['throughput_tok_s']:.0f} tok/s)")
+### BEGIN HIDDEN TESTS
+from course_lib.serving import fcfs_schedule as _ref_schedule
+
+_own_work(schedule, "schedule")
+_seed = time.time_ns() % 2**32
+_rng = random.Random(_seed)
+# direct decisions on random states
+for _trial in range(300):
+    _bs = _rng.choice([1, 4, 16])
+    _run = []
+    for _k in range(_rng.randint(0, 6)):
+        _need = _rng.randint(1, 80)
+        _held = blocks_needed(_need, _bs) - _rng.choice([0, 0, 1])
+        _run.append(V(_k, 0.1 * _k, max(0, _held), _need))
+    _wait = [V(100 + _k, 1.0 + _k, 0, _rng.randint(1, 80)) for _k in range(_rng.randint(0, 5))]
+    _free, _mb = _rng.randint(0, 12), _rng.randint(1, 8)
+    _want = _ref_schedule(_wait, _run, _free, _bs, _mb)
+    _got = schedule(_wait, _run, _free, _bs, _mb)
+    _what = (f"schedule(waiting={_wait}, running={_run}, free_blocks={_free}, block_size={_bs}, max_batch={_mb}) "
+             f"(seed {_seed})")
+    check_equal(sorted(_got.preempt), sorted(_want.preempt), "preempt of " + _what)
+    check_equal(list(_got.admit), _want.admit, "admit of " + _what)
+# whole runs on fresh random workloads: invariants, then the same token times as the reference
+for _trial in range(4):
+    _s = _rng.randrange(2**31)
+    _reqs = make_workload(_rng.randint(20, 50), rate=_rng.uniform(5, 60), arrival=_rng.choice(["poisson", "bursty"]),
+                          seed=_s, max_context=512, prompt_median=_rng.choice([30, 120]), output_median=60)
+    _nb, _mb = _rng.randint(32, 120), _rng.choice([4, 16, 64])
+    _pol = ContinuousBatching(max_batch=_mb, scheduler=schedule)
+    _mine = simulate(_reqs, _pol, cost=COST, num_blocks=_nb, block_size=16, strict=False)
+    _what = f"workload seed {_s}, {len(_reqs)} requests, {_nb} blocks, max_batch {_mb}"
+    check_equal(check_invariants(_mine, _reqs), [], "rules broken on " + _what)
+    _ref = simulate(_reqs, ContinuousBatching(max_batch=_mb), cost=COST, num_blocks=_nb, block_size=16)
+    check_equal([r.rid for r in sorted(_mine.records, key=lambda r: (r.finish_s, r.rid))],
+                [r.rid for r in sorted(_ref.records, key=lambda r: (r.finish_s, r.rid))], "completion order on " + _what)
+    check_close([r.finish_s for r in _mine.records], [r.finish_s for r in _ref.records],
+                "finishing times on " + _what, rtol=1e-9)
+    check_close(_mine.summary()["throughput_tok_s"], _ref.summary()["throughput_tok_s"], "throughput on " + _what,
+                rtol=1e-9)
+### END HIDDEN TESTS
+
+# %% [markdown] id="c010"
+# ## Part C · Goodput (2 points)
+#
+# A service promises a **service-level objective**: here, the time to first token must be at most
+# `ttft_slo` seconds **and** the mean time per output token at most `tpot_slo` seconds. Implement
+# `goodput(ttfts, tpots, ttft_slo, tpot_slo, duration_s)`: the number of requests meeting both limits
+# (`<=`), divided by `duration_s`. `ttfts` and `tpots` are equally long lists (one entry per request).
+# Raise `ValueError` if their lengths differ or `duration_s` is not positive.
+
+# %% id="c011" nbgrader={"grade_id": "goodput_answer", "solution": true}
+def goodput(ttfts, tpots, ttft_slo, tpot_slo, duration_s):
+    ### BEGIN SOLUTION
+    if len(ttfts) != len(tpots):
+        raise ValueError(f"ttfts and tpots must have the same length, got {len(ttfts)} and {len(tpots)}")
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be positive, got {duration_s!r}")
+    ok = sum(1 for a, b in zip(ttfts, tpots) if a <= ttft_slo and b <= tpot_slo)
+    return ok / duration_s
+    ### END SOLUTION
+
+# %% id="c012" nbgrader={"grade_id": "goodput_tests", "grade": true, "points": 2}
+check_close(goodput([0.5, 1.0, 2.0, 0.1], [0.01, 0.05, 0.01, 0.2], 1.0, 0.05, 2.0), 1.0,
+            "goodput: 2 of 4 requests meet TTFT <= 1 s and TPOT <= 50 ms (limits included), over 2 s")
+for _args in (([1.0], [], 1.0, 1.0, 1.0), ([1.0], [1.0], 1.0, 1.0, 0.0)):
+    try:
+        goodput(*_args)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"goodput{_args} should raise ValueError")
+_res = simulate(make_workload(30, rate=10.0, seed=3, max_context=512), ContinuousBatching(16), cost=COST, num_blocks=200)
+_span = max(r.finish_s for r in _res.records) - min(r.arrival_s for r in _res.records)
+print(f"goodput of a simulated run at TTFT <= 0.2 s, TPOT <= 15 ms: "
+      f"{goodput([r.ttft for r in _res.records], [r.tpot for r in _res.records], 0.2, 0.015, _span):.2f} req/s")
+print("Part C: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.serving import goodput as _ref_goodput
+
+_rng = random.Random(time.time_ns())
+for _ in range(50):
+    _n = _rng.randint(1, 40)
+    _a = [_rng.choice([0.5, 1.0, _rng.uniform(0, 2)]) for _ in range(_n)]
+    _b = [_rng.choice([0.05, _rng.uniform(0, 0.1)]) for _ in range(_n)]
+    _d = _rng.uniform(0.5, 20)
+    _want = sum(1 for x, y in zip(_a, _b) if x <= 1.0 and y <= 0.05) / _d
+    check_close(goodput(_a, _b, 1.0, 0.05, _d), _want, f"goodput({_a}, {_b}, 1.0, 0.05, {_d})")
+_res = simulate(make_workload(25, rate=_rng.uniform(5, 20), seed=_rng.randrange(2**31), max_context=512),
+                ContinuousBatching(16), cost=COST, num_blocks=200)
+_span = max(r.finish_s for r in _res.records) - min(r.arrival_s for r in _res.records)
+check_close(goodput([r.ttft for r in _res.records], [r.tpot for r in _res.records], 0.3, 0.02, _span),
+            _ref_goodput(_res, 0.3, 0.02), "goodput of a simulated run vs course_lib.serving.goodput")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c013"
+# ## Going further (not graded)
+#
+# * Run your scheduler at a few KV budgets and plot throughput and preemptions against the budget.
+# * Change the admission rule to keep a *watermark* (admit only if some blocks stay free for the running
+#   requests to grow into): fewer preemptions, but a smaller batch. Which gives the better p99 latency?
+# * Try `ChunkedPrefill(max_batch, token_budget, scheduler=schedule)`: your scheduler works unchanged.
