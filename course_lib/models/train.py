@@ -253,6 +253,13 @@ def repeated_ngram_share(tokens: list[int], n: int = 4) -> float:
     return repeats / max(1, len(grams))
 
 
+def middle_prompt(tok, text: str, prompt_tokens: int) -> list[int]:
+    """`prompt_tokens` token ids ending at the middle of `text`: code with context before it."""
+    ids = tok(text, verbose=False)["input_ids"]
+    start = max(0, len(ids) // 2 - prompt_tokens)
+    return ids[start:start + prompt_tokens]
+
+
 def greedy_samples(model, tok, texts: list[str], n: int = 4, prompt_tokens: int = 96,
                    new_tokens: int = 64) -> list[dict]:
     """Greedy continuations of `n` held-out prompts (each from the middle of a file): the model card's
@@ -260,9 +267,7 @@ def greedy_samples(model, tok, texts: list[str], n: int = 4, prompt_tokens: int 
     from course_lib.generation import generate
     out = []
     for text in texts[:n]:
-        ids = tok(text)["input_ids"]
-        start = max(0, len(ids) // 2 - prompt_tokens)
-        prompt = ids[start:start + prompt_tokens]
+        prompt = middle_prompt(tok, text, prompt_tokens)
         new = generate(model, prompt, max_new_tokens=new_tokens).tokens.tolist()
         out.append({"prompt_tail": tok.decode(prompt[-24:]), "continuation": tok.decode(new),
                     "repeated_4gram_share": round(repeated_ngram_share(new), 3)})
@@ -277,9 +282,7 @@ def repetition(model, tok, texts: list[str], n: int = 12, prompt_tokens: int = 9
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     greedy, sampled = [], []
     for text in texts[:n]:
-        ids = tok(text)["input_ids"]
-        start = max(0, len(ids) // 2 - prompt_tokens)
-        prompt = ids[start:start + prompt_tokens]
+        prompt = middle_prompt(tok, text, prompt_tokens)
         greedy.append(repeated_ngram_share(generate(model, prompt, max_new_tokens=new_tokens).tokens.tolist()))
         sampled.append(repeated_ngram_share(generate(model, prompt, max_new_tokens=new_tokens, temperature=0.8,
                                                      top_k=40, generator=gen).tokens.tolist()))
