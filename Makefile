@@ -56,8 +56,9 @@ labs: setup-dev
 	$(DEV)/bin/course build-labs
 
 ## Instructors: grade a folder of downloaded submissions, e.g.  make grade SUBMISSIONS=~/Downloads/lab01
+## (GRADE_FLAGS=--require-sandbox refuses to grade without bubblewrap; see README "For instructors")
 grade: setup-dev
-	$(DEV)/bin/course grade "$(SUBMISSIONS)"
+	$(DEV)/bin/course grade "$(SUBMISSIONS)" $(GRADE_FLAGS)
 
 doctor: setup
 	$(VENV)/bin/course doctor
@@ -70,8 +71,8 @@ bench: setup
 ## if it beats the scratch draft), then the target's Medusa heads.
 train: setup
 	$(VENV)/bin/python -m course_lib.models.train
-	$(VENV)/bin/python -m course_lib.distill --continue-from-bundled --steps 250 --lr 1e-3 --warmup 10 --seed 1 --threads 2 --out build/distill
-	$(VENV)/bin/python -m course_lib.distill --install-from build/distill
+	$(VENV)/bin/python -m course_lib.models.distill_draft --continue-from-bundled --steps 250 --lr 1e-3 --warmup 10 --seed 1 --threads 2 --out build/distill
+	$(VENV)/bin/python -m course_lib.models.distill_draft --install-from build/distill
 	$(VENV)/bin/python -m course_lib.speculative.medusa --threads 2
 
 ## On a machine with a CUDA GPU: the whole suite, every notebook at full size, the roofline benches.

@@ -1,4 +1,4 @@
-"""Continuous batching (course_lib.serving.engine) vs static batching vs HF batched generate.
+"""Continuous batching (course_lib.serving.Engine) vs static batching vs HF batched generate.
 
     python bench/serving.py                 (or: course bench serving)
     python bench/serving.py --requests 96 --rate 6 --repeats 3 --no-hf
@@ -22,7 +22,7 @@ import torch
 from _common import print_table, save
 
 from course_lib.models import load
-from course_lib.serving.engine import compare_with_static, synthetic_workload
+from course_lib.serving import compare_with_static, synthetic_workload
 
 COLS = ["mode", "system", "requests", "tokens", "wall_s", "tokens_per_s", "speedup", "p50_latency_s",
         "p90_latency_s", "p50_ttft_s", "preemptions"]
@@ -49,8 +49,7 @@ def main(argv=None):
         kw["num_blocks"] = args.num_blocks
     rows, t = [], time.perf_counter()
     for replay in (False, True):
-        wl = synthetic_workload(args.requests, seed=0, vocab_size=model.config.vocab_size,
-                                rate=args.rate if replay else None)
+        wl = synthetic_workload(args.requests, seed=0, rate=args.rate if replay else None)
         rows += compare_with_static(model, wl, batch_size=tuple(args.static_batch), replay=replay,
                                     hf=not args.no_hf and not replay, repeats=args.repeats, **kw)
     print_table(rows, COLS)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import sys
 import time
 
+from course_lib import env
+
 
 def checks() -> list[tuple[str, bool, str, bool]]:
     """(name, ok, detail, required) for each check."""
-    from course_lib import env
     rows: list[tuple[str, bool, str, bool]] = []
     caps = env.capabilities()
     rows.append(("python", sys.version_info >= (3, 10), caps.python, True))
@@ -36,7 +37,7 @@ def checks() -> list[tuple[str, bool, str, bool]]:
     for name in ("tiny", "tiny-draft"):
         try:
             import torch
-            from course_lib.models import load
+            from course_lib.models import load   # here: a broken install is a failed row, not a traceback
             t0 = time.perf_counter()
             model, tok = load(name, device="cpu", verbose=False)
             ids = torch.tensor([tok("def main():")["input_ids"]], device=model.device)

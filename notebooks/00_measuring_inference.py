@@ -345,9 +345,9 @@ print(M.format_summary(summary))
 
 ttfts = [t.ttft for t in traces]
 for q in (50, 90, 99):
-    assert summary["ttft"][q] == np.percentile(ttfts, q)  # the same numbers numpy gives
-assert summary["ttft"][50] <= summary["ttft"][90] <= summary["ttft"][99] <= max(ttfts)
-print(f"p99 TTFT {summary['ttft'][99] * 1e3:.2f} ms vs the slowest request {max(ttfts) * 1e3:.2f} ms")
+    assert summary[f"ttft_p{q}"] == np.percentile(ttfts, q)  # the same numbers numpy gives
+assert summary["ttft_p50"] <= summary["ttft_p90"] <= summary["ttft_p99"] <= max(ttfts)
+print(f"p99 TTFT {summary['ttft_p99'] * 1e3:.2f} ms vs the slowest request {max(ttfts) * 1e3:.2f} ms")
 
 # %% id="c027"
 fig, axes = plt.subplots(1, 2, figsize=(9, 3))
@@ -355,7 +355,7 @@ for ax, key, label in [(axes[0], "ttft", "TTFT (ms)"), (axes[1], "e2e", "end-to-
     vals = np.sort([getattr(t, key) for t in traces]) * 1e3
     ax.step(vals, np.arange(1, len(vals) + 1) / len(vals), where="post", marker="o", ms=3)
     for q, c in [(50, "C1"), (90, "C2"), (99, "C3")]:
-        ax.axvline(summary[key][q] * 1e3, color=c, ls="--", label=f"p{q}")
+        ax.axvline(summary[f"{key}_p{q}"] * 1e3, color=c, ls="--", label=f"p{q}")
     ax.set(xlabel=label, ylabel="fraction of requests")
     ax.legend()
 fig.suptitle(f"{N_REQUESTS} requests")
@@ -559,7 +559,7 @@ print(f"Summary on {caps.device_name} ({DEVICE.type}):")
 print(f"  first call {cold_ratio:.1f}x the warm median")
 print(f"  single request: TTFT {m1.ttft * 1e3:.1f} ms, TPOT {m1.tpot * 1e3:.1f} ms, {m1.tokens_per_second:.0f} tokens/s")
 print(f"  {N_REQUESTS} requests: p50/p90/p99 TTFT = "
-      + " / ".join(f"{summary['ttft'][q] * 1e3:.1f}" for q in (50, 90, 99)) + " ms")
+      + " / ".join(f"{summary[f'ttft_p{q}'] * 1e3:.1f}" for q in (50, 90, 99)) + " ms")
 print(f"  cost: ${cost:,.2f} per 1M tokens at ${PRICE_PER_HOUR:.2f}/h")
 print(f"  weights {format_bytes(w)}; autograd would add {format_bytes(per_token)} per token without no_grad")
 

@@ -29,7 +29,7 @@ SEQ_LEN = 128 if QUICK else 448         # prompt length for the bundled model (i
 DECODE_CONTEXT = 64 if QUICK else 256   # tokens in the KV cache when we time one decode step
 BATCHES = [1, 8, 32] if QUICK else [1, 2, 4, 8, 16, 32, 64]  # decode batch sweep on this machine
 REPEATS = 5 if QUICK else 20            # timed runs per measurement (after warm-up)
-BIG_MODEL = "llama2-7b"                 # analytic only: a published architecture, no weights needed
+BIG_MODEL = "llama-2-7b"                 # analytic only: a published architecture, no weights needed
 BIG_SEQ = 1024
 
 # %% id="c004"
@@ -44,11 +44,12 @@ import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 from course_lib.env import capabilities
-from course_lib.models import load
+from course_lib.models import LlamaConfig, as_config, load
 from course_lib.perf.device_bench import (count_ops, measure_device, op_overhead, time_decode_step,
                                           time_forward)
 from course_lib.perf.hardware import GPUS, hardware_table
-from course_lib.perf.intensity import ModelShape, as_model, intensity_table, seed_table
+from course_lib.perf.intensity import intensity_table
+from course_lib.perf.notes_forms import notes_table
 from course_lib.perf.roofline import (COMPUTE_BOUND, MEMORY_BOUND, analyze, classify, critical_batch,
                                       decode_critical_batch, min_decode_latency, ridge_point)
 from course_lib.perf.timing import benchmark
@@ -90,7 +91,7 @@ assert t_prefill / SEQ_LEN < t_decode, "a prompt token should be cheaper than a 
 # The tables analyse one layer of a transformer with multi-head attention (all projections `D × D`), a
 # `4D` relu MLP, sequence length `L`, model dimension `D = n_h × H` (`H` = head dimension). For each
 # operation they divide the **work**, counted in multiply-adds, by the **traffic**, counted in elements of
-# the inputs and output. Attention rows are per head. `seed_table` rebuilds them row by row, and
+# the inputs and output. Attention rows are per head. `notes_table` rebuilds them row by row, and
 # since it only uses `+` and `×`, we can feed it sympy symbols and compare with the printed closed forms.
 
 # %% id="c008"
@@ -105,7 +106,7 @@ NOTES = {
                12: D / (2 + D), 13: 4 * D / (5 + 4 * D), 15: 4 * D / (5 + 4 * D)},
 }
 for phase in ("prefill", "decode"):
-    sym = seed_table(phase, L, D, head_dim=H)
+    sym = notes_table(phase, L, D, head_dim=H)
     checked = 0
     for row in sym:
         if row.no in NOTES[phase]:
@@ -121,14 +122,14 @@ for phase in ("prefill", "decode"):
 # intensities are exact fractions; the last column is the formula the tables print.
 
 # %% id="c010"
-seed_pre = seed_table("prefill", 2048, 4096, num_heads=32)
-seed_dec = seed_table("decode", 2048, 4096, num_heads=32)
-display(seed_pre)
-display(seed_dec)
-assert seed_pre[0].intensity == Fraction(2048 * 4096, 2 * 2048 + 4096) == 1024
-assert seed_dec[0].intensity == Fraction(4096, 4098)
-print(f"prefill Q projection: {float(seed_pre[0].intensity):.0f} multiply-adds per element; "
-      f"decode: {float(seed_dec[0].intensity):.4f}")
+notes_pre = notes_table("prefill", 2048, 4096, num_heads=32)
+notes_dec = notes_table("decode", 2048, 4096, num_heads=32)
+display(notes_pre)
+display(notes_dec)
+assert notes_pre[0].intensity == Fraction(2048 * 4096, 2 * 2048 + 4096) == 1024
+assert notes_dec[0].intensity == Fraction(4096, 4098)
+print(f"prefill Q projection: {float(notes_pre[0].intensity):.0f} multiply-adds per element; "
+      f"decode: {float(notes_dec[0].intensity):.4f}")
 
 # %% [markdown] id="c011"
 # The tables' conclusion already shows: in prefill a projection does about `L·D/(2L+D)` ≈ 1000 units of
@@ -151,21 +152,23 @@ print(f"prefill Q projection: {float(seed_pre[0].intensity):.0f} multiply-adds p
 # >   query heads, so smaller K/V projections and KV cache), a SwiGLU MLP with three matrices, RMSNorm,
 # >   rotary embeddings, and an LM head over the vocabulary. The refined table below counts all of them.
 #
-# The first three points, computed on the tables' own architecture:
+# The first three points, computed on the tables' own sizes (multi-head attention, `D × D` projections, a
+# `4D`-wide MLP: the real table's up and down projections are the tables' two MLP matrices):
 
 # %% id="c012"
-notes_arch = ModelShape(hidden_size=4096, num_heads=32, mlp="relu", intermediate_size=4 * 4096, name="tables' layer")
-seed = seed_table("prefill", 2048, 4096, num_heads=32)
+notes_arch = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32,
+                         intermediate_size=4 * 4096, num_hidden_layers=1, name="tables' layer")
+notes = notes_table("prefill", 2048, 4096, num_heads=32)
 pairs = {1: "q_proj", 2: "k_proj", 3: "v_proj", 10: "o_proj", 11: "up_proj", 13: "down_proj"}
 for dtype, factor in (("fp16", 1), ("fp32", 0.5), ("int8", 2)):
     real = intensity_table(notes_arch, "prefill", 2048, dtype=dtype)
     for no, name in pairs.items():
-        s, r = seed[no - 1], real[name]
+        s, r = notes[no - 1], real[name]
         assert r.flops == 2 * s.flops                          # FLOPs = 2 x multiply-adds
         assert r.bytes == s.bytes * {"fp16": 2, "fp32": 4, "int8": 1}[dtype]  # bytes = elements x size
         assert math.isclose(r.intensity, float(s.intensity) * factor, rel_tol=1e-12)
     print(f"{dtype}: real FLOP/byte = {factor} x the tables' number, e.g. Q projection "
-          f"{real['q_proj'].intensity:.1f} vs {float(seed[0].intensity):.1f}")
+          f"{real['q_proj'].intensity:.1f} vs {float(notes[0].intensity):.1f}")
 
 # %% [markdown] id="c013"
 # The scale: draw random queries and keys with unit-variance entries (the regime the `1/√d` scaling is
@@ -224,7 +227,7 @@ display(tiny_dec)
 # which counts each matmul it sees as `2·M·N·K`. With the math backend of `scaled_dot_product_attention`
 # the two attention matmuls are visible to it too. It counts only matmuls, so we compare with the
 # table's matmul FLOPs (weights + attention); the elementwise ops are conventions (see
-# `course_lib.perf.intensity.ELEMENTWISE_FLOPS`) and a small share anyway.
+# `course_lib.perf.ops.ELEMENTWISE_FLOPS`) and a small share anyway.
 
 # %% id="c018"
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -255,7 +258,7 @@ assert elementwise_share < 0.05
 # architecture is needed, not its weights.
 
 # %% id="c020"
-big = as_model(BIG_MODEL)
+big = as_config(BIG_MODEL)
 big_pre = intensity_table(big, "prefill", BIG_SEQ, dtype="fp16")
 big_dec = intensity_table(big, "decode", BIG_SEQ, dtype="fp16")
 display(big_dec)
@@ -469,7 +472,7 @@ print(f"QK^T intensity: batch 1 {d1['qk'].intensity:.3f}, batch 64 {d64['qk'].in
       f"q_proj: {d1['q_proj'].intensity:.2f} -> {d64['q_proj'].intensity:.1f}")
 assert math.isclose(d1["qk"].intensity, d64["qk"].intensity, rel_tol=1e-9)
 assert d64["q_proj"].intensity > 50 * d1["q_proj"].intensity
-kv64 = big.kv_cache_bytes(64, BIG_SEQ + 1, "fp16")
+kv64 = big.kv_cache_bytes(BIG_SEQ + 1, 64, bytes_per_element=2)   # fp16
 print(f"KV cache of 64 x {BIG_SEQ} tokens: {kv64 / 1e9:.1f} GB (weights {big.num_parameters() * 2 / 1e9:.1f} GB); "
       f"that step is {d64.kv_bytes() / d64.bytes:.0%} KV-cache traffic")
 assert d64.kv_bytes() > d64.weight_bytes()

@@ -97,7 +97,7 @@ for key in ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]:
 # precision. INT8 and INT4 count in units of a separately stored scale; NF4 in units of a block's absmax.
 
 # %% id="c010"
-display(Markdown(Q.format_table_markdown()))
+display(Markdown(Q.formats_table_markdown()))
 
 # %% id="c011"
 for key in ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]:

@@ -163,15 +163,15 @@ assert without_t2[-2] / without_t2[-1] > 3.5                  # without T^2: ~4x
 # %% id="c012"
 s, t = d_logits[0], t_logits[0]                                   # [T, V] draft and teacher logits
 V = s.shape[-1]
-bug_equal, good_equal = D.seed_kd_loss_buggy(t, t, 2.0).item(), D.kd_loss(t, t, 2.0).item()
+bug_equal, good_equal = D.kd_loss_double_softmax(t, t, 2.0).item(), D.kd_loss(t, t, 2.0).item()
 wrong_q = F.softmax(F.softmax(s / 2, -1), -1)                     # what the buggy loss compares against
-g_at_teacher = grad_norm(D.seed_kd_loss_buggy, t, t, 2.0)
+g_at_teacher = grad_norm(D.kd_loss_double_softmax, t, t, 2.0)
 print(f"student == teacher: correct loss {good_equal:.1e}, double-softmax loss {bug_equal:.3f}, "
       f"its gradient there {g_at_teacher:.1e}")
 print(f"double softmax's 'student distribution': max prob x V = {(wrong_q.max(-1).values * V).max():.3f} (uniform = 1)")
 # Train student logits with each loss, starting from the teacher itself (the right answer)
 results = {}
-for name, fn in (("correct", D.kd_loss), ("double softmax", D.seed_kd_loss_buggy)):
+for name, fn in (("correct", D.kd_loss), ("double softmax", D.kd_loss_double_softmax)):
     z = t.clone().requires_grad_(True)
     opt = torch.optim.Adam([z], lr=0.05)
     for _ in range(150):
@@ -314,8 +314,9 @@ print(f"white-box minus scratch (seed 0): acceptance T=1 "
 # %% [markdown] id="c023"
 # ## 6. The course's draft: distilled from the target
 #
-# Two longer runs were made offline with `python -m course_lib.distill` (CPU, minutes to an hour); their
-# reports ship with the models and are read here, and the two bundled drafts are then measured live.
+# Two longer runs were made offline with `python -m course_lib.models.distill_draft` (CPU, minutes to an
+# hour); their reports ship with the models and are read here, and the two bundled drafts are then measured
+# live.
 #
 # * **From a fresh start** at a tenth of the bundled draft's budget (150 steps x 16 x 256 tokens): the
 #   white-box student against a scratch student trained on the same windows in the same order.

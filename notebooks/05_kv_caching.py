@@ -47,13 +47,14 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+from course_lib.generation import generate
 from course_lib.kvcache import (ContiguousCache, H2OCache, LatentCache, MultiTierCache, QuantBlock,
                                 QuantizedCache, SinkCache, SlidingWindowCache, StaticCache, fit_latent,
-                                format_table, generate_with_cache, kv_cache_bytes, kv_cache_bytes_for,
-                                kv_table, MODELS, regroup_kv_heads, rotate_keys, stream_score)
-from course_lib.models import flops_per_token, load
+                                kv_cache_bytes, kv_table, regroup_kv_heads, rotate_keys, stream_score)
+from course_lib.models import flops_per_token, load, preset
 from course_lib.models.corpus import load_split
 from course_lib.perf.quality import score_texts
+from course_lib.perf.tables import format_records
 from course_lib.perf.timing import benchmark
 
 torch.manual_seed(0)
@@ -139,7 +140,9 @@ for batch in (1, 2):
         if name == "TinyCache":
             ids, logits = greedy_cached(model, prompt, GEN_TOKENS, cache)
         else:
-            ids, logits = generate_with_cache(model, prompt, GEN_TOKENS, cache=cache, return_logits=True)
+            out = generate(model, prompt, GEN_TOKENS, cache=cache, return_logits=True)  # the library's loop
+            ids = torch.cat([prompt, out.tokens.view(batch, -1).to(device)], dim=1)    # new tokens [n] or [B, n]
+            logits = out.logits.view(batch, GEN_TOKENS, -1)
         diff = (logits - want_logits).abs().max().item()
         assert torch.equal(ids, want_ids), f"{name}: different tokens"
         assert diff < 1e-3, f"{name}: logits differ by {diff}"
@@ -210,7 +213,7 @@ for n in sorted(TIMING_POSITIONS, reverse=True):        # longest first: crop() 
                  "time ratio": t_full / t_cache, "recompute MFLOP": f_full / 1e6, "cached MFLOP": f_cache / 1e6,
                  "FLOP ratio": f_full / f_cache})
 rows.sort(key=lambda r: r["position"])
-print(format_table(rows))
+print(format_records(rows))
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
 pos = [r["position"] for r in rows]
@@ -259,7 +262,7 @@ print(f"{where}: recompute grows {last['recompute ms'] / first['recompute ms']:.
 E2E_PROMPT = 32 if TIMING_BATCH == 1 else L - 1 - GEN_TOKENS
 prompt = ids[:, :E2E_PROMPT]                             # [TIMING_BATCH, E2E_PROMPT]
 t_rec = benchmark(greedy_recompute, model, prompt, GEN_TOKENS, warmup=0, repeats=1, device=device).median
-t_cac = benchmark(generate_with_cache, model, prompt, GEN_TOKENS, warmup=0, repeats=1, device=device).median
+t_cac = benchmark(generate, model, prompt, GEN_TOKENS, cache="contiguous", warmup=0, repeats=1, device=device).median
 print(f"on {device.type}, batch {TIMING_BATCH}: {GEN_TOKENS} tokens after a {E2E_PROMPT}-token prompt: "
       f"recompute {t_rec:.2f} s, cached {t_cac:.2f} s ({t_rec / t_cac:.1f}x)")
 assert t_cac < t_rec, f"cached generation must be faster end to end on {device.type} at batch {TIMING_BATCH}"
@@ -278,16 +281,16 @@ assert t_cac < t_rec, f"cached generation must be faster end to end on {device.t
 for batch, n_new, dtype in ((1, 20, torch.float32), (3, 7, torch.float32)):
     cache = ContiguousCache()
     prompt = torch.randint(1, cfg.vocab_size, (batch, 9), generator=g).to(device)
-    generate_with_cache(model, prompt, n_new, cache=cache)
+    generate(model, prompt, n_new, cache=cache)
     tokens = cache.get_seq_length()
     real = sum(t.numel() * t.element_size() for t in cache.k + cache.v)
     formula = kv_cache_bytes(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, tokens, batch,
                              bytes_per_element=torch.finfo(dtype).bits // 8)
-    assert real == formula == kv_cache_bytes_for(cfg, tokens, batch, 4)
+    assert real == formula == cfg.kv_cache_bytes(tokens, batch, 4)
     print(f"batch {batch}, {tokens} tokens: tensors hold {real:,} bytes = formula {formula:,}")
-per_token = kv_cache_bytes_for(cfg, 1, 1, 4)
+per_token = cfg.kv_cache_bytes(1, 1, 4)
 print(f"this model: {per_token:,} bytes per token in fp32; its full 512-token context: "
-      f"{kv_cache_bytes_for(cfg, 512, 1, 4) / 2**20:.1f} MiB per sequence")
+      f"{cfg.kv_cache_bytes(512, 1, 4) / 2**20:.1f} MiB per sequence")
 
 # %% [markdown] id="c018"
 # The same formula for published models, in fp16 (2 bytes per element), at a 4096-token context for one
@@ -301,18 +304,18 @@ models = ["llama-2-7b", "llama-3-8b", "mistral-7b", "falcon-7b", "llama-2-70b", 
 cols = ["model", "attention", "layers", "kv_heads", "head_dim", "KiB/token", "cache GiB", "weights GiB", "cache/weights"]
 for batch in (1, 8):
     print(f"--- 4096 tokens, batch {batch}, fp16")
-    print(format_table([{k: r[k] for k in cols} for r in kv_table(models, tokens=4096, batch=batch)]))
+    print(format_records([{k: r[k] for k in cols} for r in kv_table(models, tokens=4096, batch=batch)]))
 print("--- long context: 131072 tokens (128K), batch 1, fp16")
 long = kv_table(["llama-3.1-8b", "deepseek-v2"], tokens=131072)
 mha_like = kv_cache_bytes(32, 32, 128, 131072) / 2**30   # Llama-2-7B's MHA shape at 128K
-print(format_table([{k: r[k] for k in cols} for r in long]))
+print(format_records([{k: r[k] for k in cols} for r in long]))
 print(f"(the same 8B-class model with MHA, 32 KV heads, would need {mha_like:.0f} GiB)")
 
 # %% id="c020"
-L2, L3, FAL = MODELS["llama-2-7b"], MODELS["llama-3-8b"], MODELS["falcon-7b"]
-assert L2.cache_bytes(4096) == 2 * 2**30                             # 512 KiB/token x 4096 = 2 GiB
-assert L2.bytes_per_token() == 4 * L3.bytes_per_token()              # GQA: 32 -> 8 KV heads
-assert L2.bytes_per_token() == 64 * FAL.bytes_per_token()            # MQA: 1 head of 64 vs 32 of 128
+L2, L3, FAL = preset("llama-2-7b"), preset("llama-3-8b"), preset("falcon-7b")
+assert L2.kv_cache_bytes(4096) == 2 * 2**30                          # 512 KiB/token x 4096 = 2 GiB
+assert L2.kv_bytes_per_token() == 4 * L3.kv_bytes_per_token()        # GQA: 32 -> 8 KV heads
+assert L2.kv_bytes_per_token() == 64 * FAL.kv_bytes_per_token()      # MQA: 1 head of 64 vs 32 of 128
 rows8 = {r["model"]: r for r in kv_table(models, tokens=4096, batch=8)}
 assert rows8["Llama-2-7B"]["cache/weights"] > 1                      # the cache outgrows the weights
 assert long[0]["cache GiB"] == 16.0 and mha_like == 64.0
@@ -335,11 +338,11 @@ print("checked: 2 GiB per 4K-token Llama-2-7B sequence; GQA 4x and MQA 64x small
 # %% id="c022"
 static = StaticCache.for_model(model, batch=1, max_len=cfg.max_position_embeddings)
 ptr = static.k[0].data_ptr()
-out = generate_with_cache(model, prompt[:1], 20, cache=static)
+generate(model, prompt[:1], 20, cache=static)
 assert static.k[0].data_ptr() == ptr                                   # written in place
 print(f"{static.get_seq_length()} tokens cached: {static.used_nbytes():,} bytes used, "
       f"{static.nbytes():,} bytes reserved ({static.used_nbytes() / static.nbytes():.1%} in use)")
-assert static.nbytes() == kv_cache_bytes_for(cfg, cfg.max_position_embeddings, 1, 4)
+assert static.nbytes() == cfg.kv_cache_bytes(cfg.max_position_embeddings, 1, 4)
 
 # %% [markdown] id="c022b"
 # Why fixed addresses and shapes matter: `torch.compile` traces the decode step into a graph and reuses it
@@ -416,8 +419,8 @@ for heads in (cfg.num_attention_heads, cfg.num_key_value_heads, 1):
     m = regroup_kv_heads(model, heads)
     bpb = score_texts(m, tok, files, progress=False).bits_per_byte
     rows.append({"KV heads": heads, "kind": {8: "MHA", 2: "GQA (as trained)", 1: "MQA (pooled)"}[heads],
-                 "bytes/token": kv_cache_bytes_for(m.config, 1, 1, 4), "bits/byte": bpb})
-print(format_table(rows, floatfmt=".4f"))
+                 "bytes/token": m.config.kv_cache_bytes(1, 1, 4), "bits/byte": bpb})
+print(format_records(rows, floatfmt=".4f"))
 assert abs(rows[0]["bits/byte"] - rows[1]["bits/byte"]) < 1e-4       # repeating heads changes nothing
 assert rows[0]["bytes/token"] == 4 * rows[1]["bytes/token"] == 8 * rows[2]["bytes/token"]
 print(f"pooling 2 -> 1 KV heads halves the cache and changes bits/byte by "
@@ -454,12 +457,12 @@ print(f"window {W}: cache holds {cache.stored_length()} of 64 tokens; streaming 
 
 # %% [markdown] id="c029"
 # With this plain window, keys keep their absolute positions, so the positions keep growing. Our model
-# was trained with a 512-token context and refuses positions beyond it:
+# was trained with a 512-token context, and `generate` refuses a request that needs positions beyond it:
 
 # %% id="c030"
 try:
-    generate_with_cache(model, prompt[:1], 600, cache=SlidingWindowCache(W))
-    raise AssertionError("expected the model to refuse positions past its context")
+    generate(model, prompt[:1], 600, cache=SlidingWindowCache(W))
+    raise AssertionError("expected generate to refuse positions past the context")
 except ValueError as e:
     print("ValueError:", e)
 
@@ -485,8 +488,8 @@ assert torch.allclose(rotate_keys(rotate_keys(k, p), -p), k, atol=1e-4)         
 assert torch.allclose(rotate_keys(rotate_keys(k, p), -p + 2), rotate_keys(k, torch.full_like(p, 2)),
                       atol=1e-4)                                                       # move to position 2
 sink = SinkCache(window=BUDGET - 4, sinks=4)
-long_out = generate_with_cache(model, prompt[:1, :8], SINK_TOKENS, cache=sink)
-assert long_out.shape[1] == 8 + SINK_TOKENS > cfg.max_position_embeddings
+long_out = generate(model, prompt[:1, :8], SINK_TOKENS, cache=sink).tokens   # [SINK_TOKENS] new tokens
+assert 8 + long_out.shape[0] == 8 + SINK_TOKENS > cfg.max_position_embeddings
 assert sink.stored_length() == BUDGET and sink.get_seq_length() < BUDGET
 print(f"generated {SINK_TOKENS} tokens (context {cfg.max_position_embeddings}) with a cache of "
       f"{sink.stored_length()} tokens: 4 sinks + {BUDGET - 4} recent; largest position used "
@@ -497,10 +500,11 @@ print(f"generated {SINK_TOKENS} tokens (context {cfg.max_position_embeddings}) w
 #
 # H2O keeps the `recent` newest tokens plus the `heavy` tokens that have received the most attention so
 # far (summed over every query since they arrived), separately for each layer and KV head. It needs the
-# attention weights, which the cache contract does not carry. `H2OCache.attach(model)` registers a
-# forward hook on every attention layer's query projection, and the cache recomputes
-# softmax(q·kᵀ/√d) for the new queries against the keys it returns (the minimal model change that would
-# avoid the recomputation: pass `q` to `cache.update`). Keys keep absolute positions.
+# attention weights, so the contract hands every cache the new tokens' rotated queries too,
+# `cache.update(k, v, layer, q=q)` with `q` of shape `[batch, heads, T, head_dim]` (the caches above
+# ignore it): the cache computes softmax(q·kᵀ/√d) for the new queries against the keys it returns and
+# adds each key's weight to its score. That repeats the attention's work; a real implementation takes the
+# weights from the attention kernel. Keys keep absolute positions.
 
 # %% id="c034"
 h2o = H2OCache(heavy=BUDGET // 2, recent=BUDGET // 2)
@@ -552,7 +556,7 @@ stream_score(model, stream_ids[0], tier)
 fp_n, t8, t4 = tier.tier_lengths()
 assert fp_n + t8 + t4 == QUALITY_TOKENS - 1 and 32 <= fp_n < 48 and t8 <= 64
 print(f"{QUALITY_TOKENS - 1} tokens: {fp_n} full precision, {t8} int8, {t4} int4; "
-      f"{tier.nbytes() / kv_cache_bytes_for(cfg, QUALITY_TOKENS - 1, 1, 4):.1%} of the fp32 cache")
+      f"{tier.nbytes() / cfg.kv_cache_bytes(QUALITY_TOKENS - 1, 1, 4):.1%} of the fp32 cache")
 
 # %% [markdown] id="c039"
 # ### 6.7 A latent (MLA-style) cache
@@ -621,7 +625,7 @@ variants = {
     "latent r=32 (MLA-style)": lambda: LatentCache(proj, cfg.rope_theta, rank=32),
 }
 mqa = regroup_kv_heads(model, 1)
-full_bytes = kv_cache_bytes_for(cfg, QUALITY_TOKENS - 1, 1, 4)
+full_bytes = cfg.kv_cache_bytes(QUALITY_TOKENS - 1, 1, 4)
 table, t0 = [], time.perf_counter()
 for name, make in list(variants.items()) + [("MQA (pooled heads), full cache", None)]:
     nll, mem = 0.0, 0
@@ -633,7 +637,7 @@ for name, make in list(variants.items()) + [("MQA (pooled heads), full cache", N
 base = table[0]["bits/byte"]
 for row in table:
     row["change"] = row["bits/byte"] - base
-print(format_table([{"cache": r["cache"], "bits/byte": r["bits/byte"], "change": r["change"],
+print(format_records([{"cache": r["cache"], "bits/byte": r["bits/byte"], "change": r["change"],
                      "memory vs full": f"{r['memory']:.1%}"} for r in table], floatfmt=".4f"))
 print(f"({time.perf_counter() - t0:.0f} s)")
 

@@ -46,10 +46,13 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from course_lib.kvcache import ContiguousCache, format_table, generate_with_cache
+from course_lib.generation import generate
+from course_lib.kvcache import ContiguousCache
 from course_lib.models import load
+from course_lib.perf.tables import format_records
 from course_lib.paged import (BlockManager, KVPool, OutOfBlocks, PagedCache, PagingError, contiguous_to_paged,
-                              paged_attention_reference, sample_workload, simulate)
+                              paged_attention_reference, simulate_waste)
+from course_lib.perf.workload import limited_workload
 from course_lib.viz.paged import PagedVisualizer
 
 device = course_lib.env.device()
@@ -65,9 +68,9 @@ print(f"model {model.name} on {device}")
 # its real output rarely reaches.
 
 # %% id="c006"
-workload = sample_workload(N_REQUESTS, seed=0)
-P = torch.tensor([r.prompt_len for r in workload], dtype=torch.float)
-O = torch.tensor([r.output_len for r in workload], dtype=torch.float)
+workload = limited_workload(N_REQUESTS, seed=0)
+P = torch.tensor([r.prompt_tokens for r in workload], dtype=torch.float)
+O = torch.tensor([r.output_tokens for r in workload], dtype=torch.float)
 M = torch.tensor([r.max_new_tokens for r in workload], dtype=torch.float)
 print(f"{N_REQUESTS} requests: prompt median {P.median():.0f} (max {P.max():.0f}), output median {O.median():.0f} "
       f"(max {O.max():.0f}), max_new_tokens mean {M.mean():.0f}; outputs use {(O / M).mean():.0%} of their limit")
@@ -95,10 +98,10 @@ plt.show()
 # free block the newest request is **preempted** (its blocks freed; it is re-queued and recomputed later).
 
 # %% id="c008"
-contig = simulate(workload, MEMORY_SLOTS, "contiguous", reserve="request")
-contig_ctx = simulate(workload, MEMORY_SLOTS, "contiguous", reserve="context", max_context=2048)
-paged = simulate(workload, MEMORY_SLOTS, "paged", block_size=BLOCK_SIZE)
-print(format_table([contig.row(), contig_ctx.row(), paged.row()], floatfmt=".1f"))
+contig = simulate_waste(workload, MEMORY_SLOTS, "contiguous", reserve="request")
+contig_ctx = simulate_waste(workload, MEMORY_SLOTS, "contiguous", reserve="context", max_context=2048)
+paged = simulate_waste(workload, MEMORY_SLOTS, "paged", block_size=BLOCK_SIZE)
+print(format_records([contig.row(), contig_ctx.row(), paged.row()], floatfmt=".1f"))
 
 fig, ax = plt.subplots(figsize=(7, 2.8))
 left = [0.0, 0.0, 0.0]
@@ -146,9 +149,9 @@ assert paged.mean_batch > contig.mean_batch and paged.steps < contig.steps
 # `(block_size - 1) / 2` slots per sequence over its mean length.
 
 # %% id="c011"
-sweep = [simulate(workload, MEMORY_SLOTS, "paged", block_size=bs) for bs in BLOCK_SIZES]
+sweep = [simulate_waste(workload, MEMORY_SLOTS, "paged", block_size=bs) for bs in BLOCK_SIZES]
 mean_len = paged.used / paged.batch_sum                             # mean length of a running sequence
-print(format_table([{"block size": bs, "waste %": 100 * r.waste,
+print(format_records([{"block size": bs, "waste %": 100 * r.waste,
                      "estimate %": 100 * (bs - 1) / 2 / (mean_len + (bs - 1) / 2),
                      "mean batch": r.mean_batch, "steps": r.steps} for bs, r in zip(BLOCK_SIZES, sweep)],
                    floatfmt=".2f"))
@@ -316,9 +319,8 @@ with torch.no_grad():
         for i, s in enumerate(prompts):
             logits[s].append(out[i, -1])
 for s, p in prompts.items():
-    _, want = generate_with_cache(model, torch.tensor(p, device=device)[None], SAMPLE_TOKENS + 1,
-                                  cache=ContiguousCache(), return_logits=True)
-    assert torch.allclose(torch.stack(logits[s]), want[0], atol=1e-3)
+    want = generate(model, p, SAMPLE_TOKENS + 1, cache=ContiguousCache(), return_logits=True).logits  # [n, V]
+    assert torch.allclose(torch.stack(logits[s]), want, atol=1e-3)
     print(f"{s}: {pmgr.num_tokens(s)} tokens in blocks {pmgr.block_table(s)} - same logits as a contiguous cache")
 pmgr.check_invariants()
 

@@ -46,8 +46,7 @@ import time
 import matplotlib.pyplot as plt
 import torch
 
-from course_lib.generation import sample
-from course_lib.kvcache import generate_with_cache
+from course_lib.generation import generate, sample
 from course_lib.models import load
 from course_lib.models.corpus import load_split
 from course_lib.speculative import (acceptance_rate, accept_step, expected_tokens_per_pass, measure,
@@ -284,14 +283,16 @@ print(f"threshold rule (accept iff p/q >= 0.5, residual otherwise): total variat
 # At temperature 0, `p` and `q` are one-hot on their argmax. Then `min(1, p/q)` is 1 if the draft picked
 # the target's argmax and 0 otherwise, and the residual is the target's one-hot: the rule becomes **greedy
 # verification**, and the output must equal the target's own greedy decoding token for token.
-# `speculative_generate` (KV caches for both models, cropped after every rejection) checks that here.
+# `speculative_generate` (KV caches for both models, cropped after every rejection) checks that here; it is
+# the library's one generate loop with a draft, `generate(target, ids, n, draft=draft, draft_length=g)`,
+# returning the whole sequence.
 
 # %% id="c014"
 for pr in prompts:
-    ref = generate_with_cache(target, pr[None], GEN_TOKENS)
+    ref = generate(target, pr, GEN_TOKENS, cache="contiguous").tokens         # plain greedy, new tokens [n]
     for g_ in DRAFT_LENGTHS:
         out, st = speculative_generate(target, draft, pr, GEN_TOKENS, draft_length=g_, temperature=0.0)
-        assert torch.equal(out, ref), (g_, out, ref)
+        assert torch.equal(out[0, len(pr):].cpu(), ref), (g_, out, ref)
 print(f"greedy speculative == greedy target on {len(prompts)} prompts x g in {DRAFT_LENGTHS} "
       f"({GEN_TOKENS} tokens each); last run: a = {a_tested(st):.2f}, "
       f"{st.emitted / st.passes:.2f} tokens per pass")
@@ -470,9 +471,9 @@ from course_lib.speculative import editing_prompts, measure_prompt_lookup, promp
 edit = editing_prompts(tok, num=1 if QUICK else 4)
 n_copy = GEN_TOKENS if QUICK else 96
 for pr, body_len in edit:
-    ref = generate_with_cache(target, pr[None], n_copy)
+    ref = generate(target, pr, n_copy, cache="contiguous").tokens
     out, st = prompt_lookup_generate(target, pr, n_copy, draft_length=8)
-    assert torch.equal(out, ref)
+    assert torch.equal(out[0, len(pr):].cpu(), ref)
 print(f"prompt lookup == greedy; a (accepted / tested) = {a_tested(st):.2f}, {st.emitted / st.passes:.2f} tokens per pass")
 for r in measure_prompt_lookup(target, [pr for pr, _ in edit], draft_lengths=(4, 8), max_new_tokens=n_copy,
                                repeats=REPEATS):
@@ -519,9 +520,9 @@ except FileNotFoundError:
                             max_tokens=MEDUSA_TOKENS, progress=False)
     where = f"heads trained here for {MEDUSA_STEPS} steps (the bundled heads are missing)"
 pr = prompts[0]
-ref = generate_with_cache(target, pr[None], GEN_TOKENS)
+ref = generate(target, pr, GEN_TOKENS, cache="contiguous").tokens
 out, mst = medusa_generate(target, heads, pr, GEN_TOKENS)
-assert torch.equal(out, ref)
+assert torch.equal(out[0, len(pr):].cpu(), ref)
 print(f"Medusa ({where}): output == greedy; {mst.tokens_per_pass:.2f} tokens per verification, tree of "
       f"{mst.tree_size} nodes; head acceptance {[round(h, 2) for h in mst.head_acceptance]}")
 

@@ -31,7 +31,7 @@ import course_lib.env
 QUICK = course_lib.env.quick()
 N_REQUESTS = 150 if QUICK else 800            # requests per simulated workload
 RATES = [1, 2, 4, 8, 16, 32] if QUICK else [1, 2, 4, 8, 12, 16, 24, 32, 48]   # offered loads (req/s)
-GPU, MODEL = "A100-40GB", "llama2-7b"         # the simulated server
+GPU, MODEL = "A100-40GB", "llama-2-7b"         # the simulated server
 CALIB_REPEATS = 1 if QUICK else 5             # timing repeats of the local calibration
 ENGINE_REQUESTS = 16 if QUICK else 64         # requests served by the real engine
 
@@ -42,11 +42,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from course_lib.models import load
+from course_lib.models import as_config, load
 from course_lib.perf import get_gpu
-from course_lib.perf.intensity import as_model
 from course_lib.serving import (ChunkedPrefill, ContinuousBatching, Disaggregated, DynamicBatching, Request,
-                                StaticBatching, StepCostModel, check_invariants, format_metrics, make_workload,
+                                StaticBatching, StepCostModel, check_invariants, format_summary, make_workload,
                                 max_blocks_used, simulate, sweep_load)
 from course_lib.viz.serving import ServingExplorer, plot_latency_cdf, plot_load_sweep, plot_timeline
 
@@ -113,7 +112,7 @@ plt.tight_layout(); plt.show()
 
 # %% id="c008"
 cost = StepCostModel.from_roofline(GPU, MODEL)
-shape = as_model(MODEL)
+shape = as_config(MODEL)
 gpu = get_gpu(GPU)
 print(cost.source)
 print(f"decode, batch 1, 512 cached tokens : {1e3 * cost.decode_time(1, 512):6.2f} ms")
@@ -124,7 +123,7 @@ assert cost.decode_time(32, 512) < 4 * cost.decode_time(1, 512)
 
 # the KV pool: what is left of the GPU memory (90% of it) after the fp16 weights, in blocks of 16 tokens
 BLOCK = 16
-kv_per_block = shape.kv_cache_bytes(1, BLOCK, "fp16")
+kv_per_block = shape.kv_cache_bytes(BLOCK, 1, bytes_per_element=2)   # fp16
 NUM_BLOCKS = int((0.9 * gpu.memory_gb * 1e9 - 2 * shape.num_parameters()) // kv_per_block)
 print(f"KV pool: {NUM_BLOCKS} blocks of {BLOCK} tokens = {NUM_BLOCKS * BLOCK} tokens "
       f"({kv_per_block / 2**20:.0f} MiB per block)")
@@ -169,7 +168,7 @@ runs = {name: simulate(reqs, pol, cost=cost, num_blocks=NUM_BLOCKS, block_size=B
 summ = {name: r.summary() for name, r in runs.items()}
 for name, r in runs.items():
     assert check_invariants(r, reqs) == []
-    print(format_metrics(summ[name]))
+    print(format_summary(summ[name]))
 st, co = summ["static"], summ["continuous"]
 print(f"\nstatic batching computes {st['padding_waste']:.0%} padding; continuous {co['padding_waste']:.0%}")
 print(f"same batch size 16: continuous serves {co['throughput_tok_s'] / st['throughput_tok_s']:.1f}x the tokens/s "
@@ -180,7 +179,7 @@ assert co["ttft_p50"] < st["ttft_p50"]
 
 # %% id="c013"
 fig, axes = plt.subplots(2, 1, figsize=(10, 9))
-t_end = max(r.finish_s for r in sorted(runs["static"].records, key=lambda r: r.arrival_s)[:30])
+t_end = max(r.finish for r in sorted(runs["static"].records, key=lambda r: r.start)[:30])
 plot_timeline(runs["static"], ax=axes[0], max_requests=30, t_max=t_end)
 plot_timeline(runs["continuous"], ax=axes[1], max_requests=30, t_max=t_end)
 plt.tight_layout(); plt.show()
@@ -360,18 +359,18 @@ halves = [simulate(long_prompts[k::2], ContinuousBatching(64), cost=cost, num_bl
 
 def later_gaps(records):
     """Gaps between consecutive tokens from the 2nd token on (the decode phase proper)."""
-    return [b - a for r in records for a, b in zip(r.token_times[1:], r.token_times[2:])]
+    return [b - a for r in records for a, b in zip(r.times[1:], r.times[2:])]
 
 
 def first_gaps(records):
-    return [r.token_times[1] - r.token_times[0] for r in records if r.output_tokens > 1]
+    return [r.times[1] - r.times[0] for r in records if r.n_tokens > 1]
 
 
 rep_records = [r for h in halves for r in h.records]
 for name, recs in (("2 continuous replicas", rep_records), ("disaggregated 1P + 1D", dis.records)):
     print(f"{name:22s}: gap token 1->2 p50 {1e3 * np.median(first_gaps(recs)):5.1f} ms, later gaps p99 "
           f"{1e3 * np.percentile(later_gaps(recs), 99):5.1f} ms, max {1e3 * max(later_gaps(recs)):5.0f} ms; "
-          f"TPOT p99 {1e3 * np.percentile([r.tpot for r in recs], 99):5.1f} ms; "
+          f"TPOT p99 {1e3 * np.percentile([r.tpot for r in recs if r.tpot is not None], 99):5.1f} ms; "
           f"TTFT p50 {1e3 * np.median([r.ttft for r in recs]):4.0f} ms")
 assert max(later_gaps(dis.records)) < max(later_gaps(rep_records))          # no prefill stalls the decoders
 assert np.median(first_gaps(dis.records)) > np.median(first_gaps(rep_records))   # the KV transfer sits here
@@ -402,8 +401,9 @@ explorer
 # %% [markdown] id="c028"
 # ## 10. The real engine
 #
-# `course_lib.serving.engine` is a small real server: paged KV memory (Module 06), the FCFS scheduler with
-# preemption by recompute, chunked prompts, one batched forward per step. Below it serves the same
+# `course_lib.serving.Engine` is a small real server: paged KV memory (Module 06), the FCFS scheduler with
+# preemption by recompute, chunked prompts, one batched forward per step (`request.py`, `scheduler.py` and
+# `engine.py` in `course_lib/serving/`: the request state, the policy, the loop). Below it serves the same
 # workload as our static batching (fixed groups, left padding, a contiguous KV cache, each group runs
 # until its longest request ends), both greedy, so their outputs must agree token for token.
 #
@@ -461,17 +461,16 @@ print(f"batch {B}, {L} tokens: the sketch's step {1e3 * t_sketch:.1f} ms, a cach
       f"({t_sketch / t_cached:.1f}x), processing {B * L} vs {B} tokens")
 
 # %% id="c030"
-from course_lib.serving.engine import compare_with_static, synthetic_workload
+from course_lib.serving import compare_with_static, synthetic_workload
 
-workload = synthetic_workload(ENGINE_REQUESTS, seed=0, vocab_size=V, prompt_range=(8, 96), output_range=(4, 48),
-                              output_median=16)
+workload = synthetic_workload(ENGINE_REQUESTS, seed=0, prompt_range=(8, 96), output_range=(4, 48), output_median=16)
 t0 = time.perf_counter()
 table = compare_with_static(model, workload, batch_size=8, max_batch=16)   # asserts the greedy outputs agree
 print(f"served {ENGINE_REQUESTS} requests twice in {time.perf_counter() - t0:.1f} s ({device}, this run)")
 print(f"{'system':24s} {'tokens/s':>9s} {'p50 latency s':>14s} {'p90 latency s':>14s} {'speedup':>8s}")
 for r in table:
     print(f"{r['system']:24s} {r['tokens_per_s']:9.1f} {r['p50_latency_s']:14.3f} {r['p90_latency_s']:14.3f} {r['speedup']:8.2f}")
-assert table[0]["tokens"] == table[1]["tokens"] == sum(n for *_, n in workload)
+assert table[0]["tokens"] == table[1]["tokens"] == sum(r.output_tokens for r in workload)
 
 # %% [markdown] id="c031"
 # On a GPU the engine's advantage grows with the batch (a decode step costs about the same for 1 or 16

@@ -188,7 +188,7 @@ check_equal(check_invariants(_mine, _reqs), [], "rules broken by your scheduler 
             "(60 blocks of 16)")
 _ref = simulate(_reqs, ContinuousBatching(max_batch=16), cost=COST, num_blocks=60, block_size=16)
 check_equal(len(_mine.preemptions), len(_ref.preemptions), "number of preemptions on the fixed workload")
-check_close([r.finish_s for r in _mine.records], [r.finish_s for r in _ref.records],
+check_close([r.finish for r in _mine.records], [r.finish for r in _ref.records],
             "finishing times of the 40 requests (s)", rtol=1e-9)
 print(f"Part B: visible tests passed ({len(_mine.preemptions)} preemptions, throughput "
       f"{_mine.summary()['throughput_tok_s']:.0f} tok/s)")
@@ -225,9 +225,9 @@ for _trial in range(4):
     _what = f"workload seed {_s}, {len(_reqs)} requests, {_nb} blocks, max_batch {_mb}"
     check_equal(check_invariants(_mine, _reqs), [], "rules broken on " + _what)
     _ref = simulate(_reqs, ContinuousBatching(max_batch=_mb), cost=COST, num_blocks=_nb, block_size=16)
-    check_equal([r.rid for r in sorted(_mine.records, key=lambda r: (r.finish_s, r.rid))],
-                [r.rid for r in sorted(_ref.records, key=lambda r: (r.finish_s, r.rid))], "completion order on " + _what)
-    check_close([r.finish_s for r in _mine.records], [r.finish_s for r in _ref.records],
+    check_equal([r.rid for r in sorted(_mine.records, key=lambda r: (r.finish, r.rid))],
+                [r.rid for r in sorted(_ref.records, key=lambda r: (r.finish, r.rid))], "completion order on " + _what)
+    check_close([r.finish for r in _mine.records], [r.finish for r in _ref.records],
                 "finishing times on " + _what, rtol=1e-9)
     check_close(_mine.summary()["throughput_tok_s"], _ref.summary()["throughput_tok_s"], "throughput on " + _what,
                 rtol=1e-9)
@@ -264,7 +264,7 @@ for _args in (([1.0], [], 1.0, 1.0, 1.0), ([1.0], [1.0], 1.0, 1.0, 0.0)):
     else:
         raise AssertionError(f"goodput{_args} should raise ValueError")
 _res = simulate(make_workload(30, rate=10.0, seed=3, max_context=512), ContinuousBatching(16), cost=COST, num_blocks=200)
-_span = max(r.finish_s for r in _res.records) - min(r.arrival_s for r in _res.records)
+_span = max(r.finish for r in _res.records) - min(r.start for r in _res.records)
 print(f"goodput of a simulated run at TTFT <= 0.2 s, TPOT <= 15 ms: "
       f"{goodput([r.ttft for r in _res.records], [r.tpot for r in _res.records], 0.2, 0.015, _span):.2f} req/s")
 print("Part C: visible tests passed")
@@ -281,7 +281,7 @@ for _ in range(50):
     check_close(goodput(_a, _b, 1.0, 0.05, _d), _want, f"goodput({_a}, {_b}, 1.0, 0.05, {_d})")
 _res = simulate(make_workload(25, rate=_rng.uniform(5, 20), seed=_rng.randrange(2**31), max_context=512),
                 ContinuousBatching(16), cost=COST, num_blocks=200)
-_span = max(r.finish_s for r in _res.records) - min(r.arrival_s for r in _res.records)
+_span = max(r.finish for r in _res.records) - min(r.start for r in _res.records)
 check_close(goodput([r.ttft for r in _res.records], [r.tpot for r in _res.records], 0.3, 0.02, _span),
             _ref_goodput(_res, 0.3, 0.02), "goodput of a simulated run vs course_lib.serving.goodput")
 ### END HIDDEN TESTS

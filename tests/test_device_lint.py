@@ -182,7 +182,8 @@ def test_library_creates_nothing_on_the_default_device():
 
     from course_lib import distill as D
     from course_lib.kvcache import (H2OCache, LatentCache, MultiTierCache, QuantizedCache, SinkCache,
-                                    SlidingWindowCache, fit_latent, generate_with_cache, stream_score)
+                                    SlidingWindowCache, fit_latent, stream_score)
+    from course_lib.generation import generate
     from course_lib.models import LlamaConfig, LlamaForCausalLM, load_tokenizer, bundled_path
     from course_lib.quant import nf4_dequantize, nf4_quantize, quantize, search_clip_ratio
     from course_lib.speculative import speculative_generate
@@ -205,7 +206,7 @@ def test_library_creates_nothing_on_the_default_device():
         for cache in (H2OCache(4, 4), QuantizedCache(8, 4, 4), QuantizedCache(4, 4, 4), SinkCache(8, 2),
                       SlidingWindowCache(8, sinks=2), MultiTierCache(4, ((8, 8), (None, 4)), 4),
                       LatentCache(proj, target.config.rope_theta, rank=16)):
-            generate_with_cache(target, ids[:, :10], 4, cache=cache)
+            generate(target, ids[:, :10], 4, cache=cache)
         stream_score(target, ids[0], H2OCache(4, 4), prefill=3, chunk=2)
         speculative_generate(target, draft, ids[0, :8], 8, draft_length=3)
         speculative_generate(target, draft, ids[0, :8], 8, draft_length=3, temperature=1.0,

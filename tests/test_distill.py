@@ -1,5 +1,5 @@
 """Module 04: distillation losses against brute-force definitions and torch's KLDivLoss, the T^2 factor,
-the seed's double-softmax bug, acceptance rate, and the training loop (scratch == course_lib.models.train)."""
+a tutorial's double-softmax bug, acceptance rate, and the training loop (scratch == course_lib.models.train)."""
 
 import pytest
 import torch
@@ -67,26 +67,26 @@ def test_t_squared_keeps_gradient_scale():
         assert 3.0 < a / b < 5.0, f"unscaled gradient should shrink ~4x per doubling of T: {without}"
 
 
-def test_seed_double_softmax_bug_is_caught():
+def test_double_softmax_bug_is_caught():
     V = 2048
     s, t = fresh(16, V), fresh(16, V)
-    # student == teacher: the correct loss is 0, the seed's is large (it measures the teacher vs ~uniform)
+    # student == teacher: the correct loss is 0, the buggy one is large (it measures the teacher vs ~uniform)
     assert D.kd_loss(t, t, 2.0).item() < 1e-6
-    buggy_equal = D.seed_kd_loss_buggy(t, t, 2.0).item()
+    buggy_equal = D.kd_loss_double_softmax(t, t, 2.0).item()
     assert buggy_equal > 1.0, buggy_equal
     # what it computes: KL(p_T || softmax(q_S)) where softmax(q_S) is nearly uniform
     p, q = F.softmax(t / 2, -1), F.softmax(s / 2, -1)
     r = F.softmax(q, -1)
     assert (r.max(-1).values * V).max().item() < 2.8, "softmax of probabilities is within e^1 of uniform"
-    torch.testing.assert_close(D.seed_kd_loss_buggy(s, t, 2.0).double(),
+    torch.testing.assert_close(D.kd_loss_double_softmax(s, t, 2.0).double(),
                                (p * (p.log() - r.log())).sum(-1).mean() * 4, rtol=1e-4, atol=1e-4)
     # the teacher is not even a stationary point: training on it moves a perfect student away, towards
     # a one-hot copy of the teacher's argmax (the loss is ~ -sum p_T q_S + const)
-    assert _grad_norm(D.seed_kd_loss_buggy, t, t, 2.0) > 1e-5
+    assert _grad_norm(D.kd_loss_double_softmax, t, t, 2.0) > 1e-5
     z = t[:4].float().clone().requires_grad_(True)
     opt = torch.optim.Adam([z], lr=0.05)
     for _ in range(150):
-        loss = D.seed_kd_loss_buggy(z, t[:4].float(), 2.0)
+        loss = D.kd_loss_double_softmax(z, t[:4].float(), 2.0)
         opt.zero_grad(); loss.backward(); opt.step()
     top_before = F.softmax(t[:4] / 2, -1).max(-1)
     top_after = F.softmax(z.detach() / 2, -1).max(-1)
@@ -228,6 +228,20 @@ def test_teacher_corpus_is_seeded_and_starts_with_training_prompts(device, strea
     assert a.device == stream.device                        # the corpus is kept where the stream is
     for row in a:   # a window of the stream: consecutive values mod 64
         assert torch.equal(row[1:4], (row[0] + torch.arange(1, 4, device=a.device)) % 64)
+
+
+def test_teacher_corpus_continues_each_prompt_with_the_generate_loop(device):
+    """Near temperature 0 the sampled continuation is the teacher's greedy one: what generate writes for
+    that prompt alone (the corpus is written in batches, here of 2 and then 1)."""
+    from course_lib.generation import generate
+    teacher = _tiny(32, 1, 1).to(device)
+    with torch.no_grad():
+        teacher.lm_head.weight.mul_(30)   # well-separated logits: no near-ties for the tiny temperature to flip
+    stream = torch.randint(0, 64, (500,), generator=torch.Generator().manual_seed(3))
+    corpus = D.generate_teacher_corpus(teacher, stream, 3, 12, prompt_len=4, temperature=1e-4, batch_size=2,
+                                       progress=False)
+    for row in corpus:
+        assert torch.equal(generate(teacher, row[:4], 9).tokens, row[4:])
 
 
 def test_bad_input_raises():

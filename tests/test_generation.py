@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.generation import (GenerateOutput, TokenEvent, Trace, apply_temperature, generate, greedy,
-                                   model_logits, sample, sampling_probs, top_k_filter, top_p_filter)
-from course_lib.models import bundled_path, load
+from course_lib.generation import (GenerateOutput, SpecStats, TokenEvent, Trace, apply_temperature, generate,
+                                   greedy, model_logits, sample, sampling_probs, top_k_filter, top_p_filter)
+from course_lib.kvcache import (ContiguousCache, H2OCache, MultiTierCache, QuantizedCache, SinkCache,
+                                SlidingWindowCache, StaticCache)
+from course_lib.models import LlamaConfig, LlamaForCausalLM, bundled_path, load
 from device_tools import assert_greedy_match
 
 lp = pytest.importorskip("transformers.generation.logits_process")
@@ -346,7 +348,7 @@ def test_context_limit(tiny):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(input_ids=[]), "input_ids"),
     (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), "input_ids"),
-    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), "batch"),
+    (dict(input_ids=torch.zeros(1, 2, 3, dtype=torch.long)), "input_ids"),
     (dict(max_new_tokens=-1), "max_new_tokens"),
     (dict(max_new_tokens=2.0), "max_new_tokens"),
     (dict(temperature=-1.0), "temperature"),
@@ -371,3 +373,110 @@ def test_generate_type_errors(tiny):
         generate(model, torch.zeros(3), 2)
     with pytest.raises(TypeError, match="callback"):
         generate(model, [1, 2], 2, callback=3)
+
+
+# --------------------------------------------------------------------------------------------------
+# One loop: every cache, batches, the draft hook, the context edge
+# --------------------------------------------------------------------------------------------------
+def random_model(seed, vocab=64, layers=1, hidden=32, context=32):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_every_cache_gives_the_recompute_greedy_tokens(tiny):
+    """Caches that keep every token here (budgets above prompt + new tokens) are exact: through the one
+    loop they give the tokens of the no-cache baseline, and logits within float rounding."""
+    model, tok = tiny
+    ids = tok("def parse(text):\n    ")["input_ids"]
+    n = 16
+    want = generate(model, ids, n, return_logits=True)                 # recompute, no cache
+    caches = {"contiguous": "contiguous", "static (by name)": "static", "ContiguousCache": ContiguousCache(),
+              "StaticCache": StaticCache.for_model(model, 1, 64), "SlidingWindowCache": SlidingWindowCache(64),
+              "SinkCache": SinkCache(window=60, sinks=4), "H2OCache": H2OCache(heavy=32, recent=32),
+              "QuantizedCache": QuantizedCache(bits=8, residual=64), "MultiTierCache": MultiTierCache(recent=64)}
+    assert len(ids) + n < 60
+    for name, cache in caches.items():
+        got = generate(model, ids, n, cache=cache, return_logits=True)
+        assert torch.equal(got.tokens, want.tokens), name
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4, msg=name)
+        assert len(got.trace.events) == n
+
+
+def test_banded_window_cache_takes_its_mask_through_generate():
+    """A window smaller than the prompt needs the cache's banded prefill mask: generate must equal feeding
+    the tokens one at a time (where no mask is needed), which it would not with the plain causal mask."""
+    model = random_model(3, context=64)
+    ids = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(0))
+    got = generate(model, ids, 6, cache=SlidingWindowCache(8), return_logits=True)
+    cache, logits = SlidingWindowCache(8), None
+    for t in ids:                                                         # token by token: no mask needed
+        logits = model(t.view(1, 1), cache=cache)[0, -1]
+    torch.testing.assert_close(got.logits[0], logits, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_equals_each_row_alone():
+    model = random_model(4)
+    ids = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(1))
+    for cache in (None, "contiguous", "static"):
+        out = generate(model, ids, 5, cache=cache, return_logits=True)
+        assert out.tokens.shape == (3, 5) and out.logits.shape == (3, 5, 64) and len(out.trace.events) == 5
+        for r in range(3):
+            alone = generate(model, ids[r], 5, cache=cache, return_logits=True)
+            assert torch.equal(out.tokens[r], alone.tokens), (cache, r)
+            torch.testing.assert_close(out.logits[r], alone.logits, rtol=1e-4, atol=1e-4)
+    assert generate(model, ids[:1], 5).tokens.shape == (5,)                # one request: [n], as before
+
+
+@pytest.mark.parametrize("g", [1, 3])
+def test_draft_hook_greedy_equals_plain_greedy(tiny, g):
+    """Speculative decoding through the one loop (a random draft: many rejections and corrections) gives
+    plain greedy decoding token for token, with the same output type, a Trace and the SpecStats."""
+    model, tok = tiny
+    draft = random_model(5, vocab=model.config.vocab_size, context=model.config.max_position_embeddings)
+    ids = tok("import os\nimport sys\n\n")["input_ids"]
+    want = generate(model, ids, 12, cache="contiguous")
+    got = generate(model, ids, 12, draft=draft, draft_length=g)
+    assert isinstance(got, GenerateOutput) and torch.equal(got.tokens, want.tokens)
+    assert isinstance(got.stats, SpecStats) and got.stats.emitted == 12 and got.stats.rejections > 0
+    assert [e.index for e in got.trace.events] == list(range(12)) and got.trace.prompt_tokens == len(ids)
+    # the draft equal to the target accepts everything: g + 1 tokens per pass
+    same = generate(model, ids, 12, draft=model, draft_length=g)
+    assert torch.equal(same.tokens, want.tokens) and same.stats.acceptance_rate == 1.0
+    # eos and callback stop it like the plain loop
+    eos = int(want.tokens[6])
+    stop = generate(model, ids, 12, draft=draft, draft_length=g, eos_token_id=eos).tokens
+    assert torch.equal(stop, want.tokens[:want.tokens.tolist().index(eos) + 1])
+    assert len(generate(model, ids, 12, draft=draft, draft_length=g, callback=lambda e: e.index == 4).tokens) == 5
+
+
+def test_draft_hook_sampling_is_reproducible_and_checked():
+    target, draft = random_model(6), random_model(7)
+    ids = [1, 2, 3]
+    runs = [generate(target, ids, 12, temperature=1.0, top_k=20, draft=draft, draft_length=3,
+                     generator=torch.Generator(device="cpu").manual_seed(9)).tokens for _ in range(2)]
+    assert torch.equal(runs[0], runs[1]) and runs[0].shape == (12,)
+    with pytest.raises(ValueError, match="vocab"):
+        generate(target, ids, 4, draft=random_model(8, vocab=65))
+    with pytest.raises(ValueError, match="one request"):
+        generate(target, torch.ones(2, 3, dtype=torch.long), 4, draft=draft)
+    with pytest.raises(ValueError, match="draft_length"):
+        generate(target, ids, 4, draft=draft, draft_length=0)
+    with pytest.raises(ValueError, match="draft"):
+        generate(target, ids, 4, adaptive=0.5)                            # speculative-only settings
+
+
+@pytest.mark.parametrize("how", ["recompute", "cache", "static", "compiled", "draft"])
+def test_context_edge_follows_the_engine_rule(how):
+    """The last new token is never fed back: prompt + max_new_tokens - 1 == context fits, one more does not
+    (the serving engine's rule), through every path of the loop."""
+    model = random_model(10, context=32)
+    kw = {"recompute": {}, "cache": {"cache": "contiguous"}, "static": {"cache": "static"},
+          "compiled": {"cache": "static", "compile": "eager"}, "draft": {"draft": random_model(11, context=32)}}[how]
+    P = 20
+    ids = list(range(1, P + 1))
+    out = generate(model, ids, 32 - P + 1, **kw)                          # P + N - 1 == context
+    assert len(out.tokens) == 32 - P + 1
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, ids, 32 - P + 2, **kw)                            # P + N - 1 == context + 1

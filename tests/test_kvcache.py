@@ -4,8 +4,10 @@ import copy
 import pytest
 import torch
 
-from course_lib.kvcache import (MODELS, ContiguousCache, StaticCache, generate_with_cache, kv_cache_bytes,
-                                kv_cache_bytes_for, kv_table)
+from course_lib.attention import apply_rope, rope_cos_sin
+from course_lib.generation import generate
+from course_lib.kvcache import ContiguousCache, StaticCache, kv_cache_bytes, kv_table, latent_kv_bytes
+from course_lib.models.config import preset
 from course_lib.models import LlamaConfig, LlamaForCausalLM, load
 from device_tools import assert_greedy_match, tol_for
 
@@ -47,8 +49,10 @@ def test_cached_generation_equals_recompute(model, kind, batch, device):
     prompt = cpu_ids(batch, 9, seed=100 + batch, high=model.config.vocab_size).to(device)
     want_ids, want_logits = greedy_recompute(model, prompt, 12)
     cache = make_cache(kind, model, batch)
-    got_ids, got_logits = generate_with_cache(model, prompt, 12, cache=cache, return_logits=True)
-    assert got_ids.device == prompt.device and got_ids.shape == want_ids.shape
+    out = generate(model, prompt, 12, cache=cache, return_logits=True)
+    got_ids = torch.cat([prompt, out.tokens.view(batch, 12).to(device)], dim=1)   # [n] for one request
+    got_logits = out.logits.view(batch, 12, -1)
+    assert got_ids.shape == want_ids.shape and got_logits.device == prompt.device
     for row in range(batch):   # CPU: identical tokens, logits within 1e-4; CUDA: up to a near-tie (device_tools)
         assert_greedy_match(got_ids[row, 9:], want_ids[row, 9:], want_logits[row], device, got_logits[row],
                             what=f"{kind} row {row}", cpu_tol=dict(rtol=1e-4, atol=1e-4))
@@ -63,6 +67,78 @@ def test_prefill_logits_match_full_forward_in_chunks(model, device):
         cache = ContiguousCache()
         parts = [model(ids[:, a:b], cache=cache) for a, b in ((0, 7), (7, 8), (8, 30))]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, **tol_for(device, dict(rtol=1e-4, atol=1e-4)))
+
+
+def small_model(device, seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(cfg).eval().to(device)     # initialised on the CPU: the same weights everywhere
+
+
+def test_a_kvcache_gets_the_rotated_queries_in_update(device):
+    """The model hands every layer's queries to update(k, v, layer, q=q): [B, H, T, Dh], rotated at the
+    new tokens' positions (prefill, then a decode step), and a cache that reads them changes no logit."""
+    m = small_model(device)
+    cfg = m.config
+
+    class Recording(ContiguousCache):
+        def __init__(self):
+            super().__init__()
+            self.q = {}
+
+        def update(self, k, v, layer, q=None):
+            self.q[layer] = q
+            return super().update(k, v, layer, q=q)
+
+    raw = {}
+    hooks = [layer.self_attn.q_proj.register_forward_hook(lambda mod, i, out, l=l: raw.__setitem__(l, out))
+             for l, layer in enumerate(m.model.layers)]
+    ids = cpu_ids(2, 7, seed=21, high=cfg.vocab_size).to(device)
+    cache, plain = Recording(), ContiguousCache()
+    try:
+        with torch.no_grad():
+            for a, b in ((0, 5), (5, 6), (6, 7)):
+                got, want = m(ids[:, a:b], cache=cache), m(ids[:, a:b], cache=plain)
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+                cos, sin = rope_cos_sin(torch.arange(a, b, device=device)[None].expand(2, b - a), cfg.head_dim,
+                                        cfg.rope_theta)
+                for layer in range(cfg.num_hidden_layers):
+                    q = cache.q[layer]
+                    assert q.shape == (2, cfg.num_attention_heads, b - a, cfg.head_dim), q.shape
+                    x = raw[layer].view(2, b - a, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+                    torch.testing.assert_close(q, apply_rope(x, cos, sin),
+                                               **tol_for(device, dict(rtol=1e-6, atol=1e-6)))
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def test_the_model_takes_update_only_caches_and_refuses_other_objects(device):
+    """One place (course_lib.models.llama._as_cache) decides: a KVCache is used as it is, an object with
+    only update(k, v, layer) and get_seq_length() (Hugging Face's shape) attends the plain way, and
+    anything else is a TypeError."""
+    m = small_model(device, seed=1)
+
+    class UpdateOnly:                                   # no attend, no positions, update without q
+        def __init__(self):
+            self.inner = ContiguousCache()
+
+        def update(self, k, v, layer):
+            return self.inner.update(k, v, layer)
+
+        def get_seq_length(self):
+            return self.inner.get_seq_length()
+
+    ids = cpu_ids(1, 9, seed=22, high=m.config.vocab_size).to(device)
+    duck, plain = UpdateOnly(), ContiguousCache()
+    with torch.no_grad():
+        for a, b in ((0, 6), (6, 7), (7, 9)):
+            torch.testing.assert_close(m(ids[:, a:b], cache=duck), m(ids[:, a:b], cache=plain), rtol=0, atol=0)
+        assert duck.get_seq_length() == 9
+        for bad in (object(), "contiguous", [ContiguousCache()]):
+            with pytest.raises(TypeError, match="cache must be"):
+                m(ids, cache=bad)
 
 
 def test_contiguous_cache_contract_and_shapes():
@@ -123,23 +199,29 @@ def test_memory_formula_matches_real_tensor_bytes(model, device):
             m(cpu_ids(batch, n, seed=n).to(device), cache=cache)
         real = sum(t.numel() * t.element_size() for t in cache.k + cache.v)
         elem = torch.finfo(dtype).bits // 8
-        assert real == cache.nbytes() == kv_cache_bytes_for(cfg, n, batch, elem)
+        assert real == cache.nbytes() == cfg.kv_cache_bytes(n, batch, elem)
         assert real == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem * n * batch
 
 
 def test_memory_formula_known_values_and_errors():
     # Llama-2-7B (MHA, 32 layers x 32 heads x 128) in fp16: 512 KiB per token, 2 GiB at 4096 tokens
     assert kv_cache_bytes(32, 32, 128, 1) == 512 * 1024
-    assert MODELS["llama-2-7b"].cache_bytes(4096) == 2 * 2**30
+    assert preset("llama-2-7b").kv_cache_bytes(4096) == 2 * 2**30
     # Llama-3-8B (GQA, 8 KV heads): 4x smaller; Falcon-7B (MQA, 1 head of 64): 8 KiB per token
-    assert MODELS["llama-3-8b"].bytes_per_token() * 4 == MODELS["llama-2-7b"].bytes_per_token()
-    assert MODELS["falcon-7b"].bytes_per_token() == 8 * 1024
+    assert preset("llama-3-8b").kv_bytes_per_token() * 4 == preset("llama-2-7b").kv_bytes_per_token()
+    assert preset("falcon-7b").kv_bytes_per_token() == 8 * 1024
     # DeepSeek-V2 MLA: 60 layers x (512 + 64) x 2 bytes, no factor 2 for K and V
-    assert MODELS["deepseek-v2"].bytes_per_token() == 60 * 576 * 2
-    assert MODELS["llama-3.1-8b"].cache_bytes(131072) == 16 * 2**30
-    rows = kv_table(["llama-2-7b", "llama-3-8b", "falcon-7b"], tokens=4096, batch=8)
-    assert [r["attention"] for r in rows] == ["MHA", "GQA", "MQA"]
-    assert rows[0]["cache GiB"] == 16.0
+    assert latent_kv_bytes(60, 512, 64, 1) == 60 * 576 * 2
+    assert preset("llama-3.1-8b").kv_cache_bytes(131072) == 16 * 2**30
+    rows = kv_table(["llama-2-7b", "llama-3-8b", "falcon-7b", "deepseek-v2"], tokens=4096, batch=8)
+    assert [r["attention"] for r in rows] == ["MHA", "GQA", "MQA", "MLA"]
+    assert rows[0]["cache GiB"] == 16.0 and rows[3]["KiB/token"] == 60 * 576 * 2 / 1024
+    # every model's context by default; the weights are num_parameters() (MLA: the published 236B)
+    default = {r["model"]: r for r in kv_table()}
+    assert default["Llama-3.1-8B"]["tokens"] == 131072 and default["Falcon-7B"]["tokens"] == 2048
+    assert default["Llama-2-7B"]["weights GiB"] == preset("llama-2-7b").num_parameters() * 2 / 2**30
+    with pytest.raises(ValueError, match="tokens"):
+        kv_table(tokens=0)
     with pytest.raises(ValueError, match="num_kv_heads"):
         kv_cache_bytes(32, 0, 128, 10)
     with pytest.raises(ValueError, match="tokens"):
@@ -148,23 +230,24 @@ def test_memory_formula_known_values_and_errors():
         kv_cache_bytes(32, 8, 128, 1, bytes_per_element=0)
 
 
-def test_generate_with_cache_eos_and_errors():
+def test_generate_batch_eos_and_errors():
     torch.manual_seed(1)
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     m = LlamaForCausalLM(cfg).eval()
     prompt = torch.randint(1, 64, (2, 4))
-    first = generate_with_cache(m, prompt, 1)[:, -1]
+    first = generate(m, prompt, 1, cache="contiguous").tokens[:, -1]     # a batch: tokens [B, n]
     eos = int(first[0])
-    out = generate_with_cache(m, prompt, 6, eos_token_id=eos)
-    assert (out[0, 4:] == eos).all()                    # row 0 stops at once and is padded with eos
+    out = generate(m, prompt, 6, cache="contiguous", eos_token_id=eos).tokens
+    assert (out[0] == eos).all()                        # row 0 stops at once and is padded with eos
+    assert out.shape[1] == 6 or (out[1, -1] == eos)     # the batch stops when every row has
     with pytest.raises(ValueError):
-        generate_with_cache(m, prompt[:, :0], 3)
+        generate(m, prompt[:, :0], 3)
     with pytest.raises(TypeError):
-        generate_with_cache(m, prompt.float(), 3)
+        generate(m, prompt.float(), 3)
     with pytest.raises(ValueError):
-        generate_with_cache(m, prompt, -1)
-    assert torch.equal(generate_with_cache(m, prompt, 0), prompt)
+        generate(m, prompt, -1)
+    assert generate(m, prompt, 0).tokens.shape == (2, 0)
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "static"])

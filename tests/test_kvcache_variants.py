@@ -1,17 +1,18 @@
 """Module 05 variants: sliding window, sinks (RoPE positions), H2O, quantized, multi-tier, latent, GQA/MQA."""
 import math
-from types import SimpleNamespace
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from course_lib.attention import apply_rope, rope_cos_sin
+from course_lib.generation import generate
 from course_lib.kvcache import (ContiguousCache, H2OCache, KVCache, LatentCache, MultiTierCache, QuantBlock,
                                 QuantizedCache, SinkCache, SlidingWindowCache, dequantize_minmax, fit_latent,
-                                generate_with_cache, pack_int4, quantize_minmax, regroup_kv_heads, rotate_keys,
-                                stream_score, unpack_int4)
+                                pack_uint4, quantize_minmax, regroup_kv_heads, rotate_keys, stream_score,
+                                unpack_uint4)
 from course_lib.models import LlamaConfig, LlamaForCausalLM, load
-from course_lib.models.llama import apply_rope, rope_cos_sin
 from device_tools import assert_greedy_match, tol_for
 
 
@@ -30,6 +31,15 @@ def small(device):
     return LlamaForCausalLM(cfg).eval().to(device)   # initialised on the CPU: the same weights everywhere
 
 
+def generate_through(model, prompt, n, cache):
+    """``generate`` (greedy) through `cache` as (ids [B, T + n] with the prompt in front, logits [B, n, V])."""
+    out = generate(model, prompt, n, cache=cache, return_logits=True)
+    tokens, logits = out.tokens, out.logits
+    if tokens.dim() == 1:                                  # one request: [n] and [n, V]
+        tokens, logits = tokens[None], logits[None]
+    return torch.cat([prompt, tokens.to(prompt.device)], dim=1), logits
+
+
 def ids_for(n, vocab=2048, seed=0, device="cpu"):
     """[1, n] token ids drawn on the CPU (the same ids on every device), on `device`."""
     return torch.randint(1, vocab, (1, n), generator=torch.Generator().manual_seed(seed)).to(device)
@@ -42,7 +52,7 @@ def band_mask(n, window, sinks=0, device="cpu"):
 
 
 def assert_same_generation(got, want, device, what=""):
-    """generate_with_cache(..., return_logits=True) outputs of two caches that must agree: identical
+    """generate_through(...) outputs of two caches that must agree: identical
     tokens and logits within 1e-4 on the CPU; on CUDA identical up to a near-tie (device_tools)."""
     (got_ids, got_logits), (want_ids, want_logits) = got, want
     T = want_ids.shape[1] - want_logits.shape[1]
@@ -95,8 +105,8 @@ def test_window_keeps_exact_token_count():
 
 def test_sink_cache_without_eviction_equals_contiguous(model, device):
     prompt = ids_for(10, seed=1, device=device)
-    want = generate_with_cache(model, prompt, 8, cache=ContiguousCache(), return_logits=True)
-    got = generate_with_cache(model, prompt, 8, cache=SinkCache(window=40, sinks=4), return_logits=True)
+    want = generate_through(model, prompt, 8, cache=ContiguousCache())
+    got = generate_through(model, prompt, 8, cache=SinkCache(window=40, sinks=4))
     assert_same_generation(got, want, device, "sink cache")
 
 
@@ -118,19 +128,15 @@ def test_sink_cache_rope_positions_are_cache_indices(model, device):
     ids = ids_for(30, seed=5, device=device)[0]
     seen_k = {}
 
-    class Spy:  # wraps the cache to capture what layer 0 receives back
-        def __getattr__(self, name):
-            return getattr(cache, name)
-
-        def update(self, k, v, layer):
-            out = cache.update(k, v, layer)
+    class Spy(KVCache):  # passes everything on to the cache and keeps what layer 0 gets back
+        def update(self, k, v, layer, q=None):
+            out = cache.update(k, v, layer, q=q)
             if layer == 0:
                 seen_k["k"] = out[0]
             return out
 
-        if hasattr(KVCache, "attend"):   # a model that asks the cache to attend: the default, through update
-            def attend(self, q, k, v, layer, attn_mask=None):
-                return KVCache.attend(self, q, k, v, layer, attn_mask)
+        def get_seq_length(self):
+            return cache.get_seq_length()
 
     spy = Spy()
     attn = model.model.layers[0].self_attn
@@ -151,10 +157,10 @@ def test_sink_cache_runs_past_the_model_context(small, device):
     while absolute positions (the plain window) hit the model's position limit."""
     prompt = ids_for(5, 97, seed=2, device=device)
     cache = SinkCache(window=16, sinks=4)
-    out = generate_with_cache(small, prompt, 150, cache=cache)
+    out, _ = generate_through(small, prompt, 150, cache=cache)
     assert out.shape == (1, 155) and cache.stored_length() == 20 and cache.get_seq_length() == 19
     with pytest.raises(ValueError, match="context"):
-        generate_with_cache(small, prompt, 150, cache=SlidingWindowCache(16))
+        generate_through(small, prompt, 150, cache=SlidingWindowCache(16))
 
 
 def test_window_cache_validation():
@@ -187,18 +193,14 @@ def h2o_reference(qs, ks, heavy, recent, group):
 def test_h2o_matches_reference_on_random_queries():
     torch.manual_seed(0)
     B, K, G, Dh, steps, heavy, recent = 1, 2, 2, 8, 14, 3, 2
-    cfg = SimpleNamespace(num_attention_heads=K * G, rope_theta=10000.0)
     cache = H2OCache(heavy, recent)
-    cache._cfg = cfg
     qs, ks = [], []
     for t in range(steps):
-        q_raw = torch.randn(B, 1, K * G * Dh) * 2
+        q = torch.randn(B, K * G, 1, Dh) * 2                  # the rotated queries the model passes
         k = torch.randn(B, K, 1, Dh)
-        cos, sin = rope_cos_sin(torch.tensor([[t]]), Dh, 10000.0)
-        qs.append(apply_rope(q_raw.view(1, 1, K * G, Dh).transpose(1, 2), cos, sin)[0, :, 0])
+        qs.append(q[0, :, 0])
         ks.append(k[0, :, 0])
-        cache._q[0] = q_raw
-        cache.update(k, k.clone(), 0)
+        cache.update(k, k.clone(), 0, q=q)
         assert cache.stored_length() == min(t + 1, heavy + recent)
     want = h2o_reference(qs, ks, heavy, recent, G)
     for h in range(K):
@@ -209,30 +211,127 @@ def test_h2o_matches_reference_on_random_queries():
 def test_h2o_keeps_a_heavy_hitter():
     """A key every query attends to strongly survives, however old."""
     cache = H2OCache(heavy=1, recent=2)
-    cache._cfg = SimpleNamespace(num_attention_heads=1, rope_theta=1e9)  # huge theta: RoPE ~ identity
     Dh = 4
     hot = torch.tensor([5.0, 0, 0, 0]).view(1, 1, 1, Dh)
     for t in range(10):
         k = hot if t == 0 else torch.randn(1, 1, 1, Dh) * 0.1
-        cache._q[0] = torch.tensor([[[3.0, 0, 0, 0]]])
-        cache.update(k, k.clone(), 0)
+        cache.update(k, k.clone(), 0, q=torch.tensor([3.0, 0, 0, 0]).view(1, 1, 1, Dh))
     assert torch.equal(cache.layers[0].k[0, 0, 0], hot[0, 0, 0])
 
 
 def test_h2o_with_model(model, device):
     prompt = ids_for(12, seed=7, device=device)
-    want = generate_with_cache(model, prompt, 6, cache=ContiguousCache(), return_logits=True)
-    got = generate_with_cache(model, prompt, 6, cache=H2OCache(heavy=20, recent=20), return_logits=True)
+    want = generate_through(model, prompt, 6, cache=ContiguousCache())
+    got = generate_through(model, prompt, 6, cache=H2OCache(heavy=20, recent=20))
     assert_same_generation(got, want, device, "H2O under budget")   # budget not reached: exact on the CPU
     cache = H2OCache(heavy=4, recent=4)
     r = stream_score(model, ids_for(40, seed=8, device=device)[0], cache)
     assert cache.stored_length() == 8 and r.final_nbytes == cache.nbytes()
     assert all(t.device == prompt.device for st in cache.layers for t in (st.k, st.v, st.score))
-    with pytest.raises(RuntimeError, match="attach"):
-        with torch.no_grad():
-            model(prompt, cache=H2OCache(2, 2))
+    k = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="needs q"):                  # scoring needs the queries
+        H2OCache(2, 2).update(k, k, 0)
+    for bad in (torch.randn(1, 3, 3, 8), torch.randn(1, 4, 2, 8), torch.randn(4, 3, 8)):
+        with pytest.raises(ValueError, match="q must be"):           # 3 heads for 2 KV heads, T, rank
+            H2OCache(2, 2).update(k, k, 0, q=bad)
     with pytest.raises(ValueError):
         H2OCache(0, 0)
+
+
+class _H2OLoops(KVCache):
+    """H2O as per-head Python loops, an oracle independent of H2OCache: it ignores the q the model passes
+    and takes the queries from forward hooks on each layer's q_proj (rotated here), so it also checks that
+    the model passes the right ones. Returns each layer's kept + new keys in H2OCache's order (older first)."""
+
+    def __init__(self, model, heavy, recent):
+        self.cfg, self.heavy, self.recent = model.config, heavy, recent
+        self.q, self.tok, self.kept = {}, [], []   # tok[l][i] = (k, v) [K, Dh]; kept[l][h] = [[i, score]]
+        self.handles = [layer.self_attn.q_proj.register_forward_hook(
+            lambda mod, inp, out, i=i: self.q.__setitem__(i, out.detach()))
+            for i, layer in enumerate(model.model.layers)]
+
+    def remove_hooks(self):
+        for h in self.handles:
+            h.remove()
+
+    def get_seq_length(self):
+        return len(self.tok[0]) if self.tok else 0
+
+    def stored_length(self, layer=0):                     # stream_score reports these two
+        return len(self.kept[layer][0]) if self.kept else 0
+
+    def nbytes(self):
+        return 0
+
+    def update(self, k, v, layer, q=None):
+        B, K, T, Dh = k.shape
+        H = self.cfg.num_attention_heads
+        G = H // K
+        if layer == len(self.tok):
+            self.tok.append([]), self.kept.append([[] for _ in range(K)])
+        start = len(self.tok[layer])
+        q = self.q.pop(layer).view(B, T, H, Dh).transpose(1, 2)
+        cos, sin = rope_cos_sin(torch.arange(start, start + T, device=k.device)[None], Dh, self.cfg.rope_theta)
+        q = apply_rope(q, cos, sin)[0]                                   # [H, T, Dh]
+        self.tok[layer] += [(k[0, :, t], v[0, :, t]) for t in range(T)]
+        ks, vs = [], []
+        for h in range(K):
+            old = self.kept[layer][h]
+            entries = old + [[start + t, 0.0] for t in range(T)]
+            keys = torch.stack([self.tok[layer][i][0][h] for i, _ in entries])   # [S, Dh]
+            ks.append(keys), vs.append(torch.stack([self.tok[layer][i][1][h] for i, _ in entries]))
+            for t in range(T):                           # new query t sees the old keys and new 0..t
+                for g in range(G):
+                    w = torch.softmax(keys[:len(old) + t + 1].float() @ q[h * G + g, t].float() / math.sqrt(Dh), 0)
+                    for e, wi in zip(entries, w.tolist()):
+                        e[1] += wi
+            if len(entries) > self.heavy + self.recent:
+                cand = entries[:len(entries) - self.recent]
+                rec = entries[len(entries) - self.recent:]
+                top = sorted(sorted(cand, key=lambda e: -e[1])[:self.heavy], key=lambda e: e[0])
+                entries = top + rec
+            self.kept[layer][h] = entries
+        return torch.stack(ks)[None], torch.stack(vs)[None]
+
+
+def assert_h2o_state_matches(cache, ref, what):
+    """Same kept tokens (per layer and KV head) and the same accumulated scores."""
+    for layer, st in enumerate(cache.layers):
+        for h in range(st.k.shape[1]):
+            toks = ref.tok[layer]
+            got = [next(i for i, (kk, _) in enumerate(toks) if torch.equal(kk[h], row)) for row in st.k[0, h]]
+            want = [i for i, _ in ref.kept[layer][h]]
+            assert got == want, f"{what}: layer {layer} head {h} keeps {got}, the loops keep {want}"
+            torch.testing.assert_close(st.score[0, h].double().cpu(),
+                                       torch.tensor([s for _, s in ref.kept[layer][h]], dtype=torch.float64),
+                                       rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("heavy,recent", [(4, 3), (5, 0), (0, 4)])
+def test_h2o_in_the_model_equals_per_head_loops(small, heavy, recent, device):
+    """Fresh random prompts through the small model (prefill, then decode; and chunked streaming): H2OCache
+    keeps the same tokens with the same scores as the loops, and gives the same tokens and logits."""
+    seed = time.time_ns() % 2**31
+    prompt, text = ids_for(9, 97, seed=seed, device=device), ids_for(30, 97, seed=seed + 1, device=device)[0]
+    cache = H2OCache(heavy, recent)
+    got = generate_through(small, prompt, 14, cache=cache)
+    ref = _H2OLoops(small, heavy, recent)
+    try:
+        want = generate_through(small, prompt, 14, cache=ref)
+    finally:
+        ref.remove_hooks()
+    assert cache.stored_length() == min(22, heavy + recent)
+    assert_same_generation(got, want, device, f"H2O generate (seed {seed})")
+    assert_h2o_state_matches(cache, ref, f"H2O generate (seed {seed})")
+    cache, ref = H2OCache(heavy, recent), _H2OLoops(small, heavy, recent)
+    got = stream_score(small, text, cache, prefill=7, chunk=3)
+    try:
+        want = stream_score(small, text, ref, prefill=7, chunk=3)
+    finally:
+        ref.remove_hooks()
+    torch.testing.assert_close(torch.tensor(got.nll_per_token), torch.tensor(want.nll_per_token),
+                               **tol_for(device, dict(rtol=1e-4, atol=1e-4)))
+    assert_h2o_state_matches(cache, ref, f"H2O stream (seed {seed})")
 
 
 # --- quantized ----------------------------------------------------------------------------------------
@@ -245,8 +344,8 @@ def test_minmax_quantization_error_and_packing():
         err = (dequantize_minmax(codes, scale, zero) - x).abs()
         assert (err <= scale.float() / 2 + 1e-2 * scale.float() + 1e-3).all()
         if bits == 4:
-            assert torch.equal(unpack_int4(pack_int4(codes)), codes)
-            assert pack_int4(codes).shape[-1] == 4
+            assert torch.equal(unpack_uint4(pack_uint4(codes)), codes)
+            assert pack_uint4(codes).shape[-1] == 4 and pack_uint4(codes).dtype == torch.uint8
     with pytest.raises(ValueError):
         quantize_minmax(x, 3, dim=2)
 
@@ -331,8 +430,8 @@ def test_latent_cache_full_rank_is_exact_and_rank_trades_memory(model, device):
     full_dim = 2 * cfg.num_key_value_heads * cfg.head_dim
     assert proj[0].rank == full_dim
     prompt = ids_for(10, seed=13, device=device)
-    want = generate_with_cache(model, prompt, 5, cache=ContiguousCache(), return_logits=True)
-    got = generate_with_cache(model, prompt, 5, cache=LatentCache(proj, cfg.rope_theta), return_logits=True)
+    want = generate_through(model, prompt, 5, cache=ContiguousCache())
+    got = generate_through(model, prompt, 5, cache=LatentCache(proj, cfg.rope_theta))
     for row in range(prompt.shape[0]):   # full rank: a change of basis, exact up to rounding (1e-3 here)
         assert_greedy_match(got[0][row, 10:], want[0][row, 10:], want[1][row], device, got[1][row],
                             what="latent full rank", cpu_tol=dict(rtol=1e-3, atol=1e-3))

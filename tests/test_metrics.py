@@ -9,8 +9,8 @@ import torch
 from course_lib.perf.memory import (MemoryMeasurement, autograd_saved_bytes, bits_per_param, format_bytes,
                                     model_weight_bytes, parameter_bytes, peak_memory)
 from course_lib.perf.metrics import (RequestMetrics, TokenEvent, Trace, cost_per_million_tokens,
-                                     decode_tokens_per_second, e2e_latency, format_summary,
-                                     inter_token_latencies, percentile, percentiles, request_metrics,
+                                     decode_tokens_per_second, e2e_latency, format_summary, goodput,
+                                     inter_token_latencies, makespan, percentile, percentiles, request_metrics,
                                      summarize, tokens_per_second, tpot, ttft)
 from course_lib.perf.timing import Timing, benchmark
 
@@ -133,15 +133,63 @@ def test_summarize_percentiles_over_requests():
     ms = [request_metrics(t) for t in traces]
     for key in ("ttft", "e2e", "tokens_per_second"):
         vals = [getattr(m, key) for m in ms]
-        assert s[key] == {q: float(np.percentile(vals, q)) for q in (50, 90, 99)}
+        assert [s[f"{key}_p{q}"] for q in (50, 90, 99)] == [float(np.percentile(vals, q)) for q in (50, 90, 99)]
     tp = [m.tpot for m in ms if m.tpot is not None]
-    assert len(tp) == 27 and s["tpot"] == {q: float(np.percentile(tp, q)) for q in (50, 90, 99)}
-    assert s["ttft"][50] <= s["ttft"][90] <= s["ttft"][99]
+    assert len(tp) == 27 and [s[f"tpot_p{q}"] for q in (50, 90, 99)] == [float(np.percentile(tp, q))
+                                                                         for q in (50, 90, 99)]
+    assert s["ttft_p50"] <= s["ttft_p90"] <= s["ttft_p99"]
+    # throughput: output tokens over the makespan (first arrival to last finish)
+    span = max(t.times[-1] for t in traces) - 0.0
+    assert math.isclose(s["makespan_s"], span) and s["output_tokens"] == sum(m.n_tokens for m in ms)
+    assert math.isclose(s["throughput_tok_s"], s["output_tokens"] / span)
+    assert math.isclose(s["requests_per_s"], 30 / span)
     # (start, times) pairs work too, and single-token-only batches have no TPOT row
     s2 = summarize([(0.0, [0.1]), (1.0, [1.3])], qs=(50,))
-    assert s2["tpot"] is None and math.isclose(s2["ttft"][50], 0.2)
+    assert s2["tpot_p50"] is None and math.isclose(s2["ttft_p50"], 0.2)
     table = format_summary(s)
     assert "TTFT (ms)" in table and "p99" in table and "n/a" in format_summary(s2)
+
+
+def test_one_token_answer_has_no_tpot_everywhere():
+    """The one definition: a one-token answer has TPOT None (not 0.0) in a Trace, in request_metrics and in
+    summarize (left out of the TPOT percentiles), and meets any TPOT limit in goodput."""
+    one = Trace(0.0, rid=0)
+    one.add_token(0.25, 7)
+    one.end(0.25)
+    assert one.tpot is None and request_metrics(one).tpot is None and one.n_tokens == 1
+    two = Trace(0.5, rid=1)
+    two.add_token(0.75)
+    two.add_token(1.75)
+    assert two.tpot == 1.0 and two.token_ids == [None, None] and two.finish_time == 1.75 and not two.finished
+    s = summarize([one, two], qs=(50,), ttft_slo=0.3, tpot_slo=0.5)
+    assert s["tpot_p50"] == 1.0                      # only the two-token request has a TPOT
+    assert s["slo_attainment"] == 0.5                # the one-token request meets TPOT <= 0.5 s, the other not
+    assert math.isclose(s["goodput_req_s"], 1 / 1.75) and math.isclose(goodput([one, two], 0.3, 0.5), 1 / 1.75)
+    assert math.isclose(makespan([one, two]), 1.75)
+    assert "goodput" in format_summary(s)
+
+
+def test_summarize_rejects_bad_records_and_slos():
+    with pytest.raises(TypeError, match="records"):
+        summarize([object()])
+    with pytest.raises(ValueError, match="empty trace"):
+        summarize([Trace(0.0)])
+    with pytest.raises(ValueError, match="both"):
+        summarize([(0.0, [0.1])], ttft_slo=1.0)
+    with pytest.raises(ValueError, match="tpot_slo"):
+        goodput([(0.0, [0.1])], 1.0, 0)
+
+
+def test_finish_after_the_last_token_counts_in_e2e():
+    tr = Trace(1.0)
+    tr.add_token(1.5, 3)
+    tr.end(2.0, "stop")
+    assert tr.e2e == 1.0 and tr.finish_reason == "stop" and tr.tokens_per_second == 1.0
+    bad = Trace(1.0)
+    bad.add_token(1.5)
+    bad.end(1.2)                                     # before its last token: a broken clock
+    with pytest.raises(ValueError, match="non-decreasing"):
+        bad.e2e
 
 
 # --------------------------------------------------------------------------------------------------

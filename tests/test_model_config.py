@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from course_lib.models import LlamaConfig, LlamaForCausalLM, bundled_path
+from course_lib.models import PRESETS, LlamaConfig, LlamaForCausalLM, as_config, bundled_path, preset
 
 BUNDLED = sorted(p.parent.name for p in bundled_path("tiny").parent.glob("*/config.json"))
 
@@ -170,3 +170,75 @@ def test_accepted_configs_match_transformers(name, tmp_path):
     with torch.no_grad():
         diff = (ours(ids) - theirs(ids).logits).abs().max().item()
     assert diff <= 1e-4, f"{name}: max |logit difference| {diff:.2e}"
+
+
+# --- the one shape description: presets, as_config, the KV formula ----------------------------------------
+# Published parameter counts: those of the old perf/kvcache tables (HF model cards and hub metadata),
+# else the size in the model's name. Falcon-7B's 7.22B counts its separately stored lm_head.
+PUBLISHED_PARAMETERS = {
+    "llama-2-7b": 6.738415616e9, "llama-2-13b": 13e9, "llama-2-70b": 69.0e9, "llama-3-8b": 8.030261248e9,
+    "llama-3.1-8b": 8.03e9, "mistral-7b": 7.24e9, "falcon-7b": 7.22e9, "smollm2-135m": 135e6,
+    "smollm2-360m": 360e6, "smollm2-1.7b": 1.7e9,
+}
+
+
+def test_every_preset_counts_its_published_parameters():
+    assert set(PRESETS) == set(PUBLISHED_PARAMETERS), "give every new preset its published parameter count"
+    for key, published in PUBLISHED_PARAMETERS.items():
+        cfg = preset(key)
+        assert abs(cfg.num_parameters() / published - 1) < 0.01, (key, cfg.num_parameters(), published)
+    assert preset("llama-2-7b").num_parameters() == 6_738_415_616       # exact, from the checkpoint
+    assert preset("Llama-3-8B").num_parameters() == 8_030_261_248
+    kinds = {k: c.attention_kind for k, c in PRESETS.items()}
+    assert kinds["llama-2-7b"] == "MHA" and kinds["llama-3-8b"] == "GQA" and kinds["falcon-7b"] == "MQA"
+
+
+def test_smollm2_preset_is_its_config_json():
+    assert preset("smollm2-135m") == LlamaConfig.from_hf(SMOLLM2_135M)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-draft", "tiny-draft-scratch"])
+def test_as_config_of_names_models_and_dicts(name):
+    from_json = LlamaConfig.from_hf(json.loads((bundled_path(name) / "config.json").read_text()))
+    assert as_config(name) == from_json and as_config(name).name == name
+    model = LlamaForCausalLM(from_json)
+    model.name = "mine"
+    assert as_config(model) == from_json and as_config(model).name == "mine"
+    assert as_config(from_json) is from_json
+    assert as_config(from_json.to_hf()) == from_json
+    with pytest.raises(ValueError, match="known"):
+        as_config("gpt-5")
+    with pytest.raises(TypeError, match="LlamaConfig"):
+        as_config(3.5)
+    with pytest.raises(ValueError, match="model_type"):
+        as_config({**from_json.to_hf(), "model_type": "qwen2"})   # from_hf's refusals hold in as_config
+
+
+def test_name_is_a_label_not_part_of_the_shape():
+    a, b = LlamaConfig(name="a"), LlamaConfig(name="b")
+    assert a == b and "name" not in a.to_hf()
+    assert LlamaConfig.from_hf({**a.to_hf(), "_name_or_path": "org/m"}).name == "org/m"
+    with pytest.raises(ValueError, match="unknown key 'name'"):
+        LlamaConfig.from_hf({**a.to_hf(), "name": "x"})
+    with pytest.raises(TypeError, match="name"):
+        LlamaConfig(name=3)
+
+
+@pytest.mark.parametrize("batch,T", [(1, 1), (3, 17)])
+def test_kv_formula_equals_the_real_cache(batch, T):
+    """The one KV formula (LlamaConfig.kv_cache_bytes) against an outside count: the bytes of the K and V
+    tensors the course model actually stores in a cache after a forward of T tokens, in two dtypes."""
+    from course_lib.kvcache import ContiguousCache, kv_table
+    cfg = LlamaConfig(vocab_size=100, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = LlamaForCausalLM(cfg).to(dtype).eval()
+        cache = ContiguousCache()
+        with torch.no_grad():
+            model(torch.randint(0, cfg.vocab_size, (batch, T)), cache=cache)
+        stored = sum(t.numel() * t.element_size() for t in cache.k + cache.v)
+        elem = torch.finfo(dtype).bits // 8
+        assert stored == cache.nbytes() == cfg.kv_cache_bytes(T, batch, elem)
+        assert cfg.kv_bytes_per_token(elem) * T * batch == stored
+    row = kv_table([cfg], tokens=T, batch=batch, bytes_per_element=4)[0]
+    assert row["cache GiB"] * 2**30 == cfg.kv_cache_bytes(T, batch, 4)

@@ -233,8 +233,8 @@ def test_training_script_resumes_a_stage_and_rewrites_the_card(tmp_path):
     and --card-only rewrites the card from the report, keeping the distilled draft's section."""
     import shutil
 
-    from course_lib.distill import CARD_SECTION
     from course_lib.models import train
+    from course_lib.models.train import CARD_SECTION
     a, b = tmp_path / "a", tmp_path / "b"
     train.main(["--quick", "--out", str(a), "--threads", "1"])
     first = json.loads((a / "training_report.json").read_text())
@@ -256,3 +256,52 @@ def test_training_script_resumes_a_stage_and_rewrites_the_card(tmp_path):
     text = card.read_text()
     assert text.count(CARD_SECTION) == 1 and text.endswith("the distilled draft's numbers\n")
     assert "repeated 4-grams, mean over" in text
+
+
+def test_distill_draft_installs_only_a_winning_draft_and_its_card_section(tmp_path):
+    """--install-from copies the run's draft and report and rewrites the card's last section from the report,
+    keeping the rest; the bundled card's section is exactly what the report gives. A losing draft: nothing."""
+    import shutil
+
+    from course_lib.models.distill_draft import card_section, install_draft
+    from course_lib.models.train import CARD_SECTION
+    bundled = bundled_path("tiny").parent
+    report = json.loads((bundled / "distill_report.json").read_text())
+    card = (bundled / "MODEL_CARD.md").read_text()
+    assert card.count(CARD_SECTION) == 1 and card.endswith(card_section(report))
+    root, run = tmp_path / "bundled", tmp_path / "run"
+    (run / "tiny-draft").mkdir(parents=True)
+    (run / "tiny-draft" / "config.json").write_text("{}")
+    root.mkdir()
+    (root / "MODEL_CARD.md").write_text(card.split(CARD_SECTION)[0] + CARD_SECTION + "\n\nan older draft\n")
+    lose = json.loads(json.dumps(report))
+    lose["distilled"]["acceptance_t1"] = lose["bundled_scratch"]["acceptance_t1"]
+    (run / "distill_report.json").write_text(json.dumps(lose))
+    with pytest.raises(ValueError, match="does not win"):
+        install_draft(run, root=root)
+    assert not (root / "tiny-draft").exists() and "an older draft" in (root / "MODEL_CARD.md").read_text()
+    (run / "distill_report.json").write_text(json.dumps(report))
+    install_draft(run, root=root)
+    assert (root / "MODEL_CARD.md").read_text() == card
+    assert (root / "tiny-draft" / "config.json").read_text() == "{}"
+    assert json.loads((root / "distill_report.json").read_text()) == report
+    shutil.rmtree(run)
+
+
+@pytest.mark.slow
+def test_distill_draft_quick_run(tmp_path):
+    """python -m course_lib.models.distill_draft --quick: a distilled and a scratch student of the draft's shape,
+    saved loadable, and a report with their held-out numbers next to the bundled scratch draft's."""
+    from course_lib.models import distill_draft
+    report = distill_draft.main(["--quick", "--out", str(tmp_path), "--threads", "1"])
+    assert (report["steps"], report["batch"], report["seq_len"]) == (20, 4, 64)
+    assert json.loads((tmp_path / "distill_report.json").read_text()) == json.loads(json.dumps(report))
+    scratch_cfg = load("tiny-draft-scratch", device="cpu")[0].config
+    for name, folder in (("distilled", "tiny-draft"), ("scratch", "tiny-draft-scratch")):
+        r = report[name]
+        assert 0 < r["acceptance_greedy"] <= 1 and 0 < r["acceptance_t1"] <= 1 and r["bits_per_byte"] > 0
+        model, _ = load(str(tmp_path / folder), device="cpu")
+        assert model.num_parameters() == r["parameters"]
+        assert model.config.hidden_size == scratch_cfg.hidden_size
+        assert model.config.num_hidden_layers == scratch_cfg.num_hidden_layers
+    assert "bits_per_byte" in report["bundled_scratch"] and report["teacher_bits_per_byte"] > 0

@@ -2,7 +2,8 @@
 import pytest
 
 from course_lib.paged import (BlockAllocator, BlockManager, ContiguousArena, OutOfBlocks, PagingError,
-                              sample_workload, simulate)
+                              simulate_waste)
+from course_lib.perf.workload import Request, limited_workload
 
 
 # --- allocator ----------------------------------------------------------------------------------------
@@ -230,24 +231,29 @@ def test_contiguous_arena_first_fit_and_merge():
 
 
 def test_paged_waste_is_small_and_contiguous_waste_is_large():
-    w = sample_workload(120, seed=1)
-    assert w == sample_workload(120, seed=1)          # seeded
-    assert len({r.prompt_len for r in w}) > 30 and len({r.output_len for r in w}) > 30
-    cont = simulate(w, 16384, "contiguous")
-    paged = simulate(w, 16384, "paged", block_size=16)
+    w = limited_workload(120, seed=1)
+    assert w == limited_workload(120, seed=1)          # seeded
+    assert len({r.prompt_tokens for r in w}) > 30 and len({r.output_tokens for r in w}) > 30
+    cont = simulate_waste(w, 16384, "contiguous")
+    paged = simulate_waste(w, 16384, "paged", block_size=16)
     assert cont.finished == paged.finished == 120
     assert paged.waste <= 0.04 and cont.waste >= 0.60
     assert paged.reserved == 0 and paged.external == 0 and cont.external > 0
     # internal waste of paging: less than one block per running sequence, on average
     assert paged.internal < paged.batch_sum * 16
     assert paged.mean_batch > 1.3 * cont.mean_batch and paged.steps < cont.steps
-    ctx = simulate(w, 16384, "contiguous", reserve="context")   # reserve the whole 2048-token context
+    ctx = simulate_waste(w, 16384, "contiguous", reserve="context")   # reserve the whole 2048-token context
     assert ctx.external == 0 and ctx.waste > cont.waste and ctx.finished == 120
-    bigger = simulate(w, 16384, "paged", block_size=128)
+    bigger = simulate_waste(w, 16384, "paged", block_size=128)
     assert bigger.waste > paged.waste
     with pytest.raises(ValueError):
-        simulate(w, 100, "contiguous")                # a request can never fit
+        simulate_waste(w, 100, "contiguous")                # a request can never fit
     with pytest.raises(ValueError):
-        simulate(w, 32768, "buddy")
+        simulate_waste(w, 32768, "buddy")
     with pytest.raises(ValueError):
-        simulate(w, 32768, "contiguous", reserve="max")
+        simulate_waste(w, 32768, "contiguous", reserve="max")
+    with pytest.raises(TypeError, match="Request"):
+        simulate_waste([(0, 10, 5)], 32768)
+    assert all(r.arrival_s == 0 and r.output_tokens <= r.max_new_tokens == r.limit for r in w)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        Request(0, 0.0, 10, 5, max_new_tokens=4)      # a limit below what it generates

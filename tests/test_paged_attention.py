@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.kvcache import ContiguousCache, generate_with_cache
+from course_lib.generation import generate
+from course_lib.kvcache import ContiguousCache
 from course_lib.models import load
 from course_lib.paged import (BlockManager, KVPool, PagedCache, contiguous_to_paged, paged_attention,
                               paged_attention_reference)
@@ -386,8 +387,8 @@ def test_model_through_paged_memory_equals_contiguous(model):
         assert cache.add_sequence(s, p) == 0
     got = paged_greedy(model, cache, prompts, 6)
     for s, p in prompts.items():
-        ids, want = generate_with_cache(model, torch.tensor(p)[None], 7, cache=ContiguousCache(), return_logits=True)
-        torch.testing.assert_close(got[s], want[0], rtol=1e-4, atol=1e-4)
+        want = generate(model, p, 7, cache=ContiguousCache(), return_logits=True).logits   # [7, V]
+        torch.testing.assert_close(got[s], want, rtol=1e-4, atol=1e-4)
         assert mgr.num_tokens(s) == len(p) + 6
     mgr.check_invariants()
 
@@ -402,8 +403,8 @@ def test_prefix_cache_skips_prefill_and_gives_the_same_logits(model):
     paged_greedy(model, cache, {"a": a}, 2)
     assert cache.add_sequence("b", b) == 8            # two full blocks of the system prompt
     got = paged_greedy(model, cache, {"b": b}, 3)["b"]
-    _, want = generate_with_cache(model, torch.tensor(b)[None], 4, return_logits=True)
-    torch.testing.assert_close(got, want[0], rtol=1e-4, atol=1e-4)
+    want = generate(model, b, 4, cache="contiguous", return_logits=True).logits           # [4, V]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     mgr.check_invariants()
 
 

@@ -1,5 +1,5 @@
-"""Module 01: the hardware table, the device measurement, arithmetic intensity (seed and real
-counting) and the roofline arithmetic."""
+"""Module 01: the hardware table, the device measurement, arithmetic intensity (the lecture notes' and
+the real counting) and the roofline arithmetic."""
 import math
 import random
 import time
@@ -12,15 +12,18 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from course_lib.models.config import PRESETS, as_config
 from course_lib.models.llama import LlamaConfig, LlamaForCausalLM, flops_per_token
 from course_lib.perf.device_bench import (count_ops, measure_device, prefix_cache, time_decode_step)
 from course_lib.perf.hardware import (DTYPE_BYTES, GPUS, DeviceSpec, bytes_per_element, canonical_dtype,
                                       get_gpu, hardware_table)
-from course_lib.perf.intensity import (PRESETS, SEED_CLOSED_FORMS, ModelShape, as_model, intensity_table,
-                                       matmul_cost, seed_table)
+from course_lib.perf.intensity import intensity_table
+from course_lib.perf.notes_forms import NOTES_CLOSED_FORMS, notes_table
+from course_lib.perf.ops import matmul_cost
 from course_lib.perf.roofline import (COMPUTE_BOUND, MEMORY_BOUND, analyze, attainable_flops, classify,
                                       critical_batch, decode_critical_batch, matmul_intensity,
                                       min_decode_latency, predict_time, ridge_point, roofline_time)
+from course_lib.perf.tables import format_records, format_table
 
 SMALL = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
                     num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=128,
@@ -183,28 +186,28 @@ DASHES = {"prefill": {4, 5, 6, 9, 12}, "decode": {3, 5, 6, 7, 8, 11, 14}}
 
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
-def test_seed_table_symbolically_equals_the_notes(phase):
-    t = seed_table(phase, L_, D_, head_dim=H_)
+def test_notes_table_symbolically_equals_the_notes(phase):
+    t = notes_table(phase, L_, D_, head_dim=H_)
     assert [r.no for r in t] == list(range(1, 14 if phase == "prefill" else 16))
     for r in t:
         if r.no in DASHES[phase]:
             assert r.intensity is None and r.closed_form == "-"
         else:
             assert sympy.cancel(r.intensity - NOTES[phase][r.no]) == 0, (phase, r.no, r.intensity)
-            assert sympy.cancel(r.intensity - SEED_CLOSED_FORMS[phase][r.no](L_, D_, H_)) == 0
+            assert sympy.cancel(r.intensity - NOTES_CLOSED_FORMS[phase][r.no](L_, D_, H_)) == 0
     assert set(NOTES[phase]) | DASHES[phase] == {r.no for r in t}
     assert "sqrt(D)" in t[6 if phase == "prefill" else 8].computation  # the notes' (wrong) scale, kept
 
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
-def test_seed_table_numerically_exact(phase):
+def test_notes_table_numerically_exact(phase):
     rng = random.Random(time.time_ns())
     for _ in range(25):
         nh = rng.choice([1, 2, 4, 8, 12, 32])
         D = nh * rng.randint(1, 64)
         L = rng.randint(1, 5000)
         H = D // nh
-        t = intensity_table(ModelShape(D, nh), phase, L, mode="seed")
+        t = notes_table(phase, L, D, num_heads=nh)
         for r in t:
             if r.no in NOTES[phase]:
                 expected = NOTES[phase][r.no].subs({L_: L, D_: D, H_: H})
@@ -215,40 +218,42 @@ def test_seed_table_numerically_exact(phase):
         assert t[score_no - 1].count == nh and t[0].count == 1
 
 
-def test_seed_mode_reads_d_and_heads_from_a_llama_config():
-    t = intensity_table(LlamaConfig(), "decode", 100, mode="seed")
+def test_notes_mode_reads_d_and_heads_from_a_llama_config():
+    t = intensity_table(LlamaConfig(), "decode", 100, mode="notes")
     assert t.units == ("multiply-adds", "elements")
     assert t[0].intensity == Fraction(256, 258) and t[8].intensity == Fraction(32 + 100 * 32, 64 + 100 + 3200 + 1)
     assert "(H+LH)/(2H+L+LH+1)" in t.to_markdown()
 
 
-def test_seed_bad_inputs():
+def test_notes_bad_inputs():
     with pytest.raises(ValueError, match="num_heads"):
-        seed_table("prefill", 10, 100, num_heads=7)
+        notes_table("prefill", 10, 100, num_heads=7)
     with pytest.raises(ValueError, match="seq_len"):
-        seed_table("prefill", 0, 64, num_heads=4)
+        notes_table("prefill", 0, 64, num_heads=4)
     with pytest.raises(ValueError, match="batch"):
-        intensity_table(LlamaConfig(), "decode", 10, batch=2, mode="seed")
+        intensity_table(LlamaConfig(), "decode", 10, batch=2, mode="notes")
     with pytest.raises(ValueError, match="phase"):
-        seed_table("generate", 10, 64, num_heads=4)
+        notes_table("generate", 10, 64, num_heads=4)
 
 
-def test_seed_vs_real_on_the_notes_architecture():
-    """Same architecture as the notes (MHA, D x D projections, 4D relu MLP): the real count is exactly
-    2x the multiply-adds and bytes-per-element x the elements, so in fp16 the two factors of 2 cancel."""
+def test_notes_vs_real_on_the_notes_sizes():
+    """The notes' sizes (MHA, D x D projections, a 4D-wide MLP): row for row, the real count is exactly
+    2x the multiply-adds and bytes-per-element x the elements, so in fp16 the two factors of 2 cancel.
+    (The real MLP is SwiGLU: its gate matrix has no row in the notes, its up and down matrices do.)"""
     D, nh, L = 512, 8, 300
-    notes_arch = ModelShape(D, nh, mlp="relu", intermediate_size=4 * D)
-    seed = intensity_table(notes_arch, "prefill", L, mode="seed")
+    notes_arch = LlamaConfig(hidden_size=D, num_attention_heads=nh, num_key_value_heads=nh,
+                             intermediate_size=4 * D, num_hidden_layers=1)
+    notes = intensity_table(notes_arch, "prefill", L, mode="notes")
     for dtype, factor in (("fp16", 1), ("fp32", Fraction(1, 2)), ("int8", 2)):
         real = intensity_table(notes_arch, "prefill", L, dtype=dtype)
-        for seed_no, name in ((1, "q_proj"), (2, "k_proj"), (10, "o_proj"), (11, "up_proj"), (13, "down_proj")):
-            s, r = seed[seed_no - 1], real[name]
+        for notes_no, name in ((1, "q_proj"), (2, "k_proj"), (10, "o_proj"), (11, "up_proj"), (13, "down_proj")):
+            s, r = notes[notes_no - 1], real[name]
             assert r.flops == 2 * s.flops
             assert r.bytes == bytes_per_element(dtype) * s.bytes
             assert Fraction(r.flops) / Fraction(r.bytes) == s.intensity * factor
     # attention: the notes count per head, the real table all heads at once
     real = intensity_table(notes_arch, "prefill", L, dtype="fp16")
-    assert real["qk"].flops == 2 * nh * seed[6].flops
+    assert real["qk"].flops == 2 * nh * notes[6].flops
 
 
 # --- the real count ----------------------------------------------------------------------------------
@@ -290,8 +295,7 @@ def test_decode_flops_match_torch_flop_counter(cfg):
 def test_weight_bytes_are_the_parameters():
     for cfg in (LlamaConfig(), SMALL):
         model = LlamaForCausalLM(cfg)
-        shape = as_model(cfg)
-        assert shape.num_parameters() == cfg.num_parameters() == model.num_parameters()
+        assert as_config(model).num_parameters() == cfg.num_parameters() == model.num_parameters()
         B = 3
         t = intensity_table(cfg, "decode", 5, batch=B, dtype="fp16")
         # every weight read once, except the embedding table: only the B looked-up rows (when tied,
@@ -309,11 +313,11 @@ def test_kv_cache_reads_in_decode():
     reads = 2 * N * B * K * (L + 1) * Dh * 1  # K and V, only the KV heads, int8
     writes = 2 * N * B * K * Dh * 1
     assert t.kv_bytes() == reads + writes
-    assert as_model(cfg).kv_cache_bytes(B, L + 1, "int8") == reads
+    assert cfg.kv_cache_bytes(L + 1, B, bytes_per_element("int8")) == reads
 
 
 def test_dtype_batch_and_length_scaling():
-    m = "llama3-8b"
+    m = "llama-3-8b"
     t16 = intensity_table(m, "decode", 256, batch=4, dtype="fp16")
     t32 = intensity_table(m, "decode", 256, batch=4, dtype="fp32")
     for a, b in zip(t16, t32):
@@ -331,8 +335,8 @@ def test_dtype_batch_and_length_scaling():
 
 
 def test_decode_is_memory_bound_and_prefill_compute_bound_on_every_gpu():
-    pre = intensity_table("llama2-7b", "prefill", 1024, dtype="fp16")
-    dec = intensity_table("llama2-7b", "decode", 1024, dtype="fp16")
+    pre = intensity_table("llama-2-7b", "prefill", 1024, dtype="fp16")
+    dec = intensity_table("llama-2-7b", "decode", 1024, dtype="fp16")
     for g in GPUS:
         for r in dec:
             assert classify(r.intensity, g) == MEMORY_BOUND, (g, r.name)
@@ -354,25 +358,12 @@ def test_matmul_cost():
         matmul_cost(0, 4, 4)
 
 
-def test_model_shapes_and_bad_inputs():
-    assert ModelShape(4096, 32).head_dim == 128 and ModelShape(4096, 32).num_kv_heads == 32
-    assert as_model({"hidden_size": 64, "num_heads": 4}).head_dim == 16
-    assert as_model("llama2-7b") is PRESETS["llama2-7b"]
-    assert PRESETS["llama2-7b"].num_parameters() == 6_738_415_616  # the published 6.74B
-    assert PRESETS["llama3-8b"].num_parameters() == 8_030_261_248  # the published 8.03B
-    assert as_model("tiny").hidden_size == 256
-    with pytest.raises(ValueError, match="num_heads=7 must divide hidden_size=100"):
-        ModelShape(100, 7)
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        ModelShape(64, 4, num_kv_heads=3)
-    with pytest.raises(ValueError, match="hidden_size"):
-        ModelShape(0, 4)
-    with pytest.raises(ValueError, match="num_layers"):
-        ModelShape(64, 4, num_layers=-1)
-    with pytest.raises(ValueError, match="mlp"):
-        ModelShape(64, 4, mlp="gelu2")
+def test_models_by_name_and_bad_inputs():
+    assert intensity_table("llama-2-7b", "decode", 8).model is PRESETS["llama-2-7b"]
+    assert intensity_table("LLAMA-2-7B", "decode", 8).name == "Llama-2-7B"
+    assert intensity_table("tiny", "decode", 8).model.hidden_size == 256
     with pytest.raises(ValueError, match="known"):
-        as_model("gpt-5")
+        intensity_table("gpt-5", "decode", 8)
     for kw, arg in (({"seq_len": 0}, "seq_len"), ({"batch": 0}, "batch"), ({"seq_len": 2.5}, "seq_len"),
                     ({"dtype": "fp7"}, "dtype"), ({"phase": "train"}, "phase"), ({"mode": "fancy"}, "mode"),
                     ({"kv_dtype": "x"}, "kv_dtype")):
@@ -417,13 +408,13 @@ def test_attainable_and_classify():
 def test_min_decode_latency_7b_on_a100():
     t = min_decode_latency(7e9, "A100-80GB", "fp16")  # 14 GB / 2.039 TB/s
     assert t == pytest.approx(14e9 / 2039e9) and 6.5e-3 < t < 7.0e-3
-    assert min_decode_latency("llama2-7b", "A100-80GB") == pytest.approx(6.738415616e9 * 2 / 2039e9)
+    assert min_decode_latency("llama-2-7b", "A100-80GB") == pytest.approx(6.738415616e9 * 2 / 2039e9)
     assert min_decode_latency(7e9, "A100-80GB", "int4") == pytest.approx(t / 4)
     assert min_decode_latency(7e9, "A100-80GB", kv_cache_bytes=2039e6) == pytest.approx(t + 1e-3)
     # the full roofline prediction of a decode step is a little above the weights-only bound
-    pred = predict_time("llama2-7b", "A100-80GB", "decode", 1, batch=1)
-    assert pred >= min_decode_latency("llama2-7b", "A100-80GB") * 0.97
-    assert pred < min_decode_latency("llama2-7b", "A100-80GB") * 1.05
+    pred = predict_time("llama-2-7b", "A100-80GB", "decode", 1, batch=1)
+    assert pred >= min_decode_latency("llama-2-7b", "A100-80GB") * 0.97
+    assert pred < min_decode_latency("llama-2-7b", "A100-80GB") * 1.05
     with pytest.raises(ValueError, match="num_params"):
         min_decode_latency(0, "A100-80GB")
     with pytest.raises(ValueError, match="gpu"):
@@ -461,12 +452,12 @@ def test_critical_batch_solves_intensity_equals_ridge():
 
 def test_decode_critical_batch_of_a_model():
     for g in ("T4", "A100-80GB", "H100-SXM"):
-        b = decode_critical_batch("llama2-7b", g)
+        b = decode_critical_batch("llama-2-7b", g)
         R = ridge_point(g)
         lo, hi = math.floor(b), math.ceil(b)
 
         def matmul_intensity_at(batch):
-            t = intensity_table("llama2-7b", "decode", 16, batch=batch)
+            t = intensity_table("llama-2-7b", "decode", 16, batch=batch)
             mats = [r for r in t if r.kind == "matmul"]
             return sum(r.flops * r.count for r in mats) / sum(r.bytes * r.count for r in mats)
 
@@ -475,18 +466,38 @@ def test_decode_critical_batch_of_a_model():
 
 
 def test_analyze_sums_the_ops():
-    t = intensity_table("llama2-7b", "decode", 512, batch=8)
+    t = intensity_table("llama-2-7b", "decode", 512, batch=8)
     a = analyze(t, "H100-SXM")
     assert a.time == pytest.approx(sum(max(r.flops / 989.4e12, r.bytes / 3350e9) * r.count for r in t))
     assert a.share(MEMORY_BOUND) == pytest.approx(1.0)
     assert "total" in a.to_markdown() and "<table>" in a.to_html() and "q_proj" in str(a)
-    pre = analyze(intensity_table("llama2-7b", "prefill", 2048), "H100-SXM")
+    pre = analyze(intensity_table("llama-2-7b", "prefill", 2048), "H100-SXM")
     # most of the time compute-bound; the rest is the unfused L x L score matrix (softmax) going
     # through memory, what FlashAttention (module 07) removes
     assert pre.share(COMPUTE_BOUND) > 0.5 and pre["softmax"].bound == MEMORY_BOUND
     assert pre["q_proj"].bound == COMPUTE_BOUND
     with pytest.raises(ValueError, match="table"):
-        analyze(intensity_table("tiny", "decode", 8, mode="seed"), "T4")
+        analyze(intensity_table("tiny", "decode", 8, mode="notes"), "T4")
     # a measured CPU spec has only fp32: analyze falls back to it
     cpu = DeviceSpec("cpu", 10, {"fp32": 0.1}, measured=True)
     assert analyze(intensity_table("tiny", "decode", 8, dtype="fp32"), cpu).dtype == "fp32"
+
+
+def test_the_one_table_formatter():
+    head, rows = ["name", "GB/s"], [["A100", "2,039"], ["T4", "320"]]
+    assert format_table(head, rows, "markdown", note="n") == ("| name | GB/s |\n|---|---|\n| A100 | 2,039 |\n"
+                                                            "| T4 | 320 |\n\nn")
+    assert format_table(head, rows, "text").split("\n") == ["name   GB/s", "----  -----", "A100  2,039",
+                                                           "T4      320"]   # numbers right-aligned
+    assert format_table(["<a>"], [["&"]], "html") == ("<table><thead><tr><th>&lt;a&gt;</th></tr></thead>"
+                                                      "<tbody><tr><td>&amp;</td></tr></tbody></table>")
+    recs = [{"model": "x", "GiB": 2.0, "n": 3}, {"model": "yy", "GiB": 0.12345, "n": 40}]
+    assert format_records(recs) == format_table(["model", "GiB", "n"], [["x", "2", "3"], ["yy", "0.123", "40"]],
+                                                "text")
+    assert format_records(recs, "markdown", floatfmt=".1f").endswith("| yy | 0.1 | 40 |") and format_records([]) == ""
+    with pytest.raises(ValueError, match="fmt"):
+        format_table(head, rows, "latex")
+    with pytest.raises(ValueError, match="rows\\[1\\]"):
+        format_table(head, [["a", "1"], ["b"]])
+    with pytest.raises(ValueError, match="lacks"):
+        format_records([{"a": 1}, {"b": 2}])

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from course_lib.quant import (FORMATS, decode_bits, encode_bits, format_table, format_table_markdown, get_format,
-                              representable_values)
+from course_lib.quant import (FORMATS, decode_bits, encode_bits, formats_table_markdown, formats_table_rows,
+                              get_format, representable_values)
 
 FLOATS = ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 
@@ -97,14 +97,14 @@ def test_representable_value_counts():
     assert representable_values("nf4").numel() == 16
 
 
-def test_format_table_rows_and_markdown():
-    rows = format_table()
+def test_formats_table_rows_and_markdown():
+    rows = formats_table_rows()
     names = [r["format"] for r in rows]
     assert names == ["FP32", "FP16", "BF16", "FP8 E4M3", "FP8 E5M2", "INT8", "INT4", "NF4"]
     by = {r["format"]: r for r in rows}
     assert by["BF16"]["layout"] == "1-8-7" and by["FP16"]["max"] == 65504
     assert by["INT4"]["min"] == -8 and by["NF4"]["max"] == 1.0
-    md = format_table_markdown(rows)
+    md = formats_table_markdown(rows)
     assert md.count("\n") == len(rows) + 1 and "448" in md
 
 

@@ -9,6 +9,7 @@ import ipywidgets as W  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+from course_lib.models.config import LlamaConfig  # noqa: E402
 from course_lib.perf.hardware import GPUS, DeviceSpec  # noqa: E402
 from course_lib.perf.intensity import intensity_table  # noqa: E402
 from course_lib.perf.roofline import decode_critical_batch, min_decode_latency, ridge_point  # noqa: E402
@@ -46,15 +47,15 @@ def test_plot_roofline_defaults_and_errors():
     with pytest.raises(ValueError, match="gpu"):
         plot_roofline(["A100-80GB", "B300"])
     with pytest.raises(ValueError, match="tables"):
-        plot_roofline("T4", tables=[intensity_table("tiny", "decode", 8, mode="seed")])
+        plot_roofline("T4", tables=[intensity_table("tiny", "decode", 8, mode="notes")])
     with pytest.raises(ValueError, match="intensity_range"):
         plot_roofline("T4", intensity_range=(10, 1))
 
 
 def test_plot_decode_batch_marks_the_critical_batch():
-    ax = plot_decode_batch("llama2-7b", ["A100-80GB", "H100-SXM"])
+    ax = plot_decode_batch("llama-2-7b", ["A100-80GB", "H100-SXM"])
     labels = [l.get_label() for l in ax.get_lines()]
-    b = decode_critical_batch("llama2-7b", "A100-80GB")
+    b = decode_critical_batch("llama-2-7b", "A100-80GB")
     assert any(f"-> batch {b:.0f}" in s for s in labels)
     with pytest.raises(ValueError, match="batches"):
         plot_decode_batch("tiny", batches=[0, 1])
@@ -69,13 +70,13 @@ def test_explorer_uses_only_core_widgets():
 
 
 def test_explorer_logic_follows_the_widgets():
-    e = RooflineExplorer("llama2-7b", plot=False)
+    e = RooflineExplorer("llama-2-7b", plot=False)
     r = e.result
     assert r["ok"] and r["gpu"] == "A100-80GB" and r["ridge"] == pytest.approx(ridge_point("A100-80GB"))
     # batch 1 decode: about the time to read the weights once
-    assert r["decode_time"] == pytest.approx(min_decode_latency("llama2-7b", "A100-80GB"), rel=0.05)
+    assert r["decode_time"] == pytest.approx(min_decode_latency("llama-2-7b", "A100-80GB"), rel=0.05)
     assert r["decode_bound"] == "memory-bound" and r["prefill_bound"] == "compute-bound"
-    assert r["critical_batch"] == pytest.approx(decode_critical_batch("llama2-7b", "A100-80GB"))
+    assert r["critical_batch"] == pytest.approx(decode_critical_batch("llama-2-7b", "A100-80GB"))
     assert r["fits"]
 
     e.gpu.value = "H100-SXM"
@@ -129,5 +130,6 @@ def test_explorer_bad_arguments():
         RooflineExplorer(batch=0, plot=False)
     with pytest.raises(ValueError, match="known"):
         RooflineExplorer(model="no-such-model", plot=False)
-    assert math.isinf(RooflineExplorer(model={"hidden_size": 64, "num_heads": 4}, gpu="H100-SXM",
-                                       plot=False).result["critical_batch"])
+    small = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=256,
+                        num_hidden_layers=1)
+    assert math.isinf(RooflineExplorer(model=small, gpu="H100-SXM", plot=False).result["critical_batch"])

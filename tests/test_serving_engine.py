@@ -1,7 +1,7 @@
 """The continuous-batching engine (course_lib.serving.engine) against decoding each request alone.
 
-Oracles: ``course_lib.kvcache.generate_with_cache`` (plain cached decoding of one request, a contiguous
-cache), and transformers' ``generate`` for the HF baseline. The engine runs on Module 06's PagedCache
+Oracles: ``course_lib.generation.generate`` with a contiguous cache (plain cached decoding of one request),
+and transformers' ``generate`` for the HF baseline. The engine runs on Module 06's PagedCache
 (decode through ``paged_attention``: the Triton kernel on CUDA). Every test runs on each device of the
 ``device`` fixture (CUDA where there is one); on CUDA greedy sequences are compared with
 ``device_tools.assert_greedy_match`` (a first difference must be a float near-tie). Prompts, lengths and
@@ -9,19 +9,19 @@ seeds are fresh random each run (the seed is printed).
 """
 import random
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from device_tools import assert_greedy_match
 
-from course_lib.generation import sample
-from course_lib.kvcache import ContiguousCache, generate_with_cache
+from course_lib.generation import generate
+from course_lib.kvcache import ContiguousCache
 from course_lib.models import load
 from course_lib.paged import attention as paged_attention_module
-from course_lib.serving.engine import (Engine, RequestOutput, SamplingParams, compare_with_static,
-                                       hf_static_generate, static_batch_generate, synthetic_workload)
+from course_lib.perf.metrics import Trace, summarize
+from course_lib.serving import (Engine, RequestOutput, SamplingParams, compare_with_static, hf_static_generate,
+                                static_batch_generate, synthetic_workload)
 
 # decode backends the engine can use on a CPU ("auto" is "torch" there, "triton" on CUDA)
 CPU_BACKENDS = [b for b in ("reference", "torch") if b in getattr(paged_attention_module, "BACKENDS", ("reference",))]
@@ -48,14 +48,13 @@ def prompts_for(rng, lengths):
 def alone(model, prompt, n, params=None, return_logits=False):
     """One request decoded by itself (a contiguous cache): greedy, or sampled with its own seeded generator
     on the model's device (as the engine's). return_logits: also the logits [n, V] behind each token."""
-    ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
-    pick = None
+    kw = {}
     if params is not None and params.temperature != 0:
-        g = torch.Generator(device=model.device).manual_seed(params.seed)
-        pick = lambda logits: sample(logits, params.temperature, params.top_k, params.top_p, generator=g)  # noqa: E731
-    out, logits = generate_with_cache(model, ids, n, sample=pick, return_logits=True)
-    toks = out[0, len(prompt):].tolist()
-    return (toks, logits[0]) if return_logits else toks
+        kw = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                  generator=torch.Generator(device=model.device).manual_seed(params.seed))
+    out = generate(model, prompt, n, cache="contiguous", return_logits=True, **kw)
+    toks, logits = out.tokens.tolist(), out.logits
+    return (toks, logits) if return_logits else toks
 
 
 def assert_same_greedy(model, got, prompt, n, what=""):
@@ -85,25 +84,25 @@ def run_checked(eng):
 ])
 def test_greedy_equals_alone(model, rng, num_blocks, max_batch, max_prefill, expect_preempt, backend):
     if expect_preempt:      # 6 requests growing to 4-6 blocks each in a pool of 12: someone must yield
-        lengths, max_tokens = [rng.randrange(17, 24) for _ in range(6)], [rng.randrange(12, 20) for _ in range(6)]
+        lengths, max_new_tokens = [rng.randrange(17, 24) for _ in range(6)], [rng.randrange(12, 20) for _ in range(6)]
     else:
-        lengths, max_tokens = [70] + [rng.randrange(1, 50) for _ in range(5)], [rng.randrange(1, 20) for _ in range(6)]
+        lengths, max_new_tokens = [70] + [rng.randrange(1, 50) for _ in range(5)], [rng.randrange(1, 20) for _ in range(6)]
     prompts = prompts_for(rng, lengths)
     eng = Engine(model, num_blocks=num_blocks, block_size=8, max_batch=max_batch, max_prefill_tokens=max_prefill,
                  backend=backend)
     assert eng.backend == backend and eng.manager is eng.cache.manager       # one store, one set of block tables
-    ids = [eng.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, max_tokens)]
+    ids = [eng.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, max_new_tokens)]
     streamed = run_checked(eng)
     if expect_preempt:
         assert eng.num_preemptions > 0, "the small pool should have forced a preemption"
     else:
         assert eng.num_preemptions == 0
-    for i, p, n in zip(ids, prompts, max_tokens):
+    for i, p, n in zip(ids, prompts, max_new_tokens):
         out = eng.output(i)
         assert out.finished and out.finish_reason == "length" and len(out.token_ids) == n
         assert_same_greedy(model, out.token_ids, p, n, what=f"request {i} (prompt {len(p)}, {n} tokens)")
         assert streamed[i] == out.token_ids                    # what step() streamed is the result
-        assert out.arrival_time <= out.first_token_time <= out.finish_time
+        assert out.trace.start <= out.trace.first_token_time <= out.trace.finish_time
         assert 0 <= out.ttft <= out.e2e
 
 
@@ -113,8 +112,8 @@ def test_batched_forward_equals_contiguous(model, rng):
     prompts = prompts_for(rng, [rng.randrange(2, 30) for _ in range(4)])
     eng = Engine(model, num_blocks=32, block_size=4, max_batch=8)
     for p in prompts:
-        eng.add_request(p, SamplingParams(max_tokens=2))
-    eng._admit()
+        eng.add_request(p, SamplingParams(max_new_tokens=2))
+    eng.scheduler._admit()
     reqs = list(eng.running)
     tol = dict(rtol=1e-4, atol=1e-4) if model.device.type == "cpu" else dict(rtol=1e-4, atol=1e-3)
     with torch.inference_mode():
@@ -135,14 +134,14 @@ def test_batched_forward_equals_contiguous(model, rng):
 
 def test_seeded_sampling_is_per_request(model, rng):
     p = prompts_for(rng, [12])[0]
-    params = SamplingParams(max_tokens=12, temperature=0.9, top_k=50, top_p=0.95, seed=rng.randrange(2**31))
+    params = SamplingParams(max_new_tokens=12, temperature=0.9, top_k=50, top_p=0.95, seed=rng.randrange(2**31))
     # alone in the engine
     eng = Engine(model, num_blocks=64, block_size=8)
     solo = eng.generate([p], params)[0].token_ids
     # in a crowd of greedy and sampled requests, with preemption going on
     others = prompts_for(rng, [rng.randrange(1, 40) for _ in range(5)])
     eng = Engine(model, num_blocks=10, block_size=8, max_batch=6)
-    other_params = [SamplingParams(max_tokens=rng.randrange(1, 20), temperature=rng.choice([0.0, 1.0]),
+    other_params = [SamplingParams(max_new_tokens=rng.randrange(1, 20), temperature=rng.choice([0.0, 1.0]),
                                    seed=rng.randrange(2**31)) for _ in others]
     outs = eng.generate(others[:2] + [p] + others[2:], other_params[:2] + [params] + other_params[2:])
     assert outs[2].token_ids == solo
@@ -152,7 +151,7 @@ def test_seeded_sampling_is_per_request(model, rng):
     # the same draws as plain cached decoding with a generator seeded the same way
     assert solo == alone(model, p, 12, params)
     # another seed gives another sequence (12 draws at temperature 0.9 over a 2048-token vocabulary)
-    other = Engine(model, num_blocks=64).generate([p], SamplingParams(max_tokens=12, temperature=0.9, top_k=50,
+    other = Engine(model, num_blocks=64).generate([p], SamplingParams(max_new_tokens=12, temperature=0.9, top_k=50,
                                                                       top_p=0.95, seed=params.seed + 1))[0]
     assert other.token_ids != solo
 
@@ -164,49 +163,49 @@ def test_stop_tokens_and_streaming(model, rng):
     first = ref.index(stop)
     got = []
     eng = Engine(model, num_blocks=32, block_size=8)
-    rid = eng.add_request(p, SamplingParams(max_tokens=10, stop_token_ids=[stop]), callback=got.append)
+    rid = eng.add_request(p, SamplingParams(max_new_tokens=10, stop_token_ids=[stop]), callback=got.append)
     run_checked(eng)
     out = eng.output(rid)
     assert out.token_ids == ref[:first + 1] and out.finish_reason == "stop"
     assert [o.token for o in got] == out.token_ids and got[-1].finished and not any(o.finished for o in got[:-1])
     eng = Engine(model, num_blocks=32, block_size=8)
-    toks = [o.token for o in eng.stream([p], SamplingParams(max_tokens=5))]
+    toks = [o.token for o in eng.stream([p], SamplingParams(max_new_tokens=5))]
     assert toks == ref[:5]
 
 
 def test_bad_requests_rejected_while_serving(model, rng):
     prompts = prompts_for(rng, [rng.randrange(1, 30) for _ in range(4)])
-    max_tokens = [rng.randrange(8, 20) for _ in prompts]
+    max_new_tokens = [rng.randrange(8, 20) for _ in prompts]
     eng = Engine(model, num_blocks=40, block_size=8, max_batch=4)
-    ids = [eng.add_request(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, max_tokens)]
+    ids = [eng.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, max_new_tokens)]
     for _ in range(4):
         eng.step()
     with pytest.raises(TypeError, match="temprature"):
         eng.add_request(prompts[0], SamplingParams(temprature=0.5))
     for bad in (0, -3):
-        with pytest.raises(ValueError, match="max_tokens"):
-            eng.add_request(prompts[0], SamplingParams(max_tokens=bad))
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            eng.add_request(prompts[0], SamplingParams(max_new_tokens=bad))
     with pytest.raises(ValueError, match="empty"):
-        eng.add_request([], SamplingParams(max_tokens=4))
+        eng.add_request([], SamplingParams(max_new_tokens=4))
     with pytest.raises(ValueError, match="vocabulary"):
-        eng.add_request([5, 2048, 7], SamplingParams(max_tokens=4))
+        eng.add_request([5, 2048, 7], SamplingParams(max_new_tokens=4))
     with pytest.raises(ValueError, match="vocabulary"):
-        eng.add_request([-1], SamplingParams(max_tokens=4))
+        eng.add_request([-1], SamplingParams(max_new_tokens=4))
     with pytest.raises(TypeError, match="integer"):
-        eng.add_request([1.5, 2.0], SamplingParams(max_tokens=4))
+        eng.add_request([1.5, 2.0], SamplingParams(max_new_tokens=4))
     with pytest.raises(ValueError, match="context"):
-        eng.add_request([1] * 500, SamplingParams(max_tokens=20))
+        eng.add_request([1] * 500, SamplingParams(max_new_tokens=20))
     with pytest.raises(ValueError, match="KV blocks"):
-        eng.add_request([1] * 300, SamplingParams(max_tokens=30))    # 329 slots > 40 blocks x 8
+        eng.add_request([1] * 300, SamplingParams(max_new_tokens=30))    # 329 slots > 40 blocks x 8
     with pytest.raises(TypeError, match="SamplingParams"):
-        eng.add_request([1, 2], {"max_tokens": 3})
+        eng.add_request([1, 2], {"max_new_tokens": 3})
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0)
     assert len(eng.requests) == 4                              # nothing was added by the bad calls
     run_checked(eng)
-    for i, p, n in zip(ids, prompts, max_tokens):
+    for i, p, n in zip(ids, prompts, max_new_tokens):
         assert_same_greedy(model, eng.output(i).token_ids, p, n, what=f"request {i}")
 
 
@@ -219,21 +218,21 @@ def test_engine_arguments(model):
 
 def test_static_batching_equals_alone(model, rng):
     prompts = prompts_for(rng, [rng.randrange(1, 40) for _ in range(5)])
-    max_tokens = [rng.randrange(1, 16) for _ in prompts]
-    outs = static_batch_generate(model, prompts, [SamplingParams(max_tokens=n) for n in max_tokens], batch_size=3)
+    max_new_tokens = [rng.randrange(1, 16) for _ in prompts]
+    outs = static_batch_generate(model, prompts, [SamplingParams(max_new_tokens=n) for n in max_new_tokens], batch_size=3)
     assert all(isinstance(o, RequestOutput) and o.finished for o in outs)
-    for o, p, n in zip(outs, prompts, max_tokens):
+    for o, p, n in zip(outs, prompts, max_new_tokens):
         assert_same_greedy(model, o.token_ids, p, n, what="static batching")
-        assert o.arrival_time <= o.first_token_time <= o.finish_time
+        assert o.trace.start <= o.trace.first_token_time <= o.trace.finish_time
 
 
 def test_hf_static_equals_alone(model, rng):
     pytest.importorskip("transformers")
     prompts = prompts_for(rng, [rng.randrange(1, 30) for _ in range(3)])
-    max_tokens = [rng.randrange(1, 10) for _ in prompts]
-    outs = hf_static_generate(prompts, [SamplingParams(max_tokens=n) for n in max_tokens], batch_size=3,
+    max_new_tokens = [rng.randrange(1, 10) for _ in prompts]
+    outs = hf_static_generate(prompts, [SamplingParams(max_new_tokens=n) for n in max_new_tokens], batch_size=3,
                               device=model.device)
-    for o, p, n in zip(outs, prompts, max_tokens):
+    for o, p, n in zip(outs, prompts, max_new_tokens):
         assert_same_greedy(model, o.token_ids, p, n, what="transformers generate")
 
 
@@ -241,8 +240,8 @@ def test_hf_static_equals_alone(model, rng):
 def test_compare_with_static_rows(model, replay):
     wl = synthetic_workload(8, seed=time.time_ns() % 1000, rate=200.0 if replay else None,
                             prompt_range=(4, 24), output_range=(2, 12), output_median=5)
-    if replay:      # the simulator's request records (counts, no ids) are accepted as well
-        wl = [SimpleNamespace(arrival_s=a, prompt_tokens=len(p), output_tokens=n) for a, p, n in wl]
+    if replay:      # explicit (arrival_s, prompt_ids, max_new_tokens) tuples are accepted as well
+        wl = [(r.arrival_s, list(range(1, r.prompt_tokens + 1)), r.output_tokens) for r in wl]
     rows = compare_with_static(model, wl, batch_size=4, replay=replay, max_batch=8)   # asserts equal outputs
     assert [r["system"].split()[0] for r in rows] == ["engine", "static"]
     for r in rows:
@@ -251,12 +250,29 @@ def test_compare_with_static_rows(model, replay):
         assert 0 < r["p50_latency_s"] <= r["p90_latency_s"] and r["mode"] == ("replay" if replay else "offline")
 
 
+def test_engine_outputs_are_traces_that_summarize_takes(model, rng):
+    """The engine fills the course's one request record (a perf.metrics.Trace), as the simulator does:
+    token ids and times, finish, finish reason, preemptions; summarize reads a list of outputs."""
+    prompts = prompts_for(rng, [rng.randrange(2, 20) for _ in range(5)])
+    eng = Engine(model, num_blocks=12, block_size=4, max_batch=5)
+    outs = eng.generate(prompts, [SamplingParams(max_new_tokens=n) for n in (1, 3, 9, 9, 9)])
+    for o, p in zip(outs, prompts):
+        tr = o.trace
+        assert isinstance(tr, Trace) and tr.prompt_tokens == len(p) and tr.rid == o.request_id
+        assert tr.token_ids == o.token_ids and tr.finished and tr.finish == tr.times[-1]
+    assert outs[0].tpot is None and outs[1].tpot is not None    # a one-token answer has no TPOT
+    assert sum(o.trace.preemptions for o in outs) == eng.num_preemptions
+    s = summarize(outs, qs=(50,))
+    assert s["requests"] == 5 and s["output_tokens"] == 1 + 3 + 27
+    assert s["makespan_s"] == max(o.trace.finish for o in outs) - min(o.trace.start for o in outs)
+
+
 def test_everything_lives_on_the_model_device(model, rng):
     """Generators, pools and every forward's plan (positions, slot mapping, block tables, lengths) are on
     the model's device (the H100 failure: CPU index tensors and CPU generators next to CUDA tensors)."""
     eng = Engine(model, num_blocks=32, block_size=8)
-    rid = eng.add_request(prompts_for(rng, [9])[0], SamplingParams(max_tokens=3, temperature=1.0))
-    eng.add_request(prompts_for(rng, [4])[0], SamplingParams(max_tokens=4))
+    rid = eng.add_request(prompts_for(rng, [9])[0], SamplingParams(max_new_tokens=3, temperature=1.0))
+    eng.add_request(prompts_for(rng, [4])[0], SamplingParams(max_new_tokens=4))
     assert eng.requests[rid].generator.device.type == model.device.type
     assert all(t.device.type == model.device.type for t in eng.cache.pool.k + eng.cache.pool.v)
     seen = set()
@@ -288,7 +304,7 @@ def test_engine_decodes_with_the_triton_kernel_on_cuda(model, rng, monkeypatch):
 
     monkeypatch.setattr(triton_paged, "paged_attention_triton", spy)
     prompts = prompts_for(rng, [rng.randrange(3, 40) for _ in range(5)])
-    outs = Engine(model, num_blocks=64, block_size=16, max_batch=8).generate(prompts, SamplingParams(max_tokens=6))
+    outs = Engine(model, num_blocks=64, block_size=16, max_batch=8).generate(prompts, SamplingParams(max_new_tokens=6))
     assert calls, "decode steps should go through the Triton paged-attention kernel"
     assert len(calls) % model.config.num_hidden_layers == 0
     for o, p in zip(outs, prompts):
@@ -299,16 +315,16 @@ ENGINE_TRITON_SCRIPT = """
 import sys, torch
 sys.path.insert(0, {root!r})
 torch.set_num_threads(1)
-from course_lib.kvcache import generate_with_cache
+from course_lib.generation import generate
 from course_lib.models import load
-from course_lib.serving.engine import Engine, SamplingParams
+from course_lib.serving import Engine, SamplingParams
 model, _ = load("tiny", device="cpu", verbose=False)
 g = torch.Generator(device="cpu").manual_seed(0)
 prompts = [torch.randint(1, 2048, (n,), generator=g, device="cpu").tolist() for n in (5, 19, 11)]
 outs = Engine(model, num_blocks=32, block_size=8, max_batch=4, backend="triton").generate(
-    prompts, SamplingParams(max_tokens=4))
+    prompts, SamplingParams(max_new_tokens=4))
 for o, p in zip(outs, prompts):
-    want = generate_with_cache(model, torch.tensor(p, device="cpu"), 4)[0, len(p):].tolist()
+    want = generate(model, p, 4, cache="contiguous").tokens.tolist()
     assert o.token_ids == want, (o.token_ids, want)
 print("ENGINE_TRITON_INTERPRET_OK")
 """

@@ -84,8 +84,8 @@ def test_step_cost_model_formula_and_roofline():
     assert c.step_time(0, 3, 100) == pytest.approx(2.0 + max(1.0 + 0.3 + 0.03 + 0.1, 1.5))
     assert c.step_time(10, 0, 10) == pytest.approx(2.0 + 5.0)       # compute-bound: the max picks FLOPs
     from course_lib.perf import get_gpu, min_decode_latency
-    r = StepCostModel.from_roofline("A100-80GB", "llama2-7b", overhead_s=0.0)
-    assert r.fixed_s == pytest.approx(min_decode_latency("llama2-7b", "A100-80GB"))   # read all weights once
+    r = StepCostModel.from_roofline("A100-80GB", "llama-2-7b", overhead_s=0.0)
+    assert r.fixed_s == pytest.approx(min_decode_latency("llama-2-7b", "A100-80GB"))   # read all weights once
     assert r.per_context_token_s * get_gpu("A100-80GB").bandwidth == pytest.approx(2 * 32 * 4096 * 2)   # KV bytes/token
     assert r.decode_time(1, 0) == pytest.approx(r.fixed_s + r.per_context_token_s)
     assert r.prefill_time(4096) == pytest.approx(4096 * 2 * 6.74e9 / 312e12, rel=0.01)    # compute-bound prefill
@@ -120,31 +120,32 @@ def test_one_request_times_are_exact():
         t += LINEAR.step_time(0, 1, 40 + k)
         want.append(t)
     rec = res.record(0)
-    assert rec.token_times == pytest.approx(want) and rec.finish_s == pytest.approx(want[-1])
-    assert [s[0] for s in rec.segments] == ["prefill", "decode"]
+    assert rec.times == pytest.approx(want) and rec.finish == pytest.approx(want[-1])
+    assert [s[0] for s in res.segments[0]] == ["prefill", "decode"]
+    assert rec.rid == 0 and rec.start == 0.5 and rec.prompt_tokens == 40 and rec.finish_reason == "length"
     assert max_blocks_used(res) == blocks_needed(40 + 3, 16) == 3
     # disaggregated: the same plus the KV transfer of 40 tokens before the first decode step
     d = simulate(r, Disaggregated(transfer_s_per_token=0.01), cost=LINEAR, num_blocks=10)
     assert d.record(0).ttft == pytest.approx(rec.ttft)
-    assert d.record(0).token_times[1] - d.record(0).token_times[0] == pytest.approx(0.4 + LINEAR.step_time(0, 1, 41))
+    assert d.record(0).times[1] - d.record(0).times[0] == pytest.approx(0.4 + LINEAR.step_time(0, 1, 41))
 
 
 def test_static_batch_is_padded_and_waits_for_a_full_batch():
     reqs = [Request(0, 0.0, 10, 2), Request(1, 0.3, 30, 5), Request(2, 5.0, 8, 3)]
     res = simulate(reqs, StaticBatching(max_batch=2, timeout_s=1.0), cost=LINEAR, num_blocks=100)
     t0 = 0.3 + LINEAR.step_time(2 * 30, 0, 2 * 30)            # the batch starts when the 2nd request comes
-    assert res.record(0).token_times[0] == pytest.approx(t0) == res.record(1).token_times[0]
+    assert res.record(0).times[0] == pytest.approx(t0) == res.record(1).times[0]
     end = t0 + sum(LINEAR.step_time(0, 2, 2 * (30 + k)) for k in range(1, 5))    # padded to 5 tokens
-    assert res.record(1).finish_s == pytest.approx(end)
-    last = res.record(0).segments[-1]                         # done after 2 tokens, its row padded to the end
-    assert last[0] == "padding" and last[1] == pytest.approx(res.record(0).finish_s) and last[2] == pytest.approx(end)
-    assert res.record(2).token_times[0] == pytest.approx(6.0 + LINEAR.step_time(8, 0, 8))   # alone: timeout 1 s
+    assert res.record(1).finish == pytest.approx(end)
+    last = res.segments[0][-1]                         # done after 2 tokens, its row padded to the end
+    assert last[0] == "padding" and last[1] == pytest.approx(res.record(0).finish) and last[2] == pytest.approx(end)
+    assert res.record(2).times[0] == pytest.approx(6.0 + LINEAR.step_time(8, 0, 8))   # alone: timeout 1 s
     s = res.summary()
     computed = 2 * 30 + 2 * 4 + 8 + 2
     useful = 40 + (2 + 5 - 2) + 8 + 2
     assert s["padding_waste"] == pytest.approx(1 - useful / computed)
     dyn = simulate(reqs, DynamicBatching(max_batch=2), cost=LINEAR, num_blocks=100)
-    assert dyn.record(0).token_times[0] == pytest.approx(LINEAR.step_time(10, 0, 10))     # no waiting
+    assert dyn.record(0).times[0] == pytest.approx(LINEAR.step_time(10, 0, 10))     # no waiting
 
 
 # --- invariants on random workloads ------------------------------------------------------------------
@@ -162,7 +163,7 @@ def test_invariants_hold_for_every_policy(policy, seed):
     if policy.name in ("continuous", "chunked"):
         assert max_blocks_used(res) <= 96
     again = simulate(reqs, policy, num_blocks=96, block_size=16)
-    assert [r.token_times for r in again.records] == [r.token_times for r in res.records]   # deterministic
+    assert [r.times for r in again.records] == [r.times for r in res.records]   # deterministic
 
 
 def test_preemption_when_blocks_are_scarce_and_all_complete(seed):

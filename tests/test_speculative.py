@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from course_lib.kvcache import ContiguousCache, generate_with_cache
+from course_lib.generation import generate
+from course_lib.kvcache import ContiguousCache
 from course_lib.models import LlamaConfig, LlamaForCausalLM, load
 from course_lib.speculative import (accept_step, acceptance_rate, expected_tokens_per_pass,
                                     optimal_draft_length, probs_from_logits, speedup)
@@ -25,6 +26,13 @@ ALPHA = 1e-6
 # --------------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------------
+def plain_greedy(model, prompt, n):
+    """Plain cached greedy decoding through the one loop: (ids [1, T + n], logits [1, n, V]) on the
+    model's device."""
+    out = generate(model, prompt, n, cache="contiguous", return_logits=True)
+    return torch.cat([prompt.to(model.device), out.tokens.to(model.device)])[None], out.logits[None]
+
+
 def chi2_pvalue(counts, probs) -> float:
     """Pearson chi-square goodness of fit of `counts` to `probs` (same shape), cells expecting fewer
     than 5 merged (smallest first). Survival function of chi2(df) = gammaincc(df/2, x/2)."""
@@ -105,7 +113,7 @@ def greedy_refs(pair, prompts):
     """Plain cached greedy decoding of each prompt (30 new tokens) on the models' device, with the logits
     that chose each token: the reference for temperature 0."""
     target = pair[0]
-    return [generate_with_cache(target, p[None].to(target.device), 30, return_logits=True) for p in prompts]
+    return [plain_greedy(target, p, 30) for p in prompts]
 
 
 def assert_greedy(got, ref, n, device, what=""):
@@ -261,7 +269,7 @@ def test_greedy_equals_target_greedy_random_pair_and_adaptive():
     gen = torch.Generator().manual_seed(0)
     for T in (1, 2, 9):
         prompt = torch.randint(0, 64, (T,), generator=gen)
-        want = generate_with_cache(target, prompt[None], 19)
+        want = plain_greedy(target, prompt, 19)[0]
         for g in (1, 2, 4):
             assert torch.equal(speculative_generate(target, draft, prompt, 19, draft_length=g)[0], want)
         assert torch.equal(speculative_generate(target, draft, prompt, 19, draft_length=4, adaptive=0.5)[0], want)
@@ -452,7 +460,7 @@ def test_prompt_lookup_equals_greedy(pair, prompts, device):
     target, _, tok = pair
     edit = editing_prompts(tok, num=1)[0][0]
     for prompt in (edit, prompts[2]):
-        ref = generate_with_cache(target, prompt[None].to(device), 25, return_logits=True)
+        ref = plain_greedy(target, prompt, 25)
         got, stats = prompt_lookup_generate(target, prompt, 25, draft_length=6)
         assert_greedy(got, ref, 25, device, what="prompt lookup")
         assert stats.emitted == 25

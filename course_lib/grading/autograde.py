@@ -1,15 +1,22 @@
 """`course grade`: collect -> check and repair -> autograde (nbgrader) -> feedback -> CSV.
 
 Everything nbgrader needs lives in a working course directory (a temporary one unless ``workdir`` is
-given); the submissions are only ever read. One nbgrader autograde call per submission, each with a
-per-cell time limit, so one bad notebook (syntax error, infinite loop, deleted cells, invalid JSON,
-huge outputs, a dead kernel) never stops the others.
+given; only the grader can read it); the submissions are only ever read. Each submission is autograded
+in its own scratch copy: its own course folder and gradebook (a copy of the one made by
+generate_assignment), and a kernel started through `sandbox.py` (least privilege, see there for the
+isolation levels) in a working folder that holds only that notebook. The grader then computes the
+scores from the executed notebook itself and merges them into the instructor's gradebook, from which
+the feedback is made; nothing the kernel could write is trusted. Each cell has a time limit and the
+whole notebook a budget, so one bad notebook (syntax error, infinite loop, deleted cells, invalid JSON,
+huge outputs, a dead kernel) never stops the others; the guard (`execute.py`, `guard.py`) catches
+tampering with the tests inside the kernel.
 
 Outputs, in `out` (default ``grades/``):
   grades.csv               student, assignment, score, max_score, status, flags, file
   report.json              everything: per-cell scores and errors, repairs, messages, files not graded
-  feedback/<student>/<labNN>.html   feedback for the student (hidden tests not shown)
-  logs/<student>_<labNN>.log        nbgrader's log for that submission
+  feedback/<key>/<labNN>.html   feedback for the student (hidden tests not shown); <key> is the
+                                student id made file-safe, with a short hash where two ids collide
+  logs/<key>_<labNN>.log        nbgrader's log for that submission
   not_graded.txt           files that could not be attributed to a student and a lab, and why
 
 Status of a submission:
@@ -18,14 +25,19 @@ Status of a submission:
             deleted cells, ...; see flags)
   review    graded, but a human should look: cells matched only by similarity, cells that could not be
             found after metadata loss, a cell that timed out, several files for one lab, cells that
-            need manual grading, the lab recognized from content only
+            need manual grading, the lab recognized from content only, the wrong lab handed in, a dead
+            kernel (the points before it are kept), the time budget used up, tampering with the tests,
+            an answer that imports the course_lib reference
   error     not graded (unreadable notebook, nbgrader failure); score left empty, never 0
 """
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -40,7 +52,9 @@ from .build import (LabBuildError, generate_release, lab_names, nbgrader_meta, n
                     read_notebook, _lab_relpath)
 from .collect import collect
 from .nbgrader_env import CourseDir, find_config, result_log
+from .references import answer_table, reference_imports
 from .repair import repair
+from .sandbox import DEFAULT_MEMORY_GB, Isolation, kernel_spec, kill_leftovers, make_scratch, probe
 
 MAX_CELLS = 3000
 WORKDIR_MARKER = ".course-grade-workdir"
@@ -62,6 +76,7 @@ class Result:
     log: str | None = None
     internal_id: str = ""
     superseded: list = field(default_factory=list)
+    file_key: str = ""        # the collision-free name of this student's feedback folder and log
 
     @property
     def flag_text(self) -> str:
@@ -78,6 +93,7 @@ class GradeReport:
     ignored: list             # [(file, why)]: other files, other assignments
     warnings: list
     out: Path | None = None
+    isolation: str = ""
 
     def by_student(self, student: str, assignment: str | None = None) -> Result:
         hits = [r for r in self.results if r.student == student and (assignment is None or r.assignment == assignment)]
@@ -91,8 +107,24 @@ class GradeReport:
 
 
 def _slug(s: str) -> str:
-    s = re.sub(r"[^\w.\- ]+", "_", s, flags=re.UNICODE).strip().replace(" ", "_")
-    return s or "student"
+    s = re.sub(r"[^\w.\- ]+", "_", s, flags=re.UNICODE).strip().replace(" ", "_").lstrip(".")
+    return s[:80] or "student"
+
+
+def file_keys(students) -> dict[str, str]:
+    """student id -> a file-safe name, unique even where ids differ only in spaces, punctuation or case
+    ("Ann Lee" and "Ann_Lee" both get a short hash of the id appended)."""
+    students = sorted(set(students))
+    groups: dict[str, list[str]] = {}
+    for st in students:
+        groups.setdefault(_slug(st).casefold(), []).append(st)
+    keys = {}
+    for st in students:
+        k = _slug(st)
+        if len(groups[k.casefold()]) > 1:
+            k = f"{k}-{hashlib.sha1(st.encode('utf-8')).hexdigest()[:8]}"
+        keys[st] = k
+    return keys
 
 
 def _release_keys(nb) -> tuple[set, set]:
@@ -140,19 +172,50 @@ def _execution_problems(path: Path) -> tuple[list[str], dict[str, str]]:
     return timeouts, errors
 
 
+@dataclass
+class _Context:
+    """What every submission of one grade run shares."""
+    course: CourseDir                 # the instructor's course folder (gradebook, autograded, feedback)
+    cfg: Path | None
+    timeout: float | None
+    iso: Isolation
+    scratch: Path                     # per-submission scratch copies live under here
+    budget: float
+    answers: dict                     # lab -> AnswerTable
+    release_keys: dict                # lab -> (grade_ids, sources), for "is this the wrong lab?"
+    template_db: Path
+    feedback_extra: object = None
+
+
+REVIEW_FLAGS = {"timeout", "needs_manual_grading", "several_files", "assignment_from_content", "wrong_lab",
+                "kernel_died", "time_budget", "tamper", "reference_import", "processes_left_behind",
+                "feedback_failed"}
+
+
+def default_budget(timeout: float | None) -> float:
+    """The whole notebook's time limit: 10 per-cell timeouts, at least 10 minutes."""
+    from .nbgrader_env import DEFAULT_TIMEOUT
+    return float(max(600, 10 * (timeout or DEFAULT_TIMEOUT)))
+
+
 def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions: str | Path = "solutions",
           out: str | Path | None = "grades", timeout: float | None = None, assignment: str | None = None,
           workdir: str | Path | None = None, config_file: str | Path | None = None, feedback: bool = True,
-          echo=None) -> GradeReport:
+          echo=None, isolation: str | None = None, require_sandbox: bool = False, budget: float | None = None,
+          memory_gb: float | None = DEFAULT_MEMORY_GB, sandbox_user=None) -> GradeReport:
     """Grade every notebook under `submissions`; write the outputs to `out` (None: write nothing).
 
-    `timeout` is the per-cell limit in seconds (default: nbgrader_config.py's, else 60).
-    `echo(str)` receives progress lines (None: quiet).
+    `timeout` is the per-cell limit in seconds (default: nbgrader_config.py's, else 60); `budget` the
+    whole notebook's (default: `default_budget`). `isolation` is ``bwrap``, ``user`` or ``process``
+    (default: the strongest available, see `sandbox.py`); `require_sandbox` refuses to grade without
+    bubblewrap (`sandbox.SandboxUnavailable`). `echo(str)` receives progress lines (None: quiet).
     """
     say = echo or (lambda s: None)
+    iso = probe(isolation, require_sandbox, sandbox_user, memory_gb)
+    say(iso.describe())
     labs_release, solutions = Path(labs_release), Path(solutions)
     released, sources = set(lab_names(labs_release)), set(lab_names(solutions))
-    notes = []
+    notes = list(iso.notes)
     for name in sorted(released - sources):
         notes.append(f"{labs_release / (name + '.ipynb')} has no source in {solutions}/; it cannot be graded")
     for name in sorted(sources - released):
@@ -163,10 +226,12 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                                 f"{solutions}/{assignment}.ipynb")
     if not gradable:
         raise FileNotFoundError(f"no lab has both a release in {labs_release}/ and a source in {solutions}/")
+    if budget is not None and budget <= 0:
+        raise ValueError(f"budget must be a positive number of seconds, got {budget}")
     release_nbs = {name: read_notebook(labs_release / f"{name}.ipynb") for name in gradable}
     numbers = {int(name[3:]): name for name in gradable}
-    keys = {name: _release_keys(nb) for name, nb in release_nbs.items()
-            if assignment is None or name == assignment}
+    all_keys = {name: _release_keys(nb) for name, nb in release_nbs.items()}
+    keys = {name: k for name, k in all_keys.items() if assignment is None or name == assignment}
     coll = collect(submissions, numbers, assignment, keys)
 
     cfg = find_config(config_file, solutions)
@@ -183,6 +248,7 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
             shutil.rmtree(root)
         root.mkdir(parents=True, exist_ok=True)
         (root / WORKDIR_MARKER).write_text("made by `course grade`; it is deleted and remade on the next run\n")
+    os.chmod(root, 0o700)  # the instructor's course folder: sources, gradebook; never the kernel's
     from traitlets.config import Config
     extra = Config()
     from nbgrader.preprocessors import GetGrades
@@ -194,13 +260,17 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
     if out_dir is not None:
         _prepare_out(out_dir)
     results: list[Result] = []
+    scratch = Path(tempfile.mkdtemp(prefix="cg-"))  # short: Unix socket paths are limited to 107 bytes
+    if iso.uid is not None:
+        os.chmod(scratch, 0o711)
     try:
         needed = sorted({s.assignment for s in coll.submissions})
-        ready = {}
+        ready, answers = {}, {}
         for lab in needed:
             try:
-                generated = generate_release(course, lab, read_notebook(solutions / f"{lab}.ipynb"),
-                                             solutions / f"{lab}.ipynb")
+                source_nb = read_notebook(solutions / f"{lab}.ipynb")
+                generated = generate_release(course, lab, source_nb, solutions / f"{lab}.ipynb")
+                answers[lab] = answer_table(source_nb)
                 rel_path = labs_release / f"{lab}.ipynb"
                 if notebook_text(normalize_lab(generated, _lab_relpath(rel_path))) != rel_path.read_text(encoding="utf-8"):
                     notes.append(f"{rel_path} is not what {solutions / (lab + '.ipynb')} generates now (run "
@@ -209,12 +279,18 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 ready[lab] = ""
             except (LabBuildError, OSError, ValueError) as e:
                 ready[lab] = str(e)
+        template_db = scratch / "template-gradebook.db"
+        if (root / "gradebook.db").exists():
+            shutil.copyfile(root / "gradebook.db", template_db)
+        ctx = _Context(course, cfg, timeout, iso, scratch, budget or default_budget(course.timeout), answers,
+                       all_keys, template_db)
         students = sorted({s.student for s in coll.submissions})
         ids = {st: f"s{k + 1:03d}" for k, st in enumerate(students)}
+        fkeys = file_keys(students)
         for k, sub in enumerate(sorted(coll.submissions, key=lambda s: (s.assignment, s.student))):
             say(f"[{k + 1}/{len(coll.submissions)}] {sub.assignment} {sub.student}: {sub.path.name}")
             r = Result(sub.student, sub.assignment, str(sub.path), internal_id=ids[sub.student],
-                       superseded=[str(p) for p in sub.superseded])
+                       superseded=[str(p) for p in sub.superseded], file_key=fkeys[sub.student])
             for fl in sub.flags:
                 r.flags.setdefault(fl, [])
             if sub.superseded:
@@ -226,7 +302,7 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 results.append(r)
                 continue
             try:
-                _grade_one(course, sub, r, release_nbs[sub.assignment], out_dir, feedback)
+                _grade_one(ctx, sub, r, release_nbs[sub.assignment], out_dir, feedback)
             except Exception as e:  # never let one submission stop the others
                 r.status, r.score, r.max_score = "error", None, None
                 r.flags.setdefault("grader_crashed", [])
@@ -234,16 +310,90 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 r.log = (r.log or "") + traceback.format_exc()
             results.append(r)
     finally:
+        shutil.rmtree(scratch, ignore_errors=True)
         if tmp is not None:
             tmp.cleanup()
     report = GradeReport(results, [(str(p), why) for p, why in coll.unattributed],
-                         [(str(p), why) for p, why in coll.ignored], notes, out_dir)
+                         [(str(p), why) for p, why in coll.ignored], notes, out_dir, iso.describe())
     if out_dir is not None:
         write_outputs(report, out_dir)
     return report
 
 
-def _grade_one(course: CourseDir, sub, r: Result, release_nb, out_dir: Path | None, feedback: bool) -> None:
+def _wrong_lab(nb, lab: str, release_keys: dict) -> str | None:
+    """The lab this notebook clearly is, when that is not `lab` (by grade_ids and locked cell sources)."""
+    ids, srcs = set(), set()
+    for c in nb.cells:
+        m = c.get("metadata", {}).get("nbgrader") if isinstance(c, dict) else None
+        if isinstance(m, dict) and m.get("grade_id"):
+            ids.add(m["grade_id"])
+        if isinstance(c, dict):
+            srcs.add(str(c.get("source", "")).strip())
+    scores = {}
+    for name, (rel_ids, rel_srcs) in release_keys.items():
+        scores[name] = max(len(ids & rel_ids) / max(len(rel_ids), 1), len(srcs & rel_srcs) / max(len(rel_srcs), 1))
+    best = max(scores, key=scores.get)
+    if best != lab and scores[best] >= 0.5 and scores[best] > scores.get(lab, 0) + 0.25:
+        return best
+    return None
+
+
+def _trusted_scores(graded_nb) -> dict[str, float | None]:
+    """grade_id -> score, computed by the grader from the executed notebook (nbgrader's own rule),
+    never read from anything the kernel could write."""
+    from nbgrader.utils import determine_grade, is_grade
+    out = {}
+    for c in graded_nb.cells:
+        if is_grade(c):
+            out[c.metadata.nbgrader["grade_id"]] = determine_grade(c)[0]
+    return out
+
+
+def _merge(course: CourseDir, sid: str, lab: str, scores: dict) -> None:
+    """Write one submission's scores into the instructor's gradebook (replacing an earlier entry)."""
+    from nbgrader.api import MissingEntry
+
+    from .nbgrader_env import quiet_nbgrader
+    with quiet_nbgrader(), warnings.catch_warnings(), course.gradebook() as gb:
+        warnings.simplefilter("ignore")
+        gb.update_or_create_student(sid)
+        try:
+            gb.remove_submission(lab, sid)
+        except MissingEntry:
+            pass
+        sub = gb.add_submission(lab, sid)
+        for nb in sub.notebooks:
+            for g in nb.grades:
+                auto = scores.get(g.name, 0.0)
+                g.auto_score = auto
+                g.needs_manual_grade = auto is None
+        gb.db.commit()
+
+
+def _sub_config(ctx: _Context, secret: str, spec: dict | None, conn: Path, reports: Path, lab: str):
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput,
+                                        SaveAutoGrades)
+    from traitlets.config import Config
+
+    from .execute import CollectGuard, InjectGuard, SandboxExecute
+    c = Config()
+    c.Autograde.autograde_preprocessors = [InjectGuard, SandboxExecute, CollectGuard, IgnorePattern,
+                                           ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+                                           AssignLatePenalties, CheckCellMetadata]
+    c.InjectGuard.secret = secret
+    c.InjectGuard.answers = dict(ctx.answers[lab].tests) if lab in ctx.answers else {}
+    c.CollectGuard.secret = secret
+    c.CollectGuard.report_path = str(reports / "guard.json")
+    c.SandboxExecute.sandbox_spec = spec
+    c.SandboxExecute.connection_file = str(conn)
+    c.SandboxExecute.budget = float(ctx.budget)
+    c.SandboxExecute.report_path = str(reports / "execute.json")
+    return c
+
+
+def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, feedback: bool) -> None:
+    course = ctx.course
     sid, lab = r.internal_id, r.assignment
     # 1. read (the submission is only read)
     try:
@@ -262,34 +412,87 @@ def _grade_one(course: CourseDir, sub, r: Result, release_nb, out_dir: Path | No
         r.flags.setdefault("too_many_cells", [str(len(nb.cells))])
         r.messages.append(f"{len(nb.cells)} cells; grade this one by hand")
         return
+    other = _wrong_lab(nb, lab, ctx.release_keys)
+    if other:
+        r.flags["wrong_lab"] = [other]
+        r.messages.append(f"this notebook is {other}, not {lab}: the student handed in the wrong lab "
+                          f"(graded as {lab} anyway)")
     # 2. check and repair against the release
     work, findings = repair(nb, release_nb)
     for k, v in findings.flags.items():
         r.flags[k] = v
     r.messages += findings.messages
-    dest = course.submitted(sid, lab)
-    if dest.parent.exists():
-        shutil.rmtree(dest.parent)
-    dest.parent.mkdir(parents=True)
-    nbformat.write(work, str(dest))
-    # 3. autograde
-    t0 = time.time()
-    res = course.autograde(sid, lab)
-    log = result_log(res)
-    r.log = log
-    if out_dir is not None:
-        (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-        logfile = out_dir / "logs" / f"{_slug(r.student)}_{lab}.log"
-        logfile.write_text(log, encoding="utf-8")
-        r.log = str(logfile)
-    graded = course.autograded(sid, lab)
-    if not res.get("success") or not graded.exists():
-        r.status = "error"
-        r.flags.setdefault("autograde_failed", [])
-        r.messages.append("nbgrader autograde failed: " + _failure_reason(log))
-        return
+    if lab in ctx.answers:
+        refs = reference_imports(work.cells, ctx.answers[lab], release_nb.cells)
+        if refs:
+            r.flags["reference_import"] = sorted(refs)
+            for gid, where in sorted(refs.items()):
+                r.messages.append(f"{gid}: the answer imports course_lib's reference ({'; '.join(where)})")
+    # 3. autograde in a scratch copy: its own course folder and gradebook (grader only), and a kernel
+    #    folder (the sandbox user's) holding only this notebook
+    sc_course = ctx.scratch / "courses" / sid
+    (ctx.scratch / "courses").mkdir(exist_ok=True, mode=0o700)
+    os.chmod(ctx.scratch / "courses", 0o700)
+    if sc_course.exists():
+        shutil.rmtree(sc_course)
+    reports = sc_course / "reports"
+    reports.mkdir(parents=True)
+    (ctx.scratch / "kernels").mkdir(exist_ok=True)
+    kwork, krun = make_scratch(ctx.scratch / "kernels", sid, ctx.iso)
+    try:
+        if ctx.template_db.exists():
+            shutil.copyfile(ctx.template_db, sc_course / "gradebook.db")
+        secret = secrets.token_hex(16)
+        marker = secrets.token_hex(8)
+        conn = krun / "kernel.json"
+        cpu = int(ctx.budget * 2 + 60)
+        spec = kernel_spec(ctx.iso, kwork, krun, conn, marker, cpu)
+        scourse = CourseDir(sc_course, ctx.cfg, ctx.timeout, _sub_config(ctx, secret, spec, conn, reports, lab))
+        dest = scourse.submitted(sid, lab)
+        dest.parent.mkdir(parents=True)
+        nbformat.write(work, str(dest))
+        shutil.copyfile(dest, kwork / f"{lab}.ipynb")  # the student's own notebook, for code that opens it
+        t0 = time.time()
+        res = scourse.autograde(sid, lab)
+        ex = _read_json(reports / "execute.json")
+        left = kill_leftovers(marker, ctx.iso.uid, ex.get("pgids", []))
+        if left:
+            r.flags["processes_left_behind"] = [str(len(left))]
+            r.messages.append(f"{len(left)} process(es) started by the notebook were still running after it and "
+                              "were killed")
+        log = result_log(res)
+        r.log = log
+        if out_dir is not None:
+            (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+            logfile = out_dir / "logs" / f"{r.file_key or _slug(r.student)}_{lab}.log"
+            logfile.write_text(log, encoding="utf-8")
+            r.log = str(logfile)
+        graded = scourse.autograded(sid, lab)
+        if not res.get("success") or not graded.exists():
+            r.status = "error"
+            r.flags.setdefault("autograde_failed", [])
+            r.messages.append("nbgrader autograde failed: " + _failure_reason(log))
+            return
+        graded_nb = read_notebook(graded)
+        guard = _read_json(reports / "guard.json")
+        # 4. the grader computes the scores and merges them into the instructor's gradebook
+        scores = _trusted_scores(graded_nb)
+        for gid in guard.get("missing") or []:  # a test cell that did not run as written earns nothing
+            if gid in scores and scores[gid] is not None:
+                scores[gid] = 0.0
+        final = course.autograded(sid, lab)
+        for p in (course.submitted(sid, lab), final):
+            if p.parent.exists():
+                shutil.rmtree(p.parent)
+            p.parent.mkdir(parents=True)
+        shutil.copyfile(dest, course.submitted(sid, lab))
+        shutil.copyfile(graded, final)
+        _merge(course, sid, lab, scores)
+    finally:
+        shutil.rmtree(sc_course, ignore_errors=True)
+        shutil.rmtree(kwork.parent, ignore_errors=True)
     score, max_score, manual, cells = _scores(course, sid, lab)
-    timeouts, errors = _execution_problems(graded)
+    timeouts, errors = _execution_problems(final)
     for c in cells:
         if c["grade_id"] in errors:
             c["error"] = errors[c["grade_id"]]
@@ -297,29 +500,65 @@ def _grade_one(course: CourseDir, sub, r: Result, release_nb, out_dir: Path | No
     if timeouts:
         r.flags["timeout"] = timeouts
         r.messages.append(f"cells hit the time limit of {course.timeout} s: {', '.join(timeouts)}")
+    if ex.get("died_at") is not None:
+        r.flags["kernel_died"] = [str(ex["died_at"])]
+        r.messages.append("the kernel died while running the notebook (" + (ex.get("error") or "") + "); the "
+                          "points of the cells run before it are kept, the cells after it score 0")
+    if ex.get("budget_at") is not None or ex.get("budget_killed"):
+        r.flags["time_budget"] = [f"{ctx.budget:g}s"]
+        r.messages.append(f"the notebook used up its time budget of {ctx.budget:g} s; the cells after that "
+                          "were not run and score 0")
+    tamper = {}
+    for gid, probs in (guard.get("problems") or {}).items():
+        for p in probs:
+            kind, _, rest = p.partition(": ")
+            if kind == "reference_import":
+                r.flags.setdefault("reference_import", [])
+                if gid not in r.flags["reference_import"]:
+                    r.flags["reference_import"].append(gid)
+                r.messages.append(f"{gid}: {rest}")
+            else:
+                tamper.setdefault(gid, []).append(p)
+    for gid in guard.get("missing") or []:
+        tamper.setdefault(gid, []).append("the test cell did not run as written (the grader's check in it "
+                                          "never reported)")
+    for gid in guard.get("forged") or []:
+        tamper.setdefault(gid, []).append("a forged grader report was printed in this cell")
+    if guard and not guard.get("setup", True):
+        tamper.setdefault("setup", []).append("the grader's setup cell did not report")
+    if tamper:
+        r.flags["tamper"] = sorted(tamper)
+        for gid, probs in sorted(tamper.items()):
+            r.messages.append(f"tampering detected in {gid}: " + "; ".join(sorted(set(probs))))
     if manual:
         r.flags.setdefault("needs_manual_grading", [c["grade_id"] for c in cells if c["needs_manual_grade"]])
     r.messages.append(f"autograded in {time.time() - t0:.1f} s")
-    # 4. feedback
+    # 5. feedback, from the instructor's course folder (nothing of the kernel's is read but the notebook)
     if feedback:
         fres = course.generate_feedback(sid, lab)
         html = course.feedback(sid, lab)
         if fres.get("success") and html.exists():
             if out_dir is not None:
-                target = out_dir / "feedback" / _slug(r.student) / f"{lab}.html"
+                target = out_dir / "feedback" / (r.file_key or _slug(r.student)) / f"{lab}.html"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(html, target)
                 r.feedback = str(target)
         else:
             r.flags.setdefault("feedback_failed", [])
             r.messages.append("nbgrader generate_feedback failed: " + result_log(fres)[-300:])
-    review = {"timeout", "needs_manual_grading", "several_files", "assignment_from_content"}
-    if findings.needs_review or review & set(r.flags) or "feedback_failed" in r.flags:
+    if findings.needs_review or REVIEW_FLAGS & set(r.flags):
         r.status = "review"
     elif findings.repaired:
         r.status = "repaired"
     else:
         r.status = "ok"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -348,17 +587,23 @@ def _prepare_out(out: Path) -> None:
     (out / OUT_MARKER).write_text("written by `course grade`; feedback/ and logs/ are replaced on each run\n")
 
 
+def csv_safe(text: str) -> str:
+    """A text cell a spreadsheet will not run as a formula (=, +, -, @, tab, CR first get a quote)."""
+    return "'" + text if text and text[0] in "=+-@\t\r" else text
+
+
 def write_outputs(report: GradeReport, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "grades.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(CSV_COLUMNS)
         for r in report.results:
-            w.writerow([r.student, r.assignment, _fmt(r.score), _fmt(r.max_score), r.status, r.flag_text, r.file])
+            w.writerow([csv_safe(r.student), csv_safe(r.assignment), _fmt(r.score), _fmt(r.max_score), r.status,
+                        csv_safe(r.flag_text), csv_safe(r.file)])
     data = {"results": [asdict(r) for r in report.results],
             "not_graded": [{"file": p, "why": w} for p, w in report.not_graded],
             "ignored": [{"file": p, "why": w} for p, w in report.ignored],
-            "warnings": report.warnings}
+            "warnings": report.warnings, "isolation": report.isolation}
     (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     lines = [f"{p}\t{w}" for p, w in report.not_graded]
     (out / "not_graded.txt").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
@@ -388,4 +633,6 @@ def summary(report: GradeReport) -> str:
         lines += [f"  {p}: {w}" for p, w in other]
     for w in report.warnings:
         lines.append(f"warning: {w}")
+    if report.isolation:
+        lines.append(report.isolation)
     return "\n".join(lines)

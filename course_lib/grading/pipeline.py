@@ -24,11 +24,12 @@ from .build import (LabBuild, LabBuildError, answer_sources, build_labs, build_o
                     lab_names, secret_and_public_lines)
 from .collect import Collection, Submission, collect, parse_name, strip_copy_decorations
 from .repair import Findings, repair
+from .sandbox import DEFAULT_MEMORY_GB, LEVELS, Isolation, SandboxUnavailable, bwrap_argv, probe
 
 __all__ = ["build_labs_main", "grade_main", "build_labs", "build_ok", "find_leaks", "secret_and_public_lines",
            "answer_sources", "fill_answers", "lab_names", "LabBuild", "LabBuildError", "collect", "parse_name",
            "strip_copy_decorations", "Collection", "Submission", "repair", "Findings", "grade", "summary",
-           "write_outputs", "GradeReport", "Result"]
+           "write_outputs", "GradeReport", "Result", "Isolation", "SandboxUnavailable", "probe", "bwrap_argv"]
 
 
 def build_labs_main(argv: list[str] | None = None) -> int:
@@ -89,9 +90,18 @@ accepted submission names (the assignment is the labNN token, e.g. lab01, Lab1, 
   Files that cannot be attributed are listed as NOT GRADED (never dropped silently).
   Several files of one student for one lab: the newest is graded, the submission flagged for review.
 
+isolation (printed first; see README "For instructors"): bwrap (bubblewrap installed: read-only system,
+  writable scratch only) > user (grader is root: kernels run as --sandbox-user, default nobody) > process
+  (grader's own user: resource limits only; for trusted notebooks). Every level: one scratch copy per
+  submission, no network where the system allows it, limits on memory, processes, CPU and file size, every
+  process of the kernel killed at the end. --require-sandbox refuses to grade without bubblewrap.
+
 outputs (in --out): grades.csv (student, assignment, score, max_score, status, flags, file),
   report.json (per-cell scores, repairs, messages), feedback/<student>/<lab>.html, logs/, not_graded.txt
-status: ok | repaired (safe automatic repair, see flags) | review (a human should look) |
+  (feedback and logs are named by a file-safe student id, with a short hash added where two ids collide;
+  CSV cells starting with = + - @ get a leading ' so a spreadsheet does not run them)
+status: ok | repaired (safe automatic repair, see flags) | review (a human should look: also wrong_lab,
+  kernel_died, time_budget, tamper, reference_import) |
   error (not graded; score left empty, never 0)
 exit status: 0 all graded, 1 some file not graded or some submission in error, 2 usage error
 """
@@ -117,13 +127,28 @@ def grade_main(argv: list[str] | None = None) -> int:
                         "(default: a temporary folder, deleted)")
     p.add_argument("--config", default=None, help="nbgrader_config.py to use")
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="time limit for a whole notebook, on top of the per-cell one (default: 10 per-cell "
+                        "timeouts, at least 600 s); the cells after it score 0 and the submission is flagged")
+    p.add_argument("--isolation", choices=LEVELS, default=None,
+                   help="how to run students' code (default: the strongest available): bwrap = bubblewrap "
+                        "sandbox; user = an unprivileged user (grader runs as root); process = the grader's "
+                        "own user with resource limits only")
+    p.add_argument("--require-sandbox", action="store_true",
+                   help="refuse to grade unless bubblewrap (bwrap) is installed and used")
+    p.add_argument("--sandbox-user", default=None, metavar="USER",
+                   help="the unprivileged user kernels run as when the grader is root (default: nobody)")
+    p.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GB, metavar="GiB",
+                   help=f"address-space limit of a kernel (default: {DEFAULT_MEMORY_GB:g}; 0: none)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
     try:
         report = grade(args.submissions, args.labs_release, args.solutions, args.out, args.timeout,
                        args.assignment, args.workdir, args.config, feedback=not args.no_feedback,
-                       echo=None if args.quiet else (lambda s: print(s, flush=True)))
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+                       echo=None if args.quiet else (lambda s: print(s, flush=True)), isolation=args.isolation,
+                       require_sandbox=args.require_sandbox, budget=args.budget, memory_gb=args.memory_limit,
+                       sandbox_user=args.sandbox_user)
+    except (FileNotFoundError, FileExistsError, ValueError, SandboxUnavailable) as e:
         print(f"course grade: {e}", file=sys.stderr)
         return 2
     print(summary(report))

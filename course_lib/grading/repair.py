@@ -48,7 +48,7 @@ SIMILARITY_THRESHOLD = 0.5
 
 #: Flags that mean "graded after a safe automatic repair".
 REPAIR_FLAGS = {"metadata_restored", "locked_cells_restored", "cells_restored", "cell_type_restored",
-                "duplicate_grade_ids", "unknown_grade_ids"}
+                "duplicate_grade_ids", "unknown_grade_ids", "answer_moved_before_test"}
 #: Flags that mean "a human should look at this submission".
 REVIEW_FLAGS = {"matched_by_similarity", "cells_unmatched", "invalid_cells_dropped"}
 
@@ -146,6 +146,38 @@ def _new_cell(cell_type: str, source: str, metadata: dict, attachments=None):
     else:
         c = nbformat.v4.new_raw_cell(source, metadata=metadata)
     return c
+
+
+def _answers_before_tests(out: list, R: list, f: Findings) -> list:
+    """An answer cell that sits below a test of its own exercise would be graded as missing: it goes
+    back to just before the first such test (its place in the release), and that is reported."""
+    tests_of: dict[str, set[str]] = {}
+    for i, c in enumerate(R):
+        if is_answer(c):
+            mine = set()
+            for c2 in R[i + 1:]:
+                if is_answer(c2):
+                    break
+                if grade_id(c2) and not is_answer(c2) and (nbgrader_meta(c2) or {}).get("grade"):
+                    mine.add(grade_id(c2))
+            tests_of[grade_id(c)] = mine
+    for _ in range(len(out)):
+        moved = False
+        pos = {grade_id(c): k for k, c in enumerate(out) if grade_id(c)}
+        for g, tests in tests_of.items():
+            if g not in pos:
+                continue
+            before = [pos[t] for t in tests if t in pos and pos[t] < pos[g]]
+            if before:
+                cell = out.pop(pos[g])
+                out.insert(min(before), cell)
+                f.add("answer_moved_before_test", g, f"answer cell {g!r} was below its test; it was moved back "
+                      "above it (its place in the release)")
+                moved = True
+                break
+        if not moved:
+            break
+    return out
 
 
 def repair(submission_nb, release_nb) -> tuple[object, Findings]:
@@ -338,6 +370,8 @@ def repair(submission_nb, release_nb) -> tuple[object, Findings]:
             out.append(restored(by_sub[j], j))
         else:
             out.append(S[j])
+
+    out = _answers_before_tests(out, R, f)
 
     nb = nbformat.v4.new_notebook()
     meta = {k: v for k, v in dict(submission_nb.metadata).items() if k not in ("widgets",)}

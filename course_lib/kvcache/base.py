@@ -1,30 +1,37 @@
 """The KV cache contract and the two plain caches: a growing one (torch.cat) and a preallocated one.
 
-Shapes: B batch, K key/value heads, T new tokens in this call, S tokens returned, Dh head dim.
+Shapes: B batch, H query heads, K key/value heads, T new tokens in this call, S tokens returned, Dh head dim.
 
-The contract the course model uses (``course_lib.models.llama``), the same shape as Hugging Face's:
+The contract the course model uses (``course_lib.models.llama``), Hugging Face's plus the queries:
 
-    k_all, v_all = cache.update(k, v, layer)   # k, v: [B, K, T, Dh] for the T new tokens, after RoPE
-                                               # k_all, v_all: [B, K, S, Dh], everything to attend to
-    cache.get_seq_length()                     # the position the next token gets
+    k_all, v_all = cache.update(k, v, layer, q=q)  # k, v: [B, K, T, Dh] for the T new tokens, after RoPE
+                                                   # q: [B, H, T, Dh] their queries, after RoPE (or None)
+                                                   # k_all, v_all: [B, K, S, Dh], everything to attend to
+    cache.get_seq_length()                         # the position the next token gets
 
-The model calls ``get_seq_length()`` once per forward, before any layer's ``update``, and then calls
-``update`` for layers 0, 1, ..., L-1 in order. Each cache keeps one state per layer, so layer 0's state
-tells the length "before this forward". Caches that evict tokens make a difference between
-``get_seq_length()`` (where RoPE puts the next token) and ``stored_length()`` (tokens held).
+Every cache takes ``q`` and ignores it unless its policy needs it: H2O (``h2o``) scores the keys by the
+attention the queries give them. The model calls ``get_seq_length()`` once per forward, before any
+layer's ``update``, and then calls ``update`` for layers 0, 1, ..., L-1 in order. Each cache keeps one
+state per layer, so layer 0's state tells the length "before this forward". Caches that evict tokens
+make a difference between ``get_seq_length()`` (where RoPE puts the next token) and ``stored_length()``
+(tokens held).
 
-Extras every cache here has: ``stored_length(layer)``, ``nbytes()`` (bytes of the tensors it holds),
-``attn_mask(T)`` (a [T, S] mask for the next forward of T tokens, or None for the model's causal mask)
-and ``attach(model)`` (a context manager; only caches that need more than k and v use it).
+``KVCache`` is the base class of every cache the model takes, with the defaults subclasses override:
 
-The model calls ``cache.attend(q, k, v, layer, attn_mask)`` when the cache has it: by default that is
-``update`` and then attention over what it returns; a cache overrides it to attend its own way (the
-static cache masks its unwritten slots so the shapes never change). A cache with a ``positions(T)``
-method places the new tokens itself (the static cache keeps its position on the device).
+* ``attend(q, k, v, layer, attn_mask)``: what the model calls in each layer. By default
+  ``update(k, v, layer, q=q)`` and then attention over what it returns; a cache overrides it to attend
+  its own way (the static cache masks its unwritten slots so the shapes never change; a paged cache
+  reads its blocks).
+* ``positions(T)``: where the next T tokens go, or None (the default): the model continues after
+  ``get_seq_length()``. The static cache keeps its position on the device (no host sync).
+* ``attn_mask(T)``: a [T, S] mask for the next forward of T tokens, or None for the causal mask.
+* ``stored_length(layer)``, ``nbytes()`` (bytes of the tensors it holds).
+
+The model also takes a Hugging Face-style object that has only ``update(k, v, layer)`` and
+``get_seq_length()`` (``course_lib.models.llama._as_cache`` wraps it); it is given no queries.
 """
 from __future__ import annotations
 
-import contextlib
 
 import torch
 
@@ -56,9 +63,11 @@ def _check_same_stream(old_k, k, layer):
 
 
 class KVCache:
-    """Base class: defaults for the extras. Subclasses implement ``update`` and ``get_seq_length``."""
+    """Base class of the caches: subclasses implement ``update`` and ``get_seq_length``; the rest has defaults."""
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, layer: int):
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer: int, q: torch.Tensor | None = None):
+        """Store this layer's new k, v [B, K, T, Dh]; return all it attends to, [B, K, S, Dh] each.
+        q [B, H, T, Dh]: the new tokens' rotated queries, for a cache whose policy reads them (or None)."""
         raise NotImplementedError
 
     def get_seq_length(self) -> int:
@@ -70,26 +79,20 @@ class KVCache:
     def nbytes(self) -> int:
         return 0
 
+    def positions(self, num_new: int) -> torch.Tensor | None:
+        """Positions of the next `num_new` tokens ([T] or [B, T]), or None: the model continues after
+        ``get_seq_length()`` (and checks its context)."""
+        return None
+
     def attn_mask(self, num_new: int, device=None):
         """Mask [T, S] (True = attend) for a forward of `num_new` tokens, or None = the model's causal mask."""
         return None
 
-    def attach(self, model):
-        """Context manager: hooks a cache needs on the model (default: none)."""
-        return contextlib.nullcontext(self)
-
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Store this layer's new k, v [B, K, T, Dh] and attend q [B, H, T, Dh] over all that is held."""
-        k_all, v_all = self.update(k, v, layer)          # [B, K, S, Dh]
+        k_all, v_all = self.update(k, v, layer, q=q)     # [B, K, S, Dh]
         return attention(q, k_all, v_all, attn_mask)     # [B, H, T, Dh]
-
-
-def attached(cache, model):
-    """``with attached(cache, model):`` works for any cache, with or without an ``attach`` method."""
-    if hasattr(cache, "attach"):
-        return cache.attach(model)
-    return contextlib.nullcontext(cache)
 
 
 class ContiguousCache(KVCache):
@@ -103,7 +106,7 @@ class ContiguousCache(KVCache):
         self.k: list[torch.Tensor] = []  # per layer [B, K, S, Dh]
         self.v: list[torch.Tensor] = []
 
-    def update(self, k, v, layer):
+    def update(self, k, v, layer, q=None):
         _check_kv(k, v, layer)
         if layer == len(self.k):            # first tokens for this layer
             self.k.append(k)
@@ -207,7 +210,7 @@ class StaticCache(KVCache):
             return torch.arange(num_new, device="cpu")   # nothing allocated yet: the first forward starts at 0
         return self.pos[0] + torch.arange(num_new, device=self.pos[0].device)
 
-    def update(self, k, v, layer):
+    def update(self, k, v, layer, q=None):
         _check_kv(k, v, layer)
         T = k.shape[2]
         if layer < len(self.k):

@@ -1,4 +1,7 @@
-"""Generation with a KV cache (prefill once, then one token per step) and a streaming quality harness."""
+"""A streaming quality harness: the next-token loss of a text fed through a cache chunk by chunk.
+
+Generating through a cache is ``course_lib.generation.generate(model, ids, n, cache=...)``, the one loop.
+"""
 from __future__ import annotations
 
 import math
@@ -7,52 +10,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .base import ContiguousCache, attached
+from .base import KVCache
 
 
 def _forward(model, ids, cache):
-    mask = cache.attn_mask(ids.shape[1], device=ids.device) if hasattr(cache, "attn_mask") else None
+    # an update-only cache (no KVCache) has no mask of its own: the model applies the causal rule
+    mask = cache.attn_mask(ids.shape[1], device=ids.device) if isinstance(cache, KVCache) else None
     return model(ids, cache=cache, attn_mask=mask)
-
-
-@torch.no_grad()
-def generate_with_cache(model, input_ids: torch.Tensor, max_new_tokens: int, cache=None, sample=None,
-                        eos_token_id: int | None = None, return_logits: bool = False):
-    """Prefill the prompt once, then feed one token per step through the cache.
-
-    input_ids: [B, T] (or [T]) prompt. cache: any cache (default a fresh ``ContiguousCache``).
-    sample: function logits [B, V] -> token ids [B] (default greedy argmax).
-    eos_token_id: rows that produced it keep producing it; stops early when all rows have.
-    Returns ids [B, T + N] (and the logits that chose each new token, [B, N, V], if return_logits).
-    """
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int32):
-        raise TypeError("input_ids must be an integer tensor [batch, seq]")
-    ids = input_ids[None] if input_ids.dim() == 1 else input_ids
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty [batch, seq] prompt, got shape {tuple(ids.shape)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    ids = ids.to(model.device)                                 # a host prompt for a model on the GPU
-    cache = ContiguousCache() if cache is None else cache
-    choose = sample or (lambda logits: logits.argmax(-1))
-    out, all_logits = [ids], []
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    with attached(cache, model):
-        if max_new_tokens == 0:
-            return (ids, ids.new_zeros(ids.shape[0], 0, 0).float()) if return_logits else ids
-        logits = _forward(model, ids, cache)[:, -1]            # prefill: the whole prompt at once
-        for step in range(max_new_tokens):
-            nxt = choose(logits).to(ids.dtype)                 # [B]
-            if eos_token_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
-                done |= nxt == eos_token_id
-            out.append(nxt[:, None])
-            all_logits.append(logits)
-            if step == max_new_tokens - 1 or bool(done.all()):
-                break
-            logits = _forward(model, nxt[:, None], cache)[:, -1]   # decode: one token
-    ids_out = torch.cat(out, dim=1)
-    return (ids_out, torch.stack(all_logits, dim=1)) if return_logits else ids_out
 
 
 @dataclass
@@ -98,12 +62,11 @@ def stream_score(model, ids: torch.Tensor, cache, prefill: int = 1, chunk: int =
         from tqdm.auto import tqdm
         it = tqdm(it, desc=type(cache).__name__, leave=False)
     nll, peak, per_tok = 0.0, 0, []
-    with attached(cache, model):
-        for i in it:
-            a, b = bounds[i], bounds[i + 1]
-            logits = _forward(model, ids[:, a:b], cache).float()          # predicts ids[a+1 : b+1]
-            loss = F.cross_entropy(logits[0], ids[0, a + 1:b + 1], reduction="none")
-            per_tok.extend(loss.tolist())
-            nll += float(loss.sum())
-            peak = max(peak, cache.nbytes())
+    for i in it:
+        a, b = bounds[i], bounds[i + 1]
+        logits = _forward(model, ids[:, a:b], cache).float()          # predicts ids[a+1 : b+1]
+        loss = F.cross_entropy(logits[0], ids[0, a + 1:b + 1], reduction="none")
+        per_tok.extend(loss.tolist())
+        nll += float(loss.sum())
+        peak = max(peak, cache.nbytes())
     return StreamScore(nll, n - 1, peak, cache.nbytes(), cache.stored_length(0), per_tok)

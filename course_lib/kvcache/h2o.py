@@ -4,26 +4,20 @@ H2O (Zhang et al., 2023) keeps ``heavy`` "heavy hitters" (largest attention accu
 queries seen so far) plus the ``recent`` most recent tokens, per layer and per KV head, and evicts the
 rest. Between forwards the cache holds exactly ``heavy + recent`` tokens per head (fewer at the start).
 
-It needs the attention weights, which the cache contract does not pass (``update`` sees k and v only).
-Rather than change the model, the cache recomputes them from the queries: ``attach(model)`` registers a
-forward hook on each attention layer's ``q_proj`` that hands the cache the layer's query projection;
-``update`` rotates it (RoPE at the new tokens' positions), forms softmax(q k^T / sqrt(Dh)) with the
-model's causal rule, and adds the weights each key receives (summed over the query heads of its group
-and over the new queries) to that key's score. That doubles the attention work - fine for teaching.
-A real implementation gets the weights from the attention kernel; the minimal model hook for that is
-``cache.update(k, v, layer, q=q)`` (the rotated queries, [B, H, T, Dh]).
+It needs the attention weights. The model hands every cache the new tokens' rotated queries
+(``update(k, v, layer, q=q)``, q [B, H, T, Dh]); this one forms softmax(q k^T / sqrt(Dh)) with the
+causal rule over what it holds plus the new keys, and adds the weight each key receives (summed over the
+query heads of its group and over the new queries) to that key's score. That doubles the attention
+work - fine for teaching; a real implementation takes the weights from the attention kernel.
 
 Keys keep their absolute positions (no repositioning), so the model's context still bounds the length.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
-
-from course_lib.models.llama import apply_rope, rope_cos_sin
 
 from .base import KVCache, _check_kv, _check_same_stream
 
@@ -37,6 +31,8 @@ class _H2OState:
 
 
 class H2OCache(KVCache):
+    """Keep the `heavy` most-attended older tokens and the `recent` newest, per layer and KV head."""
+
     def __init__(self, heavy: int, recent: int):
         for name, value in (("heavy", heavy), ("recent", recent)):
             if not isinstance(value, int) or value < 0:
@@ -45,28 +41,10 @@ class H2OCache(KVCache):
             raise ValueError("heavy + recent must be at least 1")
         self.heavy, self.recent = heavy, recent
         self.layers: list[_H2OState] = []
-        self._q: dict[int, torch.Tensor] = {}
-        self._cfg = None
 
     @property
     def budget(self) -> int:
         return self.heavy + self.recent
-
-    @contextlib.contextmanager
-    def attach(self, model):
-        """Hook each layer's q_proj so that ``update`` can compute the attention weights."""
-        self._cfg = model.config
-        handles = []
-        for i, layer in enumerate(model.model.layers):
-            def hook(module, inputs, output, i=i):
-                self._q[i] = output.detach()
-            handles.append(layer.self_attn.q_proj.register_forward_hook(hook))
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
-            self._q.clear()
 
     def get_seq_length(self) -> int:
         return self.layers[0].seen if self.layers else 0
@@ -77,11 +55,17 @@ class H2OCache(KVCache):
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for st in self.layers for t in (st.k, st.v))
 
-    def update(self, k, v, layer):
+    def update(self, k, v, layer, q=None):
+        """Store k, v [B, K, T, Dh], score every held key by the attention of q [B, H, T, Dh] (rotated),
+        evict down to the budget; returns the keys and values attended to this step [B, K, S, Dh]."""
         _check_kv(k, v, layer)
-        if layer not in self._q or self._cfg is None:
-            raise RuntimeError("H2OCache needs the attention queries: run the model inside "
-                               "`with cache.attach(model):` (generate_with_cache and stream_score do this)")
+        if q is None:
+            raise ValueError("H2OCache.update needs q, the new tokens' rotated queries [batch, heads, T, "
+                             "head_dim]: it scores keys by their attention (the model passes q)")
+        if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] \
+                or q.shape[1] % k.shape[1]:
+            raise ValueError(f"q must be [batch, heads, T, head_dim] with heads a multiple of k's kv_heads, "
+                             f"matching k {tuple(k.shape)}; got {tuple(q.shape) if torch.is_tensor(q) else q!r}")
         if layer == len(self.layers):
             B, K, _, Dh = k.shape
             self.layers.append(_H2OState(k[:, :, :0], v[:, :, :0],
@@ -91,17 +75,12 @@ class H2OCache(KVCache):
         st = self.layers[layer]
         _check_same_stream(st.k, k, layer)
         B, K, T, Dh = k.shape
-        H = self._cfg.num_attention_heads
-        G = H // K
-        q = self._q.pop(layer).view(B, T, H, Dh).transpose(1, 2)           # [B, H, T, Dh] before RoPE
-        pos = torch.arange(st.seen, st.seen + T, device=k.device)
-        cos, sin = rope_cos_sin(pos[None].expand(B, T), Dh, self._cfg.rope_theta, q.dtype)
-        q = apply_rope(q, cos, sin)
+        G = q.shape[1] // K                                                 # query heads per KV head
         k_all = torch.cat([st.k, k], dim=2)                                 # [B, K, S, Dh]
         v_all = torch.cat([st.v, v], dim=2)
         S = k_all.shape[2]
         # The attention weights this step: query heads grouped by the KV head they share.
-        qg = q.float().view(B, K, G, T, Dh)
+        qg = q.float().reshape(B, K, G, T, Dh)                              # head h reads KV head h // G
         logits = torch.einsum("bkgtd,bksd->bkgts", qg, k_all.float()) / math.sqrt(Dh)
         i = torch.arange(T, device=k.device)[:, None] + (S - T)
         j = torch.arange(S, device=k.device)[None, :]

@@ -96,7 +96,7 @@ class LatentCache(KVCache):
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.c)
 
-    def update(self, k, v, layer):
+    def update(self, k, v, layer, q=None):
         _check_kv(k, v, layer)
         if layer >= len(self.proj):
             raise ValueError(f"update: no projection for layer {layer} ({len(self.proj)} fitted)")

@@ -34,7 +34,7 @@ def quantize_minmax(x: torch.Tensor, bits: int, dim: int):
     """Asymmetric quantization with the min and max taken along `dim`.
 
     Returns (codes uint8, scale fp16, zero fp16) with x ~ codes * scale + zero; scale and zero keep the
-    reduced dim with size 1. Codes of 4-bit tensors are not packed here (see ``pack_int4``).
+    reduced dim with size 1. Codes of 4-bit tensors are not packed here (see ``pack_uint4``).
     """
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
@@ -54,12 +54,14 @@ def dequantize_minmax(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tens
     return (codes.float() * scale.float() + zero.float()).to(dtype)
 
 
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """Two unsigned 4-bit codes (0..15) per byte along the last dim, low nibble first (Module 02's packing)."""
+def pack_uint4(codes: torch.Tensor) -> torch.Tensor:
+    """Two unsigned 4-bit codes (0..15, min-max codes) per byte along the last dim, low nibble first:
+    Module 02's packer (``course_lib.quant.pack_int4``, signed weight codes) with ``signed=False``."""
     return _pack_int4(codes, signed=False)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+def unpack_uint4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_uint4``: uint8 codes 0..15, twice as many along the last dim."""
     return _unpack_int4(packed, signed=False).to(torch.uint8)
 
 
@@ -80,7 +82,7 @@ class QuantBlock:
         kc, ks, kz = quantize_minmax(k, bits, dim=2)   # over tokens: one scale per channel
         vc, vs, vz = quantize_minmax(v, bits, dim=3)   # over channels: one scale per token
         if bits == 4:
-            kc, vc = pack_int4(kc), pack_int4(vc)
+            kc, vc = pack_uint4(kc), pack_uint4(vc)
         return cls(bits, kc, ks, kz, vc, vs, vz, k.dtype)
 
     @property
@@ -90,7 +92,7 @@ class QuantBlock:
     def dequantize(self):
         kc, vc = self.k_codes, self.v_codes
         if self.bits == 4:
-            kc, vc = unpack_int4(kc), unpack_int4(vc)
+            kc, vc = unpack_uint4(kc), unpack_uint4(vc)
         return (dequantize_minmax(kc, self.k_scale, self.k_zero, self.dtype),
                 dequantize_minmax(vc, self.v_scale, self.v_zero, self.dtype))
 
@@ -176,7 +178,7 @@ class MultiTierCache(KVCache):
         st = self.layers[layer]
         return [st.k.shape[2]] + [t.num_tokens for t in st.tiers]
 
-    def update(self, k, v, layer):
+    def update(self, k, v, layer, q=None):
         _check_kv(k, v, layer)
         if k.shape[-1] % 2:
             raise ValueError(f"update: head_dim must be even for int4 packing, got {k.shape[-1]}")

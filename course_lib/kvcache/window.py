@@ -25,8 +25,8 @@ Storing un-rotated keys means each key is rotated exactly twice (undo, then at i
 errors do not accumulate the way repeated rotate-by-minus-one does.
 
 For a forward of T > 1 tokens (prefill) the window needs a banded mask, not the model's default causal
-mask: ``cache.attn_mask(T)`` returns it; ``course_lib.kvcache.generate_with_cache`` and
-``stream_score`` pass it to the model.
+mask: ``cache.attn_mask(T)`` returns it; ``course_lib.generation.generate`` and ``stream_score`` pass
+it to the model.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_lib.models.llama import apply_rope, rope_cos_sin
+from course_lib.attention.rope import apply_rope, rope_cos_sin
 
 from .base import KVCache, _check_kv, _check_same_stream
 
@@ -121,7 +121,7 @@ class SlidingWindowCache(KVCache):
         return self._mask(new_pos, torch.cat([old_pos, new_pos])).to(device or st.k.device)
 
     # --- the contract ------------------------------------------------------------------------------
-    def update(self, k, v, layer):
+    def update(self, k, v, layer, q=None):
         _check_kv(k, v, layer)
         if layer == len(self.layers):
             self.layers.append(_WindowState(k[:, :, :0], v[:, :, :0],

@@ -8,7 +8,7 @@
 Names (case-insensitive):
     tiny, tiny-draft-scratch            bundled, trained from scratch by `python -m course_lib.models.train`
     tiny-draft                          bundled default draft: tiny-draft-scratch distilled from tiny
-                                        (`python -m course_lib.distill`, Module 04)
+                                        (`python -m course_lib.models.distill_draft`, Module 04)
     smollm2-135m, smollm2-360m, smollm2-1.7b   HuggingFaceTB/SmolLM2-*, need the network (or the HF cache)
     any local folder                    with config.json + *.safetensors (+ tokenizer files)
 """
@@ -19,10 +19,12 @@ from pathlib import Path
 
 import torch
 
-from .llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss, flops_per_token
+from course_lib.env import device as best_device
+from course_lib.env import offline
 
-BUNDLED_ROOT = Path(__file__).parent / "bundled"
-BUNDLED = {"tiny": "tiny", "tiny-draft": "tiny-draft", "tiny-draft-scratch": "tiny-draft-scratch"}
+from .config import BUNDLED, BUNDLED_ROOT, PRESETS, LlamaConfig, as_config, flops_per_token, preset, preset_names
+from .llama import LlamaForCausalLM, causal_lm_loss
+
 HUB = {
     "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
     "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
@@ -51,7 +53,6 @@ def load_tokenizer(path: str | Path):
 
 def _hub_folder(repo_id: str) -> Path:
     """Download (or find in the local HF cache) a hub model; raises when it cannot."""
-    from course_lib.env import offline
     from huggingface_hub import snapshot_download
     return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"],
                                   local_files_only=offline()))
@@ -64,7 +65,6 @@ def load(name: str = "tiny", device: str | torch.device | None = None, dtype: to
     A hub name that cannot be fetched (no network, or COURSE_OFFLINE=1) falls back to a bundled
     model with a one-line notice, never a traceback.
     """
-    from course_lib.env import device as best_device
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"name must be a model name or a folder path, got {type(name).__name__}")
     device = best_device() if device is None else torch.device(device)
@@ -92,4 +92,4 @@ def load(name: str = "tiny", device: str | torch.device | None = None, dtype: to
 
 
 __all__ = ["LlamaConfig", "LlamaForCausalLM", "load", "load_tokenizer", "bundled_path", "names",
-           "causal_lm_loss", "flops_per_token", "BUNDLED", "HUB"]
+           "causal_lm_loss", "flops_per_token", "BUNDLED", "HUB", "PRESETS", "preset", "preset_names", "as_config"]

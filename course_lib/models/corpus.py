@@ -1,4 +1,5 @@
-"""The bundled models' corpus: the Python standard library's own source, read where it is installed.
+"""The bundled models' corpus: the Python standard library's own source, read where it is installed,
+and the token stream the models are trained on (``encode_stream``).
 
 Nothing of it is committed. The split is fixed by file name, not by order or randomness: a file is
 held out when the first byte of sha1(its path relative to the stdlib root) is below 13 (about 5% of
@@ -12,6 +13,9 @@ import hashlib
 import sysconfig
 from pathlib import Path
 
+import torch
+
+EOS = "<|endoftext|>"   # the bundled tokenizer's one special token: document separator, BOS and EOS
 EXCLUDED_DIRS = {"test", "tests", "site-packages", "idlelib", "__pycache__", "lib2to3"}
 HELD_OUT_BELOW = 13  # sha1 first byte < 13 -> held out (13/256 ~ 5%)
 
@@ -45,3 +49,18 @@ def load_split(split: str, root: Path | None = None, max_files: int | None = Non
                 if max_files and len(out) >= max_files:
                     break
     return out
+
+
+def encode_stream(tok, texts: list[str]) -> torch.Tensor:
+    """One long token stream of the texts, as the bundled models were trained on it: EOS, doc, EOS, doc, ...
+
+    tok: a `tokenizers.Tokenizer` (a transformers fast tokenizer's `.backend_tokenizer`) that knows EOS.
+    Returns int64 [N] on the host; training moves each batch to the model's device."""
+    eos = tok.token_to_id(EOS)
+    if eos is None:
+        raise ValueError(f"tok has no {EOS!r} token: the stream separates documents with it")
+    ids = []
+    for enc in tok.encode_batch(texts):
+        ids.append(eos)
+        ids.extend(enc.ids)
+    return torch.tensor(ids, dtype=torch.long, device="cpu")

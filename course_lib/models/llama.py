@@ -6,16 +6,20 @@ loads in the other without renaming. Shapes use these letters:
     B batch, T new tokens in this call, S all tokens attended to (cache + new), D hidden size,
     H query heads, K key/value heads (H % K == 0), Dh head dim, V vocabulary, F MLP hidden size.
 
-``forward(input_ids, cache=None, positions=None)``: with a cache (anything with
-``update(k, v, layer) -> (k_all, v_all)`` on ``[B, K, S, Dh]`` tensors, the Module 05 contract) only the
-new tokens are computed; without one the whole sequence is. A ``KVCache`` also attends itself
-(``cache.attend``) and may place the new tokens itself (``cache.positions``): with a ``StaticCache``,
-``model(token, cache=static_cache)`` is the decode step that ``torch.compile`` captures whole.
+``forward(input_ids, cache=None, positions=None)``: with a cache (a ``course_lib.kvcache.KVCache``, the
+Module 05 contract) only the new tokens are computed; without one the whole sequence is. Each layer hands
+the cache its rotated q, k, v (``cache.attend(q, k, v, layer, attn_mask)``: store k, v, attend q over all
+held, by default through ``update(k, v, layer, q=q)``), and the cache may place the new tokens itself
+(``cache.positions``): with a ``StaticCache``, ``model(token, cache=static_cache)`` is the decode step that
+``torch.compile`` captures whole. An object with only ``update(k, v, layer)`` and ``get_seq_length()`` (a
+Hugging Face-style cache, notebook 05's first cache) works too: ``_as_cache`` decides, in one place.
+
+RoPE lives in ``course_lib.attention.rope``; ``rope_cos_sin``, ``rotate_half`` and ``apply_rope`` are
+re-exported here.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -23,183 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.attention import attention
-
-
-@dataclass
-class LlamaConfig:
-    vocab_size: int = 2048
-    hidden_size: int = 256
-    intermediate_size: int = 688
-    num_hidden_layers: int = 6
-    num_attention_heads: int = 8
-    num_key_value_heads: int = 2
-    head_dim: int | None = None  # defaults to hidden_size // num_attention_heads
-    max_position_embeddings: int = 512
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = True
-    bos_token_id: int | None = 0
-    eos_token_id: int | None = 0
-
-    def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ValueError(
-                    f"LlamaConfig: num_attention_heads={self.num_attention_heads} must divide "
-                    f"hidden_size={self.hidden_size} (or give head_dim explicitly)")
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        # An explicit head_dim need not be hidden_size / heads (q_proj is D -> H*Dh, as in HF); RoPE
-        # rotates two halves, so it must be even.
-        if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
-            raise ValueError(f"LlamaConfig.head_dim must be a positive even integer, got {self.head_dim!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"LlamaConfig: num_key_value_heads={self.num_key_value_heads} must divide "
-                f"num_attention_heads={self.num_attention_heads}")
-
-    # --- Hugging Face config.json round trip -------------------------------------------------------
-    @classmethod
-    def from_hf(cls, d: dict) -> "LlamaConfig":
-        """Build from a Hugging Face ``config.json`` dict.
-
-        Every key is checked against the tables below: a key the model implements is read, a key that
-        cannot change the logits is ignored, a key with a required value must have it, and anything else
-        raises ValueError (a config the model does not implement is refused, never silently ignored:
-        ignoring e.g. llama3 rope scaling or a sliding window loads fine and computes wrong logits)."""
-        mt = d.get("model_type", "llama")
-        if mt not in _HF_MODEL_TYPES:
-            why = _HF_MODEL_TYPES_REFUSED.get(mt, "it is not a Llama-family model")
-            raise ValueError(f"config.json: model_type {mt!r} is not supported: {why} "
-                             f"(supported: {', '.join(_HF_MODEL_TYPES)})")
-        if mt == "mistral" and "sliding_window" not in d:
-            # transformers' MistralConfig defaults sliding_window to 4096, so a missing key is a window.
-            raise ValueError("config.json: model_type 'mistral' without a sliding_window key means a "
-                             "4096-token sliding window in transformers; the course model supports only "
-                             "full causal attention (sliding_window: null)")
-        names = {f.name for f in fields(cls)}
-        for key, value in d.items():
-            if key in names or key in _HF_IGNORED or key in _HF_ROPE_KEYS or key.startswith("_") \
-                    or key == "model_type":
-                continue
-            if key == "layer_types" and isinstance(value, list) and all(t == "full_attention" for t in value):
-                continue
-            if key in _HF_REQUIRED:
-                allowed, what = _HF_REQUIRED[key]
-                if value not in allowed:  # == as transformers reads it: attention_bias 0 is False
-                    raise ValueError(f"config.json: {key}={value!r} is not supported by the course model, which "
-                                     f"implements {what} only ({key} in {list(allowed)})")
-                continue
-            raise ValueError(
-                f"config.json: unknown key {key!r} (= {value!r}). The course model refuses a key it does not "
-                f"know rather than ignore it, since it may change the math. It reads {sorted(names)} and "
-                f"{list(_HF_ROPE_KEYS)}, requires {sorted(_HF_REQUIRED)} at fixed values, and ignores "
-                f"metadata (keys starting with '_', and course_lib.models.llama._HF_IGNORED)")
-        rope_theta = d.get("rope_theta")
-        for key in _HF_ROPE_KEYS:
-            theta = _rope_dict_theta(key, d.get(key))
-            if theta is not None and rope_theta is not None and float(theta) != float(rope_theta):
-                raise ValueError(f"config.json: {key}.rope_theta={theta!r} contradicts rope_theta={rope_theta!r}")
-            rope_theta = rope_theta if rope_theta is not None else theta
-        missing = [k for k in _HF_REQUIRED_KEYS if d.get(k) is None]
-        if missing:
-            raise ValueError(f"config.json: missing {missing} (the course model needs the shapes stated)")
-        # A missing key means transformers' default, not this dataclass's (which are the bundled model's).
-        kw = {**_HF_DEFAULTS, **{k: v for k, v in d.items() if k in names and k != "rope_theta"}}
-        if kw.get("num_key_value_heads") is None:  # absent or null: plain multi-head attention (as HF)
-            kw["num_key_value_heads"] = d["num_attention_heads"]
-        eos = kw.get("eos_token_id")
-        if isinstance(eos, list):
-            kw["eos_token_id"] = eos[0]
-        return cls(rope_theta=float(10000.0 if rope_theta is None else rope_theta), **kw)
-
-    def to_hf(self) -> dict:
-        d = asdict(self)
-        d.update(model_type="llama", architectures=["LlamaForCausalLM"], hidden_act="silu",
-                 attention_bias=False, mlp_bias=False, attention_dropout=0.0, initializer_range=0.02,
-                 pretraining_tp=1, rope_scaling=None, use_cache=True, torch_dtype="float32")
-        return d
-
-    def num_parameters(self) -> int:
-        D, F_, V, Dh = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
-        H, K = self.num_attention_heads, self.num_key_value_heads
-        attn = D * H * Dh * 2 + D * K * Dh * 2
-        layer = attn + 3 * D * F_ + 2 * D
-        emb = V * D * (1 if self.tie_word_embeddings else 2)
-        return self.num_hidden_layers * layer + emb + D
-
-
-# --- what LlamaConfig.from_hf accepts from a Hugging Face config.json --------------------------------
-# model types whose math, at the values checked below, is exactly this file's.
-_HF_MODEL_TYPES = ("llama", "mistral")
-_HF_MODEL_TYPES_REFUSED = {
-    "qwen2": "its q/k/v projections always carry biases (not a config key), which the course model lacks",
-    "qwen3": "it normalizes q and k per head (q_norm, k_norm), which the course model lacks",
-}
-# Keys that cannot change the logits of a loaded checkpoint: bookkeeping, initialization (pad_token_id
-# only zeroes an embedding row at init), dtype (the caller picks it), cache use, and generation defaults
-# (they act after the logits).
-_HF_IGNORED = frozenset({
-    "architectures", "transformers_version", "torch_dtype", "dtype", "use_cache", "initializer_range",
-    "pad_token_id", "sep_token_id", "decoder_start_token_id", "is_llama_config", "tokenizer_class",
-    "output_hidden_states", "output_attentions", "return_dict", "use_return_dict", "torchscript",
-    "id2label", "label2id", "problem_type", "finetuning_task", "task_specific_params", "prefix",
-    "chunk_size_feed_forward", "tie_encoder_decoder", "is_decoder",
-    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens",
-})
-# Keys a config.json must state, and transformers' defaults (Llama and Mistral alike) for keys it may omit.
-_HF_REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "max_position_embeddings")
-_HF_DEFAULTS = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False}
-# transformers 4 spells RoPE variants rope_scaling, transformers 5 rope_parameters (with rope_theta inside);
-# both must describe plain RoPE (_rope_dict_theta).
-_HF_ROPE_KEYS = ("rope_scaling", "rope_parameters")
-# Keys the model implements at one value only: key -> (accepted values, what the model implements).
-_HF_REQUIRED = {
-    "hidden_act": (("silu", "swish"), "a SwiGLU MLP, silu(gate) * up ('swish' is the same function)"),
-    "attention_bias": ((False,), "q/k/v/o projections without bias"),
-    "mlp_bias": ((False,), "gate/up/down projections without bias"),
-    "sliding_window": ((None,), "full causal attention (no sliding window)"),
-    "use_sliding_window": ((False,), "full causal attention (no sliding window)"),
-    "layer_types": ((None,), "full attention in every layer (a list of 'full_attention' is accepted too)"),
-    "attention_dropout": ((0.0,), "attention without dropout (training would differ)"),
-    "pretraining_tp": ((1,), "unsliced projections"),
-    "rope_interleaved": ((False,), "RoPE on two halves (rotate_half), not on interleaved pairs"),
-    "partial_rotary_factor": ((1.0,), "RoPE over the whole head"),
-    "quantization_config": ((None,), "unquantized weights"),
-    "pruned_heads": (({},), "all heads (none pruned)"),
-    "is_encoder_decoder": ((False,), "a decoder-only model"),
-    "add_cross_attention": ((False,), "no cross attention"),
-}
-
-
-def _rope_dict_theta(key: str, rope: dict | None):
-    """The rope_theta inside ``rope_scaling``/``rope_parameters`` (or None) once the dict is checked to
-    describe plain RoPE: rope_type 'default' and nothing that changes the frequencies."""
-    if rope is None or rope == {}:
-        return None
-    if not isinstance(rope, dict):
-        raise ValueError(f"config.json: {key}={rope!r} is not a dict")
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"config.json: {key}.rope_type={rope_type!r} is not supported by the course model "
-                         f"(it changes the RoPE frequencies); supported: rope_type 'default' (plain RoPE "
-                         f"with rope_theta)")
-    for k, v in rope.items():
-        ok = k in ("rope_type", "type", "rope_theta") or (k == "partial_rotary_factor" and v == 1.0)
-        if not ok:
-            raise ValueError(f"config.json: {key}.{k}={v!r} is not supported by the course model; supported: "
-                             f"{key} with only rope_type 'default' and rope_theta")
-    return rope.get("rope_theta")
+from course_lib.attention.rope import apply_rope, rope_cos_sin, rotate_half
+from course_lib.models.config import LlamaConfig, flops_per_token
 
 
 class RMSNorm(nn.Module):
@@ -216,23 +45,35 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
-    """cos, sin of shape [B, T, Dh] for integer positions [B, T] (HF's non-interleaved layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
-                                             dtype=torch.float32) / head_dim))  # [Dh/2]
-    angles = positions.float()[..., None] * inv_freq  # [B, T, Dh/2]
-    emb = torch.cat([angles, angles], dim=-1)  # [B, T, Dh]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+class _UpdateOnlyCache:
+    """An object with only ``update(k, v, layer)`` and ``get_seq_length()`` (Hugging Face's cache shape,
+    notebook 05's first cache) seen as a ``KVCache``: attend = update, then attention. It gets no queries
+    and places no tokens (the model continues after ``get_seq_length()``)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def get_seq_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def positions(self, num_new: int):
+        return None
+
+    def attend(self, q, k, v, layer, attn_mask=None):
+        k_all, v_all = self.cache.update(k, v, layer)                     # [B, K, S, Dh]
+        return attention(q, k_all, v_all, attn_mask)                      # [B, H, T, Dh]
 
 
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rope(x, cos, sin):  # x [B, heads, T, Dh], cos/sin [B, T, Dh]
-    cos, sin = cos[:, None], sin[:, None]
-    return x * cos + rotate_half(x) * sin
+def _as_cache(cache):
+    """The one place that decides what ``forward`` takes as a cache: None; a ``course_lib.kvcache.KVCache``
+    (recognized by its ``attend`` and ``positions``: this layer cannot import kvcache, which builds on it);
+    or an object with only ``update`` and ``get_seq_length``, wrapped in ``_UpdateOnlyCache``."""
+    if cache is None or (callable(getattr(cache, "attend", None)) and callable(getattr(cache, "positions", None))):
+        return cache
+    if callable(getattr(cache, "update", None)) and callable(getattr(cache, "get_seq_length", None)):
+        return _UpdateOnlyCache(cache)
+    raise TypeError(f"cache must be None, a course_lib.kvcache.KVCache, or an object with update(k, v, layer) "
+                    f"and get_seq_length(); got {type(cache).__name__}")
 
 
 class Attention(nn.Module):
@@ -254,13 +95,11 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is None:
             out = attention(q, k, v, attn_mask)                           # [B, H, T, Dh]
-        elif hasattr(cache, "attend"):
-            # A KVCache stores k, v and attends over everything it holds (a paged cache reads its
-            # blocks through the block table; a static cache masks its unwritten slots).
-            out = cache.attend(q, k, v, self.layer_idx, attn_mask)
-        else:                                                             # any object with update()
-            k, v = cache.update(k, v, self.layer_idx)                     # [B, K, S, Dh]
-            out = attention(q, k, v, attn_mask)
+        else:
+            # The cache stores k, v and attends q over everything it holds (by default update(k, v,
+            # layer, q=q) then attention; a paged cache reads its blocks, a static cache masks its
+            # unwritten slots). A cache that scores keys by attention (H2O) reads q in update.
+            out = cache.attend(q, k, v, self.layer_idx, attn_mask)       # [B, H, T, Dh]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
 
 
@@ -325,7 +164,9 @@ class LlamaForCausalLM(nn.Module):
                 attn_mask: torch.Tensor | None = None, return_hidden: bool = False):
         """Logits [B, T, V] for input_ids [B, T].
 
-        positions: [B, T] or [T] absolute positions (default: ``cache.positions(T)`` when the cache has it,
+        cache: None, a ``course_lib.kvcache.KVCache``, or an object with only ``update(k, v, layer)`` and
+        ``get_seq_length()`` (see ``_as_cache``); anything else is a TypeError.
+        positions: [B, T] or [T] absolute positions (default: ``cache.positions(T)`` unless that is None,
         else continue after ``cache.get_seq_length()``, else 0..T-1).
         attn_mask: optional boolean [T, S] or [B, 1, T, S] (True = attend) overriding the causal mask,
         e.g. a tree mask for speculative verification.
@@ -341,18 +182,20 @@ class LlamaForCausalLM(nn.Module):
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must have shape [batch, seq] with seq >= 1, got {tuple(input_ids.shape)}")
         B, T = input_ids.shape
+        cache = _as_cache(cache)
         ctx = self.config.max_position_embeddings
-        if positions is None and hasattr(cache, "positions"):
+        if positions is not None:                                         # the caller's: one host check
+            if int(positions.max()) >= ctx:
+                raise ValueError(f"position {int(positions.max())} is past the model's context of {ctx} tokens")
+        elif cache is not None and (placed := cache.positions(T)) is not None:
             # The cache knows where its next tokens go (StaticCache: a tensor on the device, so the decode
             # step needs no host sync and compiles once); it keeps them inside its own max_len.
-            positions = cache.positions(T).to(input_ids.device)
-        elif positions is None:
+            positions = placed.to(input_ids.device)
+        else:
             start = cache.get_seq_length() if cache is not None else 0
             if start + T > ctx:
                 raise ValueError(f"position {start + T - 1} is past the model's context of {ctx} tokens")
             positions = torch.arange(start, start + T, device=input_ids.device)
-        elif int(positions.max()) >= ctx:                                 # caller's positions: one host check
-            raise ValueError(f"position {int(positions.max())} is past the model's context of {ctx} tokens")
         if positions.dim() == 1:
             positions = positions[None].expand(B, T)
         x = self.model.embed_tokens(input_ids)  # [B, T, D]
@@ -414,13 +257,5 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
-def flops_per_token(cfg: LlamaConfig, context: int = 0) -> int:
-    """Forward FLOPs (2 per multiply-add) for one token: the matmuls plus attention over `context` keys."""
-    D, Dh, H, K = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    per_layer = 2 * (D * H * Dh * 2 + D * K * Dh * 2 + 3 * D * cfg.intermediate_size)
-    per_layer += 2 * 2 * H * Dh * context  # QK^T and PV
-    return cfg.num_hidden_layers * per_layer + 2 * D * cfg.vocab_size
-
-
-__all__ = ["LlamaConfig", "LlamaForCausalLM", "RMSNorm", "rope_cos_sin", "apply_rope",
+__all__ = ["LlamaConfig", "LlamaForCausalLM", "RMSNorm", "rope_cos_sin", "rotate_half", "apply_rope",
            "causal_lm_loss", "flops_per_token"]

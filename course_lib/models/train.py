@@ -27,11 +27,14 @@ from pathlib import Path
 
 import torch
 
-from .corpus import load_split
-from .llama import LlamaConfig, LlamaForCausalLM, causal_lm_loss, flops_per_token
+from .corpus import EOS, encode_stream, load_split
+from .config import LlamaConfig, flops_per_token
+from .llama import LlamaForCausalLM, causal_lm_loss
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
-EOS = "<|endoftext|>"
+# The model card's last section, on the distilled default draft: written by `course_lib.models.distill_draft`
+# when it installs a draft, kept by `write_card` when this script rewrites the rest of the card.
+CARD_SECTION = "## The default draft `tiny-draft`: distilled from `tiny`"
 
 TARGET = LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=6,
                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
@@ -77,16 +80,6 @@ def train_tokenizer(texts: list[str], vocab_size: int, out: Path):
     (out / "special_tokens_map.json").write_text(json.dumps(
         {"bos_token": EOS, "eos_token": EOS, "unk_token": EOS, "pad_token": EOS}, indent=2) + "\n")
     return tok
-
-
-def encode_stream(tok, texts: list[str]) -> torch.Tensor:
-    """One long token stream: EOS, doc, EOS, doc, ..."""
-    eos = tok.token_to_id(EOS)
-    ids = []
-    for enc in tok.encode_batch(texts):
-        ids.append(eos)
-        ids.extend(enc.ids)
-    return torch.tensor(ids, dtype=torch.long, device="cpu")   # host stream; batches go to the model's device
 
 
 def train_model(cfg: LlamaConfig, stream: torch.Tensor, stages, model: LlamaForCausalLM | None = None):
@@ -202,7 +195,8 @@ def write_card(out: Path, report: dict):
         "- Load: `course_lib.models.load('tiny')`, or `transformers.AutoModelForCausalLM.from_pretrained(path)` and",
         "  `AutoTokenizer.from_pretrained(path)` on the folders `tiny/`, `tiny-draft/` and `tiny-draft-scratch/`.",
         "- The default draft `tiny-draft` has the draft's shape and starts from `tiny-draft-scratch`, then is",
-        "  distilled from the target by `python -m course_lib.distill` (its own section below, when installed).",
+        "  distilled from the target by `python -m course_lib.models.distill_draft` (its own section below, when",
+        "  installed).",
         "",
         "## Greedy continuations of held-out prompts",
         "",
@@ -236,7 +230,6 @@ def write_card(out: Path, report: dict):
         "",
     ]
     card = out / "MODEL_CARD.md"
-    from course_lib.distill import CARD_SECTION   # the distilled draft's section, written by its installer: kept
     kept = card.read_text().split(CARD_SECTION, 1) if card.exists() else []
     tail = ("\n" + CARD_SECTION + kept[1]) if len(kept) == 2 else ""
     card.write_text("\n".join(lines) + tail)

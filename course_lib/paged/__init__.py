@@ -7,7 +7,8 @@
 Pieces: BlockAllocator (free list, reference counts), BlockManager (block tables, copy-on-write fork,
 prefix caching with chained hashes), paged_attention_reference / paged_attention (PyTorch, and a Triton
 decode kernel in ``triton_paged``), KVPool + PagedCache (the course model on paged memory),
-sample_workload / simulate (waste of contiguous vs paged), PagedPlayground (the visualizer's state).
+simulate_waste (waste of contiguous vs paged, on ``course_lib.perf.workload.limited_workload``),
+PagedPlayground (the visualizer's state).
 Errors: OutOfBlocks (a signal for the scheduler), PagingError (misuse: double free, unknown ids, ...).
 """
 from .allocator import BlockAllocator, OutOfBlocks, PagingError
@@ -16,9 +17,8 @@ from .attention import (contiguous_to_paged, gather_blocks, gather_kv, paged_att
 from .cache import KVPool, PagedCache
 from .manager import BlockManager, SeqState, default_hash
 from .playground import PagedPlayground
-from .waste import ContiguousArena, Request, WasteReport, sample_workload, simulate
+from .waste import ContiguousArena, WasteReport, simulate_waste
 
 __all__ = ["BlockAllocator", "OutOfBlocks", "PagingError", "KVPool", "PagedCache", "contiguous_to_paged",
            "gather_blocks", "gather_kv", "paged_attention", "paged_attention_reference", "BlockManager", "SeqState",
-           "default_hash", "PagedPlayground", "ContiguousArena", "Request", "WasteReport", "sample_workload",
-           "simulate"]
+           "default_hash", "PagedPlayground", "ContiguousArena", "WasteReport", "simulate_waste"]

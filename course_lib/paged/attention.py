@@ -27,59 +27,11 @@ import math
 import torch
 
 from course_lib.attention import attention
+from course_lib.env import has_package
+
+from .checks import check_paged_args
 
 BACKENDS = ("auto", "torch", "triton", "reference")
-
-
-def _check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks: bool = True):
-    """Raise ValueError naming the argument and what was expected.
-
-    Shapes, dtypes, devices and H % K are always checked (no device work). ``sync_checks`` adds the
-    checks that must read the lengths and tables on the host (a device sync): lengths in
-    [1, max_blocks * block_size] and every used table entry inside the pool."""
-    for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("block_tables", block_tables),
-                    ("context_lens", context_lens)):
-        if not torch.is_tensor(t):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 3:
-        raise ValueError(f"q must be [batch, heads, head_dim] (one decode query per sequence), got {tuple(q.shape)}")
-    if k_pool.dim() != 4 or k_pool.shape != v_pool.shape:
-        raise ValueError(f"k_pool and v_pool must be equal [num_blocks, kv_heads, block_size, head_dim], got "
-                         f"{tuple(k_pool.shape)} and {tuple(v_pool.shape)}")
-    B, H, Dh = q.shape
-    N, K, bs, Dh2 = k_pool.shape
-    if B < 1 or H < 1 or Dh < 1 or N < 1 or K < 1 or bs < 1:
-        raise ValueError(f"empty q {tuple(q.shape)} or pools {tuple(k_pool.shape)}: every dimension must be >= 1")
-    if Dh != Dh2:
-        raise ValueError(f"q head_dim {Dh} != pool head_dim {Dh2}")
-    if H % K:
-        raise ValueError(f"query heads {H} must be a multiple of kv heads {K}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != B or block_tables.shape[1] < 1 \
-            or block_tables.dtype.is_floating_point or block_tables.dtype == torch.bool:
-        raise ValueError(f"block_tables must be an integer [batch={B}, max_blocks>=1] tensor, got "
-                         f"{block_tables.dtype} {tuple(block_tables.shape)}")
-    if context_lens.shape != (B,) or context_lens.dtype.is_floating_point or context_lens.dtype == torch.bool:
-        raise ValueError(f"context_lens must be an integer [batch={B}] tensor, got {context_lens.dtype} "
-                         f"{tuple(context_lens.shape)}")
-    devices = {name: t.device for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool),
-                                              ("block_tables", block_tables), ("context_lens", context_lens))}
-    if len(set(devices.values())) > 1:
-        raise ValueError("q, k_pool, v_pool, block_tables and context_lens must be on the same device, got "
-                         + ", ".join(f"{n}: {d}" for n, d in devices.items()))
-    if not (q.dtype == k_pool.dtype == v_pool.dtype) or not q.dtype.is_floating_point:
-        raise ValueError(f"q ({q.dtype}) and the pools (k_pool {k_pool.dtype}, v_pool {v_pool.dtype}) must share "
-                         "a floating-point dtype")
-    if not sync_checks:
-        return
-    lens = context_lens.tolist()
-    if min(lens) < 1 or max(lens) > block_tables.shape[1] * bs:
-        raise ValueError(f"context_lens must be in [1, max_blocks * block_size = {block_tables.shape[1] * bs}], "
-                         f"got {lens}")
-    tables = block_tables.tolist()
-    for b, n in enumerate(lens):
-        used = tables[b][:-(-n // bs)]
-        if min(used) < 0 or max(used) >= N:
-            raise ValueError(f"block_tables[{b}] points outside the pool of {N} blocks: {used}")
 
 
 def gather_kv(pool: torch.Tensor, table, length: int) -> torch.Tensor:
@@ -94,7 +46,7 @@ def gather_kv(pool: torch.Tensor, table, length: int) -> torch.Tensor:
 def paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, scale: float | None = None):
     """Decode attention through block tables: out[b] = softmax(q[b] K_b^T * scale) V_b, [B, H, Dh].
     One sequence at a time, in fp32, with every argument checked (this reads the lengths on the host)."""
-    _check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
+    check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
     B, H, Dh = q.shape
     K = k_pool.shape[1]
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
@@ -154,12 +106,11 @@ def paged_attention(q, k_pool, v_pool, block_tables, context_lens, scale=None, b
         raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
     if backend == "reference":
         return paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, scale)
-    _check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)
+    check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)
     if backend == "auto":
-        from course_lib.env import has_package
         backend = "triton" if q.is_cuda and has_package("triton") else "torch"
     if backend == "triton":
-        from .triton_paged import paged_attention_triton
+        from .triton_paged import paged_attention_triton   # triton is optional: imported when used
         return paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale,
                                       num_splits=num_splits, validate=False)
     return paged_attention_torch(q, k_pool, v_pool, block_tables, context_lens, scale)

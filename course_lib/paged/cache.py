@@ -273,9 +273,10 @@ class PagedCache(KVCache):
     def nbytes(self) -> int:
         return self.pool.nbytes()
 
-    def update(self, k, v, layer):
+    def update(self, k, v, layer, q=None):
         """The plain contract: write k, v [B, K, T, Dh]; return every row's K/V [B, K, S, Dh] read back
-        through its block table (S = the longest row; past a row's length the values are junk: mask)."""
+        through its block table (S = the longest row; past a row's length the values are junk: mask).
+        q (the new queries) is not needed: paging decides where tokens live, not which ones stay."""
         _check_kv(k, v, layer)
         plan = self._layer_plan(k, layer)
         self._write(k, v, layer, plan)

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import _check_paged_args
+from .checks import check_paged_args
 
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -210,7 +210,7 @@ def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale:
     interpreter). ``validate``: also run the checks that read the tables and lengths on the host (a
     device sync). ``tile_n``: tokens per K/V tile (a power of two >= 16; it need not be a multiple of the
     block size, every token finds its own block), bypassing the autotuner (tests, experiments)."""
-    _check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)
+    check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)
     B, H, Dh = q.shape
     N, K, bs, _ = k_pool.shape
     if q.dtype not in SUPPORTED_DTYPES:

@@ -1,7 +1,8 @@
 """How much KV memory is wasted: contiguous reservation vs paging, on a realistic serving workload.
 
-A request arrives with a prompt and a ``max_new_tokens`` limit; how many tokens it will really generate
-is unknown until it stops. Two ways to give it KV memory:
+A request (``course_lib.perf.workload.Request``; ``limited_workload`` draws them) arrives with a prompt and
+a ``max_new_tokens`` limit; how many tokens it will really generate (``output_tokens``) is unknown until
+it stops. Two ways to give it KV memory:
 
 * **contiguous**: reserve one contiguous range for the most it could ever need when it is admitted
   (what serving systems did before vLLM), first-fit in one memory arena: ``reserve="request"`` reserves
@@ -11,7 +12,7 @@ is unknown until it stops. Two ways to give it KV memory:
   when a decode step finds no free block, the newest running request is preempted (freed, requeued,
   and recomputed later).
 
-``simulate`` runs both with the same arena size and the same first-come-first-served queue, one token
+``simulate_waste`` runs both with the same arena size and the same first-come-first-served queue, one token
 per running request per step, and integrates over all steps (token-steps) where the memory goes:
 
 * used: slots holding a token's K/V;
@@ -25,38 +26,13 @@ per running request per step, and integrates over all steps (token-steps) where 
 """
 from __future__ import annotations
 
-import math
-import random
 from collections import deque
 from dataclasses import dataclass
 
+from course_lib.perf.workload import Request
+
 from .allocator import OutOfBlocks
 from .manager import BlockManager
-
-
-@dataclass(frozen=True)
-class Request:
-    rid: int
-    prompt_len: int
-    output_len: int        # what it will actually generate
-    max_new_tokens: int    # what it asked for (the reservation bound)
-
-
-def sample_workload(n: int, seed: int = 0, max_context: int = 2048, prompt_median: float = 180,
-                    prompt_sigma: float = 0.9, output_median: float = 140, output_sigma: float = 1.0,
-                    max_new_choices=(256, 512, 1024, 2048), max_new_weights=(0.2, 0.3, 0.3, 0.2)) -> list[Request]:
-    """Requests with log-normal prompt and output lengths (the long-tailed shape of chat traces such as
-    ShareGPT), each with an API-style max_new_tokens limit, clipped to the context."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    rng = random.Random(seed)
-    out = []
-    for rid in range(n):
-        p = int(min(max(4, rng.lognormvariate(math.log(prompt_median), prompt_sigma)), max_context // 2))
-        max_new = min(rng.choices(max_new_choices, max_new_weights)[0], max_context - p)
-        o = int(min(max(1, rng.lognormvariate(math.log(output_median), output_sigma)), max_new))
-        out.append(Request(rid, p, o, max_new))
-    return out
 
 
 class ContiguousArena:
@@ -141,15 +117,18 @@ class WasteReport:
                 "preemptions": self.preemptions}
 
 
-def simulate(workload: list[Request], memory_slots: int, allocator: str = "paged", block_size: int = 16,
-             reserve: str = "request", max_context: int = 2048, max_steps: int = 1_000_000) -> WasteReport:
-    """Serve `workload` (all queued at time 0, FCFS) in `memory_slots` token slots of KV memory."""
+def simulate_waste(workload: list[Request], memory_slots: int, allocator: str = "paged", block_size: int = 16,
+                   reserve: str = "request", max_context: int = 2048, max_steps: int = 1_000_000) -> WasteReport:
+    """Serve `workload` (Requests, all queued at time 0, FCFS; arrival times are ignored) in `memory_slots`
+    token slots of KV memory, and account where the memory went (see the module docstring)."""
     if allocator not in ("paged", "contiguous"):
         raise ValueError(f"allocator must be 'paged' or 'contiguous', got {allocator!r}")
     if reserve not in ("request", "context"):
         raise ValueError(f"reserve must be 'request' or 'context', got {reserve!r}")
     if not workload:
         raise ValueError("workload is empty")
+    if not all(isinstance(r, Request) for r in workload):
+        raise TypeError("workload must hold course_lib.perf.workload.Request objects")
     paged = allocator == "paged"
     if paged:
         mgr = BlockManager(memory_slots // block_size, block_size)
@@ -158,13 +137,13 @@ def simulate(workload: list[Request], memory_slots: int, allocator: str = "paged
         arena = ContiguousArena(memory_slots)
         capacity = memory_slots
     def need(r):  # contiguous reservation of a request
-        return max_context if reserve == "context" else r.prompt_len + r.max_new_tokens
+        return max_context if reserve == "context" else r.prompt_tokens + r.limit
 
     for r in workload:
-        if not paged and need(r) < r.prompt_len + r.output_len:
-            raise ValueError(f"request {r.rid} is longer ({r.prompt_len + r.output_len}) than its reservation "
+        if not paged and need(r) < r.prompt_tokens + r.output_tokens:
+            raise ValueError(f"request {r.rid} is longer ({r.prompt_tokens + r.output_tokens}) than its reservation "
                              f"({need(r)}): raise max_context")
-        if (r.prompt_len + r.output_len if paged else need(r)) > capacity:
+        if (r.prompt_tokens + r.output_tokens if paged else need(r)) > capacity:
             raise ValueError(f"request {r.rid} can never fit in {capacity} slots")
     rep = WasteReport(allocator if paged else f"contiguous ({reserve})", block_size if paged else None, capacity, 0)
     waiting = deque((r, 0) for r in workload)      # (request, tokens generated before a preemption)
@@ -175,7 +154,7 @@ def simulate(workload: list[Request], memory_slots: int, allocator: str = "paged
         while waiting:
             r, done = waiting[0]
             if paged:
-                length = r.prompt_len + done
+                length = r.prompt_tokens + done
                 try:
                     mgr.add_sequence(r.rid, [0] * length)
                 except OutOfBlocks:
@@ -208,7 +187,7 @@ def simulate(workload: list[Request], memory_slots: int, allocator: str = "paged
         rep.steps += 1
         rep.batch_sum += len(running)
         for r, done, handle in running:
-            length, final = r.prompt_len + done, r.prompt_len + r.output_len
+            length, final = r.prompt_tokens + done, r.prompt_tokens + r.output_tokens
             rep.used += length
             if paged:
                 rep.internal += -(-length // block_size) * block_size - length
@@ -220,7 +199,7 @@ def simulate(workload: list[Request], memory_slots: int, allocator: str = "paged
         still = []
         for item in running:
             r, done, handle = item
-            if done >= r.output_len:
+            if done >= r.output_tokens:
                 mgr.free(r.rid) if paged else arena.release(handle)
                 rep.finished += 1
             else:

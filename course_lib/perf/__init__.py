@@ -1,11 +1,14 @@
 """Measurement and performance models: timing, latency metrics, memory, quality, hardware, roofline."""
 from .device_bench import measure_device, time_decode_step, time_forward
 from .hardware import GPUS, DeviceSpec, bytes_per_element, get_gpu, gpu_names, hardware_table
-from .intensity import ModelShape, OpCost, OpTable, as_model, intensity_table, matmul_cost, seed_table
+from .intensity import intensity_table, prefill_decode_tables
+from .notes_forms import NOTES_CLOSED_FORMS, notes_table
+from .ops import NotesOp, OpCost, OpTable, matmul_cost
 from .memory import format_bytes, model_weight_bytes, parameter_bytes, peak_memory
-from .metrics import (Trace, TokenEvent, cost_per_million_tokens, e2e_latency, percentile, percentiles,
-                      request_metrics, summarize, tokens_per_second, tpot, ttft)
+from .metrics import (Trace, TokenEvent, cost_per_million_tokens, e2e_latency, format_summary, goodput, makespan,
+                      percentile, percentiles, request_metrics, summarize, tokens_per_second, tpot, ttft)
 from .quality import LMScore, bits_per_byte, perplexity, score_texts
 from .roofline import (analyze, attainable_flops, classify, critical_batch, decode_critical_batch,
                        min_decode_latency, predict_time, ridge_point)
+from .tables import format_records, format_table
 from .timing import Timing, benchmark

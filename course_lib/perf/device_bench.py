@@ -17,6 +17,7 @@ import platform
 import torch
 
 from course_lib.env import device as best_device
+from course_lib.env import quick as quick_mode
 from course_lib.env import real_bf16, sync
 from course_lib.perf.hardware import DeviceSpec
 from course_lib.perf.timing import benchmark
@@ -71,7 +72,6 @@ def measure_device(device=None, quick: bool | None = None, repeats: int | None =
     GPU: 1 GB copy, 4096^3 fp32 and fp16 matmuls (and bf16 where the hardware has it).
     quick defaults to course_lib.env.quick() on a CPU.
     """
-    from course_lib.env import quick as quick_mode
     dev = torch.device(device) if device is not None else best_device()
     if quick is None:
         quick = quick_mode()

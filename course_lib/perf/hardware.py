@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course_lib.perf.tables import format_table
+
 # --- number formats --------------------------------------------------------------------------------
 # Canonical names and the bytes one element takes in memory.
 DTYPE_BYTES: dict[str, float] = {
@@ -246,25 +248,5 @@ def hardware_table(devices=None, fmt: str = "markdown") -> str:
     return format_table(head, rows, fmt, note="TFLOP/s dense (no sparsity); fp32 = CUDA cores, others = tensor cores")
 
 
-def format_table(head: list[str], rows: list[list[str]], fmt: str = "markdown", note: str = "") -> str:
-    """Render rows of strings as 'markdown', 'html' or 'text'."""
-    if fmt not in ("markdown", "html", "text"):
-        raise ValueError(f"fmt must be 'markdown', 'html' or 'text', got {fmt!r}")
-    if fmt == "html":
-        import html
-        th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-        trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-        cap = f"<caption style='caption-side:bottom'>{html.escape(note)}</caption>" if note else ""
-        return f"<table>{cap}<thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-        lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-        return "\n".join(lines) + (f"\n\n{note}" if note else "")
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    fmt_row = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    lines = [fmt_row(head), "  ".join("-" * w for w in widths)] + [fmt_row(r) for r in rows]
-    return "\n".join(lines) + (f"\n{note}" if note else "")
-
-
 __all__ = ["DTYPE_BYTES", "canonical_dtype", "bytes_per_element", "DeviceSpec", "GPUS", "gpu_names",
-           "get_gpu", "hardware_table", "format_table"]
+           "get_gpu", "hardware_table"]

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.env import device as best_device
+from course_lib.env import sync
+
 __all__ = ["BITS_PER_PARAM", "bits_per_param", "parameter_bytes", "model_weight_bytes",
            "MemoryMeasurement", "peak_memory", "process_rss", "process_peak_rss", "autograd_saved_bytes",
            "format_bytes"]
@@ -141,7 +144,6 @@ def peak_memory(fn, *args, device=None, **kwargs):
     the RSS growth, a lower bound, is (see ``MemoryMeasurement.method``). Nothing runs beside fn, so
     its timing is not disturbed. Where RSS cannot be read, peak_bytes is None.
     """
-    from course_lib.env import device as best_device, sync
     dev = torch.device(device) if device is not None else best_device()
     if dev.type == "cuda":
         sync(dev)

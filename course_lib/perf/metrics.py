@@ -14,6 +14,10 @@ TPOT leaves out the first token on purpose: the first token pays for the whole p
 others only for one decode step each; mixing the two hides both. Over many requests, report
 percentiles (p50/p90/p99), never only the mean: a service is judged by its slow requests.
 
+One record type holds a request's timeline, whoever served it: ``Trace`` (arrival, one ``TokenEvent`` per
+token, finish, prompt length, finish reason). ``generation.generate``, the serving engine and the serving
+simulator all fill it, and ``summarize`` turns many of them into percentiles, throughput and goodput.
+
 ``percentile(values, q)`` uses q in [0, 100] and numpy's default ("linear") interpolation.
 """
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Iterable, Sequence
 __all__ = [
     "TokenEvent", "Trace", "percentile", "percentiles", "ttft", "inter_token_latencies", "tpot",
     "e2e_latency", "tokens_per_second", "decode_tokens_per_second", "RequestMetrics",
-    "request_metrics", "summarize", "format_summary", "cost_per_million_tokens",
+    "request_metrics", "summarize", "format_summary", "makespan", "goodput", "cost_per_million_tokens",
 ]
 
 
@@ -148,15 +152,16 @@ def decode_tokens_per_second(times: Sequence[float]) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# Traces: what a generate loop records
+# Traces: the one record of a request (the generate loop, the serving engine and simulator fill it)
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TokenEvent:
-    """One generated token: its index in the output (0 = first), its id, and when it was ready
-    (``time.perf_counter()`` seconds, after the token was on the host). ``start`` is the request's
-    start on the same clock, so ``event.elapsed`` is the time since submission."""
+    """One generated token: its index in the output (0 = first), its id (None where there is no real
+    token: the serving simulator), and when it was ready (``time.perf_counter()`` seconds after the
+    token was on the host, or simulated seconds). ``start`` is the request's start on the same clock,
+    so ``event.elapsed`` is the time since submission."""
     index: int
-    token_id: int
+    token_id: int | None
     time: float
     start: float
 
@@ -167,13 +172,37 @@ class TokenEvent:
 
 @dataclass
 class Trace:
-    """The timeline of one request: start time, one TokenEvent per generated token, prompt length.
+    """The timeline of one request, whoever served it (``generation.generate``, the serving engine, the
+    serving simulator): ``start`` (its arrival: when it was submitted), one TokenEvent per generated token,
+    ``prompt_tokens``, and, when a server tracks them, its id ``rid``, the ``max_new_tokens`` it asked for,
+    ``finish`` (when it ended; None while it runs), ``finish_reason`` ("length" | "stop") and how many
+    times it was ``preemptions`` preempted.
 
-    Metrics are properties (``trace.ttft``, ``trace.tpot``, ...) computed by the functions above.
+    Metrics are properties computed by the functions above: ``ttft`` = first token - start; ``tpot`` =
+    (last token - first token) / (n - 1), **None for a one-token answer** (it has no gap between tokens:
+    a TPOT of 0 would look like an infinitely fast decoder and pull every percentile down; ``summarize``
+    leaves such requests out of the TPOT percentiles, and ``goodput`` counts them as meeting any TPOT
+    limit); ``e2e`` = finish - start (finish defaults to the last token's time). A trace without tokens
+    has no metrics (ValueError).
     """
     start: float
     events: list[TokenEvent] = field(default_factory=list)
     prompt_tokens: int = 0
+    rid: int | None = None
+    max_new_tokens: int | None = None
+    finish: float | None = None
+    finish_reason: str | None = None
+    preemptions: int = 0
+
+    def add_token(self, time: float, token_id: int | None = None) -> TokenEvent:
+        """Record the next token, ready at `time` (same clock as start); returns its TokenEvent."""
+        event = TokenEvent(len(self.events), token_id, time, self.start)
+        self.events.append(event)
+        return event
+
+    def end(self, time: float, reason: str | None = "length"):
+        """Mark the request finished at `time` ("length": it reached its limit, "stop": a stop token)."""
+        self.finish, self.finish_reason = time, reason
 
     @property
     def times(self) -> list[float]:
@@ -191,12 +220,28 @@ class Trace:
         return len(self.events)
 
     @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.events[0].time if self.events else None
+
+    @property
+    def finish_time(self) -> float | None:
+        """When it ended: ``finish`` if set, else its last token's time (None without tokens)."""
+        if self.finish is not None:
+            return self.finish
+        return self.events[-1].time if self.events else None
+
+    @property
     def ttft(self) -> float:
         return ttft(self.start, self.times)
 
     @property
-    def tpot(self) -> float:
-        return tpot(self.times)
+    def tpot(self) -> float | None:
+        ts = self.times
+        return tpot(ts) if len(ts) != 1 else None
 
     @property
     def inter_token_latencies(self) -> list[float]:
@@ -204,11 +249,15 @@ class Trace:
 
     @property
     def e2e(self) -> float:
-        return e2e_latency(self.start, self.times)
+        ts = self.times
+        return e2e_latency(self.start, ts if self.finish is None else ts + [self.finish])
 
     @property
     def tokens_per_second(self) -> float:
-        return tokens_per_second(self.start, self.times)
+        elapsed = self.e2e
+        if elapsed <= 0:
+            raise ValueError(f"tokens/s needs a positive duration, got e2e latency {elapsed!r} s")
+        return self.n_tokens / elapsed
 
     def metrics(self) -> "RequestMetrics":
         return request_metrics(self)
@@ -224,61 +273,129 @@ class RequestMetrics:
     tokens_per_second: float
 
 
-def _start_times(trace_or_start, times=None) -> tuple[float, list[float]]:
-    if times is None:
-        if not hasattr(trace_or_start, "start") or not hasattr(trace_or_start, "times"):
-            raise TypeError("expected a Trace (with .start and .times) or (start, times)")
-        return trace_or_start.start, list(trace_or_start.times)
-    return trace_or_start, list(times)
+def _as_trace(x, i: int = 0) -> Trace:
+    """A Trace from a Trace, anything holding one in ``.trace`` (a serving RequestOutput, a
+    GenerateOutput) or a (start, times) pair."""
+    if isinstance(x, Trace):
+        return x
+    if isinstance(getattr(x, "trace", None), Trace):
+        return x.trace
+    if isinstance(x, tuple) and len(x) == 2:
+        start, times = x
+        tr = Trace(start)
+        for t in _check_times(times):
+            tr.add_token(t)
+        return tr
+    raise TypeError(f"records[{i}] must be a Trace, an object with a .trace, or a (start, times) pair, "
+                    f"got {type(x).__name__}")
 
 
 def request_metrics(trace_or_start, times: Sequence[float] | None = None) -> RequestMetrics:
-    """All metrics of one request, from a Trace or from (start, times)."""
-    start, ts = _start_times(trace_or_start, times)
-    if not ts:
+    """All metrics of one request, from a Trace (or anything with a .trace) or from (start, times)."""
+    tr = _as_trace(trace_or_start if times is None else (trace_or_start, list(times)))
+    if not tr.events:
         raise ValueError("empty trace: the request produced no tokens, its metrics are undefined")
-    return RequestMetrics(n_tokens=len(ts), ttft=ttft(start, ts), tpot=tpot(ts) if len(ts) > 1 else None,
-                          e2e=e2e_latency(start, ts), tokens_per_second=tokens_per_second(start, ts))
+    return RequestMetrics(n_tokens=tr.n_tokens, ttft=tr.ttft, tpot=tr.tpot, e2e=tr.e2e,
+                          tokens_per_second=tr.tokens_per_second)
 
 
 # --------------------------------------------------------------------------------------------------
-# Many requests: percentiles
+# Many requests: percentiles, throughput, goodput
 # --------------------------------------------------------------------------------------------------
-def summarize(traces: Iterable, qs: Sequence[float] = (50, 90, 99)) -> dict[str, dict]:
-    """Percentiles over requests of each metric: {"ttft": {50: s, 90: s, 99: s}, "tpot": ..., "e2e": ...,
-    "tokens_per_second": ...}, plus {"requests": n}.
+def _records(records) -> list[Trace]:
+    if hasattr(records, "records"):          # a serving SimResult
+        records = records.records
+    if isinstance(records, (Trace, str, bytes)) or not isinstance(records, Iterable):
+        raise TypeError(f"records must be a sequence of Traces (or a result with .records), "
+                        f"got {type(records).__name__}")
+    out = [_as_trace(r, i) for i, r in enumerate(records)]
+    if not out:
+        raise ValueError("records is empty: need at least one request to summarize")
+    for i, tr in enumerate(out):
+        if not tr.events:
+            raise ValueError(f"records[{i}] is an empty trace: no token was produced, its metrics are undefined")
+    return out
 
-    Each element of `traces` is a Trace (or a (start, times) pair). Requests with a single token have
-    no TPOT and are left out of the TPOT percentiles only (``summary["tpot"]`` is None when none has 2+).
-    Note that for tokens/s the *low* percentiles are the bad ones.
+
+def makespan(records) -> float:
+    """Seconds from the first arrival to the last finish over all requests."""
+    recs = _records(records)
+    return max(r.finish_time for r in recs) - min(r.start for r in recs)
+
+
+def _meets(tr: Trace, ttft_slo: float, tpot_slo: float) -> bool:
+    tp = tr.tpot
+    return tr.ttft <= ttft_slo and (tp is None or tp <= tpot_slo)   # one token: no TPOT to miss
+
+
+def _check_slos(ttft_slo, tpot_slo):
+    for name, v in (("ttft_slo", ttft_slo), ("tpot_slo", tpot_slo)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:
+            raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+
+
+def goodput(records, ttft_slo: float, tpot_slo: float) -> float:
+    """Requests per second of makespan that met *both* limits: TTFT <= ttft_slo and TPOT <= tpot_slo
+    (limits included; a one-token answer has no TPOT and meets any TPOT limit)."""
+    _check_slos(ttft_slo, tpot_slo)
+    recs = _records(records)
+    return sum(_meets(r, ttft_slo, tpot_slo) for r in recs) / makespan(recs)
+
+
+def summarize(records, qs: Sequence[float] = (50, 90, 99), ttft_slo: float | None = None,
+              tpot_slo: float | None = None) -> dict:
+    """One flat dict over many requests (Traces, objects with a ``.trace``, (start, times) pairs, or a
+    serving SimResult): ``requests``; ``ttft_p50``, ``tpot_p50``, ``e2e_p50``, ``tokens_per_second_p50``
+    (and every q in qs: percentiles over requests, seconds); ``output_tokens``; ``makespan_s`` (first
+    arrival to last finish), ``throughput_tok_s`` (output tokens / makespan) and ``requests_per_s``; with
+    both SLOs: ``goodput_req_s`` and ``slo_attainment`` (share of requests meeting both).
+
+    One-token requests have no TPOT and are left out of the TPOT percentiles only (the ``tpot_p*`` are
+    None when no request has 2+ tokens). For tokens/s the *low* percentiles are the bad ones.
     """
-    ms = []
-    for tr in traces:
-        ms.append(request_metrics(*tr) if isinstance(tr, tuple) else request_metrics(tr))
-    if not ms:
-        raise ValueError("traces is empty: need at least one request to summarize")
-    tp = [m.tpot for m in ms if m.tpot is not None]
-    return {
-        "requests": len(ms),
-        "ttft": percentiles([m.ttft for m in ms], qs),
-        "tpot": percentiles(tp, qs) if tp else None,
-        "e2e": percentiles([m.e2e for m in ms], qs),
-        "tokens_per_second": percentiles([m.tokens_per_second for m in ms], qs),
-    }
+    recs = _records(records)
+    out: dict = {"requests": len(recs)}
+    tp = [r.tpot for r in recs if r.tpot is not None]
+    for name, xs in (("ttft", [r.ttft for r in recs]), ("tpot", tp), ("e2e", [r.e2e for r in recs]),
+                     ("tokens_per_second", [r.tokens_per_second for r in recs])):
+        for q in qs:
+            out[f"{name}_p{q:g}"] = percentile(xs, q) if xs else None
+    span = makespan(recs)
+    out["output_tokens"] = sum(r.n_tokens for r in recs)
+    out["makespan_s"] = span
+    out["throughput_tok_s"] = out["output_tokens"] / span if span > 0 else None
+    out["requests_per_s"] = len(recs) / span if span > 0 else None
+    if (ttft_slo is None) != (tpot_slo is None):
+        raise ValueError("give both ttft_slo and tpot_slo (goodput needs both limits) or neither")
+    if ttft_slo is not None:
+        _check_slos(ttft_slo, tpot_slo)
+        ok = sum(_meets(r, ttft_slo, tpot_slo) for r in recs)
+        out["goodput_req_s"] = ok / span if span > 0 else None
+        out["slo_attainment"] = ok / len(recs)
+    return out
 
 
 def format_summary(summary: dict) -> str:
-    """A small text table of ``summarize``'s output (latencies in ms)."""
-    qs = list(summary["ttft"])
-    head = f"{'metric':<18}" + "".join(f"{'p%g' % q:>12}" for q in qs)
-    lines = [f"{summary['requests']} requests", head, "-" * len(head)]
+    """A small text report of ``summarize``'s dict (latencies in ms), with a serving run's extra keys
+    (policy, mean_batch, preemptions, padding_waste) and the goodput when they are there."""
+    s = summary
+    qs = [k[len("ttft_p"):] for k in s if k.startswith("ttft_p")]
+    head = f"{s['policy']}: " if "policy" in s else ""
+    first = f"{head}{s['requests']} requests in {s['makespan_s']:.2f} s"
+    if s.get("throughput_tok_s") is not None:
+        first += f", throughput {s['throughput_tok_s']:.0f} tok/s"
+    for key, fmt in (("mean_batch", "mean batch {:.1f}"), ("preemptions", "preemptions {}"),
+                     ("padding_waste", "padding waste {:.0%}")):
+        if key in s:
+            first += ", " + fmt.format(s[key])
+    cols = f"{'metric':<18}" + "".join(f"{'p' + q:>12}" for q in qs)
+    lines = [first, cols, "-" * len(cols)]
     for key, label, scale in (("ttft", "TTFT (ms)", 1e3), ("tpot", "TPOT (ms)", 1e3),
                               ("e2e", "E2E (ms)", 1e3), ("tokens_per_second", "tokens/s", 1.0)):
-        row = summary[key]
-        if row is None:
-            lines.append(f"{label:<18}" + "".join(f"{'n/a':>12}" for _ in qs))
-        else:
-            lines.append(f"{label:<18}" + "".join(f"{row[q] * scale:>12.3f}" for q in qs))
+        vals = [s.get(f"{key}_p{q}") for q in qs]
+        lines.append(f"{label:<18}" + "".join(f"{'n/a':>12}" if v is None else f"{v * scale:>12.3f}" for v in vals))
+    if s.get("goodput_req_s") is not None:
+        lines.append(f"goodput {s['goodput_req_s']:.2f} req/s ({s['slo_attainment']:.0%} of requests meet the SLO)")
     return "\n".join(lines)
 
 

@@ -20,8 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from course_lib.perf.hardware import DeviceSpec, bytes_per_element, format_table, get_gpu
-from course_lib.perf.intensity import OpTable, _si, as_model, intensity_table
+from course_lib.models.config import as_config
+from course_lib.perf.hardware import DeviceSpec, bytes_per_element, get_gpu
+from course_lib.perf.intensity import intensity_table
+from course_lib.perf.ops import OpTable
+from course_lib.perf.tables import format_table, si
 
 MEMORY_BOUND, COMPUTE_BOUND = "memory-bound", "compute-bound"
 
@@ -113,9 +116,9 @@ class RooflineAnalysis:
         head = ["op", "count", "FLOP/byte", "attainable", "bound", "time", "share"]
         T = self.time
         rows = [[r.name, str(r.count), "-" if r.intensity is None else f"{r.intensity:.3g}",
-                 _si(r.attainable, "FLOP/s"), r.bound, _si(r.time, "s"), f"{r.time / T:.1%}"] for r in self.rows]
+                 si(r.attainable, "FLOP/s"), r.bound, si(r.time, "s"), f"{r.time / T:.1%}"] for r in self.rows]
         rows.append(["total", "", f"{self.table.intensity:.3g}", "", f"{self.share():.0%} of time memory-bound",
-                     _si(T, "s"), "100%"])
+                     si(T, "s"), "100%"])
         note = (f"{self.table.caption()} on {self.device.name} ({self.dtype}, ridge {self.ridge:.3g} FLOP/byte); "
                 f"time = max(FLOPs/peak, bytes/bandwidth) per op, summed")
         return head, rows, note
@@ -175,12 +178,12 @@ def predict_time(model, device, phase: str, seq_len: int, batch: int = 1, dtype=
 def min_decode_latency(num_params, device, dtype="fp16", kv_cache_bytes: float = 0) -> float:
     """Seconds per decode step at best: every weight is read once per step (plus the KV cache).
 
-    num_params: a parameter count, or a model (LlamaConfig, ModelShape, name) to count them from.
+    num_params: a parameter count, or a model (anything as_config takes: LlamaConfig, name) to count them from.
     dtype: bytes per weight, as a dtype name or a number.
     E.g. a 7B model in fp16 on an A100 80 GB: 6.74e9 * 2 bytes / 2.039e12 B/s = 6.6 ms.
     """
     if not isinstance(num_params, numbers.Real):
-        num_params = as_model(num_params).num_parameters()
+        num_params = as_config(num_params).num_parameters()
     _positive(num_params, "num_params")
     if kv_cache_bytes < 0:
         raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes!r}")

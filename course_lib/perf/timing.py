@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course_lib.env import sync
+from course_lib.perf.metrics import percentile
 
 
 @dataclass
@@ -33,7 +34,6 @@ class Timing:
         return min(self.times)
 
     def quantile(self, q: float) -> float:
-        from course_lib.perf.metrics import percentile
         return percentile(self.times, q * 100)
 
     @property

@@ -10,7 +10,7 @@ from .core import (QuantizedTensor, absmax_quantize, check_bits, check_tensor, d
                    expand_params, fake_quantize, group_sum, percentile_clip_ratio, qrange, quantize,
                    search_clip_ratio, zeropoint_quantize)
 from .formats import (FORMATS, CodebookFormat, Decoded, FloatFormat, IntFormat, decode_bits, encode_bits,
-                      format_table, format_table_markdown, get_format, representable_values)
+                      formats_table_markdown, formats_table_rows, get_format, representable_values)
 from .gguf import (describe_block, dequantize_q4_0, dequantize_q8_0, gguf_dequantize, gguf_quantize,
                    quantize_q4_0, quantize_q8_0)
 from .memory import (GB, WEIGHT_FORMATS, GiB, WeightFormat, bits_per_weight, memory_table,
@@ -26,7 +26,7 @@ __all__ = [
     "percentile_clip_ratio", "search_clip_ratio",
     # formats
     "FORMATS", "FloatFormat", "IntFormat", "CodebookFormat", "Decoded", "get_format", "decode_bits",
-    "encode_bits", "representable_values", "format_table", "format_table_markdown",
+    "encode_bits", "representable_values", "formats_table_rows", "formats_table_markdown",
     # metrics
     "mse", "max_error", "sqnr_db", "error_report", "DB_PER_BIT",
     # packing and memory

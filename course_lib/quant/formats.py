@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.perf.tables import format_table
+
 __all__ = ["FloatFormat", "IntFormat", "CodebookFormat", "Decoded", "FORMATS", "get_format",
-           "decode_bits", "encode_bits", "representable_values", "format_table", "format_table_markdown"]
+           "decode_bits", "encode_bits", "representable_values", "formats_table_rows", "formats_table_markdown"]
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,7 @@ def representable_values(fmt, finite: bool = True) -> torch.Tensor:
     return torch.unique(vals)  # sorted; +0 and -0 merge
 
 
-def format_table(names=("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "nf4")) -> list[dict]:
+def formats_table_rows(names=("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "nf4")) -> list[dict]:
     """One row per format, every number computed from the layout (none typed in).
 
     Keys: format, bits, layout ("1-8-23" = sign-exponent-mantissa bits), sign, exponent, mantissa, bias,
@@ -298,10 +300,9 @@ def _fmt_num(v) -> str:
     return f"{v:.4g}"
 
 
-def format_table_markdown(rows: list[dict] | None = None) -> str:
+def formats_table_markdown(rows: list[dict] | None = None) -> str:
     """The format table as a Markdown table (for ``IPython.display.Markdown``)."""
-    rows = format_table() if rows is None else rows
+    rows = formats_table_rows() if rows is None else rows
     cols = ["format", "bits", "layout", "bias", "min", "max", "min_normal", "min_subnormal", "spacing_near_1",
             "note"]
-    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
-    return head + "\n".join("| " + " | ".join(_fmt_num(r.get(c)) for c in cols) + " |" for r in rows)
+    return format_table(cols, [[_fmt_num(r.get(c)) for c in cols] for r in rows], "markdown")

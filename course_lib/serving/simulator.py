@@ -2,9 +2,9 @@
 
     from course_lib.serving import make_workload, simulate, ContinuousBatching, StepCostModel
     reqs = make_workload(300, rate=10.0, seed=0)
-    res = simulate(reqs, ContinuousBatching(max_batch=64), cost=StepCostModel.from_roofline("A100-80GB", "llama2-7b"),
+    res = simulate(reqs, ContinuousBatching(max_batch=64), cost=StepCostModel.from_roofline("A100-80GB", "llama-2-7b"),
                    num_blocks=2000, block_size=16)
-    res.summary(ttft_slo=1.0, tpot_slo=0.1)
+    res.summary(ttft_slo=1.0, tpot_slo=0.1)        # course_lib.perf.metrics.summarize + the step statistics
 
 Why simulate? A real engine on a laptop CPU is far too slow to show what happens at 20 requests/s on a
 GPU. What decides serving behaviour is (1) when requests arrive, (2) how long one engine step takes as a
@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from course_lib.perf.metrics import Trace, summarize
+from course_lib.perf.workload import Request
 from course_lib.serving.policies import (ContinuousBatching, Decision, Disaggregated, DynamicBatching, SeqView,
                                          StaticBatching, _blocks, blocks_needed)
-from course_lib.serving.workload import Request
 
 
 class SchedulingError(RuntimeError):
@@ -95,17 +96,17 @@ class StepCostModel:
         (compute_s_per_token = 2 * params / peak; attention's own FLOPs are left out). Step time =
         overhead + max(memory time, compute time), the roofline bound plus a launch overhead.
         gpu_name: a name of `course_lib.perf.gpu_names()` or a DeviceSpec; model_config: a LlamaConfig, a
-        model, or a preset name ('llama2-7b', 'tiny', ...).
+        model, or a preset name ('llama-2-7b', 'tiny', ...).
         """
         from course_lib.perf.hardware import bytes_per_element, get_gpu
-        from course_lib.perf.intensity import as_model
+        from course_lib.models.config import as_config
         dev = get_gpu(gpu_name)
         cfg = getattr(model_config, "config", model_config)
-        shape = as_model(cfg)
+        shape = as_config(cfg)
         params = shape.num_parameters()
         b = bytes_per_element(dtype)
         return cls(fixed_s=params * b / dev.bandwidth, per_token_s=0.0, per_seq_s=0.0,
-                   per_context_token_s=shape.kv_cache_bytes(1, 1, dtype) / dev.bandwidth,
+                   per_context_token_s=shape.kv_cache_bytes(1, 1, b) / dev.bandwidth,
                    compute_s_per_token=2 * params / dev.peak_flops(dtype), overhead_s=overhead_s,
                    source=f"roofline: {shape.name or 'model'} ({params / 1e6:.1f}M params, {dtype}) on {dev.name}")
 
@@ -181,39 +182,10 @@ def _nnls(A, y):
 
 
 # --- records ----------------------------------------------------------------------------------------
-@dataclass
-class RequestRecord:
-    """What happened to one request: token times, finish, preemptions, and its timeline of states
-    (segments (state, t0, t1) with state in waiting / prefill / decode / preempted / transfer / padding)."""
-    rid: int
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    token_times: list = field(default_factory=list)
-    finish_s: float | None = None
-    preemptions: int = 0
-    segments: list = field(default_factory=list)
-    _state: str | None = field(default=None, repr=False)
-    _since: float = field(default=0.0, repr=False)
-
-    def set_state(self, state, t):
-        if self._state is not None and t > self._since:
-            self.segments.append((self._state, self._since, t))
-        self._state, self._since = state, t
-
-    @property
-    def ttft(self) -> float:
-        return self.token_times[0] - self.arrival_s
-
-    @property
-    def tpot(self) -> float:
-        """Mean time between output tokens (0 for a one-token answer)."""
-        n = len(self.token_times)
-        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else 0.0
-
-    @property
-    def e2e(self) -> float:
-        return self.finish_s - self.arrival_s
+# Each request's record is the course's one timeline, ``course_lib.perf.metrics.Trace`` (start = arrival,
+# one event per token at its simulated time, finish, preemptions); what it was doing when (its segments
+# (state, t0, t1), state in waiting / prefill / decode / preempted / transfer / padding) is in
+# ``SimResult.segments[rid]``.
 
 
 @dataclass
@@ -231,9 +203,9 @@ class StepLog:
 
 @dataclass
 class SimResult:
-    """The outcome of `simulate`: per-request records (by rid), the step log, admissions
-    (t, rid, worker, kind in new/resume/transfer), preemptions (t, rid, worker), and, with strict=False,
-    the rule violations the scheduler committed."""
+    """The outcome of `simulate`: per-request records (``Trace``s, in rid order), the step log, admissions
+    (t, rid, worker, kind in new/resume/transfer), preemptions (t, rid, worker), each request's state
+    segments {rid: [(state, t0, t1)]}, and, with strict=False, the rule violations the scheduler committed."""
     policy: str
     records: list
     steps: list
@@ -242,9 +214,10 @@ class SimResult:
     num_blocks: int
     block_size: int
     cost: StepCostModel
+    segments: dict = field(default_factory=dict)
     violations: list = field(default_factory=list)
 
-    def record(self, rid) -> RequestRecord:
+    def record(self, rid) -> Trace:
         return self._by_rid()[rid]
 
     def _by_rid(self):
@@ -253,21 +226,37 @@ class SimResult:
         return self._index
 
     def summary(self, ttft_slo: float | None = None, tpot_slo: float | None = None) -> dict:
-        from course_lib.serving.metrics import summarize
-        return summarize(self, ttft_slo=ttft_slo, tpot_slo=tpot_slo)
+        """``course_lib.perf.metrics.summarize`` of the records (percentiles, throughput, goodput with both
+        SLOs) plus what only a simulation knows: policy, preemptions, padding_waste (share of the computed
+        token slots that were padding) and mean_batch (time-weighted requests per step)."""
+        out = {"policy": self.policy, **summarize(self.records, ttft_slo=ttft_slo, tpot_slo=tpot_slo)}
+        out["preemptions"] = len(self.preemptions)
+        computed = sum(s.prefill_tokens + s.decode_seqs for s in self.steps)
+        useful = sum(s.useful_tokens for s in self.steps)
+        out["padding_waste"] = 1 - useful / computed if computed else 0.0
+        busy = sum(s.t1 - s.t0 for s in self.steps)
+        out["mean_batch"] = sum((s.t1 - s.t0) * s.batch for s in self.steps) / busy if busy else 0.0
+        return out
 
 
 # --- the engine's workers ----------------------------------------------------------------------------
 class _Seq:
-    __slots__ = ("req", "rec", "kv", "target", "emitted", "blocks", "remote_kv")
+    __slots__ = ("req", "rec", "kv", "target", "emitted", "blocks", "remote_kv", "segments", "state", "since")
 
-    def __init__(self, req, rec):
-        self.req, self.rec = req, rec
+    def __init__(self, req, rec, segments):
+        self.req, self.rec, self.segments = req, rec, segments
+        self.state, self.since = None, 0.0
         self.kv = 0                 # tokens whose KV is stored
         self.target = req.prompt_tokens   # tokens to prefill (0 once decoding)
         self.emitted = 0
         self.blocks = 0
         self.remote_kv = False      # KV computed elsewhere (disaggregation): admission costs no prefill
+
+    def set_state(self, state, t):
+        """Close the current segment at t and start `state` (None: done)."""
+        if self.state is not None and t > self.since:
+            self.segments.append((self.state, self.since, t))
+        self.state, self.since = state, t
 
     def need(self) -> int:
         """Tokens of KV room needed after the next step: the whole prefill, or the context + 1 token."""
@@ -319,7 +308,7 @@ class _IterWorker:
             s.blocks, s.kv, s.remote_kv = 0, 0, False
             s.target = s.req.prompt_tokens + s.emitted     # recompute prompt + generated tokens
             s.rec.preemptions += 1
-            s.rec.set_state("preempted", now)
+            s.set_state("preempted", now)
             self.sim.preemptions.append((now, s.req.rid, self.wid))
             self.waiting.appendleft(s)
         # growth of the running requests
@@ -349,9 +338,9 @@ class _IterWorker:
             if s.remote_kv:
                 s.remote_kv = False
                 s.target = 0
-                s.rec.set_state("decode", now)
+                s.set_state("decode", now)
             else:
-                s.rec.set_state("prefill", now)
+                s.set_state("prefill", now)
             self.running.append(s)
         if len(self.running) > self.max_batch:
             self._violate(f"t={now:.4f}: {len(self.running)} running requests > max_batch={self.max_batch}")
@@ -394,11 +383,11 @@ class _IterWorker:
             if s.kv == s.target:
                 s.target = 0
                 emitters.append(s)
-                s.rec.set_state("decode", now)
+                s.set_state("decode", now)
         leaving = []
         for s in emitters:
             s.emitted += 1
-            s.rec.token_times.append(now)
+            s.rec.add_token(now)
             if s.emitted == s.req.output_tokens:
                 leaving.append(s)
                 self.sim.finish(s, now)
@@ -443,7 +432,7 @@ class _BatchWorker:
         cost, t = self.sim.cost, now
         for s in batch:
             self.sim.admissions.append((now, s.req.rid, self.wid, "new"))
-            s.rec.set_state("prefill", now)
+            s.set_state("prefill", now)
         dt = cost.step_time(B * P, 0, B * P)
         useful = sum(s.req.prompt_tokens for s in batch)
         self.sim.steps.append(StepLog(self.wid, t, t + dt, B * P, 0, B * P, None, B, useful))
@@ -456,17 +445,17 @@ class _BatchWorker:
                 t += dt
             for s in batch:
                 if k <= s.req.output_tokens:
-                    s.rec.token_times.append(t)
+                    s.rec.add_token(t)
                     if k == 1:
-                        s.rec.set_state("decode", t)
+                        s.set_state("decode", t)
                     if k == s.req.output_tokens:
-                        s.rec.finish_s = t
-                        s.rec.set_state("padding", t)
+                        s.rec.end(t)
+                        s.set_state("padding", t)
         self.busy_until, self.pending = t, batch
 
     def complete(self, now):
         for s in self.pending:
-            self.sim.finish(s, s.rec.finish_s, at=now)
+            self.sim.finish(s, s.rec.finish, at=now)
         self.pending, self.busy_until = None, None
 
 
@@ -487,13 +476,13 @@ class _Sim:
         self.transfer_s_per_token = 0.0
 
     def finish(self, s, t, at=None):
-        s.rec.finish_s = t
-        s.rec.set_state(None, t if at is None else at)
+        s.rec.end(t)
+        s.set_state(None, t if at is None else at)
         self.done += 1
 
     def transfer(self, s, now):
         ready = now + self.transfer_s_per_token * s.kv
-        s.rec.set_state("transfer", now)
+        s.set_state("transfer", now)
         self.transfers.append((ready, s))
 
 
@@ -542,15 +531,17 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
         raise TypeError(f"policy must be StaticBatching, DynamicBatching, ContinuousBatching (ChunkedPrefill) or "
                         f"Disaggregated, got {type(policy).__name__}")
     workers = entry + (sim.decode_pool or [])
-    records = {r.rid: RequestRecord(r.rid, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs}
+    records = {r.rid: Trace(r.arrival_s, prompt_tokens=r.prompt_tokens, rid=r.rid, max_new_tokens=r.output_tokens)
+               for r in reqs}
+    segments = {r.rid: [] for r in reqs}
     i, t, n, steps = 0, 0.0, len(reqs), 0
     while sim.done < n:
         for w in workers:                                   # 1. steps that end now
             if w.busy_until is not None and w.busy_until <= t:
                 w.complete(t)
         while i < n and reqs[i].arrival_s <= t:             # 2. arrivals and finished transfers
-            s = _Seq(reqs[i], records[reqs[i].rid])
-            s.rec.set_state("waiting", reqs[i].arrival_s)
+            s = _Seq(reqs[i], records[reqs[i].rid], segments[reqs[i].rid])
+            s.set_state("waiting", reqs[i].arrival_s)
             min(entry, key=lambda w: w.load()).waiting.append(s)
             i += 1
         if sim.transfers:
@@ -559,7 +550,7 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
             for _, s in ready:
                 s.remote_kv = True
                 s.target = 0
-                s.rec.set_state("waiting", t)
+                s.set_state("waiting", t)
                 min(sim.decode_pool, key=lambda w: w.load()).waiting.append(s)
         for w in workers:                                   # 3. idle workers start a step
             if w.busy_until is None:
@@ -581,8 +572,23 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
             raise SchedulingError(f"more than max_steps={max_steps} scheduling rounds: a scheduler that never "
                                   f"makes progress?")
     ordered = [records[r.rid] for r in sorted(reqs, key=lambda r: r.rid)]
-    return SimResult(getattr(policy, "name", type(policy).__name__), ordered,
-                     sim.steps, sim.admissions, sim.preemptions, num_blocks, block_size, cost, sim.violations)
+    return SimResult(getattr(policy, "name", type(policy).__name__), ordered, sim.steps, sim.admissions,
+                     sim.preemptions, num_blocks, block_size, cost, segments, sim.violations)
 
 
-__all__ = ["StepCostModel", "SchedulingError", "RequestRecord", "StepLog", "SimResult", "simulate"]
+def sweep_load(make_requests, policies: dict, rates, cost=None, num_blocks: int = 2048, block_size: int = 16,
+               ttft_slo=None, tpot_slo=None) -> list[dict]:
+    """Simulate every policy at every offered load. make_requests(rate) -> requests; policies:
+    {label: policy}. Returns rows: ``SimResult.summary(ttft_slo, tpot_slo)`` plus 'label' and 'rate'."""
+    rows = []
+    for rate in rates:
+        reqs = make_requests(rate)
+        for label, pol in policies.items():
+            res = simulate(reqs, pol, cost=cost, num_blocks=num_blocks, block_size=block_size)
+            row = res.summary(ttft_slo, tpot_slo)
+            row.update(label=label, rate=float(rate))
+            rows.append(row)
+    return rows
+
+
+__all__ = ["StepCostModel", "SchedulingError", "StepLog", "SimResult", "simulate", "sweep_load"]

@@ -5,10 +5,15 @@ c = draft/target cost ratio per token.
 
     from course_lib.speculative import speculative_generate, accept_step, expected_tokens_per_pass
     ids, stats = speculative_generate(target, draft, prompt_ids, 64, draft_length=4)   # course models
+    # = course_lib.generation.generate(target, prompt_ids, 64, draft=draft, draft_length=4): the one loop
+
+The pass and the acceptance rule live below this package (``course_lib.generation``, ``course_lib.sampling``)
+so that the one generate loop runs them; they are re-exported here with the theory and measurements.
 
 acceptance      accept_step (min(1, p/q), residual max(0, p - q), bonus token), probs_from_logits
+                (the derivation; the code is course_lib.sampling)
 theory          expected_tokens_per_pass, speedup, optimal_draft_length, acceptance_rate
-loop            speculative_generate, SpecStats, check_tokenizers
+loop            speculative_generate (generate(..., draft=) with full ids), SpecStats, check_tokenizers
 prompt_lookup   prompt_lookup_generate (n-gram drafting), propose_ngram, editing_prompts
 measure         measure (a, tokens/pass, c, verify cost, predicted vs measured speed-up), step_times
 hf              hf_assisted_generate (transformers' assisted generation, the outside oracle)

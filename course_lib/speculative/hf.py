@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from course_lib.models import BUNDLED, bundled_path
+
 from .loop import _check_int, check_prompt
 
 __all__ = ["hf_assisted_generate", "load_hf"]
@@ -30,7 +32,6 @@ def load_hf(path_or_model):
                         f"{type(path_or_model).__name__}")
     from transformers import AutoModelForCausalLM
 
-    from course_lib.models import BUNDLED, bundled_path
     path = bundled_path(path_or_model) if str(path_or_model).lower() in BUNDLED else Path(path_or_model)
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 

@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from course_lib.generation import sample
-from course_lib.kvcache import ContiguousCache, generate_with_cache
+from course_lib.generation import generate
+from course_lib.kvcache import ContiguousCache
 
 from .loop import _check_int, _model_device, _sync, check_pair, check_prompt, speculative_generate
 from .prompt_lookup import prompt_lookup_generate
@@ -56,14 +56,6 @@ def step_times(models: dict, context: torch.Tensor, num_tokens: dict, repeats: i
     return {job: statistics.median(t) for job, t in times.items()}
 
 
-def _plain(target, prompt, max_new_tokens, temperature, top_k, top_p, generator):
-    prompt = prompt.to(_model_device(target))        # generate_with_cache runs where its input is
-    if temperature == 0:
-        return generate_with_cache(target, prompt[None], max_new_tokens)
-    return generate_with_cache(target, prompt[None], max_new_tokens,
-                               sample=lambda logits: sample(logits, temperature, top_k, top_p, generator))
-
-
 def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_tokens: int = 64,
             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
             repeats: int = 3, seed: int = 0, adaptive: float | None = None) -> list[dict]:
@@ -98,7 +90,7 @@ def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_token
     runs = {"plain": [], **{g: [] for g in draft_lengths}}
     stats = {g: [] for g in draft_lengths}
     for p in prompts[:1]:                                     # warm-up both paths
-        _plain(target, p, 4, temperature, top_k, top_p, gen)
+        generate(target, p, 4, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen, cache="contiguous")
         speculative_generate(target, draft, p, 4, draft_length=2)
     for r in range(repeats):
         for key in runs:
@@ -110,7 +102,8 @@ def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_token
                 gen.manual_seed(seed + 1000 * r + i)
                 t0 = time.perf_counter()
                 if key == "plain":
-                    _plain(target, p, max_new_tokens, temperature, top_k, top_p, gen)
+                    generate(target, p, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             generator=gen, cache="contiguous")
                 else:
                     _, st = speculative_generate(target, draft, p, max_new_tokens, draft_length=key,
                                                  temperature=temperature, top_k=top_k, top_p=top_p,
@@ -169,7 +162,7 @@ def measure_prompt_lookup(target, prompts, draft_lengths=(4, 8), max_new_tokens:
             t0 = time.perf_counter()
             for p, n in zip(prompts, max_new):
                 if key == "plain":
-                    generate_with_cache(target, p[None].to(_model_device(target)), n)
+                    generate(target, p, n, cache="contiguous")
                 else:
                     _, st = prompt_lookup_generate(target, p, n, draft_length=key, max_ngram=max_ngram)
                     if r == 0:

@@ -335,7 +335,7 @@ def medusa_generate(target, heads: MedusaHeads, input_ids: torch.Tensor, max_new
 
     tree: a prefix-closed list of top-k paths (default ``tree.DEFAULT_PATHS``; [] = plain decoding);
     topk: instead, an int or per-depth ints for the full Cartesian tree (int k -> k per head).
-    The output equals the target's greedy decoding (``generate_with_cache``) token for token.
+    The output equals the target's greedy decoding (``course_lib.generation.generate``) token for token.
     """
     from course_lib.kvcache import ContiguousCache
     if not isinstance(heads, MedusaHeads):

@@ -15,6 +15,7 @@ import time
 import torch
 
 from course_lib.kvcache import ContiguousCache
+from course_lib.models.corpus import load_split
 
 from .loop import SpecStats, _check_int, _model_device, _sync, check_prompt, kept_length
 
@@ -99,7 +100,6 @@ def editing_prompts(tokenizer, num: int = 4, min_tokens: int = 60, max_tokens: i
     Returns a list of (prompt ids [T], body length in tokens) for `num` functions of min_tokens..max_tokens
     tokens, taken in a fixed order from the held-out split (never seen in training).
     """
-    from course_lib.models.corpus import load_split
     num = _check_int(num, "num", 1)
     out = []
     for text in load_split("heldout", max_files=max_files):

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course_lib.kvcache import ContiguousCache, StaticCache
+
 __all__ = ["TokenTree", "build_tree", "cartesian_paths", "chain_paths", "tree_attention_mask",
            "tree_positions", "tree_depths", "verify_tree", "TreeVerification", "compact_cache",
            "DEFAULT_PATHS"]
@@ -230,7 +232,6 @@ def compact_cache(cache, keep: torch.Tensor):
     Works on ``ContiguousCache`` (per-layer tensors ``cache.k[l]``, ``cache.v[l]`` [B, K, S, Dh], replaced
     by an index_select) and ``StaticCache`` (the kept rows are written to the front of the buffer).
     """
-    from course_lib.kvcache import ContiguousCache, StaticCache
     if not isinstance(cache, (ContiguousCache, StaticCache)):
         raise TypeError(f"cache must be a ContiguousCache or StaticCache, got {type(cache).__name__}")
     keep = keep.long() if isinstance(keep, torch.Tensor) else torch.as_tensor(keep, dtype=torch.long, device="cpu")

@@ -2,7 +2,7 @@
 
     from course_lib.viz import plot_roofline, RooflineExplorer
     plot_roofline(["T4", "A100-80GB", "H100-SXM"], "fp16", tables=[prefill, decode])
-    RooflineExplorer("llama2-7b")          # display it as the last line of a cell
+    RooflineExplorer("llama-2-7b")          # display it as the last line of a cell
 
 The explorer's logic is plain Python: set `.gpu.value`, `.dtype.value`, `.batch.value`,
 `.seq_len.value` and read `.result` (what the summary shows); tests drive it that way. It uses only
@@ -16,7 +16,10 @@ import html as _html
 import numpy as np
 
 from course_lib.perf.hardware import GPUS, DeviceSpec, bytes_per_element, canonical_dtype, get_gpu
-from course_lib.perf.intensity import OpTable, _si, as_model, intensity_table
+from course_lib.models.config import as_config
+from course_lib.perf.intensity import intensity_table
+from course_lib.perf.ops import OpTable
+from course_lib.perf.tables import si
 from course_lib.perf.roofline import (COMPUTE_BOUND, MEMORY_BOUND, analyze, decode_critical_batch, decode_matmul_sums,
                                       ridge_point)
 from ._output import show_figure
@@ -108,7 +111,7 @@ def plot_decode_batch(model, devices=None, dtype="fp16", batches=None, ax=None, 
     """Intensity of one decode step's weight matmuls against the batch size, with each device's ridge
     point: where the curve crosses a ridge line, decode stops being memory-bound there."""
     import matplotlib.pyplot as plt
-    shape = as_model(model)
+    shape = as_config(model)
     devs = _devices(devices)
     batches = np.unique(np.round(np.logspace(0, 4.5, 200))) if batches is None else np.asarray(batches, float)
     if np.any(batches < 1):
@@ -147,11 +150,11 @@ class RooflineExplorer:
 
     DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 
-    def __init__(self, model="llama2-7b", devices=None, gpu: str = "A100-80GB", dtype: str = "fp16",
+    def __init__(self, model="llama-2-7b", devices=None, gpu: str = "A100-80GB", dtype: str = "fp16",
                  batch: int = 1, seq_len: int = 1024, max_batch: int = 1024, max_seq_len: int = 32768,
                  plot: bool = True):
         import ipywidgets as W
-        self.model = as_model(model)
+        self.model = as_config(model)
         self.devices: dict[str, DeviceSpec] = dict(GPUS)
         for d in ([] if devices is None else ([devices] if isinstance(devices, DeviceSpec) else devices)):
             self.devices[d.name] = get_gpu(d)
@@ -197,7 +200,7 @@ class RooflineExplorer:
         pre = analyze(intensity_table(self.model, "prefill", L, B, dtype), dev, dtype)
         dec = analyze(intensity_table(self.model, "decode", L, B, dtype), dev, dtype)
         w_bytes = self.model.num_parameters() * bytes_per_element(dtype)
-        kv = self.model.kv_cache_bytes(B, L + 1, dtype)
+        kv = self.model.kv_cache_bytes(L + 1, B, bytes_per_element(dtype))
         need = w_bytes + kv
         res.update(
             ridge=ridge_point(dev, dtype),
@@ -220,17 +223,17 @@ class RooflineExplorer:
         if not r.get("ok"):
             return f"<b style='color:#b00'>{_html.escape(r.get('message', ''))}</b>"
         fits = "fits" if r["fits"] else "<b style='color:#b00'>does not fit</b>"
-        mem = (f"weights + KV cache {_si(r['memory_needed'], 'B')} {fits} in {_si(r['memory_available'], 'B')}"
-               if r["memory_available"] else f"weights + KV cache {_si(r['memory_needed'], 'B')}")
+        mem = (f"weights + KV cache {si(r['memory_needed'], 'B')} {fits} in {si(r['memory_available'], 'B')}"
+               if r["memory_available"] else f"weights + KV cache {si(r['memory_needed'], 'B')}")
         cb = r["critical_batch"]
         cbs = f"{cb:.0f}" if np.isfinite(cb) else "never"
         name = _html.escape(self.model.name or "model")
         return (f"<b>{name}</b> on <b>{_html.escape(r['gpu'])}</b> ({r['dtype']}), ridge point "
                 f"<b>{r['ridge']:.3g}</b> FLOP/byte<br>"
-                f"prefill of {r['batch']} x {r['seq_len']} tokens: at least {_si(r['prefill_time'], 's')} "
+                f"prefill of {r['batch']} x {r['seq_len']} tokens: at least {si(r['prefill_time'], 's')} "
                 f"({r['prefill_intensity']:.3g} FLOP/byte, mostly {r['prefill_bound']}; "
                 f"{r['prefill_tokens_per_s']:.3g} tokens/s)<br>"
-                f"decode step after {r['seq_len']} tokens: at least {_si(r['decode_time'], 's')} "
+                f"decode step after {r['seq_len']} tokens: at least {si(r['decode_time'], 's')} "
                 f"({r['decode_intensity']:.3g} FLOP/byte, mostly {r['decode_bound']}; "
                 f"{r['decode_tokens_per_s']:.3g} tokens/s)<br>"
                 f"decode weight matmuls turn compute-bound at batch {cbs}; {mem}")

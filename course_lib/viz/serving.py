@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 
-from course_lib.serving import (POLICY_NAMES, StepCostModel, format_metrics, make_policy, make_workload, simulate)
+from course_lib.serving import (POLICY_NAMES, StepCostModel, format_summary, make_policy, make_workload, simulate)
 from ._output import show_figure
 
 STATE_COLORS = {"waiting": "#d9d9d9", "prefill": "#ff7f0e", "decode": "#1f77b4", "preempted": "#d62728",
@@ -26,20 +26,20 @@ def plot_timeline(result, ax=None, max_requests: int = 40, t_max: float | None =
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
-    recs = sorted(result.records, key=lambda r: (r.arrival_s, r.rid))[:max_requests]
+    recs = sorted(result.records, key=lambda r: (r.start, r.rid))[:max_requests]
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.16 * len(recs) + 1.4))
-    t0 = min(r.arrival_s for r in recs)
+    t0 = min(r.start for r in recs)
     for row, r in enumerate(recs):
-        for state, a, b in r.segments:
+        for state, a, b in result.segments[r.rid]:
             ax.barh(row, b - a, left=a - t0, height=0.8, color=STATE_COLORS.get(state, "black"), lw=0)
-        ax.plot([r.arrival_s - t0], [row], marker="|", color="black", ms=5)
+        ax.plot([r.start - t0], [row], marker="|", color="black", ms=5)
     ax.set_ylim(len(recs) - 0.5, -0.5)
-    ax.set_xlim(0, (t_max if t_max is not None else max(r.finish_s for r in recs) - t0) * 1.01)
+    ax.set_xlim(0, (t_max if t_max is not None else max(r.finish_time for r in recs) - t0) * 1.01)
     ax.set_xlabel("time since the first arrival (s)")
     ax.set_ylabel("request (by arrival)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))          # request 2, not 2.5
-    used = {s for r in recs for s, _, _ in r.segments}
+    used = {s for r in recs for s, _, _ in result.segments[r.rid]}
     # the legend sits between the title and the bars (below the axis it collided with the x label)
     ax.legend(handles=[Patch(color=c, label=s) for s, c in STATE_COLORS.items() if s in used],
               loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, ncol=6, frameon=False)
@@ -56,7 +56,7 @@ def plot_latency_cdf(results: dict, metric: str = "ttft", ax=None, log: bool = T
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.4))
     for label, res in results.items():
-        xs = np.sort([getattr(r, metric) for r in res.records if metric != "tpot" or r.output_tokens > 1])
+        xs = np.sort([getattr(r, metric) for r in res.records if metric != "tpot" or r.tpot is not None])
         ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=label)
     if log:
         ax.set_xscale("log")
@@ -137,7 +137,7 @@ class ServingPlayground:
         self.metrics = self.result.summary(self.ttft_slo, self.tpot_slo)
         self.message = ""
         self.metrics_text = (f"offered load {self.rate:g} req/s, {self.num_blocks} KV blocks of {self.block_size}\n"
-                             + format_metrics(self.metrics))
+                             + format_summary(self.metrics))
         return self.result
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.models import load
 from course_lib.speculative.acceptance import StepResult, accept_step, probs_from_logits
 from ._output import show_figure
 
@@ -135,7 +136,6 @@ class SpeculativeStepper:
         if (target is None) != (draft is None):
             raise ValueError("give both target and draft, or neither (the bundled pair)")
         if target is None:
-            from course_lib.models import load
             target, tokenizer = load("tiny", device="cpu")
             draft, _ = load("tiny-draft", device="cpu")
         if isinstance(prompt, str):

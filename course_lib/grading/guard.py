@@ -1,0 +1,241 @@
+"""Kernel-side guard of `course grade`: the grader puts calls to it into the notebook it executes.
+
+`setup(nonce)` runs in a cell the grader adds before the student's first cell: it records the
+originals of what tests rely on (IPython's input transformers, AST transformers, custom exception
+handlers, tracing, the check functions and the modules they come from, the builtins and numpy
+functions the checks use). `verify(nonce, grade_id, ns, answers)` is the first line the grader adds
+to every test cell: it compares all of that with the originals, binds the check functions in the
+notebook's namespace to the originals at test time (so a student's ``check_close = lambda *a: None``
+does not reach the test), puts back what was changed (so the remaining cells are graded as written),
+looks at how the functions under test were made (defined in a notebook cell, or taken from the
+reference implementation in `course_lib`), and publishes a report as a display output of a private
+MIME type, tagged with the cell's nonce. The grader collects these reports from the executed
+notebook (a test cell without its report was not run as written) and removes them before feedback.
+
+This runs in the student's process: a student who attacks the guard itself can defeat it (no check
+inside a process can be safe from code in that process). What keeps one submission from changing
+another's grade is the isolation around the kernel (see `sandbox.py`), not this module.
+"""
+from __future__ import annotations
+
+import builtins
+import sys
+import types
+
+MIME = "application/vnd.course-grade.guard+json"
+CHECK_MODULE = "course_lib.grading.checks"
+CHECK_NAMES = ("check_close", "check_equal", "check_shape", "check_raises")
+BUILTIN_NAMES = ("__import__", "exec", "eval", "compile", "isinstance", "getattr", "abs", "len", "range",
+                 "AssertionError", "Exception", "print", "float", "int", "max", "min", "all", "any")
+WATCHED_EVENTS = ("pre_execute", "pre_run_cell")
+SHELL_METHODS = ("run_cell", "run_cell_async", "run_ast_nodes", "run_code", "transform_cell",
+                 "transform_ast", "showtraceback", "_showtraceback", "showsyntaxerror", "get_exception_only")
+
+_orig: dict | None = None
+
+
+def _shell():
+    try:
+        from IPython import get_ipython
+        return get_ipython()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _numpy_funcs():
+    np = sys.modules.get("numpy")
+    if np is None:
+        return {}
+    return {f"numpy.{n}": getattr(np, n, None) for n in ("allclose", "isclose", "array_equal", "asarray", "nonzero")}
+
+
+def _state(ip) -> dict:
+    st = {"builtins": {n: getattr(builtins, n, None) for n in BUILTIN_NAMES},
+          "trace": sys.gettrace(), "profile": sys.getprofile(), "excepthook": sys.excepthook}
+    mod = sys.modules.get(CHECK_MODULE)
+    st["checks_module"] = mod
+    st["checks"] = {n: getattr(mod, n, None) for n in CHECK_NAMES} if mod else {}
+    st["code"] = {n: (f.__code__, f.__defaults__, f.__kwdefaults__) for n, f in st["checks"].items()
+                  if isinstance(f, types.FunctionType)}
+    st["guard_module"] = sys.modules.get(__name__)
+    math = sys.modules.get("math")
+    st["math.isclose"] = getattr(math, "isclose", None)
+    if ip is not None:
+        itm = ip.input_transformer_manager
+        st["ip"] = {
+            "input_transformers_cleanup": list(ip.input_transformers_cleanup),
+            "input_transformers_post": list(ip.input_transformers_post),
+            "line_transforms": list(getattr(itm, "line_transforms", [])),
+            "token_transformers": list(getattr(itm, "token_transformers", [])),
+            "ast_transformers": list(ip.ast_transformers),
+            "custom_exceptions": tuple(ip.custom_exceptions),
+            "events": {k: list(v) for k, v in ip.events.callbacks.items() if k in WATCHED_EVENTS},
+        }
+        st["methods"] = {n: getattr(type(ip), n, None) for n in SHELL_METHODS}
+        st["instance_methods"] = sorted(n for n in SHELL_METHODS if n in vars(ip))
+        st["compile"] = ip.compile
+    return st
+
+
+def setup(nonce: str) -> None:
+    """Record the originals (the grader runs this before any of the student's cells)."""
+    global _orig
+    import course_lib.grading.checks  # noqa: F401 - the originals are the fresh module's
+    import math  # noqa: F401
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        pass
+    ip = _shell()
+    _orig = _state(ip)
+    _orig["numpy"] = _numpy_funcs()
+    _publish({"nonce": nonce, "kind": "setup", "problems": []})
+
+
+def _publish(report: dict) -> None:
+    ip = _shell()
+    if ip is not None:
+        from IPython.core.displaypub import DisplayPublisher
+        pub = ip.display_pub
+        publish = type(pub).publish if isinstance(pub, DisplayPublisher) else None
+        if publish is not None:
+            publish(pub, {MIME: report, "text/plain": ""}, metadata={})
+            return
+    print(report)  # no IPython: nothing collects it, but do not fail
+
+
+def _compare(cur: dict, orig: dict) -> list[str]:
+    problems = []
+    for n, f in orig["builtins"].items():
+        if cur["builtins"].get(n) is not f:
+            problems.append(f"builtins.{n} was replaced")
+    if cur["trace"] is not orig["trace"]:
+        problems.append("a trace function was installed (sys.settrace)")
+    if cur["profile"] is not orig["profile"]:
+        problems.append("a profile function was installed (sys.setprofile)")
+    if cur["checks_module"] is not orig["checks_module"]:
+        problems.append(f"sys.modules[{CHECK_MODULE!r}] was replaced")
+    for n, f in orig["checks"].items():
+        if cur["checks"].get(n) is not f:
+            problems.append(f"{CHECK_MODULE}.{n} was replaced")
+    for n, (code, d, kw) in orig["code"].items():
+        f = orig["checks"][n]
+        if f.__code__ is not code or f.__defaults__ is not d or f.__kwdefaults__ is not kw:
+            problems.append(f"the code of {n} was changed")
+    if cur["guard_module"] is not orig["guard_module"]:
+        problems.append(f"sys.modules[{__name__!r}] was replaced")
+    if cur["math.isclose"] is not orig["math.isclose"]:
+        problems.append("math.isclose was replaced")
+    for n, f in orig.get("numpy", {}).items():
+        if _numpy_funcs().get(n) is not f:
+            problems.append(f"{n} was replaced")
+    if "ip" in orig and "ip" in cur:
+        a, b = cur["ip"], orig["ip"]
+        for k in ("input_transformers_cleanup", "input_transformers_post", "line_transforms",
+                  "token_transformers", "ast_transformers"):
+            if len(a[k]) != len(b[k]) or any(x is not y for x, y in zip(a[k], b[k])):
+                problems.append(f"IPython's {k} were changed")
+        if a["custom_exceptions"] != b["custom_exceptions"]:
+            problems.append("a custom exception handler was installed (set_custom_exc)")
+        for ev, cbs in a["events"].items():
+            old = b["events"].get(ev, [])
+            if len(cbs) != len(old) or any(x is not y for x, y in zip(cbs, old)):
+                problems.append(f"IPython event callbacks {ev!r} were changed")
+        for n, f in orig["methods"].items():
+            if cur["methods"].get(n) is not f:
+                problems.append(f"InteractiveShell.{n} was replaced")
+        for n in cur["instance_methods"]:
+            if n not in orig["instance_methods"]:
+                problems.append(f"the shell's {n} was replaced")
+        if cur.get("compile") is not orig.get("compile"):
+            problems.append("the shell's compiler was replaced")
+    return problems
+
+
+def _restore(ip, orig: dict, ns: dict | None) -> None:
+    for n, f in orig["builtins"].items():
+        setattr(builtins, n, f)
+    sys.settrace(orig["trace"])
+    sys.setprofile(orig["profile"])
+    sys.modules[CHECK_MODULE] = orig["checks_module"]
+    sys.modules[__name__] = orig["guard_module"]
+    for n, f in orig["checks"].items():
+        setattr(orig["checks_module"], n, f)
+    for n, (code, d, kw) in orig["code"].items():
+        f = orig["checks"][n]
+        f.__code__, f.__defaults__, f.__kwdefaults__ = code, d, kw
+    math = sys.modules.get("math")
+    if math is not None:
+        math.isclose = orig["math.isclose"]
+    np = sys.modules.get("numpy")
+    for n, f in orig.get("numpy", {}).items():
+        if np is not None and f is not None:
+            setattr(np, n.split(".", 1)[1], f)
+    if ip is not None and "ip" in orig:
+        b = orig["ip"]
+        ip.input_transformers_cleanup[:] = b["input_transformers_cleanup"]
+        ip.input_transformers_post[:] = b["input_transformers_post"]
+        itm = ip.input_transformer_manager
+        if hasattr(itm, "line_transforms"):
+            itm.line_transforms[:] = b["line_transforms"]
+        if hasattr(itm, "token_transformers"):
+            itm.token_transformers[:] = b["token_transformers"]
+        ip.ast_transformers[:] = b["ast_transformers"]
+        ip.custom_exceptions = b["custom_exceptions"]
+        for ev in list(ip.events.callbacks):
+            ip.events.callbacks[ev][:] = b["events"].get(ev, [])
+        for n, f in orig["methods"].items():
+            if n not in orig["instance_methods"]:
+                ip.__dict__.pop(n, None)
+            if f is not None:
+                setattr(type(ip), n, f)
+        ip.compile = orig["compile"]
+
+
+def _cell_filenames(ip) -> set:
+    comp = getattr(ip, "compile", None)
+    fmap = getattr(comp, "_filename_map", None)
+    return set(fmap) if isinstance(fmap, dict) else set()
+
+
+def _answer_problems(ns: dict, answers, ip) -> list[str]:
+    """How the functions under test were made: from the reference implementation, or not in a cell."""
+    problems = []
+    cells = _cell_filenames(ip) if ip is not None else set()
+    for name in answers or ():
+        obj = ns.get(name)
+        if obj is None:
+            continue
+        fn = getattr(obj, "__func__", obj)
+        mod = getattr(fn, "__module__", "") or ""
+        code = getattr(fn, "__code__", None)
+        if mod.startswith("course_lib") or (code is not None and "course_lib" in code.co_filename.replace("\\", "/")
+                                             .split("/")):
+            problems.append(f"reference_import: {name} is {mod}.{getattr(fn, '__qualname__', name)} from "
+                            "course_lib, not the student's own code")
+        elif code is not None and cells and code.co_filename not in cells:
+            problems.append(f"answer_not_from_cell: {name} was not defined in a notebook cell "
+                            f"(its code comes from {code.co_filename!r})")
+    return problems
+
+
+def verify(nonce: str, grade_id: str, answers=()) -> None:
+    """Check, restore, bind the check functions in the notebook's namespace, and report (the first line
+    the grader puts in every test cell)."""
+    ip = _shell()
+    ns = ip.user_ns if ip is not None else sys._getframe(1).f_globals
+    problems = []
+    if _orig is None:
+        problems.append("the grader's setup did not run before this cell")
+        report = {"nonce": nonce, "kind": "test", "grade_id": grade_id, "problems": problems}
+        _publish(report)
+        return
+    problems += _compare(_state(ip), _orig)
+    if problems:
+        _restore(ip, _orig, ns)
+    for n, f in _orig["checks"].items():
+        if n in ns and ns[n] is not f:
+            problems.append(f"{n} was rebound in the notebook")
+        ns[n] = f  # bound at test time to the original
+    problems += _answer_problems(ns, answers, ip)
+    _publish({"nonce": nonce, "kind": "test", "grade_id": grade_id, "problems": problems})

@@ -1,0 +1,146 @@
+"""Which `course_lib` names are the answers of a lab, read from its source (nothing written by hand).
+
+Each graded exercise compares the student's function with `course_lib`'s reference in its hidden tests
+(``from course_lib.perf.intensity import matmul_cost as _ref_matmul_cost``). Those imports are the
+table: a student's cell that imports one of these names, or the module holding one, is handing in the
+reference instead of an answer, and that exercise is flagged for review. The grading helpers
+(`course_lib.grading`) are never answers.
+
+    answer_table(source_nb)       -> AnswerTable(tests: {test grade_id: [answer names]},
+                                                 references: {test grade_id: {"module.name", ...}})
+    reference_imports(cells, table) -> {test grade_id: ["cell 3: from course_lib.perf.intensity import matmul_cost"]}
+"""
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .build import grade_id, is_answer, nbgrader_meta
+
+NOT_ANSWERS = ("course_lib.grading",)
+
+
+@dataclass
+class AnswerTable:
+    tests: dict = field(default_factory=dict)       # test grade_id -> names the answer cells define
+    references: dict = field(default_factory=dict)  # test grade_id -> qualified reference names
+
+    @property
+    def modules(self) -> dict:
+        """test grade_id -> modules that are, or hold, a reference (never the top-level package)."""
+        out = {}
+        for g, refs in self.references.items():
+            mods = {q if _is_module(q) else q.rsplit(".", 1)[0] for q in refs}
+            out[g] = {m for m in mods if "." in m}
+        return out
+
+
+def _is_module(qualified: str) -> bool:
+    """Is `course_lib.a.b` a module (a file or package of the installed course_lib)? No import needed."""
+    root = Path(__file__).resolve().parents[1]
+    rel = qualified.split(".")[1:]
+    if not rel:
+        return True
+    p = root.joinpath(*rel)
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def _hidden_text(source: str) -> str:
+    out, inside = [], False
+    for ln in source.split("\n"):
+        if "BEGIN HIDDEN TESTS" in ln:
+            inside = True
+        elif "END HIDDEN TESTS" in ln:
+            inside = False
+        elif inside:
+            out.append(ln)
+    return textwrap.dedent("\n".join(out))
+
+
+def _parse(src: str):
+    try:
+        return ast.parse(src)
+    except (SyntaxError, ValueError):
+        # cells may hold IPython syntax (magics); keep the lines that parse on their own
+        body = []
+        for ln in src.split("\n"):
+            try:
+                body += ast.parse(ln.strip()).body
+            except (SyntaxError, ValueError):
+                continue
+        return ast.Module(body=body, type_ignores=[])
+
+
+def _imports(tree, aliases: bool = False) -> list[tuple]:
+    """(module, name or None, line[, alias]) for every import in `tree` (also inside functions)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno) + ((a.asname or a.name,) if aliases else ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out += [(node.module, a.name, node.lineno) + ((a.asname or a.name,) if aliases else ())
+                    for a in node.names]
+    return out
+
+
+def _defined(src: str) -> list[str]:
+    names = []
+    for node in _parse(src).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+    return names
+
+
+def answer_table(source_nb) -> AnswerTable:
+    table = AnswerTable()
+    current: list[str] = []
+    after_test = True
+    for c in source_nb.cells:
+        m = nbgrader_meta(c)
+        if m is None or c.cell_type != "code":
+            continue
+        if is_answer(c):
+            if after_test:
+                current, after_test = [], False
+            current = current + [n for n in _defined(c.source) if n not in current]
+            continue
+        if m.get("grade"):
+            after_test = True
+            gid = grade_id(c)
+            table.tests[gid] = list(current)
+            refs = set()
+            for mod, name, _, alias in _imports(_parse(_hidden_text(c.source)), aliases=True):
+                if not mod.startswith("course_lib") or mod.startswith(NOT_ANSWERS):
+                    continue
+                # the labs' convention: a reference is imported as _ref..., or under the answer's name
+                if alias.lower().startswith("_ref") or name in current:
+                    refs.add(f"{mod}.{name}" if name else mod)
+            table.references[gid] = refs
+    return table
+
+
+def reference_imports(cells, table: AnswerTable, release_cells=()) -> dict[str, list[str]]:
+    """Imports of answer references in a submission's own cells (not its test cells, not imports the
+    release itself makes), by test grade_id."""
+    found: dict[str, list[str]] = {}
+    mods = table.modules
+    allowed = {i[:2] for c in release_cells if c.get("cell_type") == "code"
+               for i in _imports(_parse(str(c.get("source", ""))))}
+    for k, c in enumerate(cells):
+        if c.get("cell_type") != "code":
+            continue
+        m = nbgrader_meta(c)
+        if m is not None and m.get("grade") and not m.get("solution"):
+            continue  # a test cell (restored from the release) imports references legitimately
+        for mod, name, line in _imports(_parse(str(c.get("source", "")))):
+            if not mod.startswith("course_lib") or mod.startswith(NOT_ANSWERS) or (mod, name) in allowed:
+                continue
+            full = f"{mod}.{name}" if name else mod
+            for gid, refs in table.references.items():
+                if full in refs or full in mods[gid]:
+                    what = f"cell {k}: " + (f"from {mod} import {name}" if name else f"import {mod}")
+                    if what not in found.setdefault(gid, []):
+                        found[gid].append(what)
+    return found

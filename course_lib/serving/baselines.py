@@ -1,0 +1,164 @@
+"""Static batching baselines for the serving engine: a group of requests runs until its longest ends.
+
+``static_batch_generate``: our static batching (fixed groups in arrival order, left padding, a contiguous
+KV cache; rows that finished keep computing, the waste continuous batching removes). ``hf_static_generate``:
+transformers' batched ``generate`` on the same workload. Both return ``RequestOutput``s whose traces
+(``course_lib.perf.metrics.Trace``) the comparison (``course_lib.serving.compare``) summarizes like the
+engine's.
+"""
+from __future__ import annotations
+
+import copy
+import numbers
+import time
+from collections import deque
+
+import torch
+
+from course_lib.perf.metrics import Trace
+
+from .engine import sample_tokens
+from .request import EngineRequest, RequestOutput, SamplingParams, as_token_list
+
+__all__ = ["static_batch_generate", "hf_static_generate", "run_static"]
+
+
+def _params_list(prompts, params):
+    if params is None or isinstance(params, SamplingParams):
+        params = [params or SamplingParams()] * len(prompts)
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"params: got {len(params)} SamplingParams for {len(prompts)} prompts")
+    for p in params:
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(p).__name__}")
+    return params
+
+
+@torch.inference_mode()
+def _static_group(model, group: list[EngineRequest]):
+    """Run one static batch: left-padded prefill, then decode steps until every row is done.
+    Rows that finished keep computing (the waste of static batching); their extra tokens are dropped."""
+    from course_lib.kvcache import ContiguousCache
+    dev = model.device
+    B = len(group)
+    lens = [len(r.prompt) for r in group]
+    L = max(lens)
+    pad = torch.tensor([L - n for n in lens], dtype=torch.long, device=dev)                 # [B]
+    ids = torch.tensor([[0] * (L - n) + r.prompt for n, r in zip(lens, group)], dtype=torch.long, device=dev)
+    ar = torch.arange(L, device=dev)
+    pos = (ar[None, :] - pad[:, None]).clamp(min=0)                                          # [B, L]
+    i_, j_ = ar[:, None], ar[None, :]
+    # a real query sees real keys up to itself; a pad query sees itself only (keeps it finite)
+    mask = ((j_ <= i_)[None] & (j_[None] >= pad[:, None, None])) | (i_ == j_)[None]          # [B, L, L]
+    cache = ContiguousCache()
+    logits = model(ids, cache=cache, positions=pos, attn_mask=mask[:, None])[:, -1]           # [B, V]
+    steps = max(r.params.max_new_tokens for r in group)
+    done = [False] * B
+    for step in range(steps):
+        toks = sample_tokens(group, logits)                 # every row draws (done rows' tokens are dropped)
+        now = None
+        for i, r in enumerate(group):
+            t = toks[i]
+            if not done[i]:
+                now = now or time.perf_counter()
+                done[i] = r.emit(t, now) is not None
+        if all(done):
+            break
+        S = L + step + 1
+        x = torch.tensor(toks, dtype=torch.long, device=dev)[:, None]                          # [B, 1]
+        keep = torch.arange(S, device=dev)[None, :] >= pad[:, None]                             # [B, S]
+        logits = model(x, cache=cache, positions=(L + step - pad)[:, None],
+                       attn_mask=keep[:, None, None, :])[:, -1]
+
+
+def run_static(model, reqs: list[EngineRequest], batch_size: int):
+    """Serve requests in arrival order in groups of batch_size: a group starts when the previous one
+    has ended, with the requests that have arrived by then (waiting for the first if none has)."""
+    queue = deque(sorted(reqs, key=lambda r: r.out.trace.start))
+    while queue:
+        now = time.perf_counter()
+        if queue[0].out.trace.start > now:
+            time.sleep(queue[0].out.trace.start - now)
+            now = time.perf_counter()
+        group = []
+        while queue and len(group) < batch_size and queue[0].out.trace.start <= now:
+            group.append(queue.popleft())
+        _static_group(model, group)
+
+
+def static_batch_generate(model, prompts, params=None, batch_size: int = 8) -> list[RequestOutput]:
+    """Static batching baseline: groups of batch_size in order, left-padded, a contiguous KV cache;
+    a group runs until its longest request ends. RequestOutputs in input order; a request's finish
+    time is when its own last token came out (the kindest reading for static batching)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    prompts = list(prompts)
+    params = _params_list(prompts, params)
+    V, ctx = model.config.vocab_size, model.config.max_position_embeddings
+    t0 = time.perf_counter()
+    reqs = []
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        ids = as_token_list(p, V, f"prompts[{i}]")
+        if len(ids) + sp.max_new_tokens - 1 > ctx:
+            raise ValueError(f"prompts[{i}]: {len(ids)} tokens + max_new_tokens={sp.max_new_tokens} is past the "
+                             f"context {ctx}")
+        reqs.append(EngineRequest(i, ids, sp, t0, None, device=model.device))
+    run_static(model, reqs, batch_size)
+    return [r.out for r in reqs]
+
+
+def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None, hf_model=None,
+                       arrivals=None, device=None) -> list[RequestOutput]:
+    """Static batching with transformers' batched ``generate`` (left padding, greedy) on the bundled model.
+
+    Greedy only (sampling in HF uses its own random stream). arrivals: optional arrival times
+    (perf_counter seconds) for a replay; groups then start as in ``static_batch_generate``.
+    hf_model: a loaded transformers model (it runs where it is); otherwise the model is loaded from
+    model_dir (default: the bundled tiny model) onto ``device`` (default: ``course_lib.env.device()``).
+    """
+    import transformers
+
+    from course_lib.models import bundled_path
+    prompts = [list(map(int, p.tolist() if torch.is_tensor(p) else p)) for p in prompts]
+    params = _params_list(prompts, params)
+    if any(not p.greedy for p in params):
+        raise ValueError("hf_static_generate compares greedy decoding only (temperature=0)")
+    if hf_model is None:
+        from course_lib.env import device as best_device
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir or bundled_path("tiny")),
+                                                                     dtype=torch.float32).eval()
+        hf_model = hf_model.to(best_device() if device is None else torch.device(device))
+    t0 = time.perf_counter()
+    arrivals = [t0] * len(prompts) if arrivals is None else list(arrivals)
+    outs = [RequestOutput(i, p, Trace(a, prompt_tokens=len(p), rid=i, max_new_tokens=sp.max_new_tokens))
+            for i, (p, a, sp) in enumerate(zip(prompts, arrivals, params))]
+    order = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
+    dev = hf_model.device
+    while order:
+        now = time.perf_counter()
+        if arrivals[order[0]] > now:
+            time.sleep(arrivals[order[0]] - now)
+            now = time.perf_counter()
+        group = []
+        while order and len(group) < batch_size and arrivals[order[0]] <= now:
+            group.append(order.popleft())
+        L = max(len(prompts[i]) for i in group)
+        # built on the host, moved to the model's device in one copy each
+        ids = torch.tensor([[0] * (L - len(prompts[i])) + prompts[i] for i in group], dtype=torch.long, device="cpu")
+        am = torch.tensor([[0] * (L - len(prompts[i])) + [1] * len(prompts[i]) for i in group], dtype=torch.long,
+                          device="cpu")
+        n_new = max(params[i].max_new_tokens for i in group)
+        # no end-of-sequence token: every row runs its max_new_tokens, as in the engine (min_new_tokens would
+        # instead forbid the eos token and change the greedy choices)
+        gc = copy.deepcopy(hf_model.generation_config)
+        gc.eos_token_id, gc.max_new_tokens, gc.do_sample, gc.pad_token_id = None, n_new, False, 0
+        with torch.inference_mode():
+            gen = hf_model.generate(input_ids=ids.to(dev), attention_mask=am.to(dev), generation_config=gc)
+        end = time.perf_counter()
+        for row, i in enumerate(group):
+            o = outs[i]
+            for t in gen[row, L:L + params[i].max_new_tokens].tolist():
+                o.trace.add_token(end, t)                 # HF returns the whole group at once
+            o.trace.end(end, "length")
+    return outs

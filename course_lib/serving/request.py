@@ -1,0 +1,169 @@
+"""A request inside the serving engine: how it is decoded (SamplingParams), what it streams (StepOutput),
+what it returns (RequestOutput, whose timeline is the course's one record, ``course_lib.perf.metrics.Trace``)
+and the engine's state of it (EngineRequest)."""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from course_lib.perf.metrics import Trace
+
+__all__ = ["SamplingParams", "StepOutput", "RequestOutput", "EngineRequest", "as_token_list"]
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    """How one request is decoded. An unknown field (``SamplingParams(temprature=0.5)``) is a TypeError.
+
+    max_new_tokens: tokens to generate (>= 1). temperature 0 = greedy. top_k / top_p: filters (None = off).
+    seed: seeds this request's own torch.Generator (on the model's device), so its sampled tokens do not
+    depend on the batch (None: a seed drawn on the host from torch's global CPU generator when the request
+    is added).
+    stop_token_ids: generation ends after one of these tokens (it is included in the output).
+    """
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple = ()
+
+    def __post_init__(self):
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {n!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)
+                                       or self.top_k < 1):
+            raise ValueError(f"top_k must be an int >= 1 or None, got {self.top_k!r}")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1] or None, got {p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+        stops = self.stop_token_ids
+        if isinstance(stops, numbers.Integral):
+            stops = (stops,)
+        if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in stops):
+            raise TypeError(f"stop_token_ids must be token ids (ints), got {self.stop_token_ids!r}")
+        self.stop_token_ids = tuple(int(s) for s in stops)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class StepOutput:
+    """One token streamed out of ``Engine.step()``."""
+    request_id: int
+    token: int
+    finished: bool
+    finish_reason: str | None = None     # "length" | "stop" | None
+
+
+@dataclass
+class RequestOutput:
+    """A request's result: its prompt and its timeline ``trace`` (a ``course_lib.perf.metrics.Trace``:
+    arrival = ``trace.start``, one TokenEvent per generated token, finish, finish reason, preemptions;
+    ``time.perf_counter`` seconds). The metrics (ttft, tpot: None for a one-token answer, e2e) are the
+    trace's, and ``course_lib.perf.metrics.summarize`` takes a list of RequestOutputs."""
+    request_id: int
+    prompt_ids: list
+    trace: Trace
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.trace.token_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.trace.finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.trace.finish_reason
+
+    @property
+    def ttft(self) -> float:
+        return self.trace.ttft
+
+    @property
+    def tpot(self) -> float | None:
+        return self.trace.tpot
+
+    @property
+    def e2e(self) -> float:
+        return self.trace.e2e
+
+
+class EngineRequest:
+    """The engine's state of one request: its tokens so far, its sampling generator, how much of it is
+    prefilled (the cache counts its computed tokens), and its RequestOutput (``out``)."""
+
+    def __init__(self, rid, prompt, params, arrival, callback=None, device="cpu", cache=None):
+        self.id, self.prompt, self.params, self.callback = rid, prompt, params, callback
+        self.cache = cache         # the engine's PagedCache (None in the static baselines)
+        # the seed is drawn on the host (no device sync); the generator lives next to the logits
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (), device="cpu"))
+        self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(int(seed))
+        self.out = RequestOutput(rid, list(prompt), Trace(arrival, prompt_tokens=len(prompt), rid=rid,
+                                                          max_new_tokens=params.max_new_tokens))
+        self.generated: list[int] = []     # the output token ids (the trace holds them too, with their times)
+        self.prefill_end = 0       # tokens to prefill at (re)admission: prompt + tokens generated so far
+
+    @property
+    def tokens(self) -> list:
+        return self.prompt + self.generated
+
+    @property
+    def computed(self) -> int:
+        """Tokens whose K/V are in the pool: the cache's count (0 while waiting or after preemption)."""
+        return self.cache.computed.get(self.id, 0) if self.cache is not None else 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.prefill_end
+
+    def emit(self, token: int, now: float) -> str | None:
+        """Record a sampled token at `now`; returns the finish reason if this token ends the request."""
+        self.generated.append(token)
+        self.out.trace.add_token(now, token)
+        reason = "stop" if token in self.params.stop_token_ids else \
+            "length" if len(self.generated) >= self.params.max_new_tokens else None
+        if reason is not None:
+            self.out.trace.end(now, reason)
+        return reason
+
+
+def as_token_list(prompt_ids, vocab_size: int, name: str = "prompt_ids") -> list[int]:
+    """One prompt as a list of ints in [0, vocab_size): from a list or a [T] / [1, T] integer tensor."""
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integer token ids, got a {prompt_ids.dtype} tensor")
+        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+            prompt_ids = prompt_ids[0]
+        if prompt_ids.dim() != 1:
+            raise ValueError(f"{name} must be one prompt, a [T] or [1, T] tensor, got shape {tuple(prompt_ids.shape)}")
+        ids = prompt_ids.tolist()
+    else:
+        try:
+            ids = list(prompt_ids)
+        except TypeError:
+            raise TypeError(f"{name} must be a list of token ids or a 1-D integer tensor, "
+                            f"got {type(prompt_ids).__name__}") from None
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"{name} must hold integer token ids, got {t!r}")
+        ids = [int(t) for t in ids]
+    if not ids:
+        raise ValueError(f"{name} is empty: a request needs at least one prompt token")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    return ids
