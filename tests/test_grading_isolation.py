@@ -14,6 +14,7 @@ import csv
 import hashlib
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def lab98_source():
              "    nb = b * (m * k + k * n + m * n)\n    return f, nb, f / nb\n    ### END SOLUTION",
              grade_id="cost_answer", solution=True),
         code('check_equal(matmul_cost(1, 4096, 4096, 2)[0], 33_554_432, "matmul_cost FLOPs")\n'
-             '### BEGIN HIDDEN TESTS\nfrom course_lib.perf.intensity import matmul_cost as _ref_matmul_cost\n'
+             '### BEGIN HIDDEN TESTS\nfrom course_lib.perf.ops import matmul_cost as _ref_matmul_cost\n'
              '_rng = random.Random()\nfor _ in range(5):\n    _m = _rng.randint(1, 99)\n'
              '    check_close(matmul_cost(_m, 8, 8, 2)[2], _ref_matmul_cost(_m, 8, 8, 2).intensity, "intensity")\n'
              '### END HIDDEN TESTS', grade_id="cost_tests", grade=True, locked=True, points=2),
@@ -135,20 +136,30 @@ def test_safe_names_and_csv_escaping():
     assert csv_safe("-2") == "'-2" and csv_safe("alice") == "alice"
 
 
-def test_hidden_tests_are_wrapped_in_a_function():
+def test_hidden_tests_run_in_a_namespace_of_their_own():
     src = lab98_source().cells[3].source
-    out = wrap_hidden(src)
-    assert "def __course_hidden_tests():" in out and "\n    _dev = random.Random()" in out
-    compile(out, "x", "exec")
+    assert "_dev = random.Random()" in src
+    compile(wrap_hidden(src), "x", "exec")
+    # a student's _dev survives the hidden tests, and a later hidden block sees what an earlier one imported
+    student = {"_dev": "mine", "answer": 4}
+    first = "### BEGIN HIDDEN TESTS\nfrom math import sqrt as _ref\n_dev = 1\nassert answer == 4\n### END HIDDEN TESTS\n"
+    second = "### BEGIN HIDDEN TESTS\nassert _ref(answer) == 2 and _dev == 1\n### END HIDDEN TESTS\n"
+    try:
+        exec(compile(wrap_hidden(first), "c1", "exec"), student)
+        exec(compile(wrap_hidden(second), "c2", "exec"), student)
+    finally:
+        sys.modules.pop("__course_hidden__", None)
+    assert student["_dev"] == "mine" and "_ref" not in student
+    assert not [k for k in student if k.startswith("__course")]
     assert wrap_hidden("x = 1\n### BEGIN HIDDEN TESTS\nif True:\n") == "x = 1\n### BEGIN HIDDEN TESTS\nif True:\n"
 
 
 def test_reference_table_from_the_source():
     t = answer_table(lab98_source())
     assert t.tests == {"scale_tests": ["scale"], "cost_tests": ["matmul_cost"]}
-    assert t.references["cost_tests"] == {"course_lib.perf.intensity.matmul_cost"}
-    cells = [code("from course_lib.perf.intensity import matmul_cost"), code("from course_lib.perf import GPUS")]
-    assert reference_imports(cells, t) == {"cost_tests": ["cell 0: from course_lib.perf.intensity import matmul_cost"]}
+    assert t.references["cost_tests"] == {"course_lib.perf.ops.matmul_cost"}
+    cells = [code("from course_lib.perf.ops import matmul_cost"), code("from course_lib.perf import GPUS")]
+    assert reference_imports(cells, t) == {"cost_tests": ["cell 0: from course_lib.perf.ops import matmul_cost"]}
 
 
 def test_answer_below_its_test_is_moved_back():
@@ -236,7 +247,7 @@ def attacked(tmp_path_factory):
         **wrong, "scale_answer": wrong["scale_answer"] + "\nget_ipython().input_transformers_cleanup.append("
         "lambda lines: ['pass\\n'] if any('check_' in ln for ln in lines) else lines)"}))
     write_nb(sub / "refimport" / "lab98.ipynb", fill_answers(l98, {
-        **a98, "cost_answer": "from course_lib.perf.intensity import matmul_cost"}))
+        **a98, "cost_answer": "from course_lib.perf.ops import matmul_cost"}))
     write_nb(sub / "execsrc" / "lab98.ipynb", fill_answers(l98, {**wrong, "cost_answer": (
         "import json\nfor _p in ['../../../source/lab98/lab98.ipynb', '../../source/lab98/lab98.ipynb']:\n"
         "    try:\n        for _c in json.load(open(_p))['cells']:\n"

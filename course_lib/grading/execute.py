@@ -36,7 +36,6 @@ from .sandbox import SandboxKernelManager
 GUARD_META = "course_guard"
 DEAD_ENAME = "DeadKernelError"
 BUDGET_ENAME = "TimeBudgetExceeded"
-HIDDEN_FN = "__course_hidden_tests"
 SETUP_TIMEOUT = 300
 
 
@@ -54,6 +53,28 @@ def is_test_cell(cell) -> bool:
     return cell.cell_type == "code" and bool(m.get("grade")) and not m.get("solution")
 
 
+HIDDEN_NS = "__course_hidden__"
+
+
+def _private_exec(body: str) -> list[str]:
+    """Lines that run a hidden-test block in a namespace of its own: it sees the student's globals, and
+    the names earlier hidden blocks defined (kept in a module ``HIDDEN_NS`` across cells, so a reference
+    imported in one hidden block serves the next), but what it assigns never lands in the student's
+    globals (a student's ``_dev`` or ``_rng`` is left alone)."""
+    return [
+        "import sys as __course_sys, types as __course_types",
+        f"__course_store = __course_sys.modules.setdefault({HIDDEN_NS!r}, "
+        f"__course_types.ModuleType({HIDDEN_NS!r})).__dict__",
+        "__course_ns = {**globals(), **{k: v for k, v in __course_store.items() if not k.startswith('__')}}",
+        "try:",
+        f"    exec(compile({body!r}, '<hidden tests>', 'exec'), __course_ns)",
+        "finally:",
+        "    __course_store.update({k: v for k, v in __course_ns.items() if not k.startswith('__')",
+        "                           and globals().get(k, __course_ns) is not v})",
+        "    del __course_sys, __course_types, __course_store, __course_ns",
+    ]
+
+
 def wrap_hidden(source: str) -> str:
     """The hidden-test regions (markers at the start of a line) turned into a function called in place."""
     lines, out, block, inside = source.split("\n"), [], [], False
@@ -63,9 +84,7 @@ def wrap_hidden(source: str) -> str:
             out.append(ln)
         elif inside and "END HIDDEN TESTS" in ln:
             inside = False
-            body = [("    " + b if b.strip() else "") for b in block] or ["    pass"]
-            out += [f"def {HIDDEN_FN}():"] + body + ["    pass",
-                    "try:", f"    {HIDDEN_FN}()", "finally:", f"    del {HIDDEN_FN}"]
+            out += _private_exec("\n".join(block))
             out.append(ln)
         elif inside:
             block.append(ln)

@@ -1,14 +1,14 @@
 """Which `course_lib` names are the answers of a lab, read from its source (nothing written by hand).
 
 Each graded exercise compares the student's function with `course_lib`'s reference in its hidden tests
-(``from course_lib.perf.intensity import matmul_cost as _ref_matmul_cost``). Those imports are the
+(``from course_lib.perf.ops import matmul_cost as _ref_matmul_cost``). Those imports are the
 table: a student's cell that imports one of these names, or the module holding one, is handing in the
 reference instead of an answer, and that exercise is flagged for review. The grading helpers
 (`course_lib.grading`) are never answers.
 
     answer_table(source_nb)       -> AnswerTable(tests: {test grade_id: [answer names]},
                                                  references: {test grade_id: {"module.name", ...}})
-    reference_imports(cells, table) -> {test grade_id: ["cell 3: from course_lib.perf.intensity import matmul_cost"]}
+    reference_imports(cells, table) -> {test grade_id: ["cell 3: from course_lib.perf.ops import matmul_cost"]}
 """
 from __future__ import annotations
 
