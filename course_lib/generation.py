@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from course_lib.env import sync
 from course_lib.kvcache import ContiguousCache, KVCache, StaticCache
 from course_lib.perf.metrics import TokenEvent, Trace
 from course_lib.sampling import (_check_temperature, _check_top_k, _check_top_p, accept_step, apply_temperature,
@@ -112,11 +113,6 @@ def _check_int(x, name: str, low: int) -> int:
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {x!r}")
     return int(x)
-
-
-def _sync(device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -309,10 +305,10 @@ class _Speculation:
         if self.n > 1:
             t0 = time.perf_counter()
             self.target(self.seq[None, :self.n - 1], cache=self.tcache)
-            _sync(self.device)
+            sync(self.device)
             t1 = time.perf_counter()
             self.draft(self.seq[None, :self.n - 1], cache=self.dcache)
-            _sync(self.device)
+            sync(self.device)
             self.stats.target_seconds += t1 - t0
             self.stats.draft_seconds += time.perf_counter() - t1
 
@@ -343,7 +339,7 @@ class _Speculation:
             drafted += 1
             if self.adaptive is not None and float(confidence) < self.adaptive:
                 break                                                      # the draft is unsure: verify now
-        _sync(self.device)
+        sync(self.device)
         t1 = time.perf_counter()
 
         # 2. Verify: one target forward over the pending token and the proposals, [1 + drafted] positions.
@@ -361,7 +357,7 @@ class _Speculation:
             res = accept_step(p, q, proposals, self.generator)
             num_ok = res.num_accepted
             seq[n + num_ok] = res.tokens[-1]
-        _sync(self.device)
+        sync(self.device)
         stats.draft_seconds += t1 - t0
         stats.target_seconds += time.perf_counter() - t1
         stats.record(num_ok, drafted)

@@ -16,6 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+
 @dataclass
 class LlamaConfig:
     vocab_size: int = 2048

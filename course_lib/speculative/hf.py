@@ -17,7 +17,9 @@ import torch
 
 from course_lib.models import BUNDLED, bundled_path
 
-from .loop import _check_int, check_prompt
+from course_lib.generation import _check_int
+
+from .loop import check_prompt
 
 __all__ = ["hf_assisted_generate", "load_hf"]
 

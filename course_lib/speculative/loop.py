@@ -25,9 +25,7 @@ from typing import Callable
 
 import torch
 
-# _check_int, _model_device, _sync: prompt_lookup and measure take them from here.
-from course_lib.generation import (SpecStats, _check_int, _model_device, _prompt_tensor, _sync,  # noqa: F401
-                                   check_pair, generate)
+from course_lib.generation import SpecStats, _check_int, _model_device, _prompt_tensor, check_pair, generate
 
 __all__ = ["SpecStats", "speculative_generate", "check_pair", "check_tokenizers", "check_prompt"]
 

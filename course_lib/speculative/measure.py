@@ -14,10 +14,11 @@ import time
 
 import torch
 
-from course_lib.generation import generate
+from course_lib.env import sync
+from course_lib.generation import _check_int, _model_device, check_pair, generate
 from course_lib.kvcache import ContiguousCache
 
-from .loop import _check_int, _model_device, _sync, check_pair, check_prompt, speculative_generate
+from .loop import check_prompt, speculative_generate
 from .prompt_lookup import prompt_lookup_generate
 from .theory import expected_tokens_per_pass
 
@@ -46,10 +47,10 @@ def step_times(models: dict, context: torch.Tensor, num_tokens: dict, repeats: i
         for name, k in jobs:
             model, cache = models[name], caches[name]
             x = ids[-1:].to(_model_device(model)).repeat(k)[None]   # [1, k]: the ids hardly matter here
-            _sync(x.device)
+            sync(x.device)
             t0 = time.perf_counter()
             model(x, cache=cache)
-            _sync(x.device)
+            sync(x.device)
             if r:
                 times[(name, k)].append(time.perf_counter() - t0)
             cache.crop(base[name])
@@ -109,7 +110,7 @@ def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_token
                                                  temperature=temperature, top_k=top_k, top_p=top_p,
                                                  generator=gen, adaptive=adaptive)
                     stats[key].append(st)
-                _sync(device)
+                sync(device)
                 runs[key][-1] += time.perf_counter() - t0
 
     plain_s = statistics.median(runs["plain"])

@@ -14,10 +14,12 @@ import time
 
 import torch
 
+from course_lib.env import sync
+from course_lib.generation import SpecStats, _check_int, _model_device
 from course_lib.kvcache import ContiguousCache
 from course_lib.models.corpus import load_split
 
-from .loop import SpecStats, _check_int, _model_device, _sync, check_prompt, kept_length
+from .loop import check_prompt, kept_length
 
 __all__ = ["propose_ngram", "prompt_lookup_generate", "editing_prompts"]
 
@@ -78,7 +80,7 @@ def prompt_lookup_generate(target, input_ids, max_new_tokens: int, draft_length:
         best = logits.argmax(-1)                                    # the target's greedy choices
         num_ok = int((best[:k] == seq[n:n + k]).cumprod(0).sum())   # leading matches
         seq[n + num_ok] = best[num_ok]                              # corrected or bonus token
-        _sync(device)
+        sync(device)
         stats.draft_seconds += t1 - t0
         stats.target_seconds += time.perf_counter() - t1
         stats.record(num_ok, k)
