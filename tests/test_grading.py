@@ -603,7 +603,10 @@ def real_graded(tmp_path_factory):
                 write_nb(sub / f"mutant{k}" / f"{lab}.ipynb", fill_answers(release, {**answers, **cells}))
     if not sub.exists():
         return None
-    return grade(sub, labs_release=ROOT / "labs", solutions=ROOT / "solutions", out=base / "grades", feedback=False)
+    report = grade(sub, labs_release=ROOT / "labs", solutions=ROOT / "solutions", out=base / "grades",
+                   feedback=False, workdir=base / "work")
+    report.workdir = base / "work"   # the autograded notebooks, for test_blank_lab_runs_without_tracebacks
+    return report
 
 
 @slow
@@ -622,3 +625,25 @@ def test_lab_round_trip(real_graded, lab):
         m = res.get(f"mutant{k}")
         assert m is not None, f"{lab} mutant {what!r} was not graded"
         assert 0 < m.score < auto_max, f"{lab} mutant {what!r} scores {m.score}/{auto_max}: {m.cells}"
+
+
+@slow
+@needs_labs
+@per_lab
+def test_blank_lab_runs_without_tracebacks(real_graded, lab):
+    """A student's first run of a blank lab: only the answer cells and their tests may fail; every other
+    cell (setup, demos, "putting it together") runs, printing "finish the exercises first" where it
+    needs an answer. The solution runs with no error anywhere."""
+    ids = {x.student: x.internal_id for x in real_graded.results if x.assignment == lab}
+    for student in ("blank", "solution"):
+        graded = real_graded.workdir / "autograded" / ids[student] / lab / f"{lab}.ipynb"
+        assert graded.exists(), f"no autograded notebook for {student}/{lab} at {graded}"
+        nb = read_notebook(graded)
+        for k, c in enumerate(nb.cells):
+            meta = c.metadata.get("nbgrader") or {}
+            if c.cell_type != "code" or (student == "blank" and (meta.get("solution") or meta.get("grade"))):
+                continue
+            errs = [f"{o.get('ename')}: {o.get('evalue', '')}"[:200] for o in c.get("outputs", [])
+                    if o.get("output_type") == "error"]
+            assert not errs, (f"{lab} ({student}): cell {k} ({meta.get('grade_id') or c.get('id')}) raised {errs}; "
+                              f"source starts {c.source[:120]!r}")
