@@ -1,6 +1,7 @@
 """Reading a Hugging Face config.json: every key the course model does not implement is refused (a loud
 ValueError naming the key), never silently ignored; what it accepts, it computes as transformers does."""
 import json
+import os
 import re
 
 import pytest
@@ -127,6 +128,9 @@ def test_save_pretrained_writes_a_config_its_reader_accepts(tmp_path):
     LlamaForCausalLM(cfg).save_pretrained(tmp_path, dtype=torch.bfloat16)
     assert LlamaConfig.from_hf(json.loads((tmp_path / "config.json").read_text())) == cfg
     assert LlamaForCausalLM.from_pretrained(tmp_path).config == cfg
+    # safetensors creates 0600 files; the grading sandbox's unprivileged kernel must read a retrained model
+    mode = (tmp_path / "model.safetensors").stat().st_mode & 0o777
+    assert mode & 0o044 == 0o044 or os.umask(os.umask(0)) & 0o044, f"model.safetensors is {oct(mode)}"
 
 
 # --- oracle: what is accepted is what transformers computes ----------------------------------------------

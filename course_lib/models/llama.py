@@ -20,6 +20,7 @@ re-exported here.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -30,6 +31,19 @@ from course_lib.attention import attention
 from course_lib.attention.rope import apply_rope, rope_cos_sin, rotate_half
 from course_lib.models.config import LlamaConfig, flops_per_token
 
+
+
+def save_safetensors(state: dict, file: str | Path) -> Path:
+    """Write `state` to a safetensors file readable by everyone the umask allows. safetensors creates
+    its files 0600 whatever the umask, and the grading sandbox's kernel (an unprivileged user) must read
+    the bundled models: a retrained model would otherwise fail every lab that loads it."""
+    from safetensors.torch import save_file
+    file = Path(file)
+    save_file(state, str(file), metadata={"format": "pt"})
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(file, 0o666 & ~mask)
+    return file
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, device=None, dtype=None):
@@ -211,13 +225,12 @@ class LlamaForCausalLM(nn.Module):
 
     # --- saving and loading in the Hugging Face layout ---------------------------------------------
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float32):
-        from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
         if self.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(state, path / "model.safetensors")
         cfg = self.config.to_hf()
         cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
         (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

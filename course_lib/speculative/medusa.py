@@ -258,11 +258,11 @@ def medusa_accuracy(target, heads: MedusaHeads, texts: list[str], tokenizer, seq
 # --------------------------------------------------------------------------------------------------
 def save_medusa_heads(heads: MedusaHeads, path: str | Path, extra: dict | None = None):
     """Write heads.safetensors and medusa_config.json (plus `extra`, e.g. the training report)."""
-    from safetensors.torch import save_file
+    from course_lib.models.llama import save_safetensors
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().contiguous().cpu() for k, v in heads.state_dict().items()}
-    save_file(state, str(path / "heads.safetensors"), metadata={"format": "pt"})
+    save_safetensors(state, path / "heads.safetensors")
     cfg = {**heads.config(), **(extra or {})}
     (path / "medusa_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
