@@ -173,4 +173,48 @@ def absmax_dequantize(codes, scale):
     "lab06": [
         ("a new block is allocated one token late (after the last block overflows, not when it is full)", {"blocks_answer": 'class BlockManager:\n    def __init__(self, allocator, block_size):\n        if not isinstance(block_size, int) or block_size < 1:\n            raise PagingError(f"block_size must be a positive int, got {block_size!r}")\n        self.allocator, self.block_size = allocator, block_size\n        self.tables, self.lengths = {}, {}\n\n    def add_sequence(self, seq_id, num_tokens):\n        if seq_id in self.tables:\n            raise PagingError(f"sequence {seq_id!r} already exists")\n        if not isinstance(num_tokens, int) or num_tokens < 1:\n            raise PagingError(f"num_tokens must be an int >= 1, got {num_tokens!r}")\n        need = -(-num_tokens // self.block_size)\n        if need > self.allocator.num_free:\n            raise OutOfBlocks(need, self.allocator.num_free)\n        self.tables[seq_id] = [self.allocator.allocate() for _ in range(need)]\n        self.lengths[seq_id] = num_tokens\n\n    def append_token(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):\n            if self.allocator.num_free == 0:\n                raise OutOfBlocks(1, 0)\n            self.tables[seq_id].append(self.allocator.allocate())\n        self.lengths[seq_id] += 1\n\n    def free(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        for b in reversed(self.tables[seq_id]):\n            self.allocator.free(b)\n        del self.tables[seq_id], self.lengths[seq_id]\n\n    def block_table(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return list(self.tables[seq_id])\n\n    def num_tokens(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return self.lengths[seq_id]'}),
     ],
+    "lab07": [
+        ("the running sum is not rescaled when the running max grows", {"online_answer": '''\
+def online_softmax_update(m, l, piece):
+    m_new = torch.maximum(m, piece.max(dim=-1).values)
+    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    l_new = l + torch.exp(piece - m_safe[:, None]).sum(dim=-1)
+    return m_new, l_new
+
+
+def online_softmax(x, block_size):
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    m = torch.full(x.shape[:-1], float("-inf"))
+    l = torch.zeros(x.shape[:-1])
+    for start in range(0, x.shape[-1], block_size):
+        m, l = online_softmax_update(m, l, x[:, start:start + block_size])
+    return torch.exp(x - m[:, None]) / l[:, None]
+'''}),
+        ("causal: future tiles skipped but the diagonal tiles not masked", {"tiled_answer": '''\
+def tiled_attention(q, k, v, block_size, causal=False):
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    N, d = q.shape
+    out = torch.empty_like(q)
+    for i0 in range(0, N, block_size):
+        i1 = min(i0 + block_size, N)
+        m = torch.full((i1 - i0,), float("-inf"))
+        l = torch.zeros(i1 - i0)
+        acc = torch.zeros(i1 - i0, d)
+        for j0 in range(0, N, block_size):
+            if causal and j0 > i1 - 1:
+                break
+            j1 = min(j0 + block_size, N)
+            s = q[i0:i1] @ k[j0:j1].T / math.sqrt(d)
+            m_new = torch.maximum(m, s.max(dim=-1).values)
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[:, None])
+            l = alpha * l + p.sum(dim=-1)
+            acc = alpha[:, None] * acc + p @ v[j0:j1]
+            m = m_new
+        out[i0:i1] = acc / l[:, None]
+    return out
+'''}),
+    ],
 }

@@ -1,4 +1,5 @@
-"""Attention: the one causal, grouped-query attention the course model and its caches call.
+"""Attention: the one causal, grouped-query attention the course model and its caches call, and Module 07
+(FlashAttention).
 
     from course_lib.attention import attention
     out = attention(q, k, v)            # q [B, H, T, Dh], k/v [B, K, S, Dh] -> [B, H, T, Dh]
@@ -6,9 +7,27 @@
 RoPE, which rotates q and k before attention, is here too (``rope``): ``rope_cos_sin``, ``apply_rope``,
 ``rotate_half``, used by the model and by the caches that move keys (``course_lib.kvcache.rotate_keys``).
 
-Module 07 (FlashAttention) grows this package: reference, online softmax, tiled, Triton, flash-decoding.
+Module 07: ``reference_attention`` (scores materialized; causal, padding, GQA), ``online_softmax`` and
+its statistics, ``tiled_attention`` (FlashAttention's forward in PyTorch, with an ``IOCounter``), the IO
+model (``io_model``), flash-decoding in PyTorch (``flash_decode_torch``) and the log-sum-exp merge
+``combine_splits``, SDPA backends and flash-attn (``backends``). The Triton kernels import triton, an
+optional package, so they live in their own modules: ``triton_flash`` (forward, flash-decoding) and
+``triton_splitkv`` (the split reduction, shared with ``course_lib.paged``).
 """
+from .backends import (flash_attn_status, flash_backend_reason, hf_attn_implementation, sdpa_backend_report,
+                       sdpa_default_backend)
+from .flash_decoding import flash_decode_torch, split_partials
+from .io_model import flash_attention_io, flash_io_theta, io_reduction, sram_block_rows, standard_attention_io
+from .online_softmax import (combine_splits, merge_softmax_stats, online_softmax, online_softmax_stats,
+                             softmax_stats_update)
+from .reference import reference_attention, scores_bytes
 from .rope import apply_rope, rope_cos_sin, rotate_half
 from .sdpa import attention, causal_mask
+from .tiled import IOCounter, tiled_attention
 
-__all__ = ["attention", "causal_mask", "rope_cos_sin", "apply_rope", "rotate_half"]
+__all__ = ["attention", "causal_mask", "rope_cos_sin", "apply_rope", "rotate_half",
+           "reference_attention", "scores_bytes", "online_softmax", "online_softmax_stats", "softmax_stats_update",
+           "merge_softmax_stats", "combine_splits", "tiled_attention", "IOCounter", "standard_attention_io",
+           "flash_attention_io", "flash_io_theta", "io_reduction", "sram_block_rows", "flash_decode_torch",
+           "split_partials", "sdpa_backend_report", "sdpa_default_backend", "flash_backend_reason",
+           "flash_attn_status", "hf_attn_implementation"]

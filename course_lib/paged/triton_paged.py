@@ -13,7 +13,8 @@ Design (one decode query per sequence, K/V in a pool [N, K, block_size, Dh]):
   online (running max, running sum, weighted V) in fp32, in the log2 domain (``exp2``).
 * Split-KV (flash-decoding): with ``num_splits = S > 1`` a third grid axis cuts each sequence's tiles
   into S chunks; every program writes its partial (max, sum, unnormalised acc) to fp32 scratch, and a
-  second kernel combines the S partials of each (sequence, head) with log-sum-exp weights. It pays
+  second kernel combines the S partials of each (sequence, head) with log-sum-exp weights: the one
+  reduction flash-decoding launches too (``course_lib.attention.triton_splitkv``). It pays
   when B * K programs cannot fill the GPU (small batches, long contexts); ``num_splits=None`` picks S
   from B * K and the number of SMs.
 * Tokens past a sequence's length (and the rest of its last block) are masked; empty splits write
@@ -41,6 +42,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+# the log-sum-exp reduction of the splits, shared with flash-decoding (_combine_splits_kernel: for the tests)
+from course_lib.attention.triton_splitkv import _combine_splits_kernel, combine_splits_triton  # noqa: F401
 
 from .checks import check_paged_args
 
@@ -151,28 +155,6 @@ def _paged_decode_kernel(Q, KP, VP, TBL, LENS, OUT, M_PART, L_PART, ACC_PART, qk
         tl.store(ACC_PART + row[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
 
 
-@triton.jit
-def _combine_splits_kernel(M_PART, L_PART, ACC_PART, OUT, s_ob, s_oh,
-                           NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           BLOCK_D: tl.constexpr):
-    """out[b, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s (log-sum-exp)."""
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    row = b * tl.num_programs(1) + h
-    s = tl.arange(0, BLOCK_S)
-    smask = s < NUM_SPLITS
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < HEAD_DIM
-    m = tl.load(M_PART + row * NUM_SPLITS + s, mask=smask, other=float("-inf"))
-    l_s = tl.load(L_PART + row * NUM_SPLITS + s, mask=smask, other=0.0)
-    acc = tl.load(ACC_PART + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + d[None, :],
-                  mask=smask[:, None] & dmask[None, :], other=0.0)
-    m_max = tl.max(m, axis=0)
-    w = tl.exp2(m - m_max)                                 # empty splits: 2^-inf = 0
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_s, axis=0)
-    tl.store(OUT + b * s_ob + h * s_oh + d, out.to(OUT.dtype.element_ty), mask=dmask)
-
-
 _SM_COUNT: dict = {}
 
 
@@ -256,7 +238,5 @@ def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale:
         _paged_decode_kernel.fn[grid](*args, **meta, TILE_N=tile_n, num_warps=4 if tile_n <= 64 else 8,
                                       num_stages=1 if interpreting() else 2)
     if num_splits > 1:
-        _combine_splits_kernel[(B, H)](m_part, l_part, acc_part, out, out.stride(0), out.stride(1),
-                                       NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-                                       HEAD_DIM=Dh, BLOCK_D=triton.next_power_of_2(Dh))
+        combine_splits_triton(m_part, l_part, acc_part, out)    # shared with flash-decoding
     return out

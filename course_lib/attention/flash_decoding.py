@@ -1,0 +1,62 @@
+"""Flash-decoding in PyTorch: split the keys of one decode step across independent workers, then merge.
+
+A decode step has one query per sequence, so "one program per (sequence, head)" gives a GPU only
+B * heads programs: with a batch of one and 8 KV heads, 8 of an H100's 132 SMs work while a 32k-token
+cache is read. Flash-decoding cuts the keys into ``num_splits`` chunks, runs each chunk as its own
+worker (partial max m_s, sum l_s, unnormalized acc_s), and merges the chunks with the log-sum-exp
+reduction ``online_softmax.combine_splits``. The result is exact: merging is the online-softmax update.
+
+This is the readable version (a Python loop over splits); ``triton_flash.flash_decode_triton`` runs the
+splits as programs of one kernel and the shared Triton reduction merges them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .online_softmax import combine_splits
+from .reference import check_qkv
+
+
+def split_bounds(length: int, num_splits: int) -> list[tuple[int, int]]:
+    """[start, end) of each split of ``length`` keys: equal chunks (the last shorter; some may be empty)."""
+    per = -(-length // num_splits)
+    return [(min(s * per, length), min((s + 1) * per, length)) for s in range(num_splits)]
+
+
+def split_partials(q, k, v, num_splits: int, lengths=None, scale: float | None = None):
+    """The partials of every split: q [B, H, Dh], k/v [B, K, S, Dh] -> m, l [B, H, NS], acc [B, H, NS, Dh]
+    (fp32, natural-log units). An empty split has m = -inf, l = 0, acc = 0."""
+    if not torch.is_tensor(q) or q.dim() != 3:
+        raise ValueError(f"q must be a 3-D tensor [B, H, Dh], got {getattr(q, 'shape', type(q).__name__)}")
+    B, H, K, _, S, Dh = check_qkv(q[:, :, None], k, v)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    G = H // K
+    scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
+    lens = [S] * B if lengths is None else [int(x) for x in lengths]
+    m = torch.full((B, H, num_splits), float("-inf"), device=q.device)
+    l = torch.zeros(B, H, num_splits, device=q.device)
+    acc = torch.zeros(B, H, num_splits, Dh, device=q.device)
+    for b in range(B):
+        qb = q[b].float().view(K, G, Dh)                                      # heads of a group as rows
+        for s, (lo, hi) in enumerate(split_bounds(min(lens[b], S), num_splits)):
+            if hi <= lo:
+                continue
+            scores = (qb @ k[b, :, lo:hi].float().transpose(-1, -2)) * scale       # [K, G, n]
+            ms = scores.max(dim=-1).values                                    # [K, G]
+            p = torch.exp(scores - ms[..., None])
+            m[b, :, s] = ms.reshape(H)
+            l[b, :, s] = p.sum(-1).reshape(H)
+            acc[b, :, s] = (p @ v[b, :, lo:hi].float()).reshape(H, Dh)              # [K, G, Dh]
+    return m, l, acc
+
+
+def flash_decode_torch(q, k, v, num_splits: int = 4, lengths=None, scale: float | None = None):
+    """Flash-decoding, readable: per-split partials merged by the log-sum-exp reduction -> [B, H, Dh]."""
+    m, l, acc = split_partials(q, k, v, num_splits, lengths, scale)
+    return combine_splits(m, l, acc).to(q.dtype)
+
+
+__all__ = ["split_bounds", "split_partials", "flash_decode_torch"]

@@ -1,0 +1,331 @@
+"""FlashAttention's forward pass and flash-decoding, as Triton kernels.
+
+**Forward** (``flash_attention_triton``), q [B, H, T, Dh], k/v [B, K, S, Dh] -> [B, H, T, Dh]:
+one program per (tile of BLOCK_M queries, batch * query head). It loads its Q tile once, walks the keys
+in tiles of BLOCK_N (K and V read straight from the caller's tensors: GQA reads KV head h // G, no copy),
+and keeps the running max m, sum l and unnormalized output acc in registers, fp32, in log2 units
+(``exp2``, the scale folded with log2(e)). Only the output (and the log-sum-exp of every row) goes back to
+memory. The key loop is cut in two so that the common case pays no masking:
+
+* non-causal: the full key tiles without any mask, then the last, partial tile masked by length;
+* causal (query t at position S - T + t sees keys <= its position): the tiles every row of the Q tile
+  may read in full, without a mask, then the few tiles that cross the diagonal, masked; tiles in the
+  future of the whole Q tile are never visited (about half the work at T == S).
+
+Tile sizes, warps and pipeline stages are autotuned on a GPU (keyed on head dim, causal and the length
+rounded to a power of two); under the interpreter one small config runs. Head dims need not be powers of
+two (padded and masked); fp16/bf16/fp32 inputs (fp32 dots in IEEE fp32), fp32 accumulation.
+
+**Flash-decoding** (``flash_decode_triton``), one new query per sequence, q [B, H, Dh], a contiguous cache
+k/v [B, K, S, Dh] with optional per-sequence lengths: one program per (sequence, KV head, split). The G
+query heads of a group are the rows of its tile (each K/V byte read once per group), and a third grid
+axis cuts the keys into ``num_splits`` chunks so that a batch of one still fills the GPU. Every split
+writes (m, l, acc) to fp32 scratch and ``triton_splitkv.combine_splits_triton`` (the same reduction
+as the paged decode kernel) merges them with log-sum-exp weights.
+
+Both run on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was
+imported (correctness only: the interpreter is slow).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import check_qkv
+from .triton_splitkv import combine_splits_triton
+
+LOG2E = 1.4426950408889634
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def interpreting() -> bool:
+    """True when triton runs kernels in its interpreter (TRITON_INTERPRET=1 when triton was imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def _fwd_configs():
+    if interpreting():
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm in (64, 128) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)
+            if not (bm == 128 and bn == 128 and s == 4)]      # too much shared memory at Dh = 128
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles far taller than the queries (decode-like shapes) so the autotuner does not time them."""
+    T = named_args["T"]
+    keep = [c for c in configs if c.kwargs["BLOCK_M"] <= max(64, triton.next_power_of_2(T))]
+    return keep or configs
+
+
+@triton.jit
+def _load_rows(ptrs, rows, n_rows, dmask, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """Load a [rows, BLOCK_D] tile, masking rows >= n_rows (if ROW_MASK) and padded head-dim columns."""
+    if ROW_MASK:
+        if EVEN_D:
+            x = tl.load(ptrs, mask=(rows < n_rows)[:, None], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=(rows < n_rows)[:, None] & dmask[None, :], other=0.0)
+    else:
+        if EVEN_D:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=dmask[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, lo, hi, S, d, dmask, qk_scale,
+               BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_LEN: tl.constexpr, EVEN_D: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """Fold key tiles [lo, hi) into the running (m_i, l_i, acc) of one Q tile (scores in log2 units)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base + n[:, None] * s_ks + d[None, :], n, S, dmask, MASK_LEN, EVEN_D)
+        if UPCAST_DOT:      # the interpreter's tl.dot multiplies bf16 bit patterns: do it in fp32
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = s * qk_scale                                                   # [BLOCK_M, BLOCK_N]
+        if MASK_CAUSAL:
+            s = tl.where(n[None, :] <= pos_m[:, None], s, float("-inf"))
+        if MASK_LEN:
+            s = tl.where(n[None, :] < S, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)              # a row with nothing seen yet
+        alpha = tl.exp2(m_i - m_use)                                       # rescale the old sums
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_rows(v_base + n[:, None] * s_vs + d[None, :], n, S, dmask, MASK_LEN, EVEN_D)
+        if UPCAST_DOT:
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_fwd_kernel(Q, K, V, O, LSE, qk_scale, T, S, n_ctx_bucket,
+                      s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_ot,
+                      H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                      CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      UPCAST_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    kvh = h // GROUP                                           # GQA: the KV head this query head reads
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    q = _load_rows(Q + b.to(tl.int64) * s_qb + h * s_qh + offs_m[:, None] * s_qt + d[None, :], offs_m, T, dmask,
+                   True, EVEN_D)                                # [BLOCK_M, BLOCK_D], read once
+    k_base = K + b.to(tl.int64) * s_kb + kvh * s_kh
+    v_base = V + b.to(tl.int64) * s_vb + kvh * s_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)        # running max (log2 units)
+    l_i = tl.zeros([BLOCK_M], tl.float32)                      # running sum of exp2(score - max)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)             # running sum of exp2(score - max) * v
+    offset = S - T                                             # query t sits at position offset + t
+    pos_m = offs_m + offset
+    if CAUSAL:
+        # keys < start_m + offset + 1 are visible to every row of the tile: whole tiles there, no mask
+        full_hi = ((start_m + offset + 1) // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
+                                   qk_scale, BLOCK_N, False, False, EVEN_D, DOT_PRECISION, UPCAST_DOT)
+        diag_hi = tl.minimum(S, start_m + BLOCK_M + offset)    # the tile's last position + 1
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, full_hi, diag_hi, S, d,
+                                   dmask, qk_scale, BLOCK_N, True, True, EVEN_D, DOT_PRECISION, UPCAST_DOT)
+    else:
+        full_hi = (S // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
+                                   qk_scale, BLOCK_N, False, False, EVEN_D, DOT_PRECISION, UPCAST_DOT)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, full_hi, S, S, d, dmask,
+                                   qk_scale, BLOCK_N, False, True, EVEN_D, DOT_PRECISION, UPCAST_DOT)
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    omask = (offs_m < T)[:, None] & dmask[None, :]
+    tl.store(O + b.to(tl.int64) * s_ob + h * s_oh + offs_m[:, None] * s_ot + d[None, :],
+             out.to(O.dtype.element_ty), mask=omask)
+    if STORE_LSE:          # natural-log log-sum-exp of each row: (m + log2 l) / log2(e)
+        lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+        tl.store(LSE + bh.to(tl.int64) * T + offs_m, lse, mask=offs_m < T)
+
+
+_flash_fwd_autotuned = triton.autotune(configs=_fwd_configs(), key=["HEAD_DIM", "CAUSAL", "n_ctx_bucket"],
+                                       prune_configs_by={"early_config_prune": _prune})(_flash_fwd_kernel)
+
+
+def _check_block(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's smallest side), got {value!r}")
+    return value
+
+
+def _check_device_dtype(q):
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"the Triton kernels support {SUPPORTED_DTYPES}, got dtype {q.dtype}")
+    if not q.is_cuda and not interpreting():
+        raise ValueError(f"the Triton kernels need CUDA tensors (got {q.device}), or TRITON_INTERPRET=1 set "
+                         "before triton is imported to run them on CPU in the interpreter")
+
+
+def _unit_stride(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def flash_attention_triton(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
+                           block_m: int | None = None, block_n: int | None = None):
+    """FlashAttention forward: q [B, H, T, Dh], k/v [B, K, S, Dh] -> [B, H, T, Dh] in q's dtype (with
+    ``return_lse`` also the natural log-sum-exp [B, H, T] fp32). ``causal``: query t at position
+    S - T + t (needs S >= T). ``block_m``/``block_n`` fix the tiles, bypassing the autotuner."""
+    B, H, K, T, S, Dh = check_qkv(q, k, v)
+    _check_device_dtype(q)
+    if causal and T > S:
+        raise ValueError(f"causal attention needs at least as many keys as queries, got T={T} > S={S}")
+    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+    out = torch.empty(B, H, T, Dh, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device) if return_lse else out
+    scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
+    args = (q, k, v, out, lse, scale * LOG2E, T, S, triton.next_power_of_2(max(T, S)),
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
+    meta = dict(H=H, GROUP=H // K, HEAD_DIM=Dh, BLOCK_D=max(16, triton.next_power_of_2(Dh)), CAUSAL=bool(causal),
+                STORE_LSE=bool(return_lse), DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+                UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
+    if block_m is None and block_n is None:
+        grid = lambda cfg: (triton.cdiv(T, cfg["BLOCK_M"]), B * H)  # noqa: E731
+        _flash_fwd_autotuned[grid](*args, **meta)
+    else:
+        bm = _check_block("block_m", block_m if block_m is not None else 64)
+        bn = _check_block("block_n", block_n if block_n is not None else 64)
+        _flash_fwd_kernel[(triton.cdiv(T, bm), B * H)](*args, **meta, BLOCK_M=bm, BLOCK_N=bn,
+                                                        num_warps=4 if bm * bn <= 64 * 64 else 8,
+                                                        num_stages=1 if interpreting() else 2)
+    return (out, lse) if return_lse else out
+
+
+# --- flash-decoding ------------------------------------------------------------------------------------
+def _decode_configs():
+    if interpreting():
+        return [triton.Config({"TILE_N": 16}, num_warps=4, num_stages=1)]
+    return [triton.Config({"TILE_N": n}, num_warps=w, num_stages=s)
+            for n, w, s in ((32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2))]
+
+
+@triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "BLOCK_G", "NUM_SPLITS"])
+@triton.jit
+def _flash_decode_kernel(Q, K, V, LENS, OUT, M_PART, L_PART, ACC_PART, qk_scale, S,
+                         s_qb, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh,
+                         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         UPCAST_DOT: tl.constexpr, TILE_N: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < GROUP
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    head = kvh * GROUP + g                                     # the query heads of this KV head's group
+    q = tl.load(Q + b * s_qb + head[:, None] * s_qh + d[None, :], mask=gmask[:, None] & dmask[None, :],
+                other=0.0)                                     # [BLOCK_G, BLOCK_D]: heads as rows
+    if HAS_LENS:
+        L = tl.minimum(tl.load(LENS + b), S)
+    else:
+        L = S
+    n_tiles = tl.cdiv(L, TILE_N)
+    per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+    tile_lo = split * per_split
+    tile_hi = tl.minimum(tile_lo + per_split, n_tiles)
+    k_base = K + b.to(tl.int64) * s_kb + kvh * s_kh
+    v_base = V + b.to(tl.int64) * s_vb + kvh * s_vh
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for t in range(tile_lo, tile_hi):
+        n = t * TILE_N + tl.arange(0, TILE_N)
+        kvmask = (n < L)[:, None] & dmask[None, :]
+        k = tl.load(k_base + n[:, None] * s_ks + d[None, :], mask=kvmask, other=0.0)
+        if UPCAST_DOT:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = tl.where((n < L)[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        v = tl.load(v_base + n[:, None] * s_vs + d[None, :], mask=kvmask, other=0.0)
+        if UPCAST_DOT:
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(OUT + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=gmask[:, None] & dmask[None, :])
+    else:                  # partials [B, H, NUM_SPLITS] and [B, H, NUM_SPLITS, HEAD_DIM], fp32, log2 units
+        row = (b * (tl.num_programs(1) * GROUP) + head) * NUM_SPLITS + split
+        tl.store(M_PART + row, m_i, mask=gmask)
+        tl.store(L_PART + row, l_i, mask=gmask)
+        tl.store(ACC_PART + row[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
+
+
+def flash_decode_triton(q, k, v, lengths=None, num_splits: int = 1, scale: float | None = None,
+                        tile_n: int | None = None):
+    """Flash-decoding: one query per sequence, q [B, H, Dh], against a contiguous cache k/v [B, K, S, Dh]
+    (sequence b uses its first lengths[b] keys; None: all S) -> [B, H, Dh]. ``num_splits`` chunks of keys
+    per (sequence, KV head) run as separate programs and are merged by the shared log-sum-exp reduction.
+    ``tile_n`` fixes the key tile, bypassing the autotuner. Every sequence needs at least one key."""
+    if not torch.is_tensor(q) or q.dim() != 3:
+        raise ValueError(f"q must be a 3-D tensor [B, H, Dh] (one query per sequence), got "
+                         f"{tuple(q.shape) if torch.is_tensor(q) else type(q).__name__}")
+    B, H, K, _, S, Dh = check_qkv(q[:, :, None], k, v)
+    _check_device_dtype(q)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    if lengths is not None:
+        if not torch.is_tensor(lengths) or lengths.shape != (B,) or lengths.dtype.is_floating_point:
+            raise ValueError(f"lengths must be an integer tensor [B={B}], got {lengths!r}")
+        lengths = lengths.to(device=q.device, dtype=torch.int32)
+    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+    out = torch.empty(B, H, Dh, dtype=q.dtype, device=q.device)
+    if num_splits > 1:
+        m_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        acc_part = torch.empty(B, H, num_splits, Dh, dtype=torch.float32, device=q.device)
+    else:
+        m_part = l_part = acc_part = out
+    scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
+    G = H // K
+    args = (q, k, v, lengths if lengths is not None else out, out, m_part, l_part, acc_part, scale * LOG2E, S,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+            out.stride(0), out.stride(1))
+    meta = dict(GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=Dh,
+                BLOCK_D=max(16, triton.next_power_of_2(Dh)), NUM_SPLITS=num_splits, HAS_LENS=lengths is not None,
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+                UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
+    grid = (B, K, num_splits)
+    if tile_n is None:
+        _flash_decode_kernel[grid](*args, **meta)
+    else:
+        _check_block("tile_n", tile_n)
+        _flash_decode_kernel.fn[grid](*args, **meta, TILE_N=tile_n, num_warps=4,
+                                      num_stages=1 if interpreting() else 2)
+    if num_splits > 1:
+        combine_splits_triton(m_part, l_part, acc_part, out)     # the reduction the paged kernel uses too
+    return out
+
+
+__all__ = ["flash_attention_triton", "flash_decode_triton", "interpreting", "SUPPORTED_DTYPES"]

@@ -1,0 +1,62 @@
+"""The log-sum-exp reduction of split-KV attention, in Triton: one kernel that flash-decoding
+(``triton_flash.flash_decode_triton``) and the paged decode kernel (``course_lib.paged.triton_paged``)
+both launch after their split programs.
+
+Each split s of a (sequence, query head) wrote its partial result in log2 units (the kernels use exp2):
+m_s (max score), l_s (sum of 2^(score - m_s)), acc_s (sum of 2^(score - m_s) v, unnormalized), fp32,
+laid out as m, l [R, NUM_SPLITS] and acc [R, NUM_SPLITS, Dh] for R = B * H rows. The reduction is
+
+    out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,   M = max_s m_s
+
+(``online_softmax.combine_splits`` is the PyTorch version). An empty split (m_s = -inf, l_s = 0) weighs
+2^-inf = 0. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _combine_splits_kernel(M_PART, L_PART, ACC_PART, OUT, s_ob, s_oh,
+                           NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    """out[b, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s (log-sum-exp)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    row = b * tl.num_programs(1) + h
+    s = tl.arange(0, BLOCK_S)
+    smask = s < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    m = tl.load(M_PART + row * NUM_SPLITS + s, mask=smask, other=float("-inf"))
+    l_s = tl.load(L_PART + row * NUM_SPLITS + s, mask=smask, other=0.0)
+    acc = tl.load(ACC_PART + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + d[None, :],
+                  mask=smask[:, None] & dmask[None, :], other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.exp2(m - m_max)                                 # empty splits: 2^-inf = 0
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_s, axis=0)
+    tl.store(OUT + b * s_ob + h * s_oh + d, out.to(OUT.dtype.element_ty), mask=dmask)
+
+
+def combine_splits_triton(m_part: torch.Tensor, l_part: torch.Tensor, acc_part: torch.Tensor,
+                          out: torch.Tensor) -> torch.Tensor:
+    """Reduce split partials m_part, l_part [B, H, NS] and acc_part [B, H, NS, Dh] (fp32, contiguous,
+    log2 units) into out [B, H, Dh] (any float dtype, unit stride on Dh); returns out."""
+    B, H, NS = m_part.shape
+    Dh = acc_part.shape[-1]
+    if l_part.shape != m_part.shape or acc_part.shape != (B, H, NS, Dh) or out.shape != (B, H, Dh):
+        raise ValueError(f"partials must be m, l [B, H, NS] and acc [B, H, NS, Dh] for out [B, H, Dh]; got "
+                         f"{tuple(m_part.shape)}, {tuple(l_part.shape)}, {tuple(acc_part.shape)}, {tuple(out.shape)}")
+    if any(t.dtype != torch.float32 or not t.is_contiguous() for t in (m_part, l_part, acc_part)):
+        raise ValueError("partials must be contiguous float32 tensors")
+    if out.stride(-1) != 1:
+        raise ValueError("out must have unit stride on its last axis")
+    _combine_splits_kernel[(B, H)](m_part, l_part, acc_part, out, out.stride(0), out.stride(1),
+                                   NUM_SPLITS=NS, BLOCK_S=triton.next_power_of_2(NS),
+                                   HEAD_DIM=Dh, BLOCK_D=triton.next_power_of_2(Dh))
+    return out
+
+
+__all__ = ["combine_splits_triton"]

@@ -1,0 +1,424 @@
+# Source of the notebook beside this file (same name, .ipynb). After editing it, run
+#     python tools/nb.py sync --from-py
+# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
+
+# %% [markdown] id="c002"
+# # Module 07 · FlashAttention
+#
+# Attention compares every query with every key: for a sequence of N tokens that is an N x N matrix of
+# scores per head. Written out in full, that matrix is the largest tensor of the whole forward pass at
+# long contexts, and moving it to and from the GPU's main memory (HBM) costs more time than the
+# arithmetic. FlashAttention computes **exactly** the same result without ever writing the matrix: it
+# walks the keys in tiles that fit in the chip's fast on-chip memory (SRAM) and keeps a running softmax.
+#
+# Lecture notes often say it is "2-4x faster", that it "reduces memory I/O by a factor of sqrt(N)", and
+# that "you usually don't need to implement it yourself". This notebook checks the first two and does the
+# third anyway, with `course_lib.attention`:
+#
+# 1. the memory of the N x N scores, computed;
+# 2. the IO model: how many elements standard and tiled attention move, counted and predicted;
+# 3. online softmax, step by step, and why the rescaling makes it exact;
+# 4. tiled exact attention in PyTorch (causal tiles skipped, the diagonal masked);
+# 5. a Triton kernel, against the reference and every SDPA backend this machine has;
+# 6. PyTorch's SDPA backends and the flash-attn package: which one runs here, and why a T4 has no flash;
+# 7. flash-decoding: splitting the keys of one decode step, merged by log-sum-exp;
+# 8. what FlashAttention-2 and -3 changed.
+
+# %% id="c003" tags=["parameters"]
+import course_lib.env
+
+QUICK = course_lib.env.quick()
+MEMORY_LENS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+IO_LENS = [2 ** p for p in range(8, 18)]               # the IO model is arithmetic: any length is cheap
+HEADS, HEAD_DIM = (4, 64) if QUICK else (32, 128)      # the speed comparison's shape
+BATCH = 1 if QUICK else 4
+SPEED_LENS = [128, 256, 512] if QUICK else [512, 1024, 2048, 4096, 8192]
+TILED_MAX = 256 if QUICK else 2048                     # the Python-loop tiled version is timed up to here
+REPEATS = 3 if QUICK else 20
+
+# %% id="c004"
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from course_lib.attention import (IOCounter, combine_splits, flash_attention_io, flash_attn_status,
+                                  flash_backend_reason, flash_decode_torch, flash_io_theta, hf_attn_implementation,
+                                  io_reduction, online_softmax, reference_attention, scores_bytes,
+                                  sdpa_backend_report, sdpa_default_backend, softmax_stats_update, split_partials,
+                                  sram_block_rows, standard_attention_io, tiled_attention)
+from course_lib.attention.backends import BACKEND_NAMES, run_backend
+from course_lib.perf.hardware import get_gpu
+from course_lib.perf.tables import format_records
+from course_lib.perf.timing import benchmark
+
+device = course_lib.env.device()
+caps = course_lib.env.capabilities()
+print(f"device: {caps.device} ({caps.device_name}), compute capability {caps.compute_capability}, "
+      f"triton {'yes' if caps.triton else 'no'}")
+
+# %% [markdown] id="c005"
+# ## 1. The N x N scores
+#
+# Standard attention computes S = Q K^T / sqrt(d) ([N, N] per head), P = softmax(S) (another [N, N]),
+# then O = P V. For a Llama-7B-sized layer (32 heads, fp16), the scores alone take:
+
+# %% id="c006"
+rows = []
+for N in MEMORY_LENS:
+    s = scores_bytes(N, heads=32, bytes_per_element=2)
+    qkvo = 4 * N * 32 * 128 * 2                              # Q, K, V, O of the same layer: linear in N
+    rows.append({"N": N, "scores (GB)": s / 1e9, "Q,K,V,O (GB)": qkvo / 1e9, "scores / QKVO": s / qkvo})
+print(format_records(rows, floatfmt=".3g"))
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.loglog(MEMORY_LENS, [r["scores (GB)"] for r in rows], "o-", label="N x N scores (32 heads, fp16)")
+ax.loglog(MEMORY_LENS, [r["Q,K,V,O (GB)"] for r in rows], "s-", label="Q, K, V, O")
+ax.axhline(80, color="gray", ls="--", label="an 80 GB GPU")
+ax.set(xlabel="sequence length N", ylabel="GB per layer, batch 1")
+ax.legend(fontsize=8)
+plt.show()
+at_32k = next(r for r in rows if r["N"] == 32768)
+assert at_32k["scores (GB)"] > 60 and rows[-1]["scores (GB)"] > 80     # one layer's scores fill a GPU
+assert rows[0]["scores / QKVO"] == 512 / (4 * 128)                    # N / 4d: grows linearly with N
+
+# %% [markdown] id="c007"
+# The scores grow as N^2 and the inputs as N: at 32k tokens one layer's scores would need ~69 GB. Tiled
+# attention keeps only a [block_q, block_k] tile of them at a time, so its extra memory is O(N) (the
+# output and one log-sum-exp per row). "Up to 10x memory reduction" is therefore no constant: the saving
+# is the ratio in the last column (N / 4d), tens at 8k tokens and hundreds at 128k.
+#
+# ## 2. Counting the bytes: the IO model
+#
+# A GPU has two memories that matter here: HBM (tens of GB, ~3 TB/s on an H100) and the SRAM of each
+# streaming multiprocessor (228 KB per SM on an H100, ~20x faster). Per head, with N tokens, head dim d
+# and M elements of SRAM (`course_lib.attention.io_model` derives these):
+#
+# * **standard attention** reads Q and K, writes S, reads S, writes P, reads P and V, writes O:
+#   4Nd + 4N^2 elements, Theta(Nd + N^2);
+# * **tiled attention** (query tiles outside, key tiles inside, as FlashAttention-2) reads each query
+#   tile once, K and V once per query tile, writes O once: Nd + 2Nd * ceil(N / B_r) + Nd. Sized from the
+#   SRAM the paper's way (B_r = M / 4d rows), that is Theta(N^2 d^2 / M).
+#
+# The model is checked against the loads `tiled_attention` counts (an `IOCounter` records every tile it
+# reads): they must agree exactly, causal or not, for lengths that are not tile multiples.
+
+# %% id="c008"
+g = torch.Generator().manual_seed(0)
+checks = []
+for N, d, bq, bk, causal in ((256, 32, 64, 64, False), (300, 16, 64, 32, True), (97, 64, 16, 16, True)):
+    q, k, v = (torch.randn(1, 2, N, d, generator=g) for _ in range(3))
+    counter = IOCounter()
+    tiled_attention(q, k, v, causal=causal, block_q=bq, block_k=bk, counter=counter)
+    model_io = flash_attention_io(N, d, block_q=bq, block_k=bk, causal=causal)
+    checks.append({"N": N, "d": d, "tiles": f"{bq}x{bk}", "causal": causal, "counted": counter.total // 2,
+                   "model": model_io["total"], "skipped tiles": counter.tiles_skipped // 1})
+    assert counter.total == 2 * model_io["total"], (counter, model_io)          # 2 heads
+print(format_records(checks))
+
+# %% id="c009"
+h100 = get_gpu("H100-SXM")
+M = h100.smem_per_sm_kb * 1024 // 2          # SRAM of one SM in fp16 elements
+d = 128
+std = [standard_attention_io(N, d)["total"] for N in IO_LENS]
+fla = [flash_attention_io(N, d, sram_elements=M)["total"] for N in IO_LENS]
+theta = [flash_io_theta(N, d, M) for N in IO_LENS]
+red = [io_reduction(N, d, M) for N in IO_LENS]
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
+a1.loglog(IO_LENS, std, "o-", label="standard: 4Nd + 4N^2")
+a1.loglog(IO_LENS, fla, "s-", label=f"tiled, B_r = M/4d = {sram_block_rows(d, M)}")
+a1.loglog(IO_LENS, theta, "k:", label="N^2 d^2 / M")
+a1.set(xlabel="N", ylabel="elements moved per head", title=f"H100 SRAM per SM: {h100.smem_per_sm_kb} KB, d={d}")
+a1.legend(fontsize=8)
+a2.semilogx(IO_LENS, red, "o-", label="measured reduction (model)")
+a2.semilogx(IO_LENS, [math.sqrt(N) for N in IO_LENS], "r--", label="sqrt(N), the notes' claim")
+a2.axhline(M / (2 * d * d), color="gray", ls=":", label="M / 2d^2")
+a2.set(xlabel="N", ylabel="standard / tiled", title="IO reduction")
+a2.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+print(f"tiled / (N^2 d^2 / M) at N = {IO_LENS[-1]}: {fla[-1] / theta[-1]:.2f} (the constant of the Theta)")
+print("reduction standard / tiled:", ", ".join(f"N={N}: {r:.1f}x" for N, r in zip(IO_LENS[::3], red[::3])))
+assert 7.5 < fla[-1] / theta[-1] < 8.5
+assert abs(red[-1] / red[-2] - 1) < 0.02 and abs(red[-1] - M / (2 * d * d)) / (M / (2 * d * d)) < 0.05
+
+# %% [markdown] id="c010"
+# > **Claim checked.** The notes say FlashAttention "reduces memory I/O cost by a factor of sqrt(N)". The
+# > IO model says otherwise, and the counted loads agree with the model: the reduction grows at short
+# > lengths and then **levels off at about M / 2d^2** (3.6x for d = 128 on an H100's 228 KB SM, more for
+# > d = 64), whatever N is; sqrt(N) would keep growing (16x at 256 tokens, 362x at 131k). The paper's
+# > result is Theta(N^2 d^2 / M) accesses against Theta(Nd + N^2): the gain is set by how many d x d
+# > worth of data fit in SRAM, not by the sequence length. Where FlashAttention's advantage does grow with
+# > N is **memory** (section 1: O(N) instead of O(N^2)) - and it is exact, not an approximation.
+#
+# ## 3. Online softmax, step by step
+#
+# Softmax needs the row's maximum (for stability) and the sum of exponentials before it can write a
+# single output, which seems to demand the whole row. The online version reads the row in pieces and
+# keeps a running max m and a running sum l; when a new piece raises the max, the sum so far was
+# measured against the old max and is **rescaled** by exp(m_old - m_new):
+
+# %% id="c011"
+row = torch.tensor([[1.0, 3.0, 0.5, 2.0, 6.0, 1.5, 4.0, 0.0, 7.0, 2.5]])
+m, l = torch.tensor([-math.inf]), torch.tensor([0.0])
+steps = []
+for i in range(0, row.shape[1], 3):
+    piece = row[:, i:i + 3]
+    m_old = m.clone()
+    m, l = softmax_stats_update(m, l, piece)
+    steps.append({"tile": f"{piece[0].tolist()}", "m": m.item(), "rescale exp(m_old - m)":
+                  math.exp(m_old.item() - m.item()) if m_old.isfinite() else 0.0, "l": l.item()})
+print(format_records(steps, floatfmt=".4g"))
+assert math.isclose(m.item(), row.max().item()) and math.isclose(l.item(), torch.exp(row - row.max()).sum().item(),
+                                                                 rel_tol=1e-6)
+for split in ([10], [1] * 10, [4, 1, 5], 3):
+    assert torch.allclose(online_softmax(row, split), row.softmax(-1), atol=1e-7)
+print("online softmax == softmax on every split tried; max |diff| =",
+      f"{(online_softmax(row, [4, 1, 5]) - row.softmax(-1)).abs().max():.1e}")
+
+# %% [markdown] id="c012"
+# Attention keeps a third running quantity, the unnormalized output acc = sum exp(s - m) v, rescaled by
+# the same factor; out = acc / l at the end. Two partial results over different key ranges merge the same
+# way (a log-sum-exp merge), which section 7 uses to split the keys across GPU programs.
+#
+# ## 4. Tiled exact attention
+#
+# `tiled_attention` is FlashAttention's forward pass written in PyTorch: a loop over query tiles, an inner
+# loop over key tiles, the running (m, l, acc) per row. Causal: a key tile wholly in the future of a query
+# tile is skipped (never loaded), and only the tiles crossing the diagonal are masked. The map below shows
+# which tiles a causal pass visits.
+
+# %% id="c013"
+N_DEMO, BQ, BK = 100, 16, 16
+q, k, v = (torch.randn(2, 8, N_DEMO, 32, generator=g) for _ in range(3))
+k, v = k[:, :2].contiguous(), v[:, :2].contiguous()              # GQA: 8 query heads read 2 KV heads
+errs = {}
+for causal in (False, True):
+    ref = reference_attention(q, k, v, causal=causal)
+    errs[causal] = (tiled_attention(q, k, v, causal=causal, block_q=BQ, block_k=BK) - ref).abs().max().item()
+print(f"N={N_DEMO} (not a multiple of {BQ}), GQA 8/2: max |tiled - reference| = {errs[False]:.1e} "
+      f"(non-causal), {errs[True]:.1e} (causal)")
+assert max(errs.values()) < 1e-5
+tiles_q, tiles_k = -(-N_DEMO // BQ), -(-N_DEMO // BK)
+grid = torch.zeros(tiles_q, tiles_k)
+for i in range(tiles_q):
+    for j in range(tiles_k):
+        first_q, last_q, first_k, last_k = i * BQ, min(N_DEMO, (i + 1) * BQ) - 1, j * BK, min(N_DEMO, (j + 1) * BK) - 1
+        grid[i, j] = 0 if first_k > last_q else (2 if last_k <= first_q else 1)
+counter = IOCounter()
+tiled_attention(q[:1, :1], k[:1, :1], v[:1, :1], causal=True, block_q=BQ, block_k=BK, counter=counter)
+assert counter.tiles_visited == int((grid > 0).sum()) and counter.tiles_skipped == int((grid == 0).sum())
+fig, ax = plt.subplots(figsize=(3.6, 3.2))
+ax.imshow(grid, cmap="Greens", vmin=0, vmax=2)
+ax.set(xlabel="key tile", ylabel="query tile", title="causal: skipped / masked / full")
+plt.show()
+print(f"causal tiles: {int((grid == 2).sum())} full, {int((grid == 1).sum())} masked (diagonal), "
+      f"{int((grid == 0).sum())} skipped of {tiles_q * tiles_k}")
+
+# %% [markdown] id="c014"
+# ## 5. A Triton kernel
+#
+# `course_lib/attention/triton_flash.py` is the same algorithm as one GPU kernel: a program per (query
+# tile, head) loads its Q tile once into registers, walks K and V in tiles (GQA: straight from the KV
+# head, no copy), runs both matmuls on tensor cores (`tl.dot`), keeps m, l, acc in fp32 in the log2
+# domain (`exp2`, the scale folded with log2 e), and writes only the output and one log-sum-exp per row.
+# The key loop is split so that full tiles pay no mask and only the diagonal tiles (causal) or the last
+# partial tile are masked. Tile sizes, warps and pipeline stages are autotuned on a GPU.
+#
+# On a GPU the next cell checks it against the reference at real sizes; on a CPU it runs under Triton's
+# interpreter (`TRITON_INTERPRET=1` must be set before Triton is imported: a separate process), which
+# shows correctness, not speed.
+
+# %% id="c015"
+if torch.cuda.is_available() and caps.triton:
+    from course_lib.attention.triton_flash import flash_attention_triton, flash_decode_triton
+    qc, kc, vc = (torch.randn(1, 16, 2048, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    for causal in (False, True):
+        err = (flash_attention_triton(qc, kc, vc, causal=causal).float()
+               - reference_attention(qc, kc, vc, causal=causal).float()).abs().max().item()
+        print(f"Triton vs reference on {torch.cuda.get_device_name()}, N=2048, d=128, fp16, causal={causal}: "
+              f"max error {err:.1e}")
+        assert err < 5e-3
+elif caps.triton:
+    script = textwrap.dedent("""
+        import torch
+        from course_lib.attention import reference_attention
+        from course_lib.attention.triton_flash import flash_attention_triton
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 4, 37, 64, generator=g)                   # 37: not a multiple of the 16-row tile
+        k, v = torch.randn(1, 2, 37, 64, generator=g), torch.randn(1, 2, 37, 64, generator=g)
+        for causal in (False, True):
+            err = (flash_attention_triton(q, k, v, causal=causal) - reference_attention(q, k, v, causal=causal))
+            print(f"{err.abs().max().item():.3e}")
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    errs = [float(x) for x in res.stdout.split()]
+    assert len(errs) == 2 and max(errs) < 1e-5
+    print(f"Triton kernel under the CPU interpreter (N=37, GQA 4/2, d=64): max |Triton - reference| = "
+          f"{errs[0]:.1e} non-causal, {errs[1]:.1e} causal. On a GPU this cell runs it natively at N=2048.")
+else:
+    print("Triton is not installed here; on a GPU with Triton this cell checks the kernel at real sizes.")
+
+# %% [markdown] id="c016"
+# ### Speed: the kernel against every SDPA backend
+#
+# FLOPs of attention: two N x N x d matmuls, 4 B H N^2 d, half of it when causal. Below: time and TFLOP/s
+# for each implementation this machine has, and the share of the device's dense peak (from the hardware
+# table, GPUs only). On a CPU the Triton row is absent (the interpreter is not a speed measurement);
+# `bench/attention.py` runs the same comparison at the GPU goal's size (sequence 4096, d = 128, bf16).
+
+# %% id="c017"
+speed_dtype = torch.bfloat16 if course_lib.env.real_bf16() else (torch.float16 if device.type == "cuda"
+                                                                   else torch.float32)
+dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[speed_dtype]
+try:
+    peak = get_gpu(torch.cuda.get_device_name()).peak_flops(dtype_name) if device.type == "cuda" else None
+except ValueError:
+    peak = None
+impls = {}
+if device.type == "cuda" and caps.triton:
+    impls["triton (course)"] = lambda q, k, v: flash_attention_triton(q, k, v, causal=True)
+for name in BACKEND_NAMES:
+    impls[f"sdpa {name}"] = lambda q, k, v, name=name: run_backend(name, q, k, v, causal=True)
+impls["tiled (PyTorch loop)"] = lambda q, k, v: tiled_attention(q, k, v, causal=True, block_q=128, block_k=128)
+speed = []
+try:
+    from tqdm.auto import tqdm
+except ImportError:
+    tqdm = lambda x, **kw: x  # noqa: E731
+for N in tqdm(SPEED_LENS, desc="sequence lengths"):
+    q, k, v = (torch.randn(BATCH, HEADS, N, HEAD_DIM, device=device).to(speed_dtype) for _ in range(3))
+    flops = 4 * BATCH * HEADS * N * N * HEAD_DIM / 2
+    for name, fn in impls.items():
+        if name.startswith("tiled") and N > TILED_MAX:
+            continue
+        try:
+            fn(q, k, v)
+        except RuntimeError:
+            continue                                    # this backend cannot run here (see section 6)
+        t = benchmark(fn, q, k, v, warmup=1, repeats=REPEATS, device=device).median
+        speed.append({"N": N, "impl": name, "ms": t * 1e3, "TFLOP/s": flops / t / 1e12,
+                      "% of peak": None if peak is None else 100 * flops / t / peak})
+print(f"B={BATCH} H={HEADS} d={HEAD_DIM} {dtype_name} causal on {caps.device_name}")
+print(format_records(speed, floatfmt=".3g"))
+fig, ax = plt.subplots(figsize=(6, 3.2))
+for name in dict.fromkeys(r["impl"] for r in speed):
+    pts = [(r["N"], r["TFLOP/s"]) for r in speed if r["impl"] == name]
+    ax.plot(*zip(*pts), "o-", label=name)
+ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="TFLOP/s", title=f"attention forward, {caps.device}")
+ax.legend(fontsize=8)
+plt.show()
+by = {(r["N"], r["impl"]): r["ms"] for r in speed}
+N_big = SPEED_LENS[-1]
+flash_vs_math = by[(N_big, "sdpa math")] / by[(N_big, "sdpa flash")] if (N_big, "sdpa flash") in by else None
+print(f"at N={N_big}: SDPA flash is {flash_vs_math:.1f}x faster than SDPA math on this device"
+      if flash_vs_math else "no flash backend on this device")
+if flash_vs_math is not None:
+    assert flash_vs_math > 1.0
+
+# %% [markdown] id="c018"
+# > **Claim checked.** "2-4x faster attention" is a measurement on particular GPUs, sizes and baselines
+# > (the paper's, against PyTorch attention of 2022, on an A100). The cell above prints this device's own
+# > ratio of SDPA's flash backend over its math backend at the largest length tried; it grows with N,
+# > because the math backend's cost is dominated by writing and reading the N x N scores. On a CPU,
+# > "flash" is PyTorch's own tiled CPU kernel; on a GPU the Triton row and the share of the peak show how
+# > close a tiled kernel gets to the tensor cores' limit.
+#
+# ## 6. SDPA backends, and the flash-attn package
+#
+# `F.scaled_dot_product_attention` dispatches to one of several kernels. `sdpa_kernel(SDPBackend.X)`
+# forces one; a backend that cannot take the call refuses with a reason.
+
+# %% id="c019"
+q, k, v = (torch.randn(1, 4, 256, 64, device=device).to(speed_dtype) for _ in range(3))
+report = sdpa_backend_report(q, k, v, causal=True)
+print(format_records(report))
+print(f"SDPA's default choice for this call: {sdpa_default_backend(q, k, v, causal=True)}")
+assert next(r for r in report if r["backend"] == "math")["ok"]
+for cc, name in (((7, 5), "T4"), ((8, 0), "A100"), ((9, 0), "H100")):
+    why = flash_backend_reason(cc, torch.float16)
+    print(f"{name} (sm_{cc[0]}{cc[1]}): {'flash backend available' if why is None else 'no flash backend: ' + why}")
+assert flash_backend_reason((7, 5)) is not None and flash_backend_reason((8, 0)) is None
+
+# %% [markdown] id="c020"
+# A Colab T4 (Turing, sm_75) gets the memory-efficient backend for fp16 attention, not the flash one:
+# PyTorch's flash backend is FlashAttention-2, compiled for Ampere and newer only. The separate
+# **flash-attn** package (Tri Dao's) has the same limit, and is an optional extra: on Hugging Face models
+# it is selected with `attn_implementation="flash_attention_2"` where it is installed and supported, and
+# SDPA is the fallback.
+
+# %% id="c021"
+usable, line = flash_attn_status()
+print(line)
+impl = hf_attn_implementation()
+print(f'transformers: AutoModelForCausalLM.from_pretrained(path, attn_implementation="{impl}")')
+assert impl == ("flash_attention_2" if usable else "sdpa") and "\n" not in line
+
+# %% [markdown] id="c022"
+# ## 7. Flash-decoding: splitting the keys
+#
+# A decode step has one query per sequence. A kernel with one program per (sequence, KV head) has
+# B * K programs: batch 1 with 8 KV heads runs 8 programs on a GPU with 132 SMs, while a long cache is
+# read. Flash-decoding splits each sequence's keys into chunks processed by separate programs; each writes
+# its partial (m, l, acc), and a second, tiny kernel merges them with log-sum-exp weights:
+#
+#     out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s,   M = max_s m_s
+#
+# The merge is exact (it is the online-softmax merge of section 3). The paged decode kernel of Module 06
+# splits the same way and launches **the same reduction** (`course_lib.attention.triton_splitkv`).
+
+# %% id="c023"
+qd = torch.randn(2, 8, 64, generator=g)
+kd, vd = torch.randn(2, 2, 300, 64, generator=g), torch.randn(2, 2, 300, 64, generator=g)
+want = reference_attention(qd[:, :, None], kd, vd)[:, :, 0]
+split_rows = []
+want[1] = reference_attention(qd[1:, :, None], kd[1:, :, :41], vd[1:, :, :41])[0, :, 0]   # row 1: 41 keys
+for ns in (1, 2, 4, 16, 24):                  # row 1 cut in 24 splits of 2 keys: 3 are empty, weigh nothing
+    m_s, l_s, acc_s = split_partials(qd, kd, vd, ns, lengths=[300, 41])
+    got = combine_splits(m_s, l_s, acc_s)
+    split_rows.append({"splits": ns, "max |split - reference|": (got - want).abs().max().item(),
+                       "empty splits (row 1)": int(torch.isinf(m_s[1, 0]).sum())})
+    assert torch.allclose(got, want, atol=1e-5)
+assert split_rows[-1]["empty splits (row 1)"] == 3
+print(format_records(split_rows, floatfmt=".1e"))
+assert torch.allclose(flash_decode_torch(qd, kd, vd, num_splits=3, lengths=[300, 41]), want, atol=1e-5)
+h100_programs = [{"batch": B, "KV heads": 8, "programs (no split)": B * 8,
+                  "share of H100 SMs busy": min(1.0, B * 8 / h100.sms)} for B in (1, 4, 16, 64)]
+print(format_records(h100_programs, floatfmt=".2f"))
+if torch.cuda.is_available() and caps.triton:
+    qg = qd.cuda().half()
+    kg, vg = kd.cuda().half(), vd.cuda().half()
+    lens_g = torch.tensor([300, 41], device="cuda")
+    for ns in (1, 4):
+        e = (flash_decode_triton(qg, kg, vg, lengths=lens_g, num_splits=ns).float().cpu() - want).abs().max().item()
+        print(f"Triton flash-decoding, {ns} splits: max error {e:.1e}")
+        assert e < 5e-3
+
+# %% [markdown] id="c024"
+# ## 8. What FlashAttention-2 and -3 changed
+#
+# * **FlashAttention (2022)**: tiling plus online softmax, the IO analysis of section 2, recomputation of
+#   the scores in the backward pass instead of storing them. Key/value tiles in the outer loop.
+# * **FlashAttention-2 (2023)**: query tiles in the outer loop (our loop order), so each program owns its
+#   output rows and never writes partial results; parallelism over the sequence, not only batch x heads;
+#   fewer non-matmul FLOPs (the division by l once at the end, not per tile: tensor cores do matmuls
+#   ~16x faster than the exp and the rescaling); work split between warps so that they share less
+#   through shared memory. About 2x FlashAttention-1, ~50-70% of an A100's peak in the forward pass.
+# * **FlashAttention-3 (2024, Hopper)**: warp specialization (producer warps load tiles with the TMA
+#   engine while consumer warps compute), asynchronous wgmma matmuls overlapped with the softmax of the
+#   previous tile (ping-pong between warp groups), and FP8 with block quantization and incoherent
+#   processing to keep the error down. It reaches ~75% of an H100's bf16 peak.
+#
+# Our Triton kernel is FlashAttention-2's algorithm; Triton's compiler does the pipelining of the loads
+# (cp.async / TMA) but not FlashAttention-3's warp specialization. The speed table of section 5 shows
+# where it stands on this device; on an H100, `bench/attention.py` prints its share of the 989 TFLOP/s
+# bf16 peak next to SDPA's flash backend.
+
+# %% id="c025"
+print(format_records([r for r in speed if r["N"] == N_big], floatfmt=".3g"))
