@@ -173,4 +173,28 @@ def absmax_dequantize(codes, scale):
     "lab06": [
         ("a new block is allocated one token late (after the last block overflows, not when it is full)", {"blocks_answer": 'class BlockManager:\n    def __init__(self, allocator, block_size):\n        if not isinstance(block_size, int) or block_size < 1:\n            raise PagingError(f"block_size must be a positive int, got {block_size!r}")\n        self.allocator, self.block_size = allocator, block_size\n        self.tables, self.lengths = {}, {}\n\n    def add_sequence(self, seq_id, num_tokens):\n        if seq_id in self.tables:\n            raise PagingError(f"sequence {seq_id!r} already exists")\n        if not isinstance(num_tokens, int) or num_tokens < 1:\n            raise PagingError(f"num_tokens must be an int >= 1, got {num_tokens!r}")\n        need = -(-num_tokens // self.block_size)\n        if need > self.allocator.num_free:\n            raise OutOfBlocks(need, self.allocator.num_free)\n        self.tables[seq_id] = [self.allocator.allocate() for _ in range(need)]\n        self.lengths[seq_id] = num_tokens\n\n    def append_token(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):\n            if self.allocator.num_free == 0:\n                raise OutOfBlocks(1, 0)\n            self.tables[seq_id].append(self.allocator.allocate())\n        self.lengths[seq_id] += 1\n\n    def free(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        for b in reversed(self.tables[seq_id]):\n            self.allocator.free(b)\n        del self.tables[seq_id], self.lengths[seq_id]\n\n    def block_table(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return list(self.tables[seq_id])\n\n    def num_tokens(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return self.lengths[seq_id]'}),
     ],
+    "lab10": [
+        ("Wanda scored by the weight only (|W|, no activation norm): plain magnitude 2:4", {"wanda": '''\
+def wanda_24_mask(W, X):
+    out_f, in_f = W.shape
+    if in_f % 4:
+        raise ValueError(f"in_features must be a multiple of 4, got {in_f}")
+    if X.dim() != 2 or X.shape[1] != in_f:
+        raise ValueError(f"X must be [tokens, {in_f}], got {tuple(X.shape)}")
+    groups = W.abs().reshape(out_f, in_f // 4, 4)
+    keep = torch.zeros_like(groups, dtype=torch.bool)
+    keep.scatter_(-1, groups.topk(2, dim=-1).indices, True)
+    return keep.reshape(out_f, in_f)
+'''}),
+        ("the dispatch ignores the capacity (no assignment is ever dropped)", {"dispatch": '''\
+def moe_dispatch(x, experts, weights, indices, capacity=None):
+    N, k = indices.shape
+    y = torch.zeros_like(x)
+    for e in range(len(experts)):
+        tok, slot = (indices == e).nonzero(as_tuple=True)
+        if len(tok):
+            y.index_add_(0, tok, weights[tok, slot][:, None] * experts[e](x[tok]))
+    return y, 0
+'''}),
+    ],
 }
