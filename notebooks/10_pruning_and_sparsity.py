@@ -31,7 +31,8 @@ HELD_FILES = 1 if QUICK else 10          # held-out files scored (bits per byte)
 HELD_CHARS = 1500 if QUICK else 20000    # characters kept per held-out file
 TRAIN_FILES = 10 if QUICK else 200       # training-split files for fine-tuning and calibration
 CALIB = 4 if QUICK else 32               # calibration windows (Wanda norms, Taylor scores)
-SPARSITIES = (0.3, 0.6) if QUICK else (0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+SPARSITIES = (0.3, 0.6) if QUICK else (0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)   # one-shot magnitude table
+SWEEP = (0.5,) if QUICK else SPARSITIES  # targets of the prune -> fine-tune sweep
 FT_STEPS = 2 if QUICK else 100           # fine-tuning steps per round
 ROUNDS = 1 if QUICK else 3               # prune -> fine-tune rounds to reach a sparsity
 FT_BATCH, FT_SEQ = (4, 64) if QUICK else (8, 256)
@@ -225,12 +226,13 @@ print(f"forward of 128 tokens: dense {t_dense * 1e3:.1f} ms, pruned {t_small * 1
 
 # %% id="c021"
 t0 = time.perf_counter()
-sweep = S.prune_finetune_sweep(model, tok, heldout, stream, calib, sparsities=SPARSITIES, steps=FT_STEPS,
+sweep = S.prune_finetune_sweep(model, tok, heldout, stream, calib, sparsities=SWEEP, steps=FT_STEPS,
                                rounds=ROUNDS, batch_size=FT_BATCH, seq_len=FT_SEQ, lr=1e-4)
 print(f"{len(sweep)} runs in {time.perf_counter() - t0:.0f} s")
 fig, ax = plt.subplots(figsize=(6, 3.2))
 for meth, color in (("magnitude", "C0"), ("wanda", "C1"), ("structured", "C2")):
-    r = [row for row in sweep if row["method"] == meth]
+    r = [{"removed": 0.0, "bpb_pruned": dense_bpb, "bpb_finetuned": dense_bpb}]      # the dense model
+    r += [row for row in sweep if row["method"] == meth]
     ax.plot([row["removed"] for row in r], [row["bpb_pruned"] for row in r], "--o", color=color, alpha=0.5,
             label=f"{meth}, pruned")
     ax.plot([row["removed"] for row in r], [row["bpb_finetuned"] for row in r], "-o", color=color,
@@ -257,7 +259,9 @@ print("within 5% of dense: " + (", ".join(f"{r['method']} {r['removed']:.0%}" fo
 worst = max(sweep, key=lambda r: r["removed"])
 print(f"the most removed ({worst['method']} {worst['removed']:.0%}): {worst['bpb_finetuned'] / dense_bpb - 1:+.0%} bits/byte")
 assert best is None or best["removed"] < 0.9
-assert all(r["bpb_finetuned"] > dense_bpb * 1.05 for r in sweep if r["removed"] >= 0.55)
+by = {(r["method"], r["target"]): r for r in sweep}
+assert all(by[("structured", s)]["bpb_finetuned"] > by[("wanda", s)]["bpb_finetuned"] for s in SWEEP)
+print("at every target, structured pruning (a really smaller model) costs more bits/byte than Wanda's zeros")
 
 # %% [markdown] id="c024"
 # ## 5. Mixture of experts
