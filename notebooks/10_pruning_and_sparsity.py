@@ -175,8 +175,8 @@ if speed:
     print(f"{speed['device']}: dense {speed['dense_ms']:.3f} ms, 2:4 {speed['sparse_ms']:.3f} ms, "
           f"{speed['speedup']:.2f}x")
 else:
-    print("no sparse tensor cores here (or quick mode): on an A100/H100, fp16 4096x4096 matmuls typically "
-          "run 1.1-1.6x faster in 2:4 form; run this cell with QUICK = False on such a GPU to measure it")
+    print("no sparse tensor cores here (or quick mode): run this cell with QUICK = False on a GPU of compute "
+          "capability >= 8.0 to time dense against 2:4 (the ideal is 2x on the matmul's math)")
 
 # %% [markdown] id="c017"
 # ## 3. Structured pruning: a smaller model
