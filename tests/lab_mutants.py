@@ -217,4 +217,28 @@ def tiled_attention(q, k, v, block_size, causal=False):
     return out
 '''}),
     ],
+    "lab10": [
+        ("Wanda scored by the weight only (|W|, no activation norm): plain magnitude 2:4", {"wanda": '''\
+def wanda_24_mask(W, X):
+    out_f, in_f = W.shape
+    if in_f % 4:
+        raise ValueError(f"in_features must be a multiple of 4, got {in_f}")
+    if X.dim() != 2 or X.shape[1] != in_f:
+        raise ValueError(f"X must be [tokens, {in_f}], got {tuple(X.shape)}")
+    groups = W.abs().reshape(out_f, in_f // 4, 4)
+    keep = torch.zeros_like(groups, dtype=torch.bool)
+    keep.scatter_(-1, groups.topk(2, dim=-1).indices, True)
+    return keep.reshape(out_f, in_f)
+'''}),
+        ("the dispatch ignores the capacity (no assignment is ever dropped)", {"dispatch": '''\
+def moe_dispatch(x, experts, weights, indices, capacity=None):
+    N, k = indices.shape
+    y = torch.zeros_like(x)
+    for e in range(len(experts)):
+        tok, slot = (indices == e).nonzero(as_tuple=True)
+        if len(tok):
+            y.index_add_(0, tok, weights[tok, slot][:, None] * experts[e](x[tok]))
+    return y, 0
+'''}),
+    ],
 }

@@ -1,0 +1,87 @@
+"""Wanda (Sun et al., 2023, "A Simple and Effective Pruning Approach for LLMs"): prune by
+|W_ij| * ||X_j||_2, the weight times the norm of its input feature over calibration tokens, compared
+within each output row. A small weight on a feature with large activations (LLMs have a few such
+outlier features) can matter more than a large weight on a quiet one: magnitude alone misses that.
+
+    input_norms(model, ids)                       name -> ||X_j||_2 [in_features] for every prunable linear
+    wanda_scores(weight, x_norm)                  |W| * ||X||  [out, in]
+    wanda_mask(weight, x_norm, sparsity=, n=, m=) per output row: drop the lowest scores, or keep n of every m
+    wanda_masks(model, ids, sparsity=0.5, n=None, m=None)   the masks of a whole model, from one calibration pass
+
+One calibration pass on the dense model gives every layer's inputs (the paper feeds each layer the outputs
+of the already-pruned layers before it; at 50% the difference is small, and one pass keeps this short).
+"""
+from __future__ import annotations
+
+import torch
+
+from .masks import _check_fraction, apply_masks, prunable_linears
+from .nm import nm_mask
+
+
+@torch.no_grad()
+def input_norms(model, ids: torch.Tensor, batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """name -> ||X_j||_2 over all calibration tokens ([in_features], float32) for every prunable linear.
+
+    ids: [N, T] token ids (calibration windows), run through `model` in batches of `batch_size`."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32):
+        raise TypeError("ids must be an integer tensor [num_windows, seq_len]")
+    linears = prunable_linears(model)
+    sq = {name: torch.zeros(lin.in_features, device=lin.weight.device) for name, lin in linears.items()}
+
+    def hook(name):
+        def fn(module, args):
+            x = args[0].detach().float()                                   # [B, T, in]
+            sq[name] += x.pow(2).sum(dim=tuple(range(x.dim() - 1)))
+        return fn
+
+    handles = [lin.register_forward_pre_hook(hook(name)) for name, lin in linears.items()]
+    try:
+        for s in range(0, ids.shape[0], batch_size):
+            model(ids[s:s + batch_size].to(model.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: v.sqrt() for name, v in sq.items()}
+
+
+def wanda_scores(weight: torch.Tensor, x_norm: torch.Tensor) -> torch.Tensor:
+    """|W_ij| * ||X_j||: [out, in] for weight [out, in] and x_norm [in]."""
+    if weight.dim() != 2 or x_norm.shape != (weight.shape[1],):
+        raise ValueError(f"x_norm must have shape [in_features={weight.shape[-1]}] for weight "
+                         f"{tuple(weight.shape)}, got {tuple(x_norm.shape)}")
+    return weight.detach().abs().float() * x_norm.float()[None, :]
+
+
+@torch.no_grad()
+def wanda_mask(weight: torch.Tensor, x_norm: torch.Tensor, sparsity: float | None = None, n: int | None = None,
+               m: int | None = None) -> torch.Tensor:
+    """Bool mask [out, in]: in each output row, the round(sparsity * in) lowest Wanda scores removed, or
+    (n and m given) the n highest of every m consecutive inputs kept (2:4: n=2, m=4)."""
+    scores = wanda_scores(weight, x_norm)                                  # [out, in]
+    if (n is None) != (m is None):
+        raise ValueError("give both n and m (an n:m pattern), or neither")
+    if n is not None:
+        if sparsity is not None:
+            raise ValueError("give sparsity or n:m, not both (n:m fixes the sparsity at 1 - n/m)")
+        return nm_mask(scores, n, m)
+    sparsity = _check_fraction("sparsity", 0.5 if sparsity is None else sparsity)
+    k = round(sparsity * scores.shape[1])
+    keep = torch.ones_like(scores, dtype=torch.bool)
+    if k:
+        drop = torch.sort(scores, dim=1, stable=True).indices[:, :k]     # the k lowest of each row
+        keep.scatter_(1, drop, False)
+    return keep
+
+
+def wanda_masks(model, ids: torch.Tensor, sparsity: float | None = None, n: int | None = None,
+                m: int | None = None, batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """The Wanda masks of every prunable linear of `model` from calibration windows `ids` [N, T]."""
+    norms = input_norms(model, ids, batch_size)
+    return {name: wanda_mask(lin.weight, norms[name], sparsity, n, m) for name, lin in prunable_linears(model).items()}
+
+
+def wanda_prune(model, ids: torch.Tensor, sparsity: float | None = None, n: int | None = None,
+                m: int | None = None):
+    """Hold Wanda masks on `model` (in place); returns the model."""
+    return apply_masks(model, wanda_masks(model, ids, sparsity, n, m))
