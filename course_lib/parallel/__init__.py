@@ -23,4 +23,4 @@ from .layers import (ColumnParallelLinear, RowParallelLinear, ShardedAttention, 
                      shard_fused_qkv, shard_range)
 from .pipeline import bubble_formula, bubble_fraction, gpipe_schedule, pipeline_run, split_layers
 from .shard import check_tp_degree, parallelize_dtensor, shard_model, tp_degrees
-from .workers import ModelSpec, failing_worker, linear_pair_check, sequence, tp_check, tp_timing
+from .workers import ModelSpec, failing_worker, linear_pair_check, sequence, torchrun_demo, tp_check, tp_timing

@@ -3,12 +3,14 @@
     from course_lib.parallel.launch import launch
     results = launch(my_module.worker, world_size=2, args=(cfg,))   # [rank 0's return, rank 1's return]
 
-``launch`` spawns ``world_size`` fresh Python processes (``torch.multiprocessing``'s *spawn* start method:
-the only one that works with CUDA, and the one macOS and Windows have), gives them a free local port for
+``launch`` starts ``world_size`` fresh Python processes (``torch.multiprocessing`` with the *forkserver*
+start method where the OS has it, else *spawn*: never a plain fork of the caller, whose threads and CUDA
+state a child must not inherit; the fork server is a clean process, started once, that has imported torch,
+so only the first launch of a session waits for that), gives them a free local port for
 the rendezvous, initializes ``torch.distributed`` in each (gloo on a CPU, NCCL on GPUs) with a timeout
 that bounds every collective, calls ``worker(*args)`` in each and returns what each rank returned.
 
-* Spawn pickles the worker *by reference*: it must be a function of an importable module, not one defined
+* Both pickle the worker *by reference*: it must be a function of an importable module, not one defined
   in a notebook cell (``launch`` refuses such a function with a clear message). Notebook code calls library
   functions; ``launch_source`` runs a function given as source text (how lab 11 checks a student's function).
 * A rank that raises: its traceback comes back, the other ranks are killed, and ``RankFailed`` names the
@@ -149,6 +151,24 @@ def _stop(procs, grace: float = 3.0):
             p.join(5)
 
 
+# torch._dynamo: building a model on the meta device (from_pretrained) imports it, seconds per rank otherwise
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor.parallel", "course_lib.parallel.workers"]
+
+
+def _context(start_method: str | None):
+    """The multiprocessing context: forkserver (preloading torch and the course's workers) or spawn."""
+    import multiprocessing
+    methods = multiprocessing.get_all_start_methods()
+    method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
+    if method not in ("forkserver", "spawn") or method not in methods:
+        raise ValueError(f"start_method must be 'forkserver' or 'spawn' (available here: "
+                         f"{[m for m in methods if m != 'fork']}), got {start_method!r}")
+    ctx = torch.multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 # Errors a rank sees because a *peer* failed (its connection closed, the collective aborted).
 _SECONDARY = ("Connection closed by peer", "Connection reset by peer", "DistBackendError", "Broken pipe",
               "ProcessGroupGloo", "gloo/transport")
@@ -175,7 +195,8 @@ def _first_cause(rank, detail, results, window: float = 1.0) -> RankFailed:
 
 
 def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None, backend: str | None = None, timeout: float = 30.0,
-           deadline: float | None = None, threads: int | None = 1, _target=None) -> list:
+           deadline: float | None = None, threads: int | None = 1, start_method: str | None = None,
+           _target=None) -> list:
     """Run ``worker(*args, **kwargs)`` in ``world_size`` spawned processes that form one process group; return the
     list of their return values (index = rank).
 
@@ -183,6 +204,9 @@ def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None
     timeout: seconds any collective may wait (the process group's timeout; also bounds the rendezvous).
     deadline: seconds the whole launch may take (default: timeout + 120 for starting Python and torch).
     threads: torch threads per rank (1: a small machine is not oversubscribed by P ranks x all cores).
+    start_method: "forkserver" (default where the OS has it: a clean server process, started once, that
+    has imported torch and forks each rank, so later launches skip the seconds of importing torch) or
+    "spawn" (a fresh interpreter per rank; the only one on Windows). Both import the worker by reference.
     Raises ``RankFailed`` naming the first rank that failed (its traceback included); the other ranks are
     killed. Every process is joined or killed before this returns or raises, KeyboardInterrupt included.
     """
@@ -209,7 +233,7 @@ def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None
                            "network interface (127.0.0.1), which gloo needs even on one machine (a sandbox "
                            "without network?). Run the notebook where localhost works (your laptop, Colab).")
     deadline = timeout + 120.0 if deadline is None else deadline
-    ctx = torch.multiprocessing.get_context("spawn")
+    ctx = _context(start_method)
     results = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_entry, daemon=True,

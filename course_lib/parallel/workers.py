@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from course_lib.generation import generate
 from course_lib.kvcache import ContiguousCache
-from course_lib.models import load
+from course_lib.models import bundled_path
 from course_lib.models.config import LlamaConfig
 from course_lib.models.llama import LlamaForCausalLM
 
@@ -26,7 +26,8 @@ from .shard import parallelize_dtensor, shard_model
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model every rank can rebuild identically: ``name`` of a bundled model, or ``config`` + ``seed``."""
+    """A model every rank can rebuild identically: ``name`` of a bundled model ("tiny"), or ``config`` +
+    ``seed`` (random weights)."""
     name: str | None = None
     config: LlamaConfig | None = None
     seed: int = 0
@@ -35,8 +36,8 @@ class ModelSpec:
         if (self.name is None) == (self.config is None):
             raise ValueError("ModelSpec needs exactly one of name= or config=")
         if self.name is not None:
-            model, _ = load(self.name, device="cpu", verbose=False)
-            return model.eval()
+            # the weights only (load() would also build the tokenizer, seconds of importing transformers)
+            return LlamaForCausalLM.from_pretrained(bundled_path(self.name), device="cpu").eval()
         torch.manual_seed(self.seed)
         return LlamaForCausalLM(self.config).eval()
 
@@ -158,3 +159,16 @@ def sequence(steps) -> list:
     """Run several workers one after the other in the same process group (one launch, one start-up):
     ``steps`` is a list of (function, args, kwargs); returns their results in order."""
     return [fn(*args, **(kwargs or {})) for fn, args, kwargs in steps]
+
+
+def torchrun_demo() -> dict:
+    """What ``torchrun -m course_lib.parallel.launch course_lib.parallel.workers:torchrun_demo`` runs: an
+    all-reduce of (rank + 1) and the TP logits check on the bundled model, under torchrun's group."""
+    x = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(x)
+    res = tp_check(TINY_SPEC, batch=2, prompt_len=4, new_tokens=2)
+    return {"world_size": dist.get_world_size(), "allreduce_sum": x.item(),
+            "tp_max_abs_diff": max(res["ours"]["forward_max_abs_diff"], res["ours"]["decode_max_abs_diff"])}
+
+
+TINY_SPEC = ModelSpec("tiny")
