@@ -118,22 +118,26 @@ def linear_pair_check(d_in: int, d_hidden: int, d_out: int, batch: int = 3, seed
 def tp_timing(spec: ModelSpec, batch: int = 1, prompt_len: int = 16, new_tokens: int = 16, repeats: int = 3,
               allreduce_repeats: int = 50) -> dict:
     """Seconds per decode step of the sharded model (the median of ``repeats`` greedy runs, timed with a
-    barrier around each), and the measured all-reduce latency of one [batch, 1, D] float32 activation."""
+    barrier around each), and the measured all-reduce latency of one [batch, 1, D] float32 activation.
+    On the CPU with gloo; on GPU r with NCCL (``launch(..., backend="nccl")``)."""
     world = dist.get_world_size()
-    model = spec.build()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    model = spec.build().to(device)
     tp = shard_model(model, world) if world > 1 else model
-    ids = _prompts(model.config.vocab_size, batch, prompt_len, 0)
+    ids = _prompts(model.config.vocab_size, batch, prompt_len, 0).to(device)
     generate(tp, ids, 2, cache=ContiguousCache())                            # warm-up
     per_step = []
     for _ in range(repeats):
         dist.barrier()
         out = generate(tp, ids, new_tokens, cache=ContiguousCache())
         per_step.append(out.trace.tpot)
-    x = torch.zeros(batch, 1, model.config.hidden_size)
+    x = torch.zeros(batch, 1, model.config.hidden_size, device=device)
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(allreduce_repeats):
         dist.all_reduce(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     ar = (time.perf_counter() - t0) / allreduce_repeats
     per_step.sort()
     return {"world_size": world, "step_s": per_step[len(per_step) // 2], "allreduce_s": ar,
