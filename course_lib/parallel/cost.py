@@ -44,10 +44,12 @@ class Link:
 
 
 # Nominal, per direction. NVLink 4 (H100 SXM): 900 GB/s total = 450 GB/s each way; PCIe 4.0 / 5.0 x16:
-# 32 / 64 GB/s; InfiniBand NDR: 400 Gb/s = 50 GB/s; Ethernet 100 / 10 Gb/s: 12.5 / 1.25 GB/s. Latencies are
-# orders of magnitude (a few microseconds inside a machine, tens across a network), not measurements.
+# 32 / 64 GB/s; InfiniBand NDR: 400 Gb/s = 50 GB/s; Ethernet 100 / 10 Gb/s: 12.5 / 1.25 GB/s. Latencies per
+# ring step are orders of magnitude (about a microsecond over NVLink, so an 8-GPU all-reduce of a few KiB
+# takes ~20 us, the order NCCL reaches there; ~10 us through PCIe; tens of us across a network), not
+# measurements: measure your own with nccl-tests, or with ``workers.tp_timing`` here.
 LINKS = {
-    "nvlink4": Link("NVLink 4 (H100 SXM)", 450e9, 3e-6),
+    "nvlink4": Link("NVLink 4 (H100 SXM)", 450e9, 1.5e-6),
     "pcie5": Link("PCIe 5.0 x16", 64e9, 10e-6),
     "pcie4": Link("PCIe 4.0 x16", 32e9, 10e-6),
     "infiniband-ndr": Link("InfiniBand NDR 400 Gb/s", 50e9, 5e-6),

@@ -19,11 +19,13 @@ that bounds every collective, calls ``worker(*args)`` in each and returns what e
   ``launch`` itself gives up ``deadline`` seconds after the start, whatever the ranks do.
 * Every process is joined or killed on the way out: on success, on failure, and on ``KeyboardInterrupt``
   (interrupting the notebook cell).
+* A rank's stderr (gloo's C++ warnings, for one) goes to a file, not into the notebook cell; it is shown
+  with the traceback when the rank fails.
 
 The same worker runs under ``torchrun`` (which starts the processes and sets RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT)::
 
-    torchrun --nproc-per-node 2 -m course_lib.parallel.launch course_lib.parallel.demo:tp_check
+    torchrun --nproc-per-node 2 -m course_lib.parallel.launch course_lib.parallel.workers:torchrun_demo
 
 ``main`` initializes the group from that environment (``init_from_env``) and prints rank 0's result.
 """
@@ -36,6 +38,7 @@ import pickle
 import queue as queue_mod
 import socket
 import sys
+import tempfile
 import time
 import traceback
 
@@ -46,10 +49,11 @@ import torch.distributed as dist
 class RankFailed(RuntimeError):
     """A rank of a ``launch`` raised, died or timed out; ``rank`` and ``detail`` (its traceback) say which and why."""
 
-    def __init__(self, rank: int | None, detail: str):
-        self.rank, self.detail = rank, detail
+    def __init__(self, rank: int | None, detail: str, others=()):
+        self.rank, self.detail, self.others = rank, detail, sorted(others)
         who = "the process group" if rank is None else f"rank {rank}"
-        super().__init__(f"{who} failed:\n{detail}")
+        also = f"\n(ranks {self.others} failed too, after it)" if self.others else ""
+        super().__init__(f"{who} failed:\n{detail}{also}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,8 +90,29 @@ def _init(backend: str, rank: int, world_size: int, timeout: float, init_method:
                             timeout=datetime.timedelta(seconds=timeout))
 
 
+def _capture_stderr():
+    """Send this process's file descriptor 2 to a temporary file: C++ warnings of gloo and torch (and any
+    print to stderr) stay out of the notebook cell, where a graded cell's stderr output counts as an
+    error; they come back with the traceback if the rank fails."""
+    f = tempfile.TemporaryFile()
+    sys.stderr.flush()
+    os.dup2(f.fileno(), 2)
+    return f
+
+
+def _tail(f, n: int = 3000) -> str:
+    try:
+        sys.stderr.flush()
+        f.seek(0)
+        text = f.read().decode("utf-8", "replace").strip()
+    except (OSError, ValueError):
+        return ""
+    return f"\n--- this rank's stderr (last {n} characters) ---\n{text[-n:]}" if text else ""
+
+
 def _entry(rank, world_size, target, args, kwargs, backend, init_method, timeout, threads, results):
     """What each spawned process runs: init the group, call the worker, report (rank, ok, payload)."""
+    err = _capture_stderr()
     try:
         if threads:
             torch.set_num_threads(threads)
@@ -97,7 +122,7 @@ def _entry(rank, world_size, target, args, kwargs, backend, init_method, timeout
         payload = pickle.dumps(out)          # plain pickle: tensors travel as bytes, not shared memory
         results.put((rank, True, payload))
     except BaseException:  # noqa: BLE001 - report everything, including KeyboardInterrupt
-        results.put((rank, False, traceback.format_exc()))
+        results.put((rank, False, traceback.format_exc() + _tail(err)))
     finally:
         if dist.is_initialized():
             try:
@@ -155,7 +180,7 @@ def _stop(procs, grace: float = 3.0):
 _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor.parallel", "course_lib.parallel.workers"]
 
 
-def _context(start_method: str | None):
+def _context(start_method: str | None, preload=None):
     """The multiprocessing context: forkserver (preloading torch and the course's workers) or spawn."""
     import multiprocessing
     methods = multiprocessing.get_all_start_methods()
@@ -165,7 +190,7 @@ def _context(start_method: str | None):
                          f"{[m for m in methods if m != 'fork']}), got {start_method!r}")
     ctx = torch.multiprocessing.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(_PRELOAD)
+        ctx.set_forkserver_preload(list(_PRELOAD if preload is None else preload))  # used when the server starts
     return ctx
 
 
@@ -188,15 +213,12 @@ def _first_cause(rank, detail, results, window: float = 1.0) -> RankFailed:
             failures.append((r, payload))
     primary = [f for f in failures if not any(m in f[1] for m in _SECONDARY)]
     r, d = (primary or failures)[0]
-    others = sorted({x for x, _ in failures} - {r})
-    if others:
-        d += f"\n(ranks {others} failed too, after it)"
-    return RankFailed(r, d)
+    return RankFailed(r, d, {x for x, _ in failures} - {r})
 
 
 def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None, backend: str | None = None, timeout: float = 30.0,
            deadline: float | None = None, threads: int | None = 1, start_method: str | None = None,
-           _target=None) -> list:
+           preload=None, _target=None) -> list:
     """Run ``worker(*args, **kwargs)`` in ``world_size`` spawned processes that form one process group; return the
     list of their return values (index = rank).
 
@@ -207,6 +229,8 @@ def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None
     start_method: "forkserver" (default where the OS has it: a clean server process, started once, that
     has imported torch and forks each rank, so later launches skip the seconds of importing torch) or
     "spawn" (a fresh interpreter per rank; the only one on Windows). Both import the worker by reference.
+    preload: the modules the fork server imports when it starts (default: torch, torch.distributed,
+    torch._dynamo, the DTensor API and the course's workers); it starts once per session.
     Raises ``RankFailed`` naming the first rank that failed (its traceback included); the other ranks are
     killed. Every process is joined or killed before this returns or raises, KeyboardInterrupt included.
     """
@@ -233,7 +257,7 @@ def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None
                            "network interface (127.0.0.1), which gloo needs even on one machine (a sandbox "
                            "without network?). Run the notebook where localhost works (your laptop, Colab).")
     deadline = timeout + 120.0 if deadline is None else deadline
-    ctx = _context(start_method)
+    ctx = _context(start_method, preload)
     results = ctx.Queue()
     init_method = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_entry, daemon=True,
@@ -289,6 +313,7 @@ def launch_source(source: str, name: str, world_size: int, args: tuple = (), **o
         raise TypeError("source must be the non-empty source text of a function")
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name must be the function's name, got {name!r}")
+    options.setdefault("preload", ["torch", "torch.distributed"])       # a lab's kernel needs no more
     return launch(None, world_size, args, _target=("source", source, name, SOURCE_PREAMBLE), **options)
 
 
