@@ -84,13 +84,14 @@ def pipeline_run(spec, micro_batches: int, batch: int = 4, seq: int = 8, stage_s
     m = micro_batches
     if batch % m:
         raise ValueError(f"micro_batches={m} must divide batch={batch}")
-    model = spec.build()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    model = spec.build().to(device)
     cfg = model.config
     layers = [model.model.layers[i] for i in split_layers(cfg.num_hidden_layers, p)[rank]]
     g = torch.Generator(device="cpu").manual_seed(seed)
-    ids = torch.randint(1, cfg.vocab_size, (batch, seq), generator=g, device="cpu")
+    ids = torch.randint(1, cfg.vocab_size, (batch, seq), generator=g, device="cpu").to(device)
     mb = batch // m
-    pos = torch.arange(seq, device="cpu")[None].expand(mb, seq)
+    pos = torch.arange(seq, device=device)[None].expand(mb, seq)
     cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, torch.float32)
     timeline, logits, pending = [], [], []
     dist.barrier()
@@ -98,11 +99,13 @@ def pipeline_run(spec, micro_batches: int, batch: int = 4, seq: int = 8, stage_s
         if rank == 0:
             x = model.model.embed_tokens(ids[i * mb:(i + 1) * mb])                   # [b, T, D]
         else:
-            x = torch.empty(mb, seq, cfg.hidden_size)
+            x = torch.empty(mb, seq, cfg.hidden_size, device=device)
             dist.recv(x, src=rank - 1)                                               # wait for stage s-1
         t0 = time.perf_counter()
         for layer in layers:
             x = layer(x, cos, sin)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         if stage_sleep_s:
             time.sleep(stage_sleep_s)
         t1 = time.perf_counter()
@@ -116,7 +119,7 @@ def pipeline_run(spec, micro_batches: int, batch: int = 4, seq: int = 8, stage_s
     everyone = [None] * p
     dist.all_gather_object(everyone, timeline)
     timeline = sorted(t for part in everyone for t in part)
-    diff = torch.zeros(1)
+    diff = torch.zeros(1, device=device)
     if rank == p - 1:
         diff[0] = (torch.cat(logits) - model(ids)).abs().max()
     dist.broadcast(diff, src=p - 1)

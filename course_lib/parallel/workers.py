@@ -58,6 +58,11 @@ def _same_on_all_ranks(x: torch.Tensor) -> bool:
     return all(torch.equal(p, parts[0]) for p in parts)
 
 
+def _comm_device() -> torch.device:
+    """Where this rank's collectives run: its GPU with NCCL, the CPU with gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 @torch.no_grad()
 def tp_check(spec: ModelSpec, batch: int = 2, prompt_len: int = 7, new_tokens: int = 5, dtensor: bool = False,
              seed: int = 0) -> dict:
@@ -67,14 +72,15 @@ def tp_check(spec: ModelSpec, batch: int = 2, prompt_len: int = 7, new_tokens: i
     equal, whether every rank got bitwise the same logits, and (dtensor=True) the same for
     ``parallelize_dtensor``."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    model = spec.build()
-    ids = _prompts(model.config.vocab_size, batch, prompt_len, seed)
+    device = _comm_device()                                                # the CPU (gloo) or this rank's GPU (NCCL)
+    model = spec.build().to(device)
+    ids = _prompts(model.config.vocab_size, batch, prompt_len, seed).to(device)
     ref_logits = model(ids)                                                # [B, T, V]
     ref = generate(model, ids, new_tokens, cache=ContiguousCache(), return_logits=True)
     out = {"rank": rank, "world_size": world}
     makers = {"ours": lambda: shard_model(model, world)}
     if dtensor:
-        makers["dtensor"] = lambda: parallelize_dtensor(model, world)
+        makers["dtensor"] = lambda: parallelize_dtensor(model, world, device_type=device.type)
     for tag, make in makers.items():
         tp = make()
         logits = tp(ids)
@@ -121,7 +127,7 @@ def tp_timing(spec: ModelSpec, batch: int = 1, prompt_len: int = 16, new_tokens:
     barrier around each), and the measured all-reduce latency of one [batch, 1, D] float32 activation.
     On the CPU with gloo; on GPU r with NCCL (``launch(..., backend="nccl")``)."""
     world = dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = _comm_device()
     model = spec.build().to(device)
     tp = shard_model(model, world) if world > 1 else model
     ids = _prompts(model.config.vocab_size, batch, prompt_len, 0).to(device)
@@ -151,11 +157,11 @@ def failing_worker(bad_rank: int = 1, hang_rank: int | None = None) -> str:
     if rank == bad_rank:
         raise ValueError(f"rank {rank} was told to fail")
     if rank == hang_rank:
-        dist.all_reduce(torch.ones(1))       # the others never call this one: gloo's timeout raises
+        dist.all_reduce(torch.ones(1, device=_comm_device()))   # the others never call this one: gloo's timeout raises
         return "unreachable"
     if hang_rank is not None:
         time.sleep(60)                       # stay out of the collective
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device=_comm_device()))
     return "ok"
 
 
@@ -168,7 +174,7 @@ def sequence(steps) -> list:
 def torchrun_demo() -> dict:
     """What ``torchrun -m course_lib.parallel.launch course_lib.parallel.workers:torchrun_demo`` runs: an
     all-reduce of (rank + 1) and the TP logits check on the bundled model, under torchrun's group."""
-    x = torch.tensor([float(dist.get_rank() + 1)])
+    x = torch.tensor([float(dist.get_rank() + 1)], device=_comm_device())
     dist.all_reduce(x)
     res = tp_check(TINY_SPEC, batch=2, prompt_len=4, new_tokens=2)
     return {"world_size": dist.get_world_size(), "allreduce_sum": x.item(),
