@@ -8,7 +8,9 @@ order, and then runs the kernel command:
 1. ``chown``: hand the kernel's scratch folders and connection file to the sandbox user;
    ``expose`` (root only): in a private mount namespace, make the Python installation reachable for
    the sandbox user when it sits in a folder that user cannot enter (``/root/.pyenv``);
-2. ``unshare``: new network namespace (no network: not even loopback is up) and new PID namespace
+2. ``unshare``: new network namespace (no network; its own loopback interface is brought up, as
+   bubblewrap does, so that programs talking to 127.0.0.1, like torch.distributed's gloo, work inside
+   it) and new PID namespace
    (the kernel is its init: when it dies, every process it started dies with it, whatever it did to
    escape its process group); as root directly, otherwise inside a new user namespace when the system
    allows one;
@@ -62,18 +64,35 @@ def _write(path: str, text: str) -> None:
         fh.write(text)
 
 
+def loopback_up() -> None:
+    """Bring up ``lo`` in this (new) network namespace: SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP.
+    Best effort: a failure is reported on stderr and the kernel starts anyway (without localhost)."""
+    import fcntl
+    import socket
+    import struct
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            ifr = fcntl.ioctl(s, 0x8913, struct.pack("16sH14s", b"lo", 0, b""))     # SIOCGIFFLAGS
+            flags = struct.unpack("16sH14s", ifr)[1]
+            fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 0x1, b""))  # SIOCSIFFLAGS, IFF_UP
+    except OSError as e:
+        sys.stderr.write(f"course grade jail: loopback not up in the network namespace: {e}\n")
+
+
 def enter_namespaces(net: bool, pid: bool) -> None:
     flags = (CLONE_NEWNET if net else 0) | (CLONE_NEWPID if pid else 0)
     if not flags:
         return
     if os.geteuid() == 0:
         unshare(flags)
-        return
-    uid, gid = os.geteuid(), os.getegid()
-    unshare(CLONE_NEWUSER | flags)  # a user namespace lets an unprivileged user make the others
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    else:
+        uid, gid = os.geteuid(), os.getegid()
+        unshare(CLONE_NEWUSER | flags)  # a user namespace lets an unprivileged user make the others
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    if net:
+        loopback_up()  # still privileged in the new namespaces (before dropping privileges and exec)
 
 
 def mount(source, target, flags: int) -> None:
