@@ -5,6 +5,18 @@ comments, tested), and a fast GPU path where it matters, tested against the refe
 """
 __version__ = "0.1.0"
 
-# Where the course lives; the notebooks' Colab badges and install cells point here.
+# Where the course is published: the one place that drives the Colab badges (README and notebooks),
+# the notebooks' install cells and the site's links. Students get the release, never `main`: a badge
+# opens the notebook at the tag RELEASE and its install cell installs the library at the same tag, so a
+# push in mid-term changes nothing they run. To publish a release: set __version__, run
+# `python tools/nb.py sync --from-py` and `course build-labs` (every badge and install cell follows),
+# commit, then tag that commit RELEASE and push the tag (README, "Publishing").
 REPO = "llm-inference-course/course"
 REPO_URL = f"https://github.com/{REPO}"
+RELEASE = f"v{__version__}"
+INSTALL_SPEC = f"course_lib @ git+{REPO_URL}@{RELEASE}"
+
+
+def colab_url(relpath: str) -> str:
+    """The Colab link of a notebook at `relpath` in the repository, at the release tag."""
+    return f"https://colab.research.google.com/github/{REPO}/blob/{RELEASE}/{relpath}"

@@ -41,10 +41,33 @@ def test_readme_has_exactly_two_newcomer_commands_and_ci_runs_the_test_one():
 
 
 def test_every_notebook_and_lab_has_a_colab_badge_in_readme():
+    from course_lib import colab_url
     readme = (ROOT / "README.md").read_text()
     for nb in sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("labs/*.ipynb")]):
         rel = nb.relative_to(ROOT).as_posix()
-        assert f"blob/main/{rel})" in readme, f"README has no Colab badge for {rel}"
+        assert f"({colab_url(rel)})" in readme, f"README has no Colab badge for {rel} at {colab_url(rel)}"
+
+
+def test_one_published_location_and_release_everywhere():
+    """course_lib says where the course is published and which release students get; every badge (README,
+    notebooks, labs) opens that release and every install cell installs the library at the same tag."""
+    import nbformat
+    from course_lib import INSTALL_SPEC, RELEASE, REPO, __version__, colab_url
+    assert RELEASE == f"v{__version__}" and INSTALL_SPEC.endswith(f"@{RELEASE}")
+    readme = (ROOT / "README.md").read_text()
+    linked = re.findall(r"https://colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/([^/]+)/(\S+?\.ipynb)",
+                        readme)
+    assert linked, "README has no Colab badge"
+    for repo, ref, rel in linked:
+        assert (repo, ref) == (REPO, RELEASE), f"README links {rel} at {repo}@{ref}, not {REPO}@{RELEASE}"
+        assert (ROOT / rel).exists(), f"README links {rel}, which does not exist"
+    for nb_path in sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("solutions/*.ipynb"),
+                           *ROOT.glob("labs/*.ipynb")]):
+        nb = nbformat.read(str(nb_path), as_version=4)
+        rel = nb_path.relative_to(ROOT).as_posix()
+        assert f"({colab_url(rel)})" in nb.cells[0].source, f"{rel}: the badge is not {colab_url(rel)}"
+        installs = re.findall(r'pip install -q "([^"]+)"', nb.cells[1].source)
+        assert installs == [INSTALL_SPEC], f"{rel}: the install cell installs {installs}, not [{INSTALL_SPEC!r}]"
 
 
 def test_notebooks_start_with_badge_install_and_parameters_cells():

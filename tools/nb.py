@@ -54,7 +54,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from course_lib import REPO  # noqa: E402
+from course_lib import INSTALL_SPEC, colab_url  # noqa: E402
 
 DEFAULT_DIRS = ("notebooks", "solutions")
 NB_METADATA = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
@@ -62,7 +62,7 @@ NB_METADATA = {"kernelspec": {"display_name": "Python 3", "language": "python", 
 INSTALL = """# Colab only: install the course library (this cell does nothing anywhere else).
 import sys
 if "google.colab" in sys.modules:
-    !pip install -q "course_lib @ git+https://github.com/{repo}"
+    !pip install -q "{spec}"
 """
 PREAMBLE = ("# Source of the notebook beside this file (same name, .ipynb). After editing it, run\n"
             "#     python tools/nb.py sync --from-py\n"
@@ -106,12 +106,11 @@ def relpath(nb_path) -> str:
 
 
 def colab_badge(relpath: str) -> str:
-    url = f"https://colab.research.google.com/github/{REPO}/blob/main/{relpath}"
-    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(relpath)})"
 
 
 def install_source() -> str:
-    return INSTALL.format(repo=REPO).strip()
+    return INSTALL.format(spec=INSTALL_SPEC).strip()
 
 
 # ---- nbgrader metadata: the source holds what differs from what the build fills in -------------------
