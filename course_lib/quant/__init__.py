@@ -19,6 +19,10 @@ from .metrics import DB_PER_BIT, error_report, max_error, mse, sqnr_db
 from .nf4 import NF4Tensor, dynamic_map, nf4_codebook, nf4_dequantize, nf4_quantize
 from .packing import pack_int4, unpack_int4
 
+# module 03, part B: k-quants, FP8, QAT, sensitivity and bit allocation, fast weight-only matmuls
+from .gguf import (GGUF_FORMATS, dequantize_q4_k, dequantize_q6_k, gguf_bits_per_weight, quantize_q4_k,
+                   quantize_q6_k)
+
 __all__ = [
     # core
     "QuantizedTensor", "quantize", "absmax_quantize", "zeropoint_quantize", "dequantize", "dequantize_codes",
@@ -36,4 +40,7 @@ __all__ = [
     "quantize_q8_0", "dequantize_q8_0", "quantize_q4_0", "dequantize_q4_0", "gguf_quantize",
     "gguf_dequantize", "describe_block",
     "NF4Tensor", "nf4_codebook", "dynamic_map", "nf4_quantize", "nf4_dequantize",
+]
+__all__ += [  # module 03, part B
+    "GGUF_FORMATS", "quantize_q4_k", "dequantize_q4_k", "quantize_q6_k", "dequantize_q6_k", "gguf_bits_per_weight",
 ]
