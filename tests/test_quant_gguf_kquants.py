@@ -37,7 +37,8 @@ def _inputs():
     h = torch.randn(4, 256, generator=g) * 0.01
     h[0, 5], h[1, 100], h[2, 255] = 50.0, -80.0, 300.0          # one outlier per super-block
     yield "outliers", h
-    yield "heavy tails", torch.distributions.StudentT(2.0).sample((8, 256))
+    t = torch.randn(3, 8, 256, generator=g)
+    yield "heavy tails", t[0] / (t[1] ** 2 / 2 + t[2] ** 2 / 2).sqrt()       # Student t, 2 degrees of freedom
 
 
 def _random_blocks(fmt, n, seed):
@@ -90,7 +91,7 @@ def test_sizes_and_bits_per_weight():
 
 
 def test_error_order_against_the_32_value_formats():
-    x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(32, 512, generator=torch.Generator().manual_seed(5))
     rel = {f: float(((gguf_dequantize(gguf_quantize(x, f), f) - x) ** 2).mean() / (x ** 2).mean())
            for f in ["q4_0", "q4_k", "q6_k", "q8_0"]}
     # same 4.5 bits per weight, but Q4_K's searched (scale, min) pairs beat Q4_0's absmax scale

@@ -22,6 +22,7 @@ from .packing import pack_int4, unpack_int4
 # module 03, part B: k-quants, FP8, QAT, sensitivity and bit allocation, fast weight-only matmuls
 from .gguf import (GGUF_FORMATS, dequantize_q4_k, dequantize_q6_k, gguf_bits_per_weight, quantize_q4_k,
                    quantize_q6_k)
+from .fp8 import FP8_MAX, FP8Linear, FP8Tensor, fp8_dequantize, fp8_error_rows, fp8_quantize, scaled_mm_available
 
 __all__ = [
     # core
@@ -43,4 +44,5 @@ __all__ = [
 ]
 __all__ += [  # module 03, part B
     "GGUF_FORMATS", "quantize_q4_k", "dequantize_q4_k", "quantize_q6_k", "dequantize_q6_k", "gguf_bits_per_weight",
+    "FP8_MAX", "FP8Tensor", "fp8_quantize", "fp8_dequantize", "FP8Linear", "scaled_mm_available", "fp8_error_rows",
 ]
