@@ -22,6 +22,8 @@ from .packing import pack_int4, unpack_int4
 # module 03, part B: k-quants, FP8, QAT, sensitivity and bit allocation, fast weight-only matmuls
 from .gguf import (GGUF_FORMATS, dequantize_q4_k, dequantize_q6_k, gguf_bits_per_weight, quantize_q4_k,
                    quantize_q6_k)
+from .fast import (GPT_FAST_A100, Int4WeightOnlyLinear, Int8WeightOnlyLinear, decode_gemv_benchmark,
+                   fast_kernels_available, int4_weight_only, int4_weight_only_mm, int8_weight_only, int8_weight_only_mm)
 from .fp8 import FP8_MAX, FP8Linear, FP8Tensor, fp8_dequantize, fp8_error_rows, fp8_quantize, scaled_mm_available
 
 __all__ = [
@@ -45,4 +47,6 @@ __all__ = [
 __all__ += [  # module 03, part B
     "GGUF_FORMATS", "quantize_q4_k", "dequantize_q4_k", "quantize_q6_k", "dequantize_q6_k", "gguf_bits_per_weight",
     "FP8_MAX", "FP8Tensor", "fp8_quantize", "fp8_dequantize", "FP8Linear", "scaled_mm_available", "fp8_error_rows",
+    "int8_weight_only", "int4_weight_only", "int8_weight_only_mm", "int4_weight_only_mm", "Int8WeightOnlyLinear",
+    "Int4WeightOnlyLinear", "fast_kernels_available", "decode_gemv_benchmark", "GPT_FAST_A100",
 ]
