@@ -46,8 +46,8 @@ def train_batches(tok, n_batches: int = 8, batch_size: int = 4, seq_len: int = 1
                   max_files: int = 40) -> list[torch.Tensor]:
     """Random windows [batch_size, seq_len + 1] of the training split's token stream (host tensors)."""
     stream = encode_stream(getattr(tok, "backend_tokenizer", tok), load_split("train", max_files=max_files))
-    g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(stream) - seq_len - 1, (n_batches, batch_size), generator=g)
+    g = torch.Generator(device="cpu").manual_seed(seed)          # host windows of a host stream
+    starts = torch.randint(0, len(stream) - seq_len - 1, (n_batches, batch_size), generator=g, device="cpu")
     return [torch.stack([stream[s:s + seq_len + 1] for s in row.tolist()]) for row in starts]
 
 
@@ -156,12 +156,25 @@ def load_bnb(mode: str, name: str = "tiny", device: str = "cpu", fallback: bool 
     return _swap_bnb(model, mode).eval(), {"route": "bitsandbytes modules swapped in by hand", "refused": refused}
 
 
+class _Once:
+    def __init__(self):
+        self.seen = set()
+
+    def filter(self, record):
+        key = record.getMessage()
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
 def bnb_rows(name: str = "tiny", texts=None, device: str = "cpu") -> list[dict]:
     """fp32 vs bitsandbytes int8 vs NF4 (double quant): measured bytes and held-out bits per byte."""
-    import warnings
+    import logging
 
     from transformers import AutoModelForCausalLM
-    warnings.filterwarnings("ignore", message="MatMul8bitLt")    # its fp32 -> fp16 cast note, once per call
+    # bitsandbytes logs its fp32 -> fp16 cast note on every int8 matmul: keep the first, drop the repeats
+    logging.getLogger("bitsandbytes.autograd._functions").addFilter(_Once())
     texts = texts or heldout_texts()
     _, tok = load(name, device="cpu", verbose=False)
     fp = AutoModelForCausalLM.from_pretrained(str(bundled_path(name))).to(device).eval()
@@ -173,3 +186,64 @@ def bnb_rows(name: str = "tiny", texts=None, device: str = "cpu") -> list[dict]:
                      "bytes": weight_bytes_of(m), "bpb": heldout_bpb(m, tok, texts), "route": info["route"],
                      "refused": info["refused"]})
     return rows
+
+
+# --- model transforms for the notebook's one table (each returns the model, changed in place) -------------
+
+def _linears(model, skip=("lm_head",)):
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not any(s in n for s in skip)]
+
+
+def _put(model, name, new):
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+@torch.no_grad()
+def to_gguf(model, fmt: str = "q4_k", mix: dict | None = None):
+    """Round every linear through a GGUF format (simulated: weights replaced by their decode). ``mix``
+    {substring: fmt} picks another format per tensor (a Q4_K_M-style mix: e.g. {"v_proj": "q6_k",
+    "down_proj": "q6_k"}). A weight whose rows are not a whole number of blocks (the tiny model's
+    down_proj has 688 inputs) is cut into blocks across rows, which llama.cpp would not do (it would fall
+    back to another type); the error is the format's all the same."""
+    from course_lib.quant.gguf import BLOCK_VALUES, gguf_dequantize, gguf_quantize
+    for n, m in _linears(model):
+        f = next((v for k, v in (mix or {}).items() if k in n), fmt)
+        w = m.weight
+        flat = w.reshape(-1) if w.shape[1] % BLOCK_VALUES[f] else w
+        m.weight.copy_(gguf_dequantize(gguf_quantize(flat, f), f).reshape(w.shape))
+    return model
+
+
+def to_fp8(model, fmt: str = "e4m3", act: str | None = "row"):
+    """Swap every linear for an FP8Linear (per-row weight scales; activations per token unless act=None)."""
+    from course_lib.quant.fp8 import FP8Linear
+    for n, m in _linears(model):
+        _put(model, n, FP8Linear.from_linear(m, fmt, "row", act))
+    return model
+
+
+def to_fast_weight_only(model, bits: int = 8, group_size: int = 128):
+    """Swap linears for torch's fused weight-only int8 / int4 linears; with int4, a linear whose input size
+    ``group_size`` does not divide (the tiny model's down_proj: 688) gets int8."""
+    from course_lib.quant.fast import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+    for n, m in _linears(model):
+        if bits == 4 and m.in_features % group_size == 0:
+            _put(model, n, Int4WeightOnlyLinear.from_linear(m, group_size))
+        else:
+            _put(model, n, Int8WeightOnlyLinear.from_linear(m))
+    return model
+
+
+@torch.no_grad()
+def to_mixed(model, alloc: dict, groups: dict, group_size: int = 16):
+    """Group RTN with the bits of a ``sensitivity.allocate_bits`` allocation {group: bits}."""
+    q = group_rtn(4, group_size)
+    for g, b in alloc.items():
+        for n in groups[g]:
+            w = model.get_submodule(n).weight
+            w.copy_(q(w, b))
+    return model
+
+
+__all__ += ["to_gguf", "to_fp8", "to_fast_weight_only", "to_mixed"]

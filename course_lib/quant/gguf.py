@@ -190,13 +190,14 @@ def _make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: fl
             terms.append(w[:, i] * (diff * diff))
         return _seq_sum(terms)
 
-    iscale = torch.tensor(float(nmax), dtype=f) / rng
+    iscale = torch.tensor(float(nmax), dtype=f, device=x.device) / rng
     scale = 1 / iscale
     minv = mn.clone()
     L = codes(iscale)
     best = werr(scale, minv, L)
     for step in range(nstep + 1):
-        factor = torch.tensor(rmin, dtype=f) + torch.tensor(rdelta, dtype=f) * step + nmax
+        factor = (torch.tensor(rmin, dtype=f, device=x.device) + torch.tensor(rdelta, dtype=f, device=x.device) * step
+                  + nmax)
         La = codes(factor / rng)
         Lf = La.to(f)
         sum_l = _seq_sum([w[:, i] * Lf[:, i] for i in range(k)])
@@ -225,7 +226,7 @@ def _make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: fl
 
 def _pack_k4_scales(ls: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
     """8 six-bit scales and 8 six-bit mins per super-block [nb, 8] -> the 12 packed bytes [nb, 12]."""
-    out = torch.zeros(ls.shape[0], 12, dtype=torch.int32)
+    out = torch.zeros(ls.shape[0], 12, dtype=torch.int32, device=ls.device)
     out[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)         # scales 0..3, top 2 bits of scales 4..7
     out[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)         # mins 0..3, top 2 bits of mins 4..7
     out[:, 8:12] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)  # low 4 bits of scales/mins 4..7
@@ -301,14 +302,14 @@ def _make_qx_quants(x: torch.Tensor, nmax: int = 32):
         suml2 = _seq_sum([wts[:, i] * lf[:, i] * lf[:, i] for i in range(k)])
         return l, sumlx, suml2
 
-    l, sumlx, suml2 = trial(torch.tensor(-float(nmax), dtype=f) / mxs)
+    l, sumlx, suml2 = trial(torch.tensor(-float(nmax), dtype=f, device=x.device) / mxs)
     L = l + nmax
     scale = torch.where(suml2 != 0, sumlx / torch.where(suml2 != 0, suml2, 1.0), 0.0)
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
-        iscale = -(nmax + torch.tensor(0.1, dtype=f) * step) / mxs
+        iscale = -(nmax + torch.tensor(0.1, dtype=f, device=x.device) * step) / mxs
         l, sumlx, suml2 = trial(iscale)
         better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         L = torch.where(better[:, None], l + nmax, L)
