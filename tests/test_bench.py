@@ -72,3 +72,24 @@ def test_paged_attention_bench_runs_and_reports_bandwidth(tmp_path):
         assert [r["num_splits"].split()[0] for r in data["rows"] if r["backend"] == "triton"] == ["1", "2"]
     for r in data["rows"]:
         assert r["time_us"] > 0 and r["GB/s"] > 0 and float(r["max_err"]) < 1e-4
+
+
+def test_quant_bench_runs_and_measures_ratios_in_one_run(tmp_path):
+    """bench/quant.py --quick: every row timed in the same run, the speed-ups computed against its bf16 row."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, COURSE_BENCH_RESULTS=str(tmp_path), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, str(root / "bench" / "quant.py"), "--quick", "--repeats", "3",
+                          "--reference"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(next(tmp_path.glob("quant-*.json")).read_text())
+    rows = {r["weights"]: r for r in data["rows"]}
+    assert data["device"] and data["hidden"] == 512 and data["gpt_fast_a100"] == {"int8": 1.48, "int4": 1.88}
+    assert rows["bf16"]["speed-up vs bf16"] == 1.0
+    assert all(r["ms/layer"] > 0 for r in rows.values())
+    mb = {k.split()[0]: r["MB/layer"] for k, r in rows.items()}
+    assert mb["int8"] < 0.52 * mb["bf16"] and mb.get("int4", 0) < 0.3 * mb["bf16"]   # the bytes the kernels read
+    assert "gpt-fast" in res.stdout

@@ -19,6 +19,15 @@ from .metrics import DB_PER_BIT, error_report, max_error, mse, sqnr_db
 from .nf4 import NF4Tensor, dynamic_map, nf4_codebook, nf4_dequantize, nf4_quantize
 from .packing import pack_int4, unpack_int4
 
+# module 03, part B: k-quants, FP8, QAT, sensitivity and bit allocation, fast weight-only matmuls
+from .gguf import (GGUF_FORMATS, dequantize_q4_k, dequantize_q6_k, gguf_bits_per_weight, quantize_q4_k,
+                   quantize_q6_k)
+from .fast import (GPT_FAST_A100, Int4WeightOnlyLinear, Int8WeightOnlyLinear, decode_gemv_benchmark,
+                   fast_kernels_available, int4_weight_only, int4_weight_only_mm, int8_weight_only, int8_weight_only_mm)
+from .qat import QATLinear, convert_qat, fake_quantize_ste, prepare_qat, qat_finetune, rtn_quantize_linears
+from .sensitivity import allocate_bits, allocation_cost, brute_force_allocation, layer_groups, sensitivity_scan
+from .fp8 import FP8_MAX, FP8Linear, FP8Tensor, fp8_dequantize, fp8_error_rows, fp8_quantize, scaled_mm_available
+
 __all__ = [
     # core
     "QuantizedTensor", "quantize", "absmax_quantize", "zeropoint_quantize", "dequantize", "dequantize_codes",
@@ -36,4 +45,12 @@ __all__ = [
     "quantize_q8_0", "dequantize_q8_0", "quantize_q4_0", "dequantize_q4_0", "gguf_quantize",
     "gguf_dequantize", "describe_block",
     "NF4Tensor", "nf4_codebook", "dynamic_map", "nf4_quantize", "nf4_dequantize",
+]
+__all__ += [  # module 03, part B
+    "GGUF_FORMATS", "quantize_q4_k", "dequantize_q4_k", "quantize_q6_k", "dequantize_q6_k", "gguf_bits_per_weight",
+    "FP8_MAX", "FP8Tensor", "fp8_quantize", "fp8_dequantize", "FP8Linear", "scaled_mm_available", "fp8_error_rows",
+    "int8_weight_only", "int4_weight_only", "int8_weight_only_mm", "int4_weight_only_mm", "Int8WeightOnlyLinear",
+    "Int4WeightOnlyLinear", "fast_kernels_available", "decode_gemv_benchmark", "GPT_FAST_A100",
+    "fake_quantize_ste", "QATLinear", "prepare_qat", "convert_qat", "qat_finetune", "rtn_quantize_linears",
+    "layer_groups", "sensitivity_scan", "allocate_bits", "allocation_cost", "brute_force_allocation",
 ]

@@ -1,4 +1,5 @@
-"""GGUF block formats Q8_0 and Q4_0, byte for byte as llama.cpp (ggml) stores them.
+"""GGUF block formats Q8_0 and Q4_0, and the k-quants Q4_K and Q6_K (module 03; their section is below),
+byte for byte as llama.cpp (ggml) stores them.
 
 Both cut each row into blocks of 32 values and store, per block, an fp16 scale ``d`` (2 bytes,
 little-endian) followed by the codes:
@@ -26,19 +27,24 @@ import torch
 
 from .core import check_tensor
 
-__all__ = ["QK", "BLOCK_BYTES", "quantize_q8_0", "dequantize_q8_0", "quantize_q4_0", "dequantize_q4_0",
-           "describe_block", "gguf_quantize", "gguf_dequantize"]
+__all__ = ["QK", "QK_K", "BLOCK_BYTES", "BLOCK_VALUES", "GGUF_FORMATS", "quantize_q8_0", "dequantize_q8_0",
+           "quantize_q4_0", "dequantize_q4_0", "quantize_q4_k", "dequantize_q4_k", "quantize_q6_k",
+           "dequantize_q6_k", "describe_block", "gguf_quantize", "gguf_dequantize", "gguf_bits_per_weight"]
 
-QK = 32  # values per block
-BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2}  # 34 and 18
+QK = 32     # values per block of the legacy formats
+QK_K = 256  # values per super-block of the k-quants
+BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2,                     # 34 and 18
+               "q4_k": 2 + 2 + 12 + QK_K // 2,                            # 144: d, dmin, 8 x (6-bit scale, 6-bit min), nibbles
+               "q6_k": QK_K // 2 + QK_K // 4 + QK_K // 16 + 2}            # 210: low nibbles, high 2 bits, 16 int8 scales, d
+BLOCK_VALUES = {"q8_0": QK, "q4_0": QK, "q4_k": QK_K, "q6_k": QK_K}
 
 
-def _blocks(x: torch.Tensor, name: str = "x") -> torch.Tensor:
+def _blocks(x: torch.Tensor, name: str = "x", qk: int = QK) -> torch.Tensor:
     check_tensor(x, name)
-    if x.dim() == 0 or x.shape[-1] % QK:
-        raise ValueError(f"{name}'s last dimension must be a multiple of {QK} (GGUF block size), "
+    if x.dim() == 0 or x.shape[-1] % qk:
+        raise ValueError(f"{name}'s last dimension must be a multiple of {qk} (GGUF block size), "
                          f"got shape {tuple(x.shape)}")
-    return x.to(torch.float32).reshape(-1, QK)           # [n_blocks, 32]
+    return x.to(torch.float32).reshape(-1, qk)           # [n_blocks, qk]
 
 
 def _fp16_bytes(d: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -65,8 +71,8 @@ def _roundf(v: torch.Tensor) -> torch.Tensor:
     return torch.sign(v) * (fl + torch.floor(2 * (a - fl)))
 
 
-def _rows_shape(shape, bytes_per_block):
-    return (*shape[:-1], shape[-1] // QK * bytes_per_block)
+def _rows_shape(shape, bytes_per_block, qk: int = QK):
+    return (*shape[:-1], shape[-1] // qk * bytes_per_block)
 
 
 def _byte_blocks(data: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -119,32 +125,290 @@ def dequantize_q4_0(data: torch.Tensor) -> torch.Tensor:
     return (q.to(torch.float32) * d).reshape(*data.shape[:-1], data.shape[-1] // BLOCK_BYTES["q4_0"] * QK)
 
 
+# --------------------------------------------------------------------------------------------------------
+# k-quants: super-blocks of 256 values whose sub-block scales are themselves quantized
+#
+# The lecture notes call Q4_K_M "4-bit quantization with K-means clustering". It is not: there is no
+# clustering anywhere in llama.cpp's k-quants. The "K" names the family of super-block formats (QK_K = 256
+# values per super-block) that ggml added in 2023, and the suffix (_S, _M, _L) of a *file* type such as
+# Q4_K_M is a per-tensor mix: llama.cpp stores most tensors in Q4_K and a few sensitive ones (parts of
+# attn_v and ffn_down, the output layer) in Q6_K. A k-quant is a two-level affine code:
+#
+#   Q4_K (144 bytes, 4.5 bits/weight): 8 sub-blocks of 32. Each sub-block j has a 6-bit scale sc_j and a
+#       6-bit min m_j; the super-block has fp16 d and dmin. x ~ (d * sc_j) * q - (dmin * m_j), q in 0..15.
+#       Layout: d (2) | dmin (2) | 12 bytes of packed 6-bit (sc, m) pairs | 128 bytes of nibbles, where
+#       byte l of the c-th 32-byte chunk holds element 64c + l (low nibble) and 64c + 32 + l (high).
+#   Q6_K (210 bytes, 6.5625 bits/weight): 16 sub-blocks of 16, each with an int8 scale s_j; one fp16 d.
+#       x ~ (d * s_j) * (q - 32), q in 0..63 split into a low nibble (ql, 128 bytes) and 2 high bits
+#       (qh, 64 bytes); then the 16 scales, then d (the only format here with d at the end).
+#
+# The encoders follow ggml's reference quantizers (``quantize_row_q4_K_ref``, ``quantize_row_q6_K_ref``
+# in ggml-quants.c, the path llama.cpp takes without an importance matrix): per sub-block, a small search
+# over the inverse scale for the (scale, min) or scale with the least weighted squared error, then the
+# sub-block scales quantized to 6 (Q4_K) or 8 (Q6_K) bits relative to the largest one, then the codes
+# recomputed with the quantized scales. Sums run in float32 in element order, as the C loops do, so the
+# bytes match a C build without fused multiply-add. The ``gguf`` package (0.19) has decoders for these
+# types but no encoders: our decoders are bit-exact against its decoders; our encoders are checked by
+# round trip and by their error (see tests/test_quant_gguf_kquants.py).
+# --------------------------------------------------------------------------------------------------------
+
+GROUP_MAX_EPS = 1e-15
+
+
+def _nearest_int(v: torch.Tensor) -> torch.Tensor:
+    """ggml's nearest_int (adds 1.5 * 2**23 in float32): round half to even, as an int32 tensor."""
+    return torch.round(v).to(torch.int32)
+
+
+def _seq_sum(terms) -> torch.Tensor:
+    """Sum a list of [n] float32 tensors left to right (the C loop's order, so the roundings match)."""
+    acc = torch.zeros_like(terms[0])
+    for t in terms:
+        acc = acc + t
+    return acc
+
+
+def _make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: float = -1.0, rdelta: float = 0.1,
+                      nstep: int = 20):
+    """Affine (scale, min) search for each row of x [n, 32] with weights w: -> (scale [n], -min [n], L [n, 32])."""
+    n, k = x.shape
+    mn = torch.clamp(x.amin(dim=1), max=0.0)             # the min is never above 0
+    mx = x.amax(dim=1)
+    flat = mx == mn
+    sum_w = _seq_sum([w[:, i] for i in range(k)])
+    sum_x = _seq_sum([w[:, i] * x[:, i] for i in range(k)])
+    rng = torch.where(flat, torch.ones_like(mx), mx - mn)
+    f = torch.float32
+
+    def codes(iscale):
+        return torch.clamp(_nearest_int(iscale[:, None] * (x - mn[:, None])), 0, nmax)
+
+    def werr(scale, minv, L):
+        terms = []
+        for i in range(k):
+            diff = scale * L[:, i].to(f) + minv - x[:, i]
+            terms.append(w[:, i] * (diff * diff))
+        return _seq_sum(terms)
+
+    iscale = torch.tensor(float(nmax), dtype=f, device=x.device) / rng
+    scale = 1 / iscale
+    minv = mn.clone()
+    L = codes(iscale)
+    best = werr(scale, minv, L)
+    for step in range(nstep + 1):
+        factor = (torch.tensor(rmin, dtype=f, device=x.device) + torch.tensor(rdelta, dtype=f, device=x.device) * step
+                  + nmax)
+        La = codes(factor / rng)
+        Lf = La.to(f)
+        sum_l = _seq_sum([w[:, i] * Lf[:, i] for i in range(k)])
+        sum_l2 = _seq_sum([w[:, i] * Lf[:, i] * Lf[:, i] for i in range(k)])
+        sum_xl = _seq_sum([w[:, i] * Lf[:, i] * x[:, i] for i in range(k)])
+        D = sum_w * sum_l2 - sum_l * sum_l
+        ok = D > 0
+        Ds = torch.where(ok, D, torch.ones_like(D))
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / Ds
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Ds
+        pos = this_min > 0
+        this_min = torch.where(pos, torch.zeros_like(this_min), this_min)
+        l2 = torch.where(sum_l2 > 0, sum_l2, torch.ones_like(sum_l2))
+        this_scale = torch.where(pos, sum_xl / l2, this_scale)
+        cur = werr(this_scale, this_min, La)
+        better = ok & (cur < best)
+        L = torch.where(better[:, None], La, L)
+        best = torch.where(better, cur, best)
+        scale = torch.where(better, this_scale, scale)
+        minv = torch.where(better, this_min, minv)
+    scale = torch.where(flat, torch.zeros_like(scale), scale)
+    L = torch.where(flat[:, None], torch.zeros_like(L), L)
+    minv = torch.where(flat, mn, minv)
+    return scale, -minv, L
+
+
+def _pack_k4_scales(ls: torch.Tensor, lm: torch.Tensor) -> torch.Tensor:
+    """8 six-bit scales and 8 six-bit mins per super-block [nb, 8] -> the 12 packed bytes [nb, 12]."""
+    out = torch.zeros(ls.shape[0], 12, dtype=torch.int32, device=ls.device)
+    out[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)         # scales 0..3, top 2 bits of scales 4..7
+    out[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)         # mins 0..3, top 2 bits of mins 4..7
+    out[:, 8:12] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)  # low 4 bits of scales/mins 4..7
+    return out.to(torch.uint8)
+
+
+def _unpack_k4_scales(s: torch.Tensor):
+    """[nb, 12] uint8 -> (sc [nb, 8], m [nb, 8]) int32 in 0..63."""
+    s = s.to(torch.int32)
+    lo, mid, hi = s[:, 0:4], s[:, 4:8], s[:, 8:12]
+    sc = torch.cat([lo & 0x3F, (hi & 0x0F) | ((lo >> 2) & 0x30)], dim=1)
+    m = torch.cat([mid & 0x3F, (hi >> 4) | ((mid >> 2) & 0x30)], dim=1)
+    return sc, m
+
+
+def quantize_q4_k(x: torch.Tensor) -> torch.Tensor:
+    """[..., 256k] float -> [..., 144k] uint8 Q4_K super-blocks (llama.cpp's layout and reference algorithm)."""
+    xb = _blocks(x, qk=QK_K)                              # [nb, 256]
+    nb = xb.shape[0]
+    sub = xb.reshape(nb * 8, 32)                          # [nb*8, 32] sub-blocks
+    sum_x2 = _seq_sum([sub[:, i] * sub[:, i] for i in range(32)])
+    av_x = torch.sqrt(sum_x2 / 32)
+    w = av_x[:, None] + sub.abs()                         # ggml's weights: rms of the sub-block + |x|
+    scales, mins, L = _make_qkx2_quants(sub, w)
+    scales, mins, L = scales.reshape(nb, 8), mins.reshape(nb, 8), L.reshape(nb, 8, 32)
+    max_scale = torch.clamp(scales.amax(dim=1), min=0.0)  # [nb]
+    max_min = torch.clamp(mins.amax(dim=1), min=0.0)
+    inv_scale = torch.where(max_scale > 0, 63.0 / torch.where(max_scale > 0, max_scale, 1.0), 0.0)
+    inv_min = torch.where(max_min > 0, 63.0 / torch.where(max_min > 0, max_min, 1.0), 0.0)
+    ls = torch.clamp(_nearest_int(inv_scale[:, None] * scales) & 0xFF, max=63)   # uint8_t, then MIN(63, .)
+    lm = torch.clamp(_nearest_int(inv_min[:, None] * mins) & 0xFF, max=63)
+    d_bytes = _fp16_bytes((max_scale / 63)[:, None], "Q4_K")
+    dmin_bytes = _fp16_bytes((max_min / 63)[:, None], "Q4_K")
+    d = _fp16_from_bytes(d_bytes)                         # [nb, 1], the stored (fp16-rounded) values
+    dmin = _fp16_from_bytes(dmin_bytes)
+    dj = d * ls.to(torch.float32)                         # [nb, 8] effective sub-block scales
+    mj = dmin * lm.to(torch.float32)
+    safe = torch.where(dj == 0, torch.ones_like(dj), dj)
+    Lq = torch.clamp(_nearest_int((sub.reshape(nb, 8, 32) + mj[..., None]) / safe[..., None]), 0, 15)
+    L = torch.where((dj == 0)[..., None], L, Lq).reshape(nb, 4, 2, 32)   # a zero scale keeps the search's codes
+    qs = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(nb, 128).to(torch.uint8)
+    out = torch.cat([d_bytes, dmin_bytes, _pack_k4_scales(ls, lm), qs], dim=1)
+    return out.reshape(_rows_shape(x.shape, BLOCK_BYTES["q4_k"], QK_K))
+
+
+def dequantize_q4_k(data: torch.Tensor) -> torch.Tensor:
+    """[..., 144k] uint8 -> [..., 256k] float32:  x = (d * sc_j) * q - (dmin * m_j)."""
+    b = _byte_blocks(data, "q4_k")
+    nb = b.shape[0]
+    d, dmin = _fp16_from_bytes(b[:, 0:2]), _fp16_from_bytes(b[:, 2:4])      # [nb, 1]
+    sc, m = _unpack_k4_scales(b[:, 4:16])
+    dj = (d * sc.to(torch.float32))[..., None]            # [nb, 8, 1]
+    mj = (dmin * m.to(torch.float32))[..., None]
+    qs = b[:, 16:].reshape(nb, 4, 1, 32)
+    q = torch.cat([qs & 0xF, qs >> 4], dim=2).reshape(nb, 8, 32).to(torch.float32)
+    return (dj * q - mj).reshape(*data.shape[:-1], data.shape[-1] // BLOCK_BYTES["q4_k"] * QK_K)
+
+
+def _make_qx_quants(x: torch.Tensor, nmax: int = 32):
+    """Symmetric scale search for each row of x [n, 16], weights x^2 (ggml's rmse_type 1) -> (scale [n], L [n, 16])."""
+    n, k = x.shape
+    f = torch.float32
+    imax = x.abs().argmax(dim=1, keepdim=True)            # first index of the largest magnitude
+    mx = x.gather(1, imax)[:, 0]                          # ... with its sign
+    zero = mx.abs() < GROUP_MAX_EPS
+    mxs = torch.where(zero, torch.ones_like(mx), mx)
+    wts = x * x
+
+    def trial(iscale):
+        l = torch.clamp(_nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
+        lf = l.to(f)
+        sumlx = _seq_sum([wts[:, i] * x[:, i] * lf[:, i] for i in range(k)])
+        suml2 = _seq_sum([wts[:, i] * lf[:, i] * lf[:, i] for i in range(k)])
+        return l, sumlx, suml2
+
+    l, sumlx, suml2 = trial(torch.tensor(-float(nmax), dtype=f, device=x.device) / mxs)
+    L = l + nmax
+    scale = torch.where(suml2 != 0, sumlx / torch.where(suml2 != 0, suml2, 1.0), 0.0)
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        iscale = -(nmax + torch.tensor(0.1, dtype=f, device=x.device) * step) / mxs
+        l, sumlx, suml2 = trial(iscale)
+        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        L = torch.where(better[:, None], l + nmax, L)
+        scale = torch.where(better, sumlx / torch.where(suml2 > 0, suml2, 1.0), scale)
+        best = torch.where(better, scale * sumlx, best)
+    return torch.where(zero, 0.0, scale), torch.where(zero[:, None], 0, L)
+
+
+def quantize_q6_k(x: torch.Tensor) -> torch.Tensor:
+    """[..., 256k] float -> [..., 210k] uint8 Q6_K super-blocks (llama.cpp's layout and reference algorithm)."""
+    xb = _blocks(x, qk=QK_K)                              # [nb, 256]
+    nb = xb.shape[0]
+    sub = xb.reshape(nb * 16, 16)
+    scales, L = _make_qx_quants(sub)
+    scales, L = scales.reshape(nb, 16), L.reshape(nb, 16, 16)
+    amax_idx = scales.abs().argmax(dim=1, keepdim=True)   # the first sub-block with the largest |scale|
+    max_scale = scales.gather(1, amax_idx)[:, 0]          # [nb], with its sign
+    empty = max_scale.abs() < GROUP_MAX_EPS
+    ms = torch.where(empty, torch.ones_like(max_scale), max_scale)
+    iscale = -128.0 / ms
+    d_bytes = _fp16_bytes((1 / iscale)[:, None], "Q6_K")
+    d = _fp16_from_bytes(d_bytes)                         # [nb, 1]
+    sc = torch.clamp(_nearest_int(iscale[:, None] * scales), max=127)      # [nb, 16] int8 range
+    dj = d * sc.to(torch.float32)                         # [nb, 16]
+    safe = torch.where(dj == 0, torch.ones_like(dj), dj)
+    Lq = torch.clamp(_nearest_int(sub.reshape(nb, 16, 16) / safe[..., None]), -32, 31) + 32
+    L = torch.where((dj == 0)[..., None], L, Lq).reshape(nb, 2, 4, 32)     # [nb, chunk of 128, quarter, 32]
+    ql = torch.cat([(L[:, :, 0] & 0xF) | ((L[:, :, 2] & 0xF) << 4),
+                    (L[:, :, 1] & 0xF) | ((L[:, :, 3] & 0xF) << 4)], dim=2).reshape(nb, 128)
+    qh = ((L[:, :, 0] >> 4) | ((L[:, :, 1] >> 4) << 2) | ((L[:, :, 2] >> 4) << 4)
+          | ((L[:, :, 3] >> 4) << 6)).reshape(nb, 64)
+    out = torch.cat([ql.to(torch.uint8), qh.to(torch.uint8), sc.to(torch.int8).view(torch.uint8), d_bytes], dim=1)
+    out[empty] = 0                                        # ggml zeroes a super-block with no signal
+    return out.reshape(_rows_shape(x.shape, BLOCK_BYTES["q6_k"], QK_K))
+
+
+def dequantize_q6_k(data: torch.Tensor) -> torch.Tensor:
+    """[..., 210k] uint8 -> [..., 256k] float32:  x = (d * s_j) * (q - 32)."""
+    b = _byte_blocks(data, "q6_k")
+    nb = b.shape[0]
+    ql, qh = b[:, :128].reshape(nb, 2, 1, 64), b[:, 128:192].reshape(nb, 2, 1, 32)
+    s = b[:, 192:208].contiguous().view(torch.int8).to(torch.float32)     # [nb, 16]
+    d = _fp16_from_bytes(b[:, 208:210])                   # [nb, 1]
+    lo = torch.cat([ql & 0xF, ql >> 4], dim=2).reshape(nb, 2, 4, 32)      # quarters 0,1 | 2,3 of each 128
+    hi = torch.cat([(qh >> sh) & 3 for sh in (0, 2, 4, 6)], dim=2)        # [nb, 2, 4, 32]
+    q = ((lo | (hi << 4)).to(torch.int8) - 32).reshape(nb, 16, 16).to(torch.float32)
+    return ((d * s)[..., None] * q).reshape(*data.shape[:-1], data.shape[-1] // BLOCK_BYTES["q6_k"] * QK_K)
+
+
+# One registry: format name -> (encode, decode). Each format's block size and bytes are in BLOCK_VALUES/BYTES.
+GGUF_FORMATS = {"q8_0": (quantize_q8_0, dequantize_q8_0), "q4_0": (quantize_q4_0, dequantize_q4_0),
+                "q4_k": (quantize_q4_k, dequantize_q4_k), "q6_k": (quantize_q6_k, dequantize_q6_k)}
+
+
+def _codec(fmt):
+    if fmt not in GGUF_FORMATS:
+        raise ValueError(f"fmt must be one of {list(GGUF_FORMATS)}, got {fmt!r}")
+    return GGUF_FORMATS[fmt]
+
+
 def gguf_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """``fmt`` "q8_0" or "q4_0"."""
-    fns = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
-    if fmt not in fns:
-        raise ValueError(f"fmt must be 'q8_0' or 'q4_0', got {fmt!r}")
-    return fns[fmt](x)
+    """``fmt`` one of "q8_0", "q4_0", "q4_k", "q6_k" (see ``GGUF_FORMATS``)."""
+    return _codec(fmt)[0](x)
 
 
 def gguf_dequantize(data: torch.Tensor, fmt: str) -> torch.Tensor:
-    fns = {"q8_0": dequantize_q8_0, "q4_0": dequantize_q4_0}
-    if fmt not in fns:
-        raise ValueError(f"fmt must be 'q8_0' or 'q4_0', got {fmt!r}")
-    return fns[fmt](data)
+    return _codec(fmt)[1](data)
+
+
+def gguf_bits_per_weight(fmt: str) -> float:
+    """Stored bits per value, scales included: 8.5, 4.5, 4.5, 6.5625."""
+    _codec(fmt)
+    return BLOCK_BYTES[fmt] * 8 / BLOCK_VALUES[fmt]
 
 
 def describe_block(block: torch.Tensor, fmt: str) -> dict:
-    """Take one block's bytes apart: {"hex", "d", "codes" (element order), "values"}."""
+    """Take one block's bytes apart: {"hex", "d", "codes" (element order), "values"}; the k-quants add
+    "dmin" (Q4_K), and per sub-block "scales" and "mins" (Q4_K) as stored integers."""
+    _codec(fmt)
     b = _byte_blocks(block.reshape(-1), fmt)
     if b.shape[0] != 1:
         raise ValueError(f"describe_block expects exactly one {fmt} block ({BLOCK_BYTES[fmt]} bytes)")
-    d = float(_fp16_from_bytes(b[:, :2]))
+    info = {"hex": " ".join(f"{v:02x}" for v in b[0].tolist()), "values": gguf_dequantize(b, fmt)[0].tolist()}
     if fmt == "q8_0":
-        codes = b[0, 2:].contiguous().view(torch.int8).tolist()
-        values = dequantize_q8_0(b)[0].tolist()
-    else:
+        info.update(d=float(_fp16_from_bytes(b[:, :2])), codes=b[0, 2:].contiguous().view(torch.int8).tolist())
+    elif fmt == "q4_0":
         qs = b[0, 2:]
-        codes = torch.cat([qs & 0xF, qs >> 4]).tolist()
-        values = dequantize_q4_0(b)[0].tolist()
-    return {"hex": " ".join(f"{v:02x}" for v in b[0].tolist()), "d": d, "codes": codes, "values": values}
+        info.update(d=float(_fp16_from_bytes(b[:, :2])), codes=torch.cat([qs & 0xF, qs >> 4]).tolist())
+    elif fmt == "q4_k":
+        sc, m = _unpack_k4_scales(b[:, 4:16])
+        qs = b[0, 16:].reshape(4, 1, 32)
+        info.update(d=float(_fp16_from_bytes(b[:, 0:2])), dmin=float(_fp16_from_bytes(b[:, 2:4])),
+                    scales=sc[0].tolist(), mins=m[0].tolist(),
+                    codes=torch.cat([qs & 0xF, qs >> 4], dim=1).reshape(-1).tolist())
+    else:
+        ql, qh = b[0, :128].reshape(2, 1, 64), b[0, 128:192].reshape(2, 1, 32)
+        lo = torch.cat([ql & 0xF, ql >> 4], dim=1).reshape(2, 4, 32)
+        hi = torch.cat([(qh >> sh) & 3 for sh in (0, 2, 4, 6)], dim=1)
+        info.update(d=float(_fp16_from_bytes(b[:, 208:210])),
+                    scales=b[0, 192:208].contiguous().view(torch.int8).tolist(),
+                    codes=(lo | (hi << 4)).reshape(-1).tolist())
+    return info
