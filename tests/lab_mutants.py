@@ -173,4 +173,25 @@ def absmax_dequantize(codes, scale):
     "lab06": [
         ("a new block is allocated one token late (after the last block overflows, not when it is full)", {"blocks_answer": 'class BlockManager:\n    def __init__(self, allocator, block_size):\n        if not isinstance(block_size, int) or block_size < 1:\n            raise PagingError(f"block_size must be a positive int, got {block_size!r}")\n        self.allocator, self.block_size = allocator, block_size\n        self.tables, self.lengths = {}, {}\n\n    def add_sequence(self, seq_id, num_tokens):\n        if seq_id in self.tables:\n            raise PagingError(f"sequence {seq_id!r} already exists")\n        if not isinstance(num_tokens, int) or num_tokens < 1:\n            raise PagingError(f"num_tokens must be an int >= 1, got {num_tokens!r}")\n        need = -(-num_tokens // self.block_size)\n        if need > self.allocator.num_free:\n            raise OutOfBlocks(need, self.allocator.num_free)\n        self.tables[seq_id] = [self.allocator.allocate() for _ in range(need)]\n        self.lengths[seq_id] = num_tokens\n\n    def append_token(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):\n            if self.allocator.num_free == 0:\n                raise OutOfBlocks(1, 0)\n            self.tables[seq_id].append(self.allocator.allocate())\n        self.lengths[seq_id] += 1\n\n    def free(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        for b in reversed(self.tables[seq_id]):\n            self.allocator.free(b)\n        del self.tables[seq_id], self.lengths[seq_id]\n\n    def block_table(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return list(self.tables[seq_id])\n\n    def num_tokens(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return self.lengths[seq_id]'}),
     ],
+    "lab03": [
+        ("GPTQ without error feedback: each column rounded on its own (plain RTN)", {"gptq_answer": '''\
+def gptq_columns(W, U, scale, zero, bits=4):
+    if U.shape != (W.shape[1], W.shape[1]):
+        raise ValueError(f"U must have shape ({W.shape[1]}, {W.shape[1]}), got {tuple(U.shape)}")
+    W = W.clone().float()
+    Q = torch.zeros_like(W)
+    for j in range(W.shape[1]):
+        Q[:, j:j + 1] = rtn_column(W[:, j:j + 1], scale, zero, bits)
+    return Q
+'''}),
+        ("SmoothQuant scales the weight's output axis (rows) instead of its input columns", {"smooth_answer": '''\
+def smooth(x_absmax, W, alpha=0.5):
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    a = x_absmax.float().clamp(min=1e-5)
+    w = W.abs().amax(dim=1).float().clamp(min=1e-5)
+    s = a.pow(alpha) / w.pow(1 - alpha)
+    return s, W * s[:, None]
+'''}),
+    ],
 }
