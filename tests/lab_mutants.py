@@ -251,4 +251,25 @@ def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
     return y
 '''}),
     ],
+    "lab03": [
+        ("GPTQ without error feedback: each column rounded on its own (plain RTN)", {"gptq_answer": '''\
+def gptq_columns(W, U, scale, zero, bits=4):
+    if U.shape != (W.shape[1], W.shape[1]):
+        raise ValueError(f"U must have shape ({W.shape[1]}, {W.shape[1]}), got {tuple(U.shape)}")
+    W = W.clone().float()
+    Q = torch.zeros_like(W)
+    for j in range(W.shape[1]):
+        Q[:, j:j + 1] = rtn_column(W[:, j:j + 1], scale, zero, bits)
+    return Q
+'''}),
+        ("SmoothQuant scales the weight's output axis (rows) instead of its input columns", {"smooth_answer": '''\
+def smooth(x_absmax, W, alpha=0.5):
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    a = x_absmax.float().clamp(min=1e-5)
+    w = W.abs().amax(dim=1).float().clamp(min=1e-5)
+    s = a.pow(alpha) / w.pow(1 - alpha)
+    return s, W * s[:, None]
+'''}),
+    ],
 }

@@ -5,6 +5,9 @@ int4 packing, memory arithmetic, GGUF Q8_0/Q4_0 blocks and NF4 (module 02).
     q = absmax_quantize(w, bits=4, granularity="group", group_size=128)   # q.codes, q.scale
     w_hat = q.dequantize()
     print(sqnr_db(w, w_hat))
+
+Module 03 adds quantized linears and ``quantize_model(model, method, ...)`` (RTN W8A16/W4A16, W8A8,
+LLM.int8, SmoothQuant, AWQ, GPTQ); see ``transform``.
 """
 from .core import (QuantizedTensor, absmax_quantize, check_bits, check_tensor, dequantize, dequantize_codes,
                    expand_params, fake_quantize, group_sum, percentile_clip_ratio, qrange, quantize,
@@ -19,6 +22,25 @@ from .metrics import DB_PER_BIT, error_report, max_error, mse, sqnr_db
 from .nf4 import NF4Tensor, dynamic_map, nf4_codebook, nf4_dequantize, nf4_quantize
 from .packing import pack_int4, unpack_int4
 
+# --- module 03: quantizing LLMs (linears, calibration, LLM.int8, SmoothQuant, AWQ, GPTQ, the transform) ---
+from .awq import AWQSearch, awq_apply, awq_scale_candidates, awq_search_group
+from .calibration import (ScalingGroup, activation_absmax, capture_inputs, fold_scales, input_hessians,
+                          named_linears, outlier_report, scaling_groups)
+from .gptq import GPTQResult, gptq_quantize, hessian, hessian_error, layer_output_error
+from .linear import (QuantLinear, W8A8Linear, group_index, quantize_per_token, rtn_quantize_weight,
+                     state_dict_bytes, weight_qparams)
+from .llm_int8 import LLMInt8Linear, llm_int8_matmul, outlier_columns
+from .smoothquant import smooth_model, smooth_scales
+from .transform import METHODS, gptq_model, quantize_model, replace_module
+
+_MODULE_03 = [
+    "QuantLinear", "W8A8Linear", "group_index", "quantize_per_token", "rtn_quantize_weight", "state_dict_bytes",
+    "weight_qparams", "ScalingGroup", "activation_absmax", "capture_inputs", "fold_scales", "input_hessians",
+    "named_linears", "outlier_report", "scaling_groups", "LLMInt8Linear", "llm_int8_matmul", "outlier_columns",
+    "smooth_model", "smooth_scales", "AWQSearch", "awq_apply", "awq_scale_candidates", "awq_search_group",
+    "GPTQResult", "gptq_quantize", "hessian", "hessian_error", "layer_output_error", "METHODS", "gptq_model", "quantize_model",
+    "replace_module",
+]
 # module 03, part B: k-quants, FP8, QAT, sensitivity and bit allocation, fast weight-only matmuls
 from .gguf import (GGUF_FORMATS, dequantize_q4_k, dequantize_q6_k, gguf_bits_per_weight, quantize_q4_k,
                    quantize_q6_k)
@@ -46,6 +68,7 @@ __all__ = [
     "gguf_dequantize", "describe_block",
     "NF4Tensor", "nf4_codebook", "dynamic_map", "nf4_quantize", "nf4_dequantize",
 ]
+__all__ += _MODULE_03
 __all__ += [  # module 03, part B
     "GGUF_FORMATS", "quantize_q4_k", "dequantize_q4_k", "quantize_q6_k", "dequantize_q6_k", "gguf_bits_per_weight",
     "FP8_MAX", "FP8Tensor", "fp8_quantize", "fp8_dequantize", "FP8Linear", "scaled_mm_available", "fp8_error_rows",

@@ -1,0 +1,104 @@
+"""``quantize_model(model, method, ...)``: swap a model's ``nn.Linear`` layers for quantized ones, the way
+gpt-fast's quantization handlers do, with every method of module 03 behind one call.
+
+    qmodel = quantize_model(model, "rtn", bits=4, group_size=128)            # W4A16 round-to-nearest
+    qmodel = quantize_model(model, "gptq", bits=4, calib=batches)            # needs calibration batches
+    state_dict_bytes(qmodel)                                                 # what a checkpoint holds
+
+methods: "rtn" (weight-only W8A16 / W4A16), "awq" (scale search + RTN), "gptq" (weight-only), "w8a8"
+(int8 weights, dynamic per-token int8 activations), "smoothquant" (smoothing + W8A8), "llm_int8".
+The tied ``lm_head`` (it shares the embedding matrix) stays in full precision by default (``skip``).
+"""
+from __future__ import annotations
+
+import copy
+import re
+
+import torch
+import torch.nn as nn
+
+from .awq import awq_apply
+from .calibration import input_hessians, named_linears
+from .gptq import gptq_quantize
+from .linear import QuantLinear, W8A8Linear
+from .llm_int8 import LLMInt8Linear
+from .smoothquant import smooth_model
+
+__all__ = ["METHODS", "quantize_model", "replace_module", "gptq_model"]
+
+METHODS = ("rtn", "awq", "gptq", "w8a8", "smoothquant", "llm_int8")
+_NEEDS_CALIB = ("awq", "gptq", "smoothquant")
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def _layer_of(name: str):
+    m = re.search(r"layers\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+@torch.no_grad()
+def gptq_model(model, calib, bits=4, group_size=128, sym=False, act_order=False, blocksize=128,
+               percdamp=0.01, skip=("lm_head",), progress=False) -> dict:
+    """GPTQ every linear in place, one decoder layer at a time: the Hessians of layer i are taken with
+    layers < i already quantized (the inputs the quantized model will really see). Returns
+    {name: GPTQResult}."""
+    lins = named_linears(model, skip)
+    order = sorted({_layer_of(n) for n in lins if _layer_of(n) is not None})
+    stages = [[n for n in lins if _layer_of(n) == i] for i in order]
+    rest = [n for n in lins if _layer_of(n) is None]
+    stages += [rest] if rest else []
+    if progress:
+        from tqdm.auto import tqdm
+        stages = tqdm(stages, desc="GPTQ", unit="layer")
+    results = {}
+    for names in stages:
+        hs = input_hessians(model, calib, names)
+        for n in names:
+            lin = lins[n]
+            r = gptq_quantize(lin.weight, hs[n][0], bits, group_size, sym, blocksize, percdamp, act_order)
+            results[n] = r
+            g_idx = r.g_idx if act_order else None
+            replace_module(model, n, QuantLinear.from_codes(r.codes, r.scales, r.zeros, g_idx, lin.bias,
+                                                             bits, group_size))
+    return results
+
+
+def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 4, group_size: int | None = 128,
+                   sym: bool = False, calib=None, skip=("lm_head",), inplace: bool = False,
+                   alpha: float = 0.5, threshold: float = 6.0, act_order: bool = False, n_grid: int = 20,
+                   progress: bool = False) -> nn.Module:
+    """A quantized copy of ``model`` (or the model itself with ``inplace=True``); see the module docstring.
+
+    bits/group_size/sym: the weight format of rtn, awq and gptq (bits 4 or 8). calib: a list of input
+    batches (token ids [B, T]) for awq, gptq and smoothquant. alpha: SmoothQuant's migration strength.
+    threshold: LLM.int8's outlier magnitude. act_order: GPTQ's column order. n_grid: AWQ's alpha grid."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method in _NEEDS_CALIB and calib is None:
+        raise ValueError(f"method {method!r} needs calib= (a list of input batches, e.g. token ids [B, T])")
+    if method in ("rtn", "awq", "gptq") and bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8 for {method!r} (the stored formats), got {bits!r}")
+    m = model if inplace else copy.deepcopy(model)
+    if method == "gptq":
+        gptq_model(m, calib, bits, group_size, sym, act_order, skip=skip, progress=progress)
+        return m
+    if method == "awq":
+        awq_apply(m, calib, bits, group_size, sym, n_grid=n_grid, progress=progress)
+    if method == "smoothquant":
+        smooth_model(m, calib, alpha)
+    for name, lin in named_linears(m, skip).items():
+        if method in ("rtn", "awq"):
+            new = QuantLinear.from_linear(lin, bits, group_size, sym)
+        elif method in ("w8a8", "smoothquant"):
+            new = W8A8Linear.from_linear(lin)
+        else:
+            new = LLMInt8Linear.from_linear(lin, threshold)
+        replace_module(m, name, new)
+    return m
