@@ -15,7 +15,13 @@
 # 4. **SmoothQuant**: move the activations' difficulty into the weights, then W8A8;
 # 5. **AWQ**: a *searched* per-channel scale folded into the previous op;
 # 6. **GPTQ**: second-order error feedback through the inverse Hessian;
-# 7. **one table**: method, bits, measured weight bytes, held-out bits per byte, decode ms/token, and a plot.
+# 7. **GGUF k-quants** (Q4_K, Q6_K): super-blocks with quantized scales, and what the "K" is not;
+# 8. **FP8** E4M3 / E5M2 against int8;
+# 9. **quantization-aware training**: fake quantization with a straight-through estimator;
+# 10. **layer-wise mixed precision** from a sensitivity scan, under a byte budget;
+# 11. **fast weight-only kernels**: int8 / int4 matmuls that read the packed weights;
+# 12. **bitsandbytes** int8 and NF4 (double quantization) through transformers;
+# 13. **one table**: method, bits, measured weight bytes, held-out bits per byte, decode ms/token, and a plot.
 #
 # Every method is one call, `quantize_model(model, method, ...)`, which swaps the model's `nn.Linear`s for
 # quantized modules (the approach of gpt-fast's quantization handlers).
@@ -32,6 +38,9 @@ AWQ_GRID = 10 if QUICK else 20             # alphas tried per scaling group
 AWQ_ROWS = 512 if QUICK else 4096          # calibration tokens used by the AWQ search
 DECODE_TOKENS = 16 if QUICK else 64        # tokens timed for decode ms/token
 GROUP = 128                                # group size of the 4-bit formats
+KQ_ROWS = 64 if QUICK else 1024            # rows of the random 1024-wide tensor for the k-quant comparison
+QAT_STEPS = 20 if QUICK else 200           # QAT fine-tuning steps (4 x 128 tokens each)
+SCAN_BITS = (4, 3) if QUICK else (8, 4, 3)  # bit widths of the sensitivity scan
 SEED = 0
 
 # %% id="c004"
@@ -46,7 +55,7 @@ import course_lib.quant as Q
 from course_lib.models import load
 from course_lib.perf.quality import bits_per_byte
 from course_lib.quant_eval import (Variant, calibration_batches, compare, decode_ms_per_token, heldout_texts,
-                                   table_markdown)
+                                   table_markdown, to_fast_weight_only, to_fp8, to_gguf)
 
 # bitsandbytes' CPU backend logs a warning when an optional 4-bit kernel cannot be fetched; we use int8 only.
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
@@ -327,8 +336,184 @@ e = {k: Q.hessian_error(w, v, H) for k, v in [("RTN", w_rtn), ("notes' rule (H)"
 print(", ".join(f"{k}: {v:.3e}" for k, v in e.items()))
 assert e["notes' rule (H)"] > e["RTN"] > e["GPTQ (H^-1)"]
 
+# %% [markdown] id="c027a"
+# ## 7. GGUF k-quants: super-blocks with quantized scales
+#
+# Q4_0 stores one fp16 scale per 32 weights. The k-quants of llama.cpp group 256 weights into a
+# *super-block* and quantize the per-sub-block scales themselves: Q4_K keeps, for each of 8 sub-blocks of
+# 32, a 6-bit scale and a 6-bit minimum (an affine code, `x ~ d*sc*q - dmin*m`) plus two fp16 numbers for
+# the whole super-block: 144 bytes per 256 weights, the same 4.5 bits per weight as Q4_0. Q6_K uses
+# 16 sub-blocks of 16 with int8 scales and 6-bit codes: 210 bytes, 6.5625 bits per weight. The encoder
+# searches each sub-block's scale (and min) for the least weighted squared error instead of taking the absmax.
+
+# %% id="c027b"
+from course_lib.quant import gguf_bits_per_weight, gguf_dequantize, gguf_quantize, sqnr_db
+from course_lib.quant.gguf import BLOCK_BYTES
+
+w = torch.randn(KQ_ROWS, 1024, generator=torch.Generator().manual_seed(0))
+kq_rows = []
+for fmt in ["q4_0", "q4_k", "q6_k", "q8_0"]:
+    data = gguf_quantize(w, fmt)
+    kq_rows.append({"format": fmt.upper(), "bytes/block": BLOCK_BYTES[fmt], "bits/weight": gguf_bits_per_weight(fmt),
+                    "bytes": data.numel(), "SQNR dB": round(sqnr_db(w, gguf_dequantize(data, fmt)), 2)})
+for r in kq_rows:
+    print(r)
+kq = {r["format"]: r for r in kq_rows}
+assert BLOCK_BYTES["q4_k"] == 144 and BLOCK_BYTES["q6_k"] == 210
+assert kq["Q4_K"]["bytes"] == kq["Q4_0"]["bytes"]              # same bytes ...
+assert kq["Q4_K"]["SQNR dB"] > kq["Q4_0"]["SQNR dB"] + 0.5     # ... less error: searched scales and mins
+assert kq["Q6_K"]["SQNR dB"] > kq["Q4_K"]["SQNR dB"] + 9        # two more bits: ~6 dB each, minus scale overhead
+
+# %% [markdown] id="c027c"
+# > **Claim checked: "Q4_K_M: 4-bit quantization with K-means clustering."** No clustering happens in
+# > llama.cpp's k-quants. The K names the super-block family (`QK_K = 256` values per super-block); every
+# > value is still an affine integer code with a scale (and a min) found by a small grid search per
+# > sub-block. The `_S` / `_M` / `_L` suffix belongs to a *file type*, a per-tensor mix: `Q4_K_M` stores
+# > most tensors in Q4_K and some sensitive ones (parts of `attn_v` and `ffn_down`) in Q6_K. The cell below
+# > checks both halves: every decoded Q4_K sub-block lies exactly on an evenly spaced grid of 16 levels
+# > (a k-means codebook would not be evenly spaced), and our decoder agrees bit for bit with the `gguf`
+# > package's.
+
+# %% id="c027d"
+import numpy as np
+
+from course_lib.quant import describe_block
+
+info = describe_block(gguf_quantize(w[0, :256], "q4_k"), "q4_k")
+vals = np.array(info["values"], dtype=np.float32).reshape(8, 32)
+codes = np.array(info["codes"]).reshape(8, 32)
+for j in range(8):
+    step = np.float32(info["d"] * info["scales"][j])
+    offset = np.float32(info["dmin"] * info["mins"][j])
+    assert np.allclose(vals[j], step * codes[j] - offset, atol=1e-6)   # an evenly spaced grid: affine, not k-means
+try:
+    import gguf
+    ref = gguf.quants.dequantize(gguf_quantize(w, "q4_k").numpy(), gguf.GGMLQuantizationType.Q4_K)
+    assert np.array_equal(ref, gguf_dequantize(gguf_quantize(w, "q4_k"), "q4_k").numpy())
+    print("decode bit-exact against the gguf package's Q4_K reference")
+except ImportError:
+    print("gguf package not installed: the bit-exact check is in tests/test_quant_gguf_kquants.py")
+
+# %% [markdown] id="c027e"
+# ## 8. FP8: a logarithmic grid
+#
+# FP8 E4M3 has 3 mantissa bits, so its step is a fixed share of the value (about 6%), wherever the value sits;
+# int8's step is fixed in absolute terms. On a bell-shaped tensor int8 wins (more levels where the values are);
+# with heavy tails and one scale per tensor FP8 wins, since its outliers do not stretch the step of the small
+# values. E5M2 trades a mantissa bit for range: about 6 dB worse.
+
+# %% id="c027f"
+from course_lib.quant import fp8_error_rows
+
+g = torch.Generator().manual_seed(1)
+z = torch.randn(3, 256, 512, generator=g)
+tensors = {"gaussian": z[0], "heavy-tailed (Student t, 2 dof)": z[0] / (z[1] ** 2 / 2 + z[2] ** 2 / 2).sqrt()}
+fp8_db = {}
+for name, x in tensors.items():
+    for r in fp8_error_rows(x):
+        fp8_db[(name, r["format"], r["granularity"])] = r["sqnr_db"]
+        print(f"{name:34s} {r['format']:9s} per {r['granularity']:6s}  SQNR {r['sqnr_db']:5.1f} dB")
+assert fp8_db[("gaussian", "int8", "row")] > fp8_db[("gaussian", "fp8 e4m3", "row")]
+heavy = "heavy-tailed (Student t, 2 dof)"
+assert fp8_db[(heavy, "fp8 e4m3", "tensor")] > fp8_db[(heavy, "int8", "tensor")] + 10
+assert 4 < fp8_db[("gaussian", "fp8 e4m3", "row")] - fp8_db[("gaussian", "fp8 e5m2", "row")] < 8
+
+# %% [markdown] id="c027g"
+# ## 9. Quantization-aware training
+#
+# PTQ rounds the trained weights once. QAT rounds them in every forward pass and lets the loss move the
+# float weights so that their *rounded* values work; the rounding's zero gradient is replaced by the
+# identity (the straight-through estimator). Here: int3 with one scale per row, the tiny model, 20 steps of
+# 4 x 128 tokens distilling from the float model, held-out bits per byte before and after. (In production:
+# torchao's `torchao.quantization.qat`; `torch.ao.quantization` is the legacy CNN-era workflow.)
+
+# %% id="c027h"
+from course_lib.quant_eval import qat_vs_ptq
+
+qat = qat_vs_ptq(bits=3, group_size=None, steps=QAT_STEPS, lr=1e-4, texts=texts, progress=False)
+print(f"bits per byte: fp32 {qat['fp32']:.4f}   PTQ int3 {qat['ptq']:.4f}   QAT int3 {qat['qat']:.4f}   "
+      f"-> QAT closes {qat['recovered']:.0%} of the PTQ gap")
+assert qat["ptq"] > qat["fp32"] and qat["qat"] < qat["ptq"]
+
+# %% [markdown] id="c027i"
+# ## 10. Which layers can take fewer bits? A sensitivity scan, then a bit allocation
+#
+# Quantize one decoder layer at a time (its 7 linears, group RTN, groups of 16), measure held-out bits per
+# byte, put the weights back. Then choose {8, 4, 3} bits per layer to minimize the summed increase under a
+# byte budget: a small knapsack, solved exactly (and tested against brute force).
+
+# %% id="c027j"
+from course_lib.quant import allocate_bits, allocation_cost, layer_groups
+from course_lib.quant_eval import heldout_bpb, sensitivity_bpb, to_mixed
+
+scan = sensitivity_bpb(model, tok, texts[:1], bits=SCAN_BITS, progress=False)
+layers = list(scan["delta"])
+fig, ax = plt.subplots(figsize=(6, 3))
+for b, mk in [(3, "o-"), (4, "s-"), (8, "^-")][: len(next(iter(scan["delta"].values())))]:
+    ax.plot(range(len(layers)), [scan["delta"][l][b] for l in layers], mk, label=f"int{b}")
+ax.set_xlabel("decoder layer quantized alone")
+ax.set_ylabel("held-out bits/byte increase")
+ax.legend()
+plt.show()
+size = scan["size"]
+budget = sum(size.values()) * 3.5 / 8                        # 3.5 bits per weight on average
+alloc = allocate_bits(scan["delta"], size, budget)
+mix_bytes, predicted = allocation_cost(alloc, scan["delta"], size)
+naive = {g: (4 if k % 2 else 3) for k, g in enumerate(layers)}  # the same bytes, ignoring the scan
+print("allocation:", alloc, f" predicted increase {predicted:.4f} vs alternating 3/4 bits "
+      f"{allocation_cost(naive, scan['delta'], size)[1]:.4f}")
+assert mix_bytes <= budget and predicted <= allocation_cost(naive, scan["delta"], size)[1] + 1e-12
+mixed_model = to_mixed(load("tiny", device="cpu", verbose=False)[0], alloc, layer_groups(model))
+naive_model = to_mixed(load("tiny", device="cpu", verbose=False)[0], naive, layer_groups(model))
+bpb_mix, bpb_naive = heldout_bpb(mixed_model, tok, texts[:1]), heldout_bpb(naive_model, tok, texts[:1])
+print(f"measured: allocated {bpb_mix:.4f}, alternating {bpb_naive:.4f} bits/byte (base {scan['base']:.4f})")
+assert bpb_mix <= bpb_naive + 0.005                          # the additive model's choice holds up when measured
+
+# %% [markdown] id="c027k"
+# ## 11. Fast weight-only decode
+#
+# At batch 1, decode reads every weight once per token: fewer weight bytes should mean less time, but only
+# if the kernel dequantizes inside the matmul. torch ships such kernels (`torch._weight_int8pack_mm`,
+# `torch._weight_int4pack_mm` and its CPU twin). One layer of SmolLM2-1.7B's GEMVs (hidden 2048,
+# intermediate 8192) on this machine; gpt-fast reports 1.48x (int8) and 1.88x (int4) over bf16 for a whole
+# Llama-2-7B on an A100.
+
+# %% id="c027l"
+from course_lib.env import device as best_device
+from course_lib.quant import GPT_FAST_A100, decode_gemv_benchmark
+
+dev = best_device()
+h, i = (512, 2048) if QUICK and dev.type == "cpu" else (2048, 8192)
+fast_rows = decode_gemv_benchmark(h, i, repeats=3 if QUICK else 9, device=dev)
+for r in fast_rows:
+    print(r)
+speed = {r["weights"].split()[0]: r["speed-up vs bf16"] for r in fast_rows}
+print(f"on {dev.type}: int8 {speed.get('int8')}x, int4 {speed.get('int4')}x vs bf16; "
+      f"gpt-fast A100: int8 {GPT_FAST_A100['int8']}x, int4 {GPT_FAST_A100['int4']}x")
+mb = {r["weights"].split()[0]: r["MB/layer"] for r in fast_rows}
+assert mb["int8"] < 0.52 * mb["bf16"]                        # the bytes halve; the time is what we measured
+
+# %% [markdown] id="c027m"
+# ## 12. bitsandbytes int8 and NF4 (double quantization)
+#
+# `BitsAndBytesConfig(load_in_8bit=True)` (LLM.int8) and `load_in_4bit=True, bnb_4bit_quant_type="nf4",
+# bnb_4bit_use_double_quant=True`. Where transformers refuses (it asks for `accelerate`, even on a CPU), the
+# same bitsandbytes modules are put in by hand; the route taken is printed. Their rows join the table below.
+
+# %% id="c027n"
+from course_lib.quant_eval import bnb_rows
+
+bnb = None
+try:
+    bnb = bnb_rows(texts=texts)
+    for r in bnb:
+        print(f"{r['method']:34s} {r['bytes'] / 1e6:6.2f} MB  {r['bpb']:.4f} bits/byte  ({r['route']})")
+    assert bnb[1]["bytes"] < 0.4 * bnb[0]["bytes"] and abs(bnb[1]["bpb"] - bnb[0]["bpb"]) < 0.01
+except ImportError as e:
+    print("bitsandbytes is not installed here:", e)
+
 # %% [markdown] id="c028"
-# ## 7. One table
+# ## 13. One table
 #
 # Every variant is a `Variant(name, bits, transform)`; `compare` gives each a fresh copy of the model and
 # measures the state-dict bytes, held-out bits per byte and decode time (greedy, KV cache, CPU here). The
@@ -346,13 +531,30 @@ VARIANTS = [
                                                               n_grid=AWQ_GRID, inplace=True)),
     Variant(f"GPTQ W4A16 g{GROUP}", 4, lambda m: Q.quantize_model(m, "gptq", bits=4, group_size=GROUP, calib=calib,
                                                                inplace=True)),
-    Variant(f"GPTQ W4A16 g{GROUP} act-order", 4, lambda m: Q.quantize_model(m, "gptq", bits=4, group_size=GROUP,
-                                                                         calib=calib, act_order=True, inplace=True)),
     Variant("W8A8 per-token", 8, lambda m: Q.quantize_model(m, "w8a8", inplace=True)),
     Variant("SmoothQuant W8A8", 8, lambda m: Q.quantize_model(m, "smoothquant", calib=calib[:4], inplace=True)),
     Variant("LLM.int8", 8, lambda m: Q.quantize_model(m, "llm_int8", inplace=True)),
+    # sections 7-11
+    Variant("GGUF Q4_K", 4.5, lambda m: to_gguf(m, "q4_k")),
+    Variant("FP8 E4M3 W8A8", 8, lambda m: to_fp8(m, "e4m3", "row")),
+    Variant("int8 weight-only, fused kernel", 8, lambda m: to_fast_weight_only(m, 8)),
+    Variant("QAT int3 per row", 3, lambda m: qat["model"]),
+    Variant("mixed {8,4,3} from the scan", sum(size[g] * b for g, b in alloc.items()) / sum(size.values()),
+            lambda m: mixed_model),
 ]
+if not QUICK:   # rows left out of the quick run (CPU time): act-order, the Q4_K_M mix, the fused int4 kernel
+    VARIANTS += [
+        Variant(f"GPTQ W4A16 g{GROUP} act-order", 4, lambda m: Q.quantize_model(m, "gptq", bits=4, group_size=GROUP,
+                                                                             calib=calib, act_order=True, inplace=True)),
+        Variant("GGUF Q4_K_M-style mix (Q6_K v_proj, down_proj)", 5.0,
+                lambda m: to_gguf(m, "q4_k", mix={"v_proj": "q6_k", "down_proj": "q6_k"})),
+        Variant(f"int4 weight-only g{GROUP}, fused kernel", 4, lambda m: to_fast_weight_only(m, 4, GROUP)),
+    ]
 table = compare(model, tok, VARIANTS, texts, prompt_ids=prompt, decode_tokens=DECODE_TOKENS)
+# section 12's bitsandbytes models (transformers' model class: no decode timing through the course's loop)
+for r in bnb[1:] if bnb else []:
+    table.append({"method": r["method"], "bits": 8 if "int8" in r["method"] else 4, "weight bytes": r["bytes"],
+                  "held-out bits/byte": r["bpb"], "decode ms/token": None, "quantize s": None})
 display(Markdown(table_markdown(table, note="CPU; bits/byte on held-out stdlib files; lm_head (tied) in fp32")))
 
 # %% id="c030"

@@ -20,7 +20,7 @@ LAYERS = {
     "course_lib.sampling": 1, "course_lib.models.config": 1,
     # 2. the model and its registry
     "course_lib.models": 2, "course_lib.models.llama": 2, "course_lib.models.corpus": 2,
-    "course_lib.models.quant_eval": 2,
+   
     # 3. KV caches
     "course_lib.kvcache": 3,
     # 4. the generate loop; paged KV memory

@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from course_lib.models import load
-from course_lib.models.quant_eval import (bnb_rows, heldout_bpb, heldout_texts, load_bnb, qat_vs_ptq,
-                                          sensitivity_bpb, weight_bytes_of)
+from course_lib.quant.linear import state_dict_bytes
+from course_lib.quant_eval import bnb_rows, heldout_bpb, heldout_texts, load_bnb, qat_vs_ptq, sensitivity_bpb
 
 
 @pytest.fixture(scope="module")
 def texts():
-    return heldout_texts(n_texts=3, max_chars=1200)
+    return heldout_texts(3, 1200)
 
 
 def test_qat_recovers_int3_quality_vs_ptq(texts):
@@ -54,4 +54,4 @@ def test_sensitivity_scan_on_the_bundled_model(texts):
     assert out["base"] == pytest.approx(base) and len(out["delta"]) == model.config.num_hidden_layers
     assert all(d[3] > 0 for d in out["delta"].values())          # quantizing any layer at 3 bits hurts
     assert heldout_bpb(model, tok, texts[:1]) == pytest.approx(base)   # weights restored
-    assert weight_bytes_of(model) == 4 * sum(p.numel() for p in model.parameters())
+    assert state_dict_bytes(model) == 4 * sum(p.numel() for p in model.parameters())

@@ -46,6 +46,13 @@ def test_int8_kernel_matches_reference(device, dtype):
         ref = int8_weight_only_mm(x.float(), q, s, backend="reference")
         assert fast.dtype == dtype and fast.shape == (M, N)
         assert _rel(fast, ref) < (1e-5 if dtype == torch.float32 else 2e-2)
+    # "auto": the fused kernel for decode-sized inputs, dequantize + dense matmul for a prefill; both equal
+    from course_lib.quant.fast import GEMV_MAX_ROWS
+    for M in (1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 4 * GEMV_MAX_ROWS):
+        x = torch.randn(2, M, K, device=device, generator=g).to(dtype)
+        auto = int8_weight_only_mm(x, q, s)
+        ref = int8_weight_only_mm(x.float(), q, s, backend="reference")
+        assert auto.shape == (2, M, N) and _rel(auto, ref) < (1e-5 if dtype == torch.float32 else 2e-2), M
 
 
 def test_int4_kernel_matches_reference(device):

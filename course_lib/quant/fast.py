@@ -91,12 +91,18 @@ def pack_int4_for_device(q: torch.Tensor, device, inner_k_tiles: int = 8) -> tor
     return torch._convert_weight_to_int4pack(two, inner_k_tiles)
 
 
+GEMV_MAX_ROWS = 16   # rows (tokens) up to which "auto" uses the fused int8 kernel (decode, small batches)
+
+
 def int8_weight_only_mm(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, backend: str = "auto"):
     """x [..., K] @ dequant(q, scales).T -> [..., N] in x's dtype."""
     if backend not in ("auto", "torch", "reference"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'reference', got {backend!r}")
     x2 = x.reshape(-1, x.shape[-1])
-    if backend == "reference" or (backend == "auto" and not fast_kernels_available(x.device)["int8"]):
+    # "auto" sends a prefill (more than GEMV_MAX_ROWS rows) through dequantize + dense matmul: the packed
+    # kernel is written for decode's matrix-vector products, and a dense GEMM amortizes the dequantization
+    if backend == "reference" or (backend == "auto" and (x2.shape[0] > GEMV_MAX_ROWS
+                                                         or not fast_kernels_available(x.device)["int8"])):
         y = x2 @ dequantize_int8_weight(q, scales, x.dtype).t()
     else:
         y = torch._weight_int8pack_mm(x2.contiguous(), q, scales.to(x.dtype))
