@@ -25,7 +25,7 @@ LAYERS = {
     # 4. the generate loop; paged KV memory
     "course_lib.generation": 4, "course_lib.paged": 4,
     # 5. techniques built on generation and caches
-    "course_lib.speculative": 5, "course_lib.distill": 5, "course_lib.serving": 5,
+    "course_lib.speculative": 5, "course_lib.distill": 5, "course_lib.serving": 5, "course_lib.compile_tools": 5, "course_lib.capstone": 5,
     # 6. applications: training scripts, widgets, command line, grading
     "course_lib.models.train": 6, "course_lib.models.distill_draft": 6, "course_lib.viz": 6,
     "course_lib.doctor": 6, "course_lib.cli": 6, "course_lib.bench": 6, "course_lib.grading": 6,
