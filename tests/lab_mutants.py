@@ -173,4 +173,33 @@ def absmax_dequantize(codes, scale):
     "lab06": [
         ("a new block is allocated one token late (after the last block overflows, not when it is full)", {"blocks_answer": 'class BlockManager:\n    def __init__(self, allocator, block_size):\n        if not isinstance(block_size, int) or block_size < 1:\n            raise PagingError(f"block_size must be a positive int, got {block_size!r}")\n        self.allocator, self.block_size = allocator, block_size\n        self.tables, self.lengths = {}, {}\n\n    def add_sequence(self, seq_id, num_tokens):\n        if seq_id in self.tables:\n            raise PagingError(f"sequence {seq_id!r} already exists")\n        if not isinstance(num_tokens, int) or num_tokens < 1:\n            raise PagingError(f"num_tokens must be an int >= 1, got {num_tokens!r}")\n        need = -(-num_tokens // self.block_size)\n        if need > self.allocator.num_free:\n            raise OutOfBlocks(need, self.allocator.num_free)\n        self.tables[seq_id] = [self.allocator.allocate() for _ in range(need)]\n        self.lengths[seq_id] = num_tokens\n\n    def append_token(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):\n            if self.allocator.num_free == 0:\n                raise OutOfBlocks(1, 0)\n            self.tables[seq_id].append(self.allocator.allocate())\n        self.lengths[seq_id] += 1\n\n    def free(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        for b in reversed(self.tables[seq_id]):\n            self.allocator.free(b)\n        del self.tables[seq_id], self.lengths[seq_id]\n\n    def block_table(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return list(self.tables[seq_id])\n\n    def num_tokens(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return self.lengths[seq_id]'}),
     ],
+    "lab12": [
+        ("the graph break moved, not removed: the argmax stays a tensor but .tolist() still leaves the graph",
+         {"step_answer": '''\
+def decode_step(model, tok, cache):
+    logits = model(tok, cache=cache)[:, -1, :]
+    ids = logits.argmax(dim=-1).tolist()
+    return torch.tensor(ids, device=tok.device).unsqueeze(-1)
+'''}),
+        ("shares computed linearly, (speedup - 1) / (S - 1), instead of on a log scale", {"attribution_answer": '''\
+def attribution(timings, price_per_hour):
+    timings = list(timings)
+    if not timings:
+        raise ValueError("timings must not be empty")
+    if not price_per_hour >= 0:
+        raise ValueError("price_per_hour must be >= 0")
+    for name, tps in timings:
+        if not (isinstance(tps, (int, float)) and math.isfinite(tps) and tps > 0):
+            raise ValueError(f"bad tokens/s for {name}")
+    total = timings[-1][1] / timings[0][1]
+    rows, prev = [], None
+    for name, tps in timings:
+        speedup = 1.0 if prev is None else tps / prev
+        share = 0.0 if prev is None or total == 1 else (speedup - 1) / (total - 1)
+        rows.append({"step": name, "tokens_per_s": tps, "speedup": speedup, "share": share,
+                     "usd_per_1M": price_per_hour / (tps * 3600) * 1e6})
+        prev = tps
+    return rows
+'''}),
+    ],
 }
