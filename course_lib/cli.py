@@ -4,6 +4,7 @@
     course build-labs             regenerate labs/ from solutions/ (instructors)
     course grade SUBMISSIONS      collect, check, autograde, feedback, CSV (instructors)
     course bench [NAME ...]       run the benchmarks in bench/ and print their tables
+    course serve [--model tiny --port 8000]   OpenAI-compatible HTTP server over the course engine (Module 12)
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         from course_lib.grading.pipeline import grade_main as run
     elif cmd == "bench":
         from course_lib.bench import main as run
+    elif cmd == "serve":
+        from course_lib.serving.server import main as run
     else:
         print(f"course: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
         return 2

@@ -272,4 +272,33 @@ def smooth(x_absmax, W, alpha=0.5):
     return s, W * s[:, None]
 '''}),
     ],
+    "lab12": [
+        ("the graph break moved, not removed: the argmax stays a tensor but .tolist() still leaves the graph",
+         {"step_answer": '''\
+def decode_step(model, tok, cache):
+    logits = model(tok, cache=cache)[:, -1, :]
+    ids = logits.argmax(dim=-1).tolist()
+    return torch.tensor(ids, device=tok.device).unsqueeze(-1)
+'''}),
+        ("shares computed linearly, (speedup - 1) / (S - 1), instead of on a log scale", {"attribution_answer": '''\
+def attribution(timings, price_per_hour):
+    timings = list(timings)
+    if not timings:
+        raise ValueError("timings must not be empty")
+    if not price_per_hour >= 0:
+        raise ValueError("price_per_hour must be >= 0")
+    for name, tps in timings:
+        if not (isinstance(tps, (int, float)) and math.isfinite(tps) and tps > 0):
+            raise ValueError(f"bad tokens/s for {name}")
+    total = timings[-1][1] / timings[0][1]
+    rows, prev = [], None
+    for name, tps in timings:
+        speedup = 1.0 if prev is None else tps / prev
+        share = 0.0 if prev is None or total == 1 else (speedup - 1) / (total - 1)
+        rows.append({"step": name, "tokens_per_s": tps, "speedup": speedup, "share": share,
+                     "usd_per_1M": price_per_hour / (tps * 3600) * 1e6})
+        prev = tps
+    return rows
+'''}),
+    ],
 }

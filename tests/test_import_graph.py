@@ -29,6 +29,7 @@ LAYERS = {
     "course_lib.speculative": 5, "course_lib.distill": 5, "course_lib.serving": 5, "course_lib.sparsity": 5,
     "course_lib.parallel": 5,
     "course_lib.quant_eval": 5,
+    "course_lib.compile_tools": 5, "course_lib.capstone": 5,
     # 6. applications: training scripts, widgets, command line, grading
     "course_lib.models.train": 6, "course_lib.models.distill_draft": 6, "course_lib.viz": 6,
     "course_lib.doctor": 6, "course_lib.cli": 6, "course_lib.bench": 6, "course_lib.grading": 6,

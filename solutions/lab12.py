@@ -1,0 +1,270 @@
+# Source of the notebook beside this file (same name, .ipynb). After editing it, run
+#     python tools/nb.py sync --from-py
+# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
+
+# %% [markdown] id="c002"
+# # Lab 12 · A graph break, and where the speed-up comes from
+#
+# Two skills from Module 12:
+#
+# * **Part A (4 points): remove a graph break.** A decode step that `torch.compile` cannot trace in one
+#   piece: you find the break with `torch._dynamo.explain` and rewrite the step so that it has none and
+#   returns exactly what the original returns.
+# * **Part B (4 points): the attribution table.** From a list of `(step, tokens/s)` measurements, compute
+#   each step's speed-up over the previous one, its share of the total speed-up on a log scale, and the cost
+#   per 1M tokens.
+#
+# How it works:
+#
+# * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
+# * Each part is followed by a test cell with fixed examples. When grading, **hidden tests** also run your
+#   functions on fresh random models and random timings, so follow the specification exactly.
+# * Do not call `course_lib.capstone.attribution_table` in Part B: the hidden tests compare your table with
+#   it and check that the code is your own. Everything runs on a CPU in seconds. Total: 8 points.
+
+# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+import math
+import random
+import time
+
+import torch
+
+from course_lib.compile_tools import explain_breaks
+from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.kvcache import StaticCache
+from course_lib.models import LlamaForCausalLM, as_config
+
+
+def tiny_model(seed=0, vocab=128):
+    """A one-layer model, small enough for explain to take a second."""
+    torch.manual_seed(seed)
+    cfg = as_config(dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64))
+    return LlamaForCausalLM(cfg).eval()
+
+
+@torch.inference_mode()
+def prefilled(model, prompts):
+    """A StaticCache holding `prompts` ([B, T] token ids) and the last token of each, [B, 1]: the inputs of
+    the next decode step."""
+    cache = StaticCache.for_model(model, prompts.shape[0], 48)
+    model(prompts, cache=cache)
+    return prompts[:, -1:], cache
+
+
+def own_work(fn, name, forbidden=("attribution_table",)):
+    """The grader's check that `fn` is defined in this notebook and does not call course_lib's answer."""
+    if getattr(fn, "__module__", None) != "__main__":
+        raise AssertionError(f"{name} must be defined in this notebook (it comes from {fn.__module__})")
+    used = set(fn.__code__.co_names)
+    for c in fn.__code__.co_consts:
+        if hasattr(c, "co_names"):
+            used |= set(c.co_names)
+    bad = used & set(forbidden)
+    if bad:
+        raise AssertionError(f"{name} uses {sorted(bad)}: write it yourself")
+
+
+model = tiny_model()
+
+# %% [markdown] id="c004"
+# ## Part A · Remove a graph break (4 points)
+#
+# Here is a greedy decode step as one might write it first. It takes the last token of each sequence
+# `tok` ([B, 1]) and a `StaticCache` holding the sequences so far, runs the model for one position (which
+# also writes the new K/V into the cache), and returns the next token of each sequence, [B, 1], int64:
+
+# %% id="c005" nbgrader={"grade_id": "provided_step", "locked": true}
+def decode_step_with_break(model, tok, cache):
+    logits = model(tok, cache=cache)[:, -1, :]            # [B, V]: the logits of the last position
+    next_ids = []
+    for row in logits:                                   # one sequence at a time
+        next_ids.append(int(row.argmax()))               # its best token as a Python int
+    return torch.tensor(next_ids, device=tok.device).unsqueeze(-1)     # [B, 1]
+
+
+with torch.inference_mode():
+    _tok, _cache = prefilled(model, torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    report = explain_breaks(decode_step_with_break, model, _tok, _cache)
+print(f"graphs: {report['graph_count']}, graph breaks: {report['graph_break_count']}")
+for _r in report["break_reasons"]:
+    print("  ", _r)
+
+# %% [markdown] id="c006"
+# `torch._dynamo.explain` (wrapped here by `explain_breaks`) ran the step under dynamo and found the
+# break(s) printed above, with the line that causes each. Read the reason: which call needs the tensor's
+# value in Python?
+#
+# Write `decode_step(model, tok, cache)`: the same step with **no graph break** (`explain` must report
+# `graph_break_count == 0`) that returns **exactly the same tensor** as `decode_step_with_break` (the same
+# values, shape [B, 1], dtype int64, on `tok`'s device) for any batch size, and updates the cache the same
+# way (call the model once). Hint: stay in tensors from the logits to the result. Moving the conversion
+# somewhere else in the function (`.tolist()`, `.cpu().numpy()`, `int(...)`) is still a break.
+
+# %% id="c007" nbgrader={"grade_id": "step_answer", "solution": true}
+def decode_step(model, tok, cache):
+    ### BEGIN SOLUTION
+    logits = model(tok, cache=cache)[:, -1, :]            # [B, V]
+    return logits.argmax(dim=-1, keepdim=True)            # [B, 1] int64, stays on the device
+    ### END SOLUTION
+
+# %% id="c008" nbgrader={"grade_id": "step_tests", "grade": true, "points": 4}
+def _compare_steps(m, prompts, what):
+    with torch.inference_mode():
+        tok_a, cache_a = prefilled(m, prompts)
+        tok_b, cache_b = prefilled(m, prompts)
+        want = decode_step_with_break(m, tok_a, cache_a)
+        got = decode_step(m, tok_b, cache_b)
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{what}: decode_step must return a tensor, got {type(got).__name__}")
+    check_shape(got, tuple(want.shape), f"{what}: the shape of decode_step's result")
+    check_equal(got.dtype, want.dtype, f"{what}: the dtype of decode_step's result")
+    check_equal(got, want, f"{what}: the next tokens")
+    # the cache must have advanced exactly as the provided step advanced it
+    with torch.inference_mode():
+        check_equal(decode_step_with_break(m, want, cache_b), decode_step_with_break(m, want, cache_a),
+                    f"{what}: the step after yours (did decode_step call the model once, through the cache?)")
+
+
+def _breaks(m, prompts):
+    with torch.inference_mode():
+        tok, cache = prefilled(m, prompts)
+        return explain_breaks(decode_step, m, tok, cache)
+
+
+_compare_steps(model, torch.tensor([[1, 2, 3], [4, 5, 6]]), "batch of 2 on the fixed model")
+_compare_steps(model, torch.tensor([[7, 8, 9, 10, 11]]), "batch of 1 on the fixed model")
+_rep = _breaks(model, torch.tensor([[1, 2, 3], [4, 5, 6]]))
+if _rep["graph_break_count"] != 0:
+    raise AssertionError(f"decode_step still has {_rep['graph_break_count']} graph break(s): "
+                         + "; ".join(_rep["break_reasons"]))
+print(f"Part A: visible tests passed (1 graph, {_rep['op_count']} ops, no break)")
+### BEGIN HIDDEN TESTS
+own_work(decode_step, "decode_step", forbidden=("decode_step_with_break",))
+_rng = random.Random(time.time_ns())
+for _trial in range(3):
+    _seed, _B, _T = _rng.randrange(2**31), _rng.randint(1, 4), _rng.randint(2, 9)
+    _m = tiny_model(_seed, vocab=_rng.choice([64, 128, 200]))
+    _p = torch.randint(0, _m.config.vocab_size, (_B, _T), generator=torch.Generator().manual_seed(_seed))
+    _compare_steps(_m, _p, f"random model (seed {_seed}), batch {_B}, prompt length {_T}")
+    _rep = _breaks(_m, _p)
+    check_equal(_rep["graph_break_count"], 0, f"graph breaks on a random model (seed {_seed}), batch {_B}")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c009"
+# Why it matters: each break is a host sync (the CPU waits for the device to produce the value) and splits
+# the step into smaller graphs, so inductor fuses less and CUDA graphs cannot capture the step as a whole.
+#
+# ## Part B · The attribution table (4 points)
+#
+# You measured a stack of optimizations, each added on top of the previous ones, as a list of
+# `(step name, tokens per second)` in the order they were applied. Write
+# `attribution(timings, price_per_hour)` returning one dict per step, in order, with the keys:
+#
+# * `"step"`: the name; `"tokens_per_s"`: the measurement;
+# * `"speedup"`: tokens/s of this step divided by tokens/s of the **previous** step (1.0 for the first);
+# * `"share"`: this step's share of the total speed-up, **on a log scale**: `log(speedup) / log(S)`, with `S`
+#   the total speed-up (last tokens/s / first tokens/s). Speed-ups multiply, so their logs add up: the
+#   shares sum to 1, a step that slows things down has a negative share. The first step's share is 0; if
+#   `S` is exactly 1 every share is 0;
+# * `"usd_per_1M"`: the cost of 1M tokens at that step on a machine rented at `price_per_hour`
+#   (Module 00: price per hour / tokens per hour, times 1M).
+#
+# Raise `ValueError` if `timings` is empty, if a tokens/s is not a positive finite number, or if
+# `price_per_hour` is negative.
+
+# %% id="c010" nbgrader={"grade_id": "attribution_answer", "solution": true}
+def attribution(timings, price_per_hour):
+    ### BEGIN SOLUTION
+    timings = list(timings)
+    if not timings:
+        raise ValueError("timings must not be empty")
+    if not price_per_hour >= 0:
+        raise ValueError(f"price_per_hour must be >= 0, got {price_per_hour!r}")
+    for name, tps in timings:
+        if not (isinstance(tps, (int, float)) and math.isfinite(tps) and tps > 0):
+            raise ValueError(f"tokens/s of {name!r} must be a positive finite number, got {tps!r}")
+    total = timings[-1][1] / timings[0][1]
+    rows, prev = [], None
+    for name, tps in timings:
+        speedup = 1.0 if prev is None else tps / prev
+        share = 0.0 if prev is None or total == 1 else math.log(speedup) / math.log(total)
+        rows.append({"step": name, "tokens_per_s": tps, "speedup": speedup, "share": share,
+                     "usd_per_1M": price_per_hour / (tps * 3600) * 1e6})
+        prev = tps
+    return rows
+    ### END SOLUTION
+
+# %% id="c011" nbgrader={"grade_id": "attribution_tests", "grade": true, "points": 4}
+_t = [("no cache", 10.0), ("KV cache", 40.0), ("compile", 50.0), ("speculative", 40.0), ("batching", 400.0)]
+_rows = attribution(_t, 2.0)
+if not isinstance(_rows, list) or len(_rows) != 5 or not all(isinstance(r, dict) for r in _rows):
+    raise AssertionError(f"attribution must return a list of 5 dicts, got {_rows!r}")
+check_equal([r["step"] for r in _rows], [n for n, _ in _t], "the step names, in order")
+check_close([r["speedup"] for r in _rows], [1.0, 4.0, 1.25, 0.8, 10.0], "speedup of each step over the previous")
+check_close([r["share"] for r in _rows], [0.0, math.log(4) / math.log(40), math.log(1.25) / math.log(40),
+                                          math.log(0.8) / math.log(40), math.log(10) / math.log(40)],
+            "share of each step: log(speedup) / log(total speed-up), total = 400 / 10 = 40")
+check_close(sum(r["share"] for r in _rows), 1.0, "the shares' sum")
+check_close([r["usd_per_1M"] for r in _rows], [2.0 / (x * 3600) * 1e6 for _, x in _t],
+            "cost per 1M tokens at $2/hour")
+check_close([r["share"] for r in attribution([("a", 5.0), ("b", 10.0), ("c", 5.0)], 1.0)], [0.0, 0.0, 0.0],
+            "shares when the total speed-up is exactly 1")
+check_raises(lambda: attribution([], 1.0), ValueError, "attribution([], 1.0)")
+check_raises(lambda: attribution([("a", 1.0), ("b", 0.0)], 1.0), ValueError, "a step with 0 tokens/s")
+check_raises(lambda: attribution([("a", 1.0)], -1.0), ValueError, "a negative price")
+print("Part B: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.capstone import attribution_table as _ref_table
+
+own_work(attribution, "attribution")
+_rng = random.Random(time.time_ns())
+for _trial in range(200):
+    _n = _rng.randint(1, 8)
+    _names = [f"step{i}" for i in range(_n)]
+    _tps = [_rng.uniform(0.5, 5000) for _ in range(_n)]
+    _price = _rng.uniform(0, 10)
+    _got = attribution(list(zip(_names, _tps)), _price)
+    _want = _ref_table(_names, [1 / x for x in _tps], price_per_hour=_price)
+    _what = f"attribution({list(zip(_names, _tps))}, {_price})"
+    check_equal(len(_got), _n, "number of rows of " + _what)
+    for _k in ("speedup", "share", "usd_per_1M"):
+        check_close([r[_k] for r in _got], [r[_k] for r in _want], f"{_k!r} of {_what}", rtol=1e-7, atol=1e-12)
+    check_close([r["tokens_per_s"] for r in _got], _tps, "tokens_per_s of " + _what)
+for _bad in (float("nan"), float("inf"), -3.0):
+    check_raises(lambda: attribution([("a", 1.0), ("b", _bad)], 1.0), ValueError, f"a step with {_bad} tokens/s")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c012"
+# ## Putting it together (not graded)
+#
+# Your step and your table on a small measurement: the provided step and yours, timed eager on the fixed
+# model, then the table of a stack like the capstone's (numbers from a CPU run of Module 12, rounded).
+
+# %% id="c013"
+try:
+    with torch.inference_mode():
+        _times = {}
+        for _fn in (decode_step_with_break, decode_step):
+            _tok, _cache = prefilled(model, torch.randint(0, 128, (8, 4)))
+            _t0 = time.perf_counter()
+            for _ in range(20):
+                _tok = _fn(model, _tok, _cache)
+            _times[_fn.__name__] = (time.perf_counter() - _t0) / 20
+    for _k, _v in _times.items():
+        print(f"{_k:24s} {_v * 1e3:6.2f} ms per step (batch 8, eager)")
+    for _r in attribution([("no cache", 80.0), ("KV cache", 175.0), ("static cache + compile", 320.0),
+                           ("speculative (tiny-draft)", 200.0), ("continuous batching", 560.0)], 0.10):
+        print(f"{_r['step']:26s} {_r['tokens_per_s']:7.1f} tok/s  x{_r['speedup']:5.2f}  share {_r['share']:6.1%}  "
+              f"${_r['usd_per_1M']:.3f}/1M")
+except NotImplementedError:
+    print("finish the exercises first")
+
+# %% [markdown] id="c014"
+# ## Going further (not graded)
+#
+# * Compile your `decode_step` with `torch.compile(decode_step, fullgraph=True)` and time it against eager
+#   (the first call compiles: time the later ones).
+# * Put the steps of the table in another order (batching before speculative decoding): do the shares
+#   change? Which numbers would you need to measure again?
+# * Compute the shares linearly, `(speedup - 1) / (S - 1)`: why do they not add up to 1?
