@@ -11,8 +11,8 @@ The steps (each keeps what came before where the code allows it; the note says w
 1. **no cache**: every token recomputes the whole prefix (``generate(cache=None)``);
 2. **KV cache** (Module 05): ``cache="contiguous"``;
 3. **static cache + compile** (this module): ``generate(compile=True)``: one compiled decode step;
-4. **int8 weights** (Module 03): *not wired here* (see ``INT8_STEP``): skipped with a note until the
-   weight-only int8 linears land;
+4. **int8 weights** (Module 03): ``INT8_STEP``, the fused int8 weight-only linears, decoded eagerly
+   with a contiguous cache (its tokens may differ from the float model's: it is a different model);
 5. **speculative** (Module 08): the bundled ``tiny-draft`` proposes, the target verifies (runs eager with a
    contiguous cache: ``draft=`` does not compile);
 6. **continuous batching** (Module 09): all prompts at once through ``course_lib.serving.Engine`` (paged KV,
@@ -28,6 +28,7 @@ The cost per 1M tokens at each step is Module 00's formula, ``course_lib.perf.me
 """
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import time
@@ -42,17 +43,21 @@ from course_lib.perf.metrics import cost_per_million_tokens
 from course_lib.serving import Engine, SamplingParams
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
-           "GPU_PRICES"]
+           "GPU_PRICES", "int8_weights"]
 
 STEP_NAMES = ("no cache", "KV cache", "static cache + compile", "int8 weights", "speculative (tiny-draft)",
               "continuous batching")
 
-# --- int8 weights: the place for Module 03's weight-only int8 linears -------------------------------------
-# TODO(lead, after merging Module 03's quantized linears): set INT8_STEP to a function model -> model with
-# int8 weight-only linears (a copy; the original must stay float for the other steps). run_capstone then
-# measures it as step 4 (static cache + compile on the int8 model, if the quantized linears compile; else
-# the KV-cache path) instead of skipping it.
-INT8_STEP = None
+# --- int8 weights: Module 03's fused weight-only int8 linears ---------------------------------------------
+def int8_weights(model):
+    """A copy of ``model`` whose linears (but the tied lm_head) are torch's fused int8 weight-only linears
+    (``quant.fast.Int8WeightOnlyLinear``: per-channel scales, prefills through dequantize + matmul); the
+    original stays float for the other steps. Decoded eagerly with a contiguous KV cache."""
+    from course_lib.quant_eval import to_fast_weight_only
+    return to_fast_weight_only(copy.deepcopy(model), 8)
+
+
+INT8_STEP = int8_weights   # None skips the step (reported as skipped, left out of the chain)
 
 
 @dataclass
@@ -115,12 +120,13 @@ def run_capstone(model, draft, prompts, max_new_tokens: int = 32, steps=STEP_NAM
             note = "first call compiles (not timed)"
         elif name == "int8 weights":
             if INT8_STEP is None:
-                results.append(Step(name, 0, float("nan"), "skipped: Module 03's weight-only int8 linears are "
-                                    "not wired into the capstone yet (course_lib.capstone.INT8_STEP)", True))
+                results.append(Step(name, 0, float("nan"), "skipped: no int8 transform "
+                                    "(course_lib.capstone.INT8_STEP is None)", True))
                 continue
             qmodel = INT8_STEP(model)
+            generate(qmodel, prompts[0], 2, cache="contiguous")        # warm-up (kernel probes), not timed
             tokens, secs, outs = _sequential(qmodel, prompts, n, cache="contiguous")
-            note = "int8 weight-only linears"
+            note = "fused int8 weight-only linears, eager, contiguous cache"
         elif name == "speculative (tiny-draft)":
             if draft is None:
                 results.append(Step(name, 0, float("nan"), "skipped: no draft model given", True))

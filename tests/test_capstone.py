@@ -7,6 +7,8 @@ import matplotlib
 import pytest
 import torch
 
+import course_lib.capstone as capstone
+
 matplotlib.use("Agg")
 
 from course_lib.capstone import STEP_NAMES, attribution_table, hardware_choice, run_capstone, waterfall  # noqa: E402
@@ -53,7 +55,7 @@ def test_hardware_choice_matches_the_roofline_bound():
 
 
 @torch.inference_mode()
-def test_stacked_run_on_the_bundled_model():
+def test_stacked_run_on_the_bundled_model(monkeypatch):
     torch.set_num_threads(1)
     model, _ = load("tiny", device="cpu")
     prompts = [torch.randint(1, 2048, (n,)).tolist() for n in (5, 9, 7)]
@@ -61,10 +63,16 @@ def test_stacked_run_on_the_bundled_model():
                                                         "speculative (tiny-draft)", "continuous batching"),
                          progress=False)
     by = {s.name: s for s in steps}
-    assert by["int8 weights"].skipped and "INT8_STEP" in by["int8 weights"].note
     assert by["speculative (tiny-draft)"].skipped
-    for name in ("no cache", "KV cache", "continuous batching"):
-        assert by[name].tokens == 24 and by[name].seconds > 0 and "WARNING" not in by[name].note
+    for name in ("no cache", "KV cache", "int8 weights", "continuous batching"):
+        assert by[name].tokens == 24 and by[name].seconds > 0 and "WARNING" not in by[name].note, by[name]
+    # the int8 step quantizes a copy: the float model the other steps use is untouched
+    assert type(model.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    q = capstone.int8_weights(model)
+    assert type(q.model.layers[0].mlp.up_proj).__name__ == "Int8WeightOnlyLinear"
+    monkeypatch.setattr(capstone, "INT8_STEP", None)           # unset: reported as skipped, not measured
+    (skipped,) = run_capstone(model, None, prompts, 4, steps=("int8 weights",), progress=False)
+    assert skipped.skipped and "INT8_STEP" in skipped.note
     with pytest.raises(ValueError, match="unknown steps"):
         run_capstone(model, None, prompts, 4, steps=("warp drive",))
     assert STEP_NAMES[0] == "no cache"
