@@ -111,6 +111,7 @@ import course_lib.quant as _ref
 
 _seed = time.time_ns() % 2 ** 31
 _g = torch.Generator().manual_seed(_seed)
+_ratios = []
 for _ in range(6):
     _out, _in = (int(v) for v in torch.randint(4, 40, (2,), generator=_g))
     _n = int(torch.randint(2 * _in, 4 * _in, (1,), generator=_g))
@@ -126,8 +127,13 @@ for _ in range(6):
     check_close(_Wq, _r.weight, _what + ": against course_lib.quant.gptq_quantize", atol=float(_sr.max()) * 1.01,
                 rtol=0)
     _rtn = torch.cat([rtn_column(_W[:, j:j + 1], _sr, _zr, _bits) for j in range(_in)], dim=1)
-    assert output_error(_W, _Wq, _X) <= output_error(_W, _rtn, _X) * 1.0001, _what + ": error above RTN's"
+    _ratios.append(output_error(_W, _Wq, _X) / output_error(_W, _rtn, _X))
     check_close(output_error(_W, _Wq, _X), output_error(_W, _r.weight, _X), _what + ": output error", rtol=0.05)
+# GPTQ is greedy: on one small random layer it can land above round-to-nearest (about 1 layer in 130 here),
+# so the comparison is over the six layers: on average its error must be below RTN's
+assert sum(_ratios) / len(_ratios) < 1, (f"GPTQ's output error is not below round-to-nearest's on average over six "
+                                         f"random layers (error / RTN's: {[round(r, 3) for r in _ratios]}, "
+                                         f"seed {_seed}): is each column's error fed forward?")
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c007"
