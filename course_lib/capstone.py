@@ -53,7 +53,7 @@ def int8_weights(model):
     """A copy of ``model`` whose linears (but the tied lm_head) are torch's fused int8 weight-only linears
     (``quant.fast.Int8WeightOnlyLinear``: per-channel scales, prefills through dequantize + matmul); the
     original stays float for the other steps. Decoded eagerly with a contiguous KV cache."""
-    from course_lib.quant_eval import to_fast_weight_only
+    from course_lib.quant.transform import to_fast_weight_only
     return to_fast_weight_only(copy.deepcopy(model), 8)
 
 

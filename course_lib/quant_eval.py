@@ -7,7 +7,8 @@ More rows are more ``Variant`` entries: a name, a bit width and a function model
 The experiments of the module's second half live here too: QAT vs PTQ (``qat_vs_ptq``), the layer-wise
 sensitivity scan on held-out bits per byte (``sensitivity_bpb``), bitsandbytes through transformers
 (``load_bnb``, ``bnb_rows``), and the model transforms of the k-quant, FP8, fused weight-only and
-mixed-precision rows (``to_gguf``, ``to_fp8``, ``to_fast_weight_only``, ``to_mixed``).
+mixed-precision rows are model transforms in ``quant.transform`` (``to_gguf``, ``to_fp8``,
+``to_fast_weight_only``, ``to_mixed``).
 
     variants = [Variant("fp32", 32, lambda m: m),
                 Variant("RTN W4A16 g128", 4, lambda m: quantize_model(m, "rtn", bits=4))]
@@ -29,10 +30,10 @@ from course_lib.models import bundled_path, load
 from course_lib.models.corpus import encode_stream, load_split
 from course_lib.perf.quality import bits_per_byte
 from course_lib.perf.tables import format_table
-from course_lib.quant.core import fake_quantize
 from course_lib.quant.linear import state_dict_bytes
 from course_lib.quant.qat import convert_qat, prepare_qat, qat_finetune, rtn_quantize_linears
 from course_lib.quant.sensitivity import layer_groups, sensitivity_scan
+from course_lib.quant.transform import group_rtn
 
 __all__ = ["Variant", "calibration_batches", "heldout_texts", "heldout_bpb", "decode_ms_per_token", "evaluate",
            "compare", "table_markdown", "COLUMNS"]
@@ -143,13 +144,6 @@ def train_batches(tok, n_batches: int = 8, batch_size: int = 4, seq_len: int = 1
     g = torch.Generator(device="cpu").manual_seed(seed)          # host windows of a host stream
     starts = torch.randint(0, len(stream) - seq_len - 1, (n_batches, batch_size), generator=g, device="cpu")
     return [torch.stack([stream[s:s + seq_len + 1] for s in row.tolist()]) for row in starts]
-
-
-def group_rtn(bits: int, group_size: int = 16):
-    """w, bits -> w_hat: the group-wise absmax RTN the scan and QAT use (``bits`` argument overrides)."""
-    def q(w, b=bits):
-        return fake_quantize(w, b, "absmax", "group", group_size=group_size)
-    return q
 
 
 def qat_vs_ptq(name: str = "tiny", bits: int = 3, group_size: int | None = None, steps: int = 20, lr: float = 1e-4,
@@ -271,63 +265,4 @@ def bnb_rows(name: str = "tiny", texts=None, device: str = "cpu") -> list[dict]:
     return rows
 
 
-# --- model transforms for the notebook's one table (each returns the model, changed in place) -------------
-
-def _linears(model, skip=("lm_head",)):
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not any(s in n for s in skip)]
-
-
-def _put(model, name, new):
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
-@torch.no_grad()
-def to_gguf(model, fmt: str = "q4_k", mix: dict | None = None):
-    """Round every linear through a GGUF format (simulated: weights replaced by their decode). ``mix``
-    {substring: fmt} picks another format per tensor (a Q4_K_M-style mix: e.g. {"v_proj": "q6_k",
-    "down_proj": "q6_k"}). A weight whose rows are not a whole number of blocks (the tiny model's
-    down_proj has 688 inputs) is cut into blocks across rows, which llama.cpp would not do (it would fall
-    back to another type); the error is the format's all the same."""
-    from course_lib.quant.gguf import BLOCK_VALUES, gguf_dequantize, gguf_quantize
-    for n, m in _linears(model):
-        f = next((v for k, v in (mix or {}).items() if k in n), fmt)
-        w = m.weight
-        flat = w.reshape(-1) if w.shape[1] % BLOCK_VALUES[f] else w
-        m.weight.copy_(gguf_dequantize(gguf_quantize(flat, f), f).reshape(w.shape))
-    return model
-
-
-def to_fp8(model, fmt: str = "e4m3", act: str | None = "row"):
-    """Swap every linear for an FP8Linear (per-row weight scales; activations per token unless act=None)."""
-    from course_lib.quant.fp8 import FP8Linear
-    for n, m in _linears(model):
-        _put(model, n, FP8Linear.from_linear(m, fmt, "row", act))
-    return model
-
-
-def to_fast_weight_only(model, bits: int = 8, group_size: int = 128):
-    """Swap linears for torch's fused weight-only int8 / int4 linears; with int4, a linear whose input size
-    ``group_size`` does not divide (the tiny model's down_proj: 688) gets int8."""
-    from course_lib.quant.fast import Int4WeightOnlyLinear, Int8WeightOnlyLinear
-    for n, m in _linears(model):
-        if bits == 4 and m.in_features % group_size == 0:
-            _put(model, n, Int4WeightOnlyLinear.from_linear(m, group_size))
-        else:
-            _put(model, n, Int8WeightOnlyLinear.from_linear(m))
-    return model
-
-
-@torch.no_grad()
-def to_mixed(model, alloc: dict, groups: dict, group_size: int = 16):
-    """Group RTN with the bits of a ``sensitivity.allocate_bits`` allocation {group: bits}."""
-    q = group_rtn(4, group_size)
-    for g, b in alloc.items():
-        for n in groups[g]:
-            w = model.get_submodule(n).weight
-            w.copy_(q(w, b))
-    return model
-
-
-__all__ += ["train_batches", "qat_vs_ptq", "sensitivity_bpb", "group_rtn", "load_bnb", "bnb_rows",
-            "to_gguf", "to_fp8", "to_fast_weight_only", "to_mixed"]
+__all__ += ["train_batches", "qat_vs_ptq", "sensitivity_bpb", "load_bnb", "bnb_rows"]

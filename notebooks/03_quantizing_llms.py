@@ -54,8 +54,9 @@ from IPython.display import Markdown, display
 import course_lib.quant as Q
 from course_lib.models import load
 from course_lib.perf.quality import bits_per_byte
+from course_lib.quant.transform import to_fast_weight_only, to_fp8, to_gguf, to_mixed
 from course_lib.quant_eval import (Variant, calibration_batches, compare, decode_ms_per_token, heldout_texts,
-                                   table_markdown, to_fast_weight_only, to_fp8, to_gguf)
+                                   table_markdown)
 
 # bitsandbytes' CPU backend logs a warning when an optional 4-bit kernel cannot be fetched; we use int8 only.
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
@@ -444,7 +445,7 @@ assert qat["ptq"] > qat["fp32"] and qat["qat"] < qat["ptq"]
 
 # %% id="c027j"
 from course_lib.quant import allocate_bits, allocation_cost, layer_groups
-from course_lib.quant_eval import heldout_bpb, sensitivity_bpb, to_mixed
+from course_lib.quant_eval import heldout_bpb, sensitivity_bpb
 
 scan = sensitivity_bpb(model, tok, texts[:1], bits=SCAN_BITS, progress=False)
 layers = list(scan["delta"])

@@ -31,7 +31,8 @@ from .linear import (QuantLinear, W8A8Linear, group_index, quantize_per_token, r
                      state_dict_bytes, weight_qparams)
 from .llm_int8 import LLMInt8Linear, llm_int8_matmul, outlier_columns
 from .smoothquant import smooth_model, smooth_scales
-from .transform import METHODS, gptq_model, quantize_model, replace_module
+from .transform import (METHODS, gptq_model, group_rtn, quantize_model, replace_module, to_fast_weight_only, to_fp8,
+                        to_gguf, to_mixed)
 
 _MODULE_03 = [
     "QuantLinear", "W8A8Linear", "group_index", "quantize_per_token", "rtn_quantize_weight", "state_dict_bytes",
@@ -39,7 +40,7 @@ _MODULE_03 = [
     "named_linears", "outlier_report", "scaling_groups", "LLMInt8Linear", "llm_int8_matmul", "outlier_columns",
     "smooth_model", "smooth_scales", "AWQSearch", "awq_apply", "awq_scale_candidates", "awq_search_group",
     "GPTQResult", "gptq_quantize", "hessian", "hessian_error", "layer_output_error", "METHODS", "gptq_model", "quantize_model",
-    "replace_module",
+    "replace_module", "group_rtn", "to_gguf", "to_fp8", "to_fast_weight_only", "to_mixed",
 ]
 # module 03, part B: k-quants, FP8, QAT, sensitivity and bit allocation, fast weight-only matmuls
 from .gguf import (GGUF_FORMATS, dequantize_q4_k, dequantize_q6_k, gguf_bits_per_weight, quantize_q4_k,

@@ -18,13 +18,15 @@ import torch
 import torch.nn as nn
 
 from .awq import awq_apply
+from .core import fake_quantize
 from .calibration import input_hessians, named_linears
 from .gptq import gptq_quantize
 from .linear import QuantLinear, W8A8Linear
 from .llm_int8 import LLMInt8Linear
 from .smoothquant import smooth_model
 
-__all__ = ["METHODS", "quantize_model", "replace_module", "gptq_model"]
+__all__ = ["METHODS", "quantize_model", "replace_module", "gptq_model", "group_rtn", "to_gguf", "to_fp8",
+           "to_fast_weight_only", "to_mixed"]
 
 METHODS = ("rtn", "awq", "gptq", "w8a8", "smoothquant", "llm_int8")
 _NEEDS_CALIB = ("awq", "gptq", "smoothquant")
@@ -102,3 +104,59 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 4, group_s
             new = LLMInt8Linear.from_linear(lin, threshold)
         replace_module(m, name, new)
     return m
+
+
+# --- more transforms (module 03's table rows; each changes the model in place and returns it) ---------
+
+def group_rtn(bits: int, group_size: int = 16):
+    """w, bits -> w_hat: the group-wise absmax RTN the scan and QAT use (``bits`` argument overrides)."""
+    def q(w, b=bits):
+        return fake_quantize(w, b, "absmax", "group", group_size=group_size)
+    return q
+
+
+@torch.no_grad()
+def to_gguf(model, fmt: str = "q4_k", mix: dict | None = None):
+    """Round every linear through a GGUF format (simulated: weights replaced by their decode). ``mix``
+    {substring: fmt} picks another format per tensor (a Q4_K_M-style mix: e.g. {"v_proj": "q6_k",
+    "down_proj": "q6_k"}). A weight whose rows are not a whole number of blocks (the tiny model's
+    down_proj has 688 inputs) is cut into blocks across rows, which llama.cpp would not do (it would fall
+    back to another type); the error is the format's all the same."""
+    from course_lib.quant.gguf import BLOCK_VALUES, gguf_dequantize, gguf_quantize
+    for n, m in named_linears(model).items():
+        f = next((v for k, v in (mix or {}).items() if k in n), fmt)
+        w = m.weight
+        flat = w.reshape(-1) if w.shape[1] % BLOCK_VALUES[f] else w
+        m.weight.copy_(gguf_dequantize(gguf_quantize(flat, f), f).reshape(w.shape))
+    return model
+
+
+def to_fp8(model, fmt: str = "e4m3", act: str | None = "row"):
+    """Swap every linear for an FP8Linear (per-row weight scales; activations per token unless act=None)."""
+    from course_lib.quant.fp8 import FP8Linear
+    for n, m in named_linears(model).items():
+        replace_module(model, n, FP8Linear.from_linear(m, fmt, "row", act))
+    return model
+
+
+def to_fast_weight_only(model, bits: int = 8, group_size: int = 128):
+    """Swap linears for torch's fused weight-only int8 / int4 linears; with int4, a linear whose input size
+    ``group_size`` does not divide (the tiny model's down_proj: 688) gets int8."""
+    from course_lib.quant.fast import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+    for n, m in named_linears(model).items():
+        if bits == 4 and m.in_features % group_size == 0:
+            replace_module(model, n, Int4WeightOnlyLinear.from_linear(m, group_size))
+        else:
+            replace_module(model, n, Int8WeightOnlyLinear.from_linear(m))
+    return model
+
+
+@torch.no_grad()
+def to_mixed(model, alloc: dict, groups: dict, group_size: int = 16):
+    """Group RTN with the bits of a ``sensitivity.allocate_bits`` allocation {group: bits}."""
+    q = group_rtn(4, group_size)
+    for g, b in alloc.items():
+        for n in groups[g]:
+            w = model.get_submodule(n).weight
+            w.copy_(q(w, b))
+    return model
