@@ -216,27 +216,34 @@ def test_custom_mask_and_positions_match_causal_default():
     assert torch.allclose(a, b, atol=1e-6)
 
 
-@pytest.mark.slow
-def test_training_script_is_deterministic(tmp_path):
+@pytest.fixture(scope="module")
+def quick_training_run(tmp_path_factory):
+    """One seeded quick run of the training script, shared by the tests below (each run is ~40 s on CPU)."""
     from course_lib.models import train
-    outs = []
-    for run in ("a", "b"):
-        train.main(["--quick", "--out", str(tmp_path / run), "--threads", "1"])
-        outs.append((tmp_path / run / "tiny" / "model.safetensors").read_bytes())
-    assert outs[0] == outs[1], "two seeded quick runs gave different weights"
-    assert (tmp_path / "a" / "MODEL_CARD.md").is_file()
+    out = tmp_path_factory.mktemp("train") / "a"
+    train.main(["--quick", "--out", str(out), "--threads", "1"])
+    return out
 
 
 @pytest.mark.slow
-def test_training_script_resumes_a_stage_and_rewrites_the_card(tmp_path):
+def test_training_script_is_deterministic(quick_training_run, tmp_path):
+    from course_lib.models import train
+    train.main(["--quick", "--out", str(tmp_path / "b"), "--threads", "1"])
+    a = (quick_training_run / "tiny" / "model.safetensors").read_bytes()
+    assert a == (tmp_path / "b" / "tiny" / "model.safetensors").read_bytes(), \
+        "two seeded quick runs gave different weights"
+    assert (quick_training_run / "MODEL_CARD.md").is_file()
+
+
+@pytest.mark.slow
+def test_training_script_resumes_a_stage_and_rewrites_the_card(quick_training_run, tmp_path):
     """--resume-target runs only the later stages from saved weights (keeping the earlier stages' record),
     and --card-only rewrites the card from the report, keeping the distilled draft's section."""
     import shutil
 
     from course_lib.models import train
     from course_lib.models.train import CARD_SECTION
-    a, b = tmp_path / "a", tmp_path / "b"
-    train.main(["--quick", "--out", str(a), "--threads", "1"])
+    a, b = quick_training_run, tmp_path / "b"
     first = json.loads((a / "training_report.json").read_text())
     b.mkdir()
     shutil.copy(a / "training_report.json", b / "training_report.json")
