@@ -94,8 +94,7 @@ def colab():
             shutil.rmtree(stale, ignore_errors=True)
     run = base.parent / f"run-{os.getpid()}"   # beside the cache: hard links stay on one file system
     venv = colab_env.copy(base, run / "venv")
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    (site,) = (venv / "lib").glob("python3.*/site-packages")
     (site / "google" / "colab").mkdir(parents=True, exist_ok=True)
     (site / "google" / "colab" / "__init__.py").write_text(GOOGLE_COLAB_STUB)
     kernels = run / "kernels"
@@ -127,7 +126,8 @@ def with_wheel(nb, whl: Path):
 
 def execute(nb, colab, timeout=600):
     """Run every cell of `nb` in the Colab-like kernel (raises on the first cell that fails)."""
-    km = KernelManager(kernel_name="colab", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(colab["kernels"])]))
+    specs = KernelSpecManager(kernel_dirs=[str(colab["kernels"])])
+    km = KernelManager(kernel_name="colab", kernel_spec_manager=specs)
     client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=False,
                             resources={"metadata": {"path": str(colab["workdir"])}})
     try:
@@ -146,22 +146,23 @@ def outputs_text(cell) -> str:
     return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
 
 
-# Appended to every run: the course came from the installed wheel, and the preinstalled stack is Colab's.
-WHERE = code("import json, sys, importlib.metadata as md, course_lib.env\n"
-             "print(json.dumps({'file': course_lib.__file__, 'prefix': sys.prefix, 'python': sys.version_info[:2],\n"
-             "                  'colab': course_lib.env.in_colab(),\n"
+# Appended to every run: where the course and `!pip` came from, and what is installed.
+WHERE = code("import json, shutil, sys, importlib.metadata as md, course_lib.env\n"
+             "print(json.dumps({'file': course_lib.__file__, 'pip': shutil.which('pip'), 'prefix': sys.prefix,\n"
+             "                  'python': sys.version_info[:2], 'colab': course_lib.env.in_colab(),\n"
              "                  'versions': {d.metadata['Name'].lower(): d.version for d in md.distributions()}}))")
 
 
 def where(nb) -> dict:
     info = json.loads(outputs_text(nb.cells[-1]))
-    assert info["file"].startswith(info["prefix"] + "/"), \
-        f"course_lib was imported from {info['file']}, not from the Colab-like environment {info['prefix']}"
+    for what in ("file", "pip"):
+        assert info[what].startswith(info["prefix"] + "/"), \
+            f"{what}: {info[what]} is not in the Colab-like environment {info['prefix']}"
     assert info["python"] == [3, 12], info["python"]
     return info
 
 
-def test_install_cell_installs_the_course_and_keeps_colabs_packages(wheel, colab):
+def test_install_cell_installs_the_course_and_keeps_colabs_packages(colab, wheel):
     lab = read_notebook(ROOT / "labs" / "lab00.ipynb")
     nb = nbformat.v4.new_notebook(cells=[with_wheel(lab, wheel).cells[1], WHERE])
     t0 = time.perf_counter()
@@ -190,7 +191,7 @@ def first_cells(name: str):
 
 
 @pytest.mark.parametrize("name", LABS)
-def test_lab_first_cells_run_on_colab(name, wheel, colab):
+def test_lab_first_cells_run_on_colab(name, colab, wheel):
     nb = with_wheel(first_cells(name), wheel)
     assert sum(c.cell_type == "code" for c in nb.cells) >= 2, f"{name}: no setup cell before the first exercise"
     nb.cells.append(WHERE)
@@ -200,7 +201,7 @@ def test_lab_first_cells_run_on_colab(name, wheel, colab):
     assert where(nb)["colab"] is True, f"{name}: course_lib.env.in_colab() is not True in the Colab-like kernel"
 
 
-def test_solved_lab_passes_its_visible_tests_on_colab(wheel, colab):
+def test_solved_lab_passes_its_visible_tests_on_colab(colab, wheel):
     """The student version (nbgrader's release: hidden tests already removed) with the instructor's
     answers filled in, every cell run."""
     lab = read_notebook(ROOT / "labs" / f"{SOLVED_LAB}.ipynb")
