@@ -14,7 +14,7 @@ TORCH  ?= torch==2.13.0
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: course workdir test setup setup-dev labs grade doctor bench train clean gpu-check
+.PHONY: course workdir test colab-test setup setup-dev labs grade doctor bench train clean gpu-check
 
 # $(call make-env,<venv>,<extras>): a venv with torch (only if it has none) and the package with those extras.
 define make-env
@@ -50,6 +50,13 @@ workdir:
 ## Set up and run the whole test suite (what CI runs).
 test: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest
+
+## The Colab install cell, run as on Colab: a Python 3.12 environment with Colab's torch (CUDA build) and
+## ipywidgets 7.7.1 (tools/colab_env.py; built once into build/colab/, about 5 GB and 3 minutes, or into
+## COLAB_ENV_CACHE), the course installed from a wheel of this tree, then each lab's first cells and a solved
+## lab's visible tests (e2e/test_colab_install.py, about 3 minutes). Needs Python 3.12 (skips without it).
+colab-test: setup-dev
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest e2e/test_colab_install.py
 
 ## Instructors: regenerate labs/ from solutions/ (deterministic; commit the result).
 labs: setup-dev
