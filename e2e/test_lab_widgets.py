@@ -1,0 +1,96 @@
+"""Each widget of the course, in JupyterLab in a real browser: open its notebook, run all cells, find the
+widget's rendered view, change one control and see the view change.
+
+The widgets' logic is tested in Python (tests/test_*_viz.py, test_quant_widget.py); what only a browser
+shows is the front end: the widget manager renders the views ("Error displaying widget" otherwise), the
+controls reach the kernel and the kernel's new figure and text come back.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+import pytest
+from playwright.sync_api import expect
+
+RUN_ALL_TIMEOUT_S = 300     # a notebook takes about 20-35 s in quick mode on 2 cores
+CHANGE_TIMEOUT_MS = 60_000  # one redraw after a click
+
+
+@dataclass(frozen=True)
+class Widget:
+    notebook: str
+    name: str
+    control: str          # label of the button to click, or of the dropdown to change
+    option: str | None    # the dropdown's new option; None for a button
+
+    def __str__(self):
+        return f"{self.notebook[:2]}-{self.name}"
+
+
+WIDGETS = [
+    Widget("01_where_the_time_goes.ipynb", "RooflineExplorer", "GPU", "H100-SXM"),
+    Widget("02_quantization_fundamentals.ipynb", "QuantExplorer", "granularity", "channel"),
+    Widget("06_paged_attention.ipynb", "PagedVisualizer", "Add sequence", None),
+    Widget("08_speculative_decoding.ipynb", "SpeculativeStepper", "Next step", None),
+    Widget("09_batching_and_serving.ipynb", "ServingExplorer", "policy", "static"),
+]
+
+
+def run_all_cells(page, notebook: str):
+    """Run > Run All Cells, as a student would, then wait until the kernel is idle with no cell queued."""
+    # the status bar names the kernel once it is up ("Python 3 (course) | Idle"); the toolbar's execution
+    # indicator already says idle before that, while the kernel is still starting
+    kernel_up = page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"^(?!No Kernel).+ \| Idle$"))
+    expect(kernel_up).to_have_count(1, timeout=90_000)
+    indicator = page.locator(".jp-Notebook-ExecutionIndicator")
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    # text_contents, not inner_texts: JupyterLab skips rendering off-screen cells (content-visibility),
+    # whose innerText is then empty
+    prompts = page.locator(".jp-CodeCell .jp-InputPrompt")
+    deadline, settled = time.monotonic() + RUN_ALL_TIMEOUT_S, 0
+    while settled < 2:   # idle twice in a row: the kernel may idle for a moment between two cells
+        if time.monotonic() > deadline:
+            pytest.fail(f"{notebook}: cells still running after {RUN_ALL_TIMEOUT_S} s")
+        time.sleep(1)
+        busy = indicator.get_attribute("data-status") != "idle" or "[*]:" in prompts.all_text_contents()
+        settled = 0 if busy else settled + 1
+    not_run = [i for i, p in enumerate(prompts.all_text_contents()) if not re.fullmatch(r"\[\d+\]:", p.strip())]
+    if not_run:   # Run All stops at the first error: show it
+        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        tracebacks = [t for t in errors.all_text_contents() if "Error" in t]
+        pytest.fail(f"{notebook}: code cells {not_run} did not run; errors:\n" + "\n".join(tracebacks)[-4000:])
+
+
+@pytest.mark.parametrize("widget", WIDGETS, ids=str)
+def test_widget_renders_and_responds(widget, page, jupyter_lab):
+    page.goto(jupyter_lab.notebook_url(widget.notebook))
+    try:
+        run_all_cells(page, widget.notebook)
+        if widget.option is None:
+            control = page.locator(".widget-button", has_text=re.compile(f"^{re.escape(widget.control)}$"))
+        else:
+            label = page.locator(".widget-label", has_text=re.compile(f"^{re.escape(widget.control)}$"))
+            control = page.locator(".widget-dropdown", has=label).locator("select")
+        # the cell output holding the widget's view (the Output widget inside it has outputs of its own)
+        view = page.locator(".jp-OutputArea-output", has=control).filter(has=page.locator(".widget-output"))
+        expect(view, f"{widget.name}'s view with its control {widget.control!r}").to_have_count(1)
+        view.scroll_into_view_if_needed()
+        expect(page.get_by_text("Error displaying widget")).to_have_count(0)
+        figure = view.locator(".widget-output img")
+        text = view.locator(".widget-html-content").first   # the summary, counters or metrics
+        expect(figure, f"{widget.name} shows its figure").to_have_count(1)
+        before_src, before_text = figure.get_attribute("src"), text.text_content()
+
+        if widget.option is None:
+            control.click()
+        else:
+            control.select_option(widget.option)
+        expect(figure, f"{widget.name}'s figure is redrawn after the change").not_to_have_attribute(
+            "src", before_src, timeout=CHANGE_TIMEOUT_MS)
+        expect(text, f"{widget.name}'s text follows the change").not_to_have_text(before_text)
+        expect(page.get_by_text("Error displaying widget")).to_have_count(0)
+    finally:
+        jupyter_lab.shutdown_kernels()   # the next notebook gets the two cores
