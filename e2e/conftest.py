@@ -19,26 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from pagecheck import PageLog
+from pagecheck import ARTIFACTS, ROOT, PageLog, skip_or_fail
 
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "build" / "browser-artifacts"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 INSTALL_HINT = "bash tools/install_chromium.sh (or make browser-test)"
 # Known to work headless as root in a container; the last four keep Chromium from calling home.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
-def skip_or_fail(reason: str):
-    """Outside CI a missing prerequisite skips (a student's `pytest e2e` needs no browser); in CI it fails."""
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: the browser tier must run in CI)", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
