@@ -6,6 +6,7 @@ they fail. On a failure, a screenshot and the page's console log go to build/bro
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -77,8 +78,8 @@ def _free_port() -> int:
 
 
 class JupyterLab:
-    def __init__(self, url: str, token: str, root: Path):
-        self.url, self.token, self.root = url, token, root
+    def __init__(self, url: str, token: str):
+        self.url, self.token = url, token
 
     def api(self, path: str, method: str = "GET") -> bytes:
         req = urllib.request.Request(f"{self.url}{path}", method=method,
@@ -91,13 +92,12 @@ class JupyterLab:
         return f"{self.url}lab/tree/{name}?reset&token={self.token}"
 
     def shutdown_kernels(self):
-        import json
         for k in json.loads(self.api("api/kernels")):
             self.api(f"api/kernels/{k['id']}", method="DELETE")
 
 
 @pytest.fixture(scope="session")
-def jupyter_lab(tmp_path_factory, browser):
+def jupyter_lab(tmp_path_factory, browser, request):
     """JupyterLab, headless, on a temporary copy of notebooks/ (the run must not write outputs into the
     tracked files), offline and in quick mode, on a free localhost port with a random token. Depends on
     `browser` so that a missing Chromium skips before the server starts."""
@@ -126,7 +126,7 @@ def jupyter_lab(tmp_path_factory, browser):
     log_path = work / "jupyterlab.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=notebooks, env=env, stdout=log, stderr=subprocess.STDOUT)
-    lab = JupyterLab(f"http://127.0.0.1:{port}/", token, notebooks)
+    lab = JupyterLab(f"http://127.0.0.1:{port}/", token)
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -147,3 +147,6 @@ def jupyter_lab(tmp_path_factory, browser):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if request.session.testsfailed:   # the kernels' side of a failure
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shutil.copy(log_path, ARTIFACTS / "jupyterlab.log")

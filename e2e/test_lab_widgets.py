@@ -1,9 +1,10 @@
 """Each widget of the course, in JupyterLab in a real browser: open its notebook, run all cells, find the
 widget's rendered view, change one control and see the view change.
 
-The widgets' logic is tested in Python (tests/test_*_viz.py, test_quant_widget.py); what only a browser
-shows is the front end: the widget manager renders the views ("Error displaying widget" otherwise), the
-controls reach the kernel and the kernel's new figure and text come back.
+The widgets' logic is tested in Python (tests/test_*_viz.py, test_quant_widget.py, test_serving_sim.py);
+what only a browser shows is the front end: the widget manager renders the views, the controls reach the
+kernel and the kernel's new figure and text come back. The selectors are the DOM classes that ipywidgets
+7.7.1 (JupyterLab 3.6, jupyterlab_widgets 1.1) and 8 (JupyterLab 4) share.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ CHANGE_TIMEOUT_S = 60      # one redraw after a click
 class Widget:
     notebook: str
     name: str
+    cell: str             # text from the code cell that displays the widget
     control: str          # label of the button to click, or of the dropdown to change
     option: str | None    # the dropdown's new option; None for a button
 
@@ -30,11 +32,12 @@ class Widget:
 
 
 WIDGETS = [
-    Widget("01_where_the_time_goes.ipynb", "RooflineExplorer", "GPU", "H100-SXM"),
-    Widget("02_quantization_fundamentals.ipynb", "QuantExplorer", "granularity", "channel"),
-    Widget("06_paged_attention.ipynb", "PagedVisualizer", "Add sequence", None),
-    Widget("08_speculative_decoding.ipynb", "SpeculativeStepper", "Next step", None),
-    Widget("09_batching_and_serving.ipynb", "ServingExplorer", "policy", "static"),
+    Widget("01_where_the_time_goes.ipynb", "RooflineExplorer", "explorer = RooflineExplorer(", "GPU", "H100-SXM"),
+    Widget("02_quantization_fundamentals.ipynb", "QuantExplorer", "explorer = QuantExplorer.from_model(",
+           "granularity", "channel"),
+    Widget("06_paged_attention.ipynb", "PagedVisualizer", "viz = PagedVisualizer(", "Add sequence", None),
+    Widget("08_speculative_decoding.ipynb", "SpeculativeStepper", "stepper = SpeculativeStepper(", "Next step", None),
+    Widget("09_batching_and_serving.ipynb", "ServingExplorer", "explorer = ServingExplorer(", "policy", "static"),
 ]
 
 
@@ -59,11 +62,10 @@ def widget_errors(page) -> list[str]:
 
 def run_all_cells(page, notebook: str):
     """Run > Run All Cells, as a student would, then wait until the kernel is idle with no cell queued."""
-    # the status bar names the kernel once it is up ("Python 3 (course) | Idle"); the toolbar's execution
-    # indicator already says idle before that, while the kernel is still starting
-    kernel_up = page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"^(?!No Kernel).+ \| Idle$"))
-    expect(kernel_up).to_have_count(1, timeout=90_000)
-    indicator = page.locator(".jp-Notebook-ExecutionIndicator")
+    # the status bar reads "<kernel name> | Idle" once the kernel is up ("No Kernel | ..." before); not
+    # the toolbar's execution indicator, which already says idle while the kernel is still starting
+    kernel_idle = page.get_by_text(re.compile(r"^(?!No Kernel).+ \| Idle$"))
+    expect(kernel_idle).to_have_count(1, timeout=90_000)
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     # text_contents, not inner_texts: JupyterLab skips rendering off-screen cells (content-visibility),
@@ -74,7 +76,7 @@ def run_all_cells(page, notebook: str):
         if time.monotonic() > deadline:
             pytest.fail(f"{notebook}: cells still running after {RUN_ALL_TIMEOUT_S} s")
         time.sleep(1)
-        busy = indicator.get_attribute("data-status") != "idle" or "[*]:" in prompts.all_text_contents()
+        busy = kernel_idle.count() == 0 or "[*]:" in prompts.all_text_contents()
         settled = 0 if busy else settled + 1
     not_run = [i for i, p in enumerate(prompts.all_text_contents()) if not re.fullmatch(r"\[\d+\]:", p.strip())]
     if not_run:   # Run All stops at the first error: show it
@@ -88,17 +90,19 @@ def test_widget_renders_and_responds(widget, page, jupyter_lab):
     page.goto(jupyter_lab.notebook_url(widget.notebook))
     try:
         run_all_cells(page, widget.notebook)
+        cell = page.locator(".jp-CodeCell", has_text=widget.cell)
+        expect(cell, f"{widget.notebook}: one code cell with {widget.cell!r}").to_have_count(1)
+        cell.scroll_into_view_if_needed()   # for the screenshot, if what follows fails
+        if errors := widget_errors(page):
+            pytest.fail(f"{widget.notebook}: a widget failed to render: {errors}")
         if widget.option is None:
             control = page.locator(".widget-button", has_text=re.compile(f"^{re.escape(widget.control)}$"))
         else:
             label = page.locator(".widget-label", has_text=re.compile(f"^{re.escape(widget.control)}$"))
             control = page.locator(".widget-dropdown", has=label).locator("select")
-        # the cell output holding the widget's view (the Output widget inside it has outputs of its own)
-        view = page.locator(".jp-OutputArea-output", has=control).filter(has=page.locator(".widget-output"))
+        # the cell's output holding the view (the Output widget inside it has an output area of its own)
+        view = cell.locator(".jp-OutputArea-output", has=control)
         expect(view, f"{widget.name}'s view with its control {widget.control!r}").to_have_count(1)
-        view.scroll_into_view_if_needed()
-        if errors := widget_errors(page):
-            pytest.fail(f"{widget.notebook}: a widget failed to render: {errors}")
         figure = view.locator(".widget-output img")
         text = view.locator(".widget-html-content").first   # the summary, counters or metrics
         expect(figure, f"{widget.name} shows its figure").to_have_count(1)
