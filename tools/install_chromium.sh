@@ -27,4 +27,8 @@ fi
 echo "install_chromium: installing $PACKAGES with apt-get"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null
+if [ ! -x "$CHROMIUM" ]; then
+  echo "install_chromium: installed $PACKAGES, but CHROMIUM=$CHROMIUM is still missing (Debian's is /usr/bin/chromium)" >&2
+  exit 1
+fi
 echo "install_chromium: installed $("$CHROMIUM" --version)"
