@@ -14,7 +14,7 @@ TORCH  ?= torch==2.13.0
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: course workdir test colab-test setup setup-dev labs grade doctor bench train clean gpu-check
+.PHONY: course workdir test e2e browser-test colab-test setup setup-dev labs grade doctor bench train clean gpu-check
 
 # $(call make-env,<venv>,<extras>): a venv with torch (only if it has none) and the package with those extras.
 define make-env
@@ -50,6 +50,18 @@ workdir:
 ## Set up and run the whole test suite (what CI runs).
 test: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest
+
+## The end-to-end tier (e2e/, outside pytest's default paths; CI runs it after `make test`): the browser
+## tests, then the Colab install test.
+e2e: browser-test colab-test
+
+## The browser tests: JupyterLab in headless Chromium runs each widget notebook and changes a control; every
+## page of the built site (build/site) loads with no console error and no request off this machine.
+## Installs Debian's Chromium when missing (root or sudo); failures leave screenshots and console logs in
+## build/browser-artifacts/.
+browser-test: setup-dev
+	bash tools/install_chromium.sh
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest e2e --ignore=e2e/test_colab_install.py
 
 ## The Colab install cell, run as on Colab: a Python 3.12 environment with Colab's torch (CUDA build) and
 ## ipywidgets 7.7.1 (tools/colab_env.py; built once into build/colab/, about 5 GB and 3 minutes, or into
