@@ -1,7 +1,7 @@
 # The course's commands. A newcomer needs two:  make course  and  make test.
 PYTHON ?= python3
 # VENV: the course (the library, JupyterLab, the optional kernels; no instructor tools).
-# DEV: tests and instructors (the course plus pytest, nbval, nbgrader, papermill).
+# DEV: tests and instructors (the course plus pytest, nbclient, nbgrader, papermill, the site's tools).
 # WORK: your own copies of the notebooks and labs; JupyterLab opens here.
 VENV   ?= .venv
 DEV    ?= .venv-dev
@@ -14,7 +14,7 @@ TORCH  ?= torch==2.13.0
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: course workdir test setup setup-dev labs grade doctor bench train clean gpu-check
+.PHONY: course workdir test setup setup-dev labs grade doctor bench train clean gpu-check site
 
 # $(call make-env,<venv>,<extras>): a venv with torch (only if it has none) and the package with those extras.
 define make-env
@@ -50,6 +50,12 @@ workdir:
 ## Set up and run the whole test suite (what CI runs).
 test: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest
+
+## The course as a static site in build/site/ (open build/site/index.html), then its link check. Uses the
+## executed notebooks that `make test` leaves in build/executed/ and executes the others (README, "The course site").
+site: setup-dev
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python tools/site.py build --out build/site
+	$(DEV)/bin/python tools/site.py check build/site
 
 ## Instructors: regenerate labs/ from solutions/ (deterministic; commit the result).
 labs: setup-dev
