@@ -149,6 +149,19 @@ def test_widget_becomes_its_figure_controls_and_a_colab_link(course):
     assert site_tool.WIDGET_VIEW not in page and site_tool.WIDGET_STATE not in page
 
 
+def test_progress_bar_becomes_a_static_bar_without_a_colab_link():
+    """tqdm's notebook bar (HBox of HTML, FloatProgress, HTML) has no controls: it stays a finished bar."""
+    def model(name, **state):
+        return {"model_name": name, "model_module": "@jupyter-widgets/controls", "state": state}
+    states = {"box": model("HBoxModel", children=["IPY_MODEL_d", "IPY_MODEL_p", "IPY_MODEL_n"], layout="IPY_MODEL_l"),
+              "d": model("HTMLModel", value="train"), "p": model("FloatProgressModel", value=5.0, max=10.0),
+              "n": model("HTMLModel", value="5/10 [00:01]"), "l": model("LayoutModel", width="auto")}
+    html = site_tool.widget_standin("box", states, "https://colab.example/x")
+    assert html == ('<div class="course-widget"><div class="course-widget-row"><div><div class="course-widget-text">'
+                    'train</div></div><div><progress value="5.0" max="10.0"></progress></div><div>'
+                    '<div class="course-widget-text">5/10 [00:01]</div></div></div></div>')
+
+
 def test_widget_without_saved_state_still_gets_a_colab_link():
     html = site_tool.widget_standin("missing", {}, "https://colab.example/x")
     assert "not saved" in html and "https://colab.example/x" in html

@@ -217,9 +217,14 @@ def _tree_html(model_id: str, states: dict, seen: set) -> tuple[list[str], list[
         controls.append(f"{label} = {_fmt(picked)}")
     elif "value" in st and not name.endswith(("LayoutModel", "StyleModel")):
         controls.append(f"{label} = {_fmt(st['value'])}")
-    for ref in _refs(st):
-        s, c, b = _tree_html(ref, states, seen)
-        shown, controls, buttons = shown + s, controls + c, buttons + b
+    parts = [_tree_html(ref, states, seen) for ref in _refs(st)]
+    cells = ["".join(s) for s, _, _ in parts if s]
+    if name == "HBoxModel" and len(cells) > 1:   # side by side, as the widget lays them out
+        shown.append('<div class="course-widget-row">' + "".join(f"<div>{c}</div>" for c in cells) + "</div>")
+    else:
+        shown += cells
+    for _, c, b in parts:
+        controls, buttons = controls + c, buttons + b
     return shown, controls, buttons
 
 
