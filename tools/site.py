@@ -21,7 +21,6 @@ External URLs appear only as plain links (Colab, GitHub); `check` fails on anyth
 from __future__ import annotations
 
 import argparse
-import copy
 import html
 import os
 import posixpath
@@ -109,16 +108,15 @@ def plan(root: Path = ROOT) -> Plan:
     pages = [Page("syllabus.md", "index.html", "home", _first_heading(text) or "Syllabus")]
     modules = []
     for num in sorted(notebooks.keys() | labs.keys()):
-        module = Module(num, titles.get(num, ""))
-        for path, kind in ((notebooks.get(num), "notebook"), (labs.get(num), "lab")):
-            if path is None:
-                continue
-            rel = path.relative_to(root).as_posix()
-            title = _notebook_title(nbformat.read(path, as_version=4)) or path.stem
-            page = Page(rel, rel[:-len(".ipynb")] + ".html", kind, title, num)
-            pages.append(page)
-            setattr(module, kind, page.out)
-            module.title = module.title or title
+        path = notebooks.get(num) or labs[num]
+        # named as the syllabus names it; a module it does not list yet, by its notebook's first heading
+        module = Module(num, titles.get(num) or _notebook_title(nbformat.read(path, as_version=4)) or path.stem)
+        for path, kind, label in ((notebooks.get(num), "notebook", "Module"), (labs.get(num), "lab", "Lab")):
+            if path is not None:
+                rel = path.relative_to(root).as_posix()
+                page = Page(rel, rel[:-len(".ipynb")] + ".html", kind, f"{label} {num} · {module.title}", num)
+                pages.append(page)
+                setattr(module, kind, page.out)
         modules.append(module)
     return Plan(course_title, pages, modules)
 
@@ -338,7 +336,7 @@ def _prepare_out(out: Path) -> None:
     (out / SITE_MARK).write_text("built by tools/site.py; emptied by each build\n")
 
 
-def _info(page: Page, nb, origin: str) -> str:
+def _info(page: Page, nb) -> str:
     """The line under the navigation: where the outputs come from, and where to run or read the source."""
     src_link = f'<a href="{html.escape(f"{REPO_URL}/blob/{RELEASE}/{page.src}")}">source on GitHub</a>'
     colab = f'<a href="{html.escape(colab_url(page.src))}">run it on Colab</a>'
@@ -347,9 +345,13 @@ def _info(page: Page, nb, origin: str) -> str:
     if page.kind == "lab":
         return f"The lab as a student gets it (autograded; open it in Jupyter or {colab}) · {src_link}"
     ex = nb.metadata.get(nbexec.META_KEY, {})
-    mode = "quick mode" if ex.get("quick") else "full size"
-    when = html.escape(f"{ex.get('device', '?')}, {mode}, torch {ex.get('torch', '?')}, {ex.get('date', '?')[:10]}")
-    return f"Outputs executed on {when} ({html.escape(origin)}) · {colab} · {src_link}"
+    mode = "quick mode (small sizes)" if ex.get("quick") else "full size"
+    run = html.escape(f"{ex.get('device', '?')}, {mode}, torch {ex.get('torch', '?')}, {ex.get('date', '?')[:10]}")
+    return f"Outputs from a run on {run} · {colab} · {src_link}"
+
+
+def _link(page: Page) -> dict:
+    return {"href": page.out, "title": page.title}
 
 
 def _home_notebook(root: Path):
@@ -381,10 +383,10 @@ def build(out: Path, root: Path = ROOT, log=print) -> Plan:
         nb.metadata["title"] = page.title if page.kind != "home" else site.course_title
         nav = {"base": "../" * page.out.count("/"), "course_title": site.course_title,
                "modules": modules, "module": page.module, "is_home": page.kind == "home",
-               "info": _info(page, nb, origin),
-               "prev": vars(site.pages[i - 1]) | {"href": site.pages[i - 1].out} if i > 0 else None,
-               "next": vars(site.pages[i + 1]) | {"href": site.pages[i + 1].out} if i + 1 < len(site.pages) else None}
-        body, _ = exporter.from_notebook_node(copy.deepcopy(nb), resources={"site": nav})
+               "info": _info(page, nb),
+               "prev": _link(site.pages[i - 1]) if i > 0 else None,
+               "next": _link(site.pages[i + 1]) if i + 1 < len(site.pages) else None}
+        body, _ = exporter.from_notebook_node(nb, resources={"site": nav})
         body = rewrite_links(body, page, site_pages, root)
         dest = out / page.out
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -454,7 +456,7 @@ def check(site: Path) -> list[str]:
         """(file, fragment) for a local URL, or a reason it does not resolve."""
         parts = urllib.parse.urlsplit(url)
         path = urllib.parse.unquote(parts.path)
-        target = (page.parent / path).resolve() if path else page
+        target = (page.parent / path).resolve() if path else page.resolve()
         if site.resolve() not in (target, *target.parents):
             return None, None, "outside the site"
         if not target.is_file():
@@ -471,7 +473,9 @@ def check(site: Path) -> list[str]:
             target, fragment, why = resolve(page, url)
             if why:
                 problems.append(f"{rel}: broken link {url} ({why})")
-            elif fragment and target.suffix == ".html" and fragment not in refs(target).ids:
+            # as a browser looks for the fragment: as written, then percent-decoded (nbconvert's ids are encoded)
+            elif (fragment and target.suffix == ".html"
+                  and not {fragment, urllib.parse.unquote(fragment)} & refs(target).ids):
                 problems.append(f"{rel}: broken link {url} (no id {fragment!r} in {target.relative_to(site.resolve())})")
         for asset in r.assets:
             url = asset.split("=", 1)[1].rstrip(">")
