@@ -334,6 +334,7 @@ def _prepare_out(out: Path) -> None:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     (out / SITE_MARK).write_text("built by tools/site.py; emptied by each build\n")
+    (out / ".nojekyll").write_text("")   # GitHub Pages serves the files as they are (no Jekyll)
 
 
 def _info(page: Page, nb) -> str:
