@@ -1,7 +1,7 @@
 """Run a course notebook the one way the tests and the site do, and keep the executed copy.
 
-    from nbexec import execute_notebook, current_copy
-    execute_notebook(Path("notebooks/05_kv_caching.ipynb"), Path("build/executed"))
+    from tools import nbexec       # the repository's root on sys.path (pytest's rootdir, tools/site.py)
+    nbexec.execute_notebook(Path("notebooks/05_kv_caching.ipynb"), Path("build/executed"))
 
 The tracked notebook runs exactly as committed (nothing is added to it), with nbclient, in a kernel whose
 working folder is the notebook's folder. Widget state is kept (`store_widget_state=True`): nbval dropped
