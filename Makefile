@@ -1,7 +1,7 @@
 # The course's commands. A newcomer needs two:  make course  and  make test.
 PYTHON ?= python3
 # VENV: the course (the library, JupyterLab, the optional kernels; no instructor tools).
-# DEV: tests and instructors (the course plus pytest, nbval, nbgrader, papermill).
+# DEV: tests and instructors (the course plus pytest, nbclient, nbgrader, papermill, the site's tools).
 # WORK: your own copies of the notebooks and labs; JupyterLab opens here.
 VENV   ?= .venv
 DEV    ?= .venv-dev
@@ -14,7 +14,7 @@ TORCH  ?= torch==2.13.0
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: course workdir test e2e browser-test colab-test setup setup-dev labs grade doctor bench train clean gpu-check
+.PHONY: course workdir test site e2e browser-test colab-test setup setup-dev labs grade doctor bench train clean gpu-check
 
 # $(call make-env,<venv>,<extras>): a venv with torch (only if it has none) and the package with those extras.
 define make-env
@@ -47,9 +47,18 @@ workdir:
 	@for f in notebooks/*.ipynb labs/*.ipynb; do \
 	  if [ -e "$(WORK)/$$f" ]; then echo "kept your $(WORK)/$$f"; else cp "$$f" "$(WORK)/$$f"; fi; done
 
-## Set up and run the whole test suite (what CI runs).
+## Set up and run the whole test suite (what CI runs, before `make e2e`): the library, every notebook (their
+## executed copies kept in build/executed/), the grading round trips, then the site built from those copies
+## and its link check.
 test: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest
+	$(MAKE) --no-print-directory site
+
+## The course as a static site in build/site/ (open build/site/index.html), then its link check. Uses the
+## executed notebooks that `make test` leaves in build/executed/ and executes the others (README, "The course site").
+site: setup-dev
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python tools/site.py build --out build/site
+	$(DEV)/bin/python tools/site.py check build/site
 
 ## The end-to-end tier (e2e/, outside pytest's default paths; CI runs it after `make test`): the browser
 ## tests, then the Colab install test.
@@ -59,7 +68,7 @@ e2e: browser-test colab-test
 ## page of the built site (build/site) loads with no console error and no request off this machine.
 ## Installs Debian's Chromium when missing (root or sudo); failures leave screenshots and console logs in
 ## build/browser-artifacts/.
-browser-test: setup-dev
+browser-test: site
 	bash tools/install_chromium.sh
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest e2e --ignore=e2e/test_colab_install.py
 

@@ -1,6 +1,13 @@
-"""Root pytest configuration: offline, quick mode for every test and notebook, and a per-notebook time
-budget: each notebook must run in COURSE_NOTEBOOK_BUDGET_S seconds (default 120, the course's promise
-of "two minutes per notebook on a 2-core CPU"); one that takes longer fails the run, named."""
+"""Root pytest configuration: offline, quick mode for every test and notebook; the notebooks as tests; and a
+per-notebook time budget.
+
+Each notebook directly in notebooks/ is one test item: it runs as committed through nbclient (the one
+executor, tools/nbexec.py, which the site's build uses too), and a failure shows the failing cell's source
+and traceback. A notebook that runs through leaves its executed copy, widget state included, in
+build/executed/ (under pytest's rootdir), from which `make site` builds the course's pages.
+
+Each notebook must run in COURSE_NOTEBOOK_BUDGET_S seconds (default 120, the course's promise of "two
+minutes per notebook on a 2-core CPU"); one that takes longer fails the run, named."""
 import os
 from collections import defaultdict
 
@@ -27,6 +34,38 @@ def notebook_budget_s() -> float:
 
 def pytest_configure(config):
     notebook_budget_s()   # a bad value is refused before anything runs
+    config.addinivalue_line("markers", "notebook: executes a notebook (each notebook in notebooks/ is one)")
+
+
+def pytest_collect_file(file_path, parent):
+    # only the course's notebooks: not build/executed/ copies, checkpoints or test data
+    if file_path.suffix == ".ipynb" and file_path.parent == parent.config.rootpath / "notebooks":
+        return NotebookFile.from_parent(parent, path=file_path)
+    return None
+
+
+class NotebookFile(pytest.File):
+    def collect(self):
+        yield NotebookItem.from_parent(self, name="execute")
+
+
+class NotebookItem(pytest.Item):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_marker("notebook")
+
+    def runtest(self):
+        from tools import nbexec
+        nbexec.execute_notebook(self.path, self.config.rootpath / "build" / "executed")
+
+    def repr_failure(self, excinfo, style=None):
+        from tools import nbexec
+        if isinstance(excinfo.value, nbexec.NotebookFailed):
+            return str(excinfo.value)   # the cell and its traceback, not nbclient's internals
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.path.name} (executed)"
 
 
 def pytest_runtest_logreport(report):

@@ -6,15 +6,16 @@ comments, tested), and a fast GPU path where it matters, tested against the refe
 __version__ = "0.1.0"
 
 # Where the course is published: the one place that drives the Colab badges (README and notebooks),
-# the notebooks' install cells and the site's links. Students get the release, never `main`: a badge
-# opens the notebook at the tag RELEASE and its install cell installs the library at the same tag, so a
-# push in mid-term changes nothing they run. To publish a release: set __version__, run
-# `python tools/nb.py sync --from-py` and `course build-labs` (every badge and install cell follows),
-# commit, then tag that commit RELEASE and push the tag (README, "Publishing").
+# the notebooks' install cells, the site's links and the site's address (GitHub Pages of REPO). Students
+# get the release, never `main`: a badge opens the notebook at the tag RELEASE and its install cell
+# installs the library at the same tag, so a push in mid-term changes nothing they run. To publish a
+# release: set __version__, run `python tools/nb.py sync --from-py` and `course build-labs` (every badge
+# and install cell follows), commit, then tag that commit RELEASE and push the tag (README, "Publishing").
 REPO = "llm-inference-course/course"
 REPO_URL = f"https://github.com/{REPO}"
 RELEASE = f"v{__version__}"
 INSTALL_SPEC = f"course_lib @ git+{REPO_URL}@{RELEASE}"
+SITE_URL = "https://{}.github.io/{}/".format(*REPO.split("/"))   # `make site`, pushed to GitHub Pages at RELEASE
 
 
 def colab_url(relpath: str) -> str:

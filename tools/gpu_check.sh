@@ -14,7 +14,11 @@ status=0
 # 1. Library and grading tests (quick mode for the notebook-independent tests is harmless on a GPU).
 "$py" -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$out/tests.log" || status=1
 # 2. Every notebook at its default size (COURSE_QUICK=0): the sizes a student with a GPU gets.
-COURSE_QUICK=0 "$py" -m pytest -q -p no:cacheprovider --nbval-lax notebooks 2>&1 | tee "$out/notebooks.log" || status=1
+#    Each one that runs through leaves its executed copy in build/executed/; they are collected in
+#    $out/executed/, to be committed as executed/gpu/ for the site (README, "Publishing the site").
+rm -rf build/executed   # only this run's copies (no quick CPU copy of a notebook that failed here)
+COURSE_QUICK=0 "$py" -m pytest -q -p no:cacheprovider notebooks 2>&1 | tee "$out/notebooks.log" || status=1
+mkdir -p "$out/executed" && cp build/executed/*.ipynb "$out/executed/" 2>/dev/null || true
 # 3. The benches that the GPU issue measures.
 for b in decode paged_attention serving; do
   [ -f "bench/$b.py" ] && { "$py" "bench/$b.py" 2>&1 | tee "$out/bench-$b.log" || status=1; }

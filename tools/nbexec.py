@@ -1,0 +1,102 @@
+"""Run a course notebook the one way the tests and the site do, and keep the executed copy.
+
+    from tools import nbexec       # the repository's root on sys.path (pytest's rootdir, tools/site.py)
+    nbexec.execute_notebook(Path("notebooks/05_kv_caching.ipynb"), Path("build/executed"))
+
+The tracked notebook runs exactly as committed (nothing is added to it), with nbclient, in a kernel whose
+working folder is the notebook's folder. Widget state is kept (`store_widget_state=True`): nbval dropped
+the comm messages, and the site draws each widget's stand-in from that state. A run that succeeds writes
+`<out>/<name>.ipynb` with `metadata.course_execution`: the tracked file's sha256 (so a later build can
+tell whether the copy is still current), quick mode, the device, torch's version, the date and the
+seconds it took. A failing cell raises NotebookFailed whose message is that cell's source and traceback.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import re
+import time
+from pathlib import Path
+
+import nbformat
+
+META_KEY = "course_execution"
+CELL_TIMEOUT_S = 600
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class NotebookFailed(Exception):
+    """A notebook did not run through; the message names the cell and holds its source and traceback."""
+
+
+def source_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> dict:
+    """What the kernel ran on: it is this interpreter with this environment (COURSE_QUICK included), so the
+    answers here are the kernel's."""
+    import torch
+
+    from course_lib import env
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"quick": env.quick(), "device": device, "torch": torch.__version__}
+
+
+def execute_notebook(path: Path, out_dir: Path, timeout: int = CELL_TIMEOUT_S) -> Path:
+    """Execute the notebook at `path` (each cell within `timeout` seconds) and write the executed copy to
+    `out_dir/<name>.ipynb`; returns that path. Raises NotebookFailed on a failing cell, a timeout or a dead
+    kernel (no copy is written then)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    path = Path(path)
+    if path.suffix != ".ipynb" or not path.is_file():
+        raise ValueError(f"path must be an existing .ipynb file, got {str(path)!r}")
+    sha = source_sha256(path)
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+    except CellExecutionError as e:   # its message: the cell's source, then the traceback
+        failed = next((f"cell {i + 1} of {len(nb.cells)}" for i, c in enumerate(nb.cells)
+                       if any(o.get("output_type") == "error" for o in c.get("outputs", []))), "a cell")
+        raise NotebookFailed(f"{path.name}: {failed} failed\n{_ANSI.sub('', str(e))}") from None
+    except CellTimeoutError as e:
+        raise NotebookFailed(f"{path.name}: a cell ran past {timeout} s\n{_ANSI.sub('', str(e))}") from None
+    except DeadKernelError as e:
+        raise NotebookFailed(f"{path.name}: the kernel died\n{e}") from None
+    nb.metadata[META_KEY] = {"source_sha256": sha, **_environment(),
+                             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                             "seconds": round(time.perf_counter() - start, 1)}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / path.name
+    tmp = dest.with_suffix(".ipynb.tmp")
+    nbformat.write(nb, tmp)
+    tmp.replace(dest)   # a reader never sees half a copy
+    return dest
+
+
+def recorded_sha(copy: Path) -> str | None:
+    """The source sha256 an executed copy records (None when it records none or is unreadable)."""
+    try:
+        nb = nbformat.read(copy, as_version=4)
+    except (OSError, ValueError, nbformat.ValidationError):   # not a notebook: not a current copy
+        return None
+    return nb.metadata.get(META_KEY, {}).get("source_sha256")
+
+
+def current_copy(path: Path, dirs) -> Path | None:
+    """The first executed copy of `path`, searching `dirs` in order, that was executed from exactly the
+    tracked file (same sha256); None when there is none."""
+    sha = source_sha256(path)
+    for d in dirs:
+        copy = Path(d) / Path(path).name
+        if copy.is_file() and recorded_sha(copy) == sha:
+            return copy
+    return None

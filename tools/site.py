@@ -1,0 +1,527 @@
+"""The course as a static site (`make site`): every module's notebook, executed, and its lab, offline.
+
+    python tools/site.py build [--out build/site]   build the site (default build/site)
+    python tools/site.py check SITE                 check every link and asset of a built site (exit 1 if any fails)
+
+Pages: the syllabus (syllabus.md) is the home page; then module by module the notebook, executed, and the
+lab, its student version (labs/, never solutions/), each with the module list and previous/next links.
+
+Executed notebooks come from, in this order: a GPU-executed copy committed in executed/gpu/, then the copy
+the tests left in build/executed/ (root conftest.py), each only if it recorded the sha256 of exactly the
+tracked notebook; otherwise the notebook is executed here, by the same function the tests use
+(tools/nbexec.py), in quick mode unless COURSE_QUICK says otherwise.
+
+Builder: nbconvert's HTMLExporter with JupyterLab's template (tools/site_assets/templates/course), and the
+navigation written here. Chosen because it needs no Node and no CDN, is already a dependency, and builds
+the whole course in seconds; see README ("The course site"). Pages load nothing from outside: MathJax is
+copied from the jupyter-server-mathjax package, require.js and the widget renderer are dropped, and each
+widget is replaced by a static stand-in (its figure, its controls' values, a link to run it on Colab).
+External URLs appear only as plain links (Colab, GitHub); `check` fails on anything else.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import posixpath
+import re
+import shutil
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from course_lib import RELEASE, REPO_URL, colab_url  # noqa: E402
+from tools import nbexec  # noqa: E402
+
+ASSETS = Path(__file__).resolve().parent / "site_assets"
+EXECUTED_DIR = "build/executed"    # what the tests leave (root conftest.py)
+GPU_EXECUTED_DIR = "executed/gpu"  # committed copies executed on a GPU (tools/gpu_check.sh collects them)
+SITE_MARK = ".course-site"         # marks a folder this tool built, so that a rebuild may empty it
+COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+# What a student version must never contain (nbgrader's markers; `course build-labs` removes them).
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+
+
+class SiteError(Exception):
+    """The site cannot be built as asked; the message says which file and why."""
+
+
+# --- what the site holds ---------------------------------------------------------------------------------
+
+@dataclass
+class Page:
+    src: str                  # repository path: syllabus.md, notebooks/NN_slug.ipynb, labs/labNN.ipynb
+    out: str                  # site path: index.html, notebooks/NN_slug.html, labs/labNN.html
+    kind: str                 # "home", "notebook", "lab"
+    title: str
+    module: str | None = None
+
+
+@dataclass
+class Module:
+    number: str
+    title: str
+    notebook: str | None = None   # site path of its notebook page
+    lab: str | None = None
+
+
+@dataclass
+class Plan:
+    course_title: str
+    pages: list[Page]
+    modules: list[Module] = field(default_factory=list)
+
+
+def _first_heading(text: str) -> str | None:
+    m = re.search(r"^#\s+(.+?)\s*$", text, re.M)
+    return m.group(1) if m else None
+
+
+def _notebook_title(nb) -> str | None:
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and (title := _first_heading(cell.source)):
+            return title
+    return None
+
+
+def plan(root: Path = ROOT) -> Plan:
+    """The site's pages in reading order (home, then each module's notebook and lab) and its modules."""
+    syllabus = root / "syllabus.md"
+    if not syllabus.is_file():
+        raise SiteError(f"{syllabus}: the home page is built from syllabus.md, which is missing")
+    text = syllabus.read_text()
+    titles = dict(re.findall(r"^## Module (\d\d)\s*[—-]\s*(.+?)(?:\s+\((?:available|planned)\))?\s*$", text, re.M))
+    readme = root / "README.md"
+    course_title = (_first_heading(readme.read_text()) if readme.is_file() else None) or "The course"
+    course_title = course_title.split(" — ")[0]
+    notebooks = {p.name[:2]: p for p in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
+    labs = {p.stem[3:]: p for p in sorted((root / "labs").glob("lab[0-9][0-9].ipynb"))}
+    pages = [Page("syllabus.md", "index.html", "home", _first_heading(text) or "Syllabus")]
+    modules = []
+    for num in sorted(notebooks.keys() | labs.keys()):
+        path = notebooks.get(num) or labs[num]
+        # named as the syllabus names it; a module it does not list yet, by its notebook's first heading
+        module = Module(num, titles.get(num) or _notebook_title(nbformat.read(path, as_version=4)) or path.stem)
+        for path, kind, label in ((notebooks.get(num), "notebook", "Module"), (labs.get(num), "lab", "Lab")):
+            if path is not None:
+                rel = path.relative_to(root).as_posix()
+                page = Page(rel, rel[:-len(".ipynb")] + ".html", kind, f"{label} {num} · {module.title}", num)
+                pages.append(page)
+                setattr(module, kind, page.out)
+        modules.append(module)
+    return Plan(course_title, pages, modules)
+
+
+# --- executed notebooks ----------------------------------------------------------------------------------
+
+def executed_notebook(src: Path, root: Path = ROOT) -> tuple[nbformat.NotebookNode, str]:
+    """The executed notebook for the tracked `src` and where it came from: a current GPU copy, else a
+    current copy from the tests, else a fresh execution (written where the tests write theirs)."""
+    copy_path = nbexec.current_copy(src, [root / GPU_EXECUTED_DIR, root / EXECUTED_DIR])
+    if copy_path is None:
+        copy_path = nbexec.execute_notebook(src, root / EXECUTED_DIR)
+        origin = "executed now"
+    else:
+        origin = copy_path.parent.relative_to(root).as_posix()
+    return nbformat.read(copy_path, as_version=4), origin
+
+
+def check_student_lab(nb, rel: str) -> None:
+    """A lab page shows the student version: refuse a notebook that holds solutions or hidden tests."""
+    for i, cell in enumerate(nb.cells):
+        for marker in SOLUTION_MARKERS:
+            if marker in cell.source:
+                raise SiteError(f"{rel}: cell {i} holds {marker!r}: a lab page must be the student version "
+                                "(labs/, built by `course build-labs`), never a solution")
+
+
+# --- widgets: a static stand-in for each view --------------------------------------------------------------
+
+_SELECTIONS = ("Dropdown", "RadioButtons", "ToggleButtons", "Select", "SelectionSlider", "SelectionRangeSlider")
+_TEXTS = {"HTMLModel": "html", "HTMLMathModel": "html", "LabelModel": "text"}
+
+
+def _refs(value):
+    """The model ids a widget's state refers to ("IPY_MODEL_<id>", alone or in lists), in order."""
+    if isinstance(value, str) and value.startswith("IPY_MODEL_"):
+        yield value[len("IPY_MODEL_"):]
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _refs(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _refs(v)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "–".join(_fmt(v) for v in value)
+    return str(value)
+
+
+def _output_html(output: dict, states: dict, seen: set) -> list[str]:
+    """HTML for one output held by an Output widget (a figure, text, or a nested widget)."""
+    data = output.get("data", {})
+    if output.get("output_type") == "stream":
+        return [f'<pre class="course-widget-text">{html.escape(output.get("text", ""))}</pre>']
+    if WIDGET_VIEW in data:
+        return _tree_html(data[WIDGET_VIEW]["model_id"], states, seen)[0]
+    for mime in ("image/png", "image/jpeg"):
+        if mime in data:
+            return [f'<img alt="figure" src="data:{mime};base64,{data[mime].strip()}">']
+    if "image/svg+xml" in data:
+        return [data["image/svg+xml"]]
+    if "text/html" in data:
+        return [f'<div class="course-widget-text">{data["text/html"]}</div>']
+    if "text/plain" in data:
+        return [f'<pre class="course-widget-text">{html.escape(data["text/plain"])}</pre>']
+    return []
+
+
+def _tree_html(model_id: str, states: dict, seen: set) -> tuple[list[str], list[str], list[str]]:
+    """Walk the widget tree under `model_id`: (what it shows, its controls with their values, its buttons)."""
+    shown, controls, buttons = [], [], []
+    if model_id in seen or model_id not in states:
+        return shown, controls, buttons
+    seen.add(model_id)
+    name = states[model_id].get("model_name", "")
+    st = states[model_id].get("state", {})
+    label = st.get("description") or name.removesuffix("Model")
+    if name == "OutputModel":
+        for output in st.get("outputs", []):
+            shown += _output_html(output, states, seen)
+    elif name in _TEXTS and st.get("value"):
+        value = st["value"] if _TEXTS[name] == "html" else html.escape(st["value"])
+        shown.append(f'<div class="course-widget-text">{value}</div>')
+    elif name in ("IntProgressModel", "FloatProgressModel"):
+        shown.append(f'<progress value="{st.get("value", 0)}" max="{st.get("max", 100)}"></progress>')
+    elif name == "ButtonModel":
+        buttons.append(label)
+    elif name.removesuffix("Model") in _SELECTIONS and "_options_labels" in st:
+        index, labels = st.get("index"), st["_options_labels"]
+        picked = ([labels[i] for i in index] if isinstance(index, (list, tuple))
+                  else labels[index] if index is not None else "none")
+        controls.append(f"{label} = {_fmt(picked)}")
+    elif "value" in st and not name.endswith(("LayoutModel", "StyleModel")):
+        controls.append(f"{label} = {_fmt(st['value'])}")
+    parts = [_tree_html(ref, states, seen) for ref in _refs(st)]
+    cells = ["".join(s) for s, _, _ in parts if s]
+    if name == "HBoxModel" and len(cells) > 1:   # side by side, as the widget lays them out
+        shown.append('<div class="course-widget-row">' + "".join(f"<div>{c}</div>" for c in cells) + "</div>")
+    else:
+        shown += cells
+    for _, c, b in parts:
+        controls, buttons = controls + c, buttons + b
+    return shown, controls, buttons
+
+
+def widget_standin(model_id: str, states: dict, colab: str) -> str:
+    """The static stand-in for the widget view `model_id`: the figures and text its Output and HTML widgets
+    hold, one line with its controls and their values, and a link to run it on Colab (only when it has
+    controls: a finished progress bar needs none)."""
+    shown, controls, buttons = _tree_html(model_id, states, set())
+    if model_id not in states:
+        shown = ["<em>An interactive widget (its state was not saved with the notebook).</em>"]
+    parts = [*shown]
+    if controls or buttons:
+        summary = "; ".join(controls + ([f"buttons: {', '.join(buttons)}"] if buttons else []))
+        parts.append(f'<p class="course-widget-controls">Controls: {html.escape(summary)}</p>')
+    if controls or buttons or model_id not in states:
+        parts.append(f'<p class="course-widget-run">A static snapshot of an interactive widget: '
+                     f'<a href="{html.escape(colab)}">run it on Colab</a> to use the controls.</p>')
+    return f'<div class="course-widget">{"".join(parts)}</div>'
+
+
+def replace_widgets(nb, colab: str) -> int:
+    """Replace every widget view among the outputs of `nb` by its static stand-in and drop the saved
+    widget state (which would pull in a widget renderer from a CDN); returns how many were replaced."""
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    n = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            view = output.get("data", {}).get(WIDGET_VIEW)
+            if view is not None:
+                output["data"] = {"text/html": widget_standin(view["model_id"], states, colab)}
+                n += 1
+    nb.metadata.pop("widgets", None)
+    return n
+
+
+# --- links -------------------------------------------------------------------------------------------
+
+CONTENT_START, CONTENT_END = "<!-- course:content -->", "<!-- /course:content -->"   # set by the template
+_HREF = re.compile(r'(<a\b[^>]*?\bhref=")([^"]*)(")', re.S)
+_CODE_OR_LINK = re.compile(r"(<a\b.*?</a>)|<code>([^<]+)</code>", re.S)
+
+
+def _relative(target: str, page_out: str) -> str:
+    return posixpath.relpath(target, posixpath.dirname(page_out) or ".")
+
+
+def rewrite_links(body: str, page: Page, site_pages: dict[str, str], root: Path) -> str:
+    """Point the page's links at the site: a link to a repository file that has a page goes to that page,
+    any other repository file to its GitHub page at the release tag; a code span naming a notebook or lab
+    (`lab01.ipynb`, `notebooks/05_kv_caching.ipynb`) becomes a link to its page. A link to a file that does
+    not exist is an error, never a dangling link."""
+    def href(m):
+        url = html.unescape(m.group(2))
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme or parts.netloc or not parts.path:   # external, mailto:, or #anchor on this page
+            return m.group(0)
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(page.src), urllib.parse.unquote(parts.path)))
+        if target.startswith("../") or not (root / target).exists():
+            raise SiteError(f"{page.src}: the link {url!r} points to {target}, which is not in the repository")
+        if target in site_pages:
+            new = _relative(site_pages[target], page.out) + (f"#{parts.fragment}" if parts.fragment else "")
+        else:
+            kind = "tree" if (root / target).is_dir() else "blob"
+            new = f"{REPO_URL}/{kind}/{RELEASE}/{target}" + (f"#{parts.fragment}" if parts.fragment else "")
+        return m.group(1) + html.escape(new) + m.group(3)
+
+    by_name = {}
+    for src, out in site_pages.items():
+        if src.endswith(".ipynb"):
+            by_name[src] = by_name[posixpath.basename(src)] = out
+
+    def code(m):
+        if m.group(1) or html.unescape(m.group(2)) not in by_name:
+            return m.group(0)
+        return f'<a href="{_relative(by_name[html.unescape(m.group(2))], page.out)}">{m.group(0)}</a>'
+
+    head, rest = body.split(CONTENT_START, 1)   # only the notebook's own content: not the navigation
+    content, tail = rest.split(CONTENT_END, 1)
+    content = _CODE_OR_LINK.sub(code, _HREF.sub(href, content))
+    content = content.replace(f'src="{COLAB_BADGE}"', f'src="{_relative("assets/colab-badge.svg", page.out)}"')
+    return head + CONTENT_START + content + CONTENT_END + tail
+
+
+# --- rendering ----------------------------------------------------------------------------------------
+
+def _exporter():
+    from nbconvert import HTMLExporter
+    return HTMLExporter(template_name="course", extra_template_basedirs=[str(ASSETS / "templates")])
+
+
+def _copy_assets(out: Path) -> None:
+    import importlib.util
+    spec = importlib.util.find_spec("jupyter_server_mathjax")
+    if spec is None or not spec.origin:
+        raise SiteError("MathJax is bundled from the jupyter-server-mathjax package, which is not installed: "
+                        "pip install -e '.[dev]' (or pip install jupyter-server-mathjax)")
+    assets = out / "assets"
+    shutil.copytree(Path(spec.origin).parent / "static", assets / "mathjax")
+    for name in ("site.css", "colab-badge.svg"):
+        shutil.copy2(ASSETS / name, assets / name)
+
+
+def _prepare_out(out: Path) -> None:
+    """Empty `out` for a fresh build, but only a folder this tool built (or an empty or new one)."""
+    if out.exists():
+        if not out.is_dir() or (any(out.iterdir()) and not (out / SITE_MARK).exists()):
+            raise SiteError(f"--out {out}: exists and is not a site built by tools/site.py; "
+                            "give a new or empty folder")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / SITE_MARK).write_text("built by tools/site.py; emptied by each build\n")
+    (out / ".nojekyll").write_text("")   # GitHub Pages serves the files as they are (no Jekyll)
+
+
+def _info(page: Page, nb) -> str:
+    """The line under the navigation: where the outputs come from, and where to run or read the source."""
+    src_link = f'<a href="{html.escape(f"{REPO_URL}/blob/{RELEASE}/{page.src}")}">source on GitHub</a>'
+    colab = f'<a href="{html.escape(colab_url(page.src))}">run it on Colab</a>'
+    if page.kind == "home":
+        return ""
+    if page.kind == "lab":
+        return f"The lab as a student gets it (autograded; open it in Jupyter or {colab}) · {src_link}"
+    ex = nb.metadata.get(nbexec.META_KEY, {})
+    mode = "quick mode (small sizes)" if ex.get("quick") else "full size"
+    run = html.escape(f"{ex.get('device', '?')}, {mode}, torch {ex.get('torch', '?')}, {ex.get('date', '?')[:10]}")
+    return f"Outputs from a run on {run} · {colab} · {src_link}"
+
+
+def _link(page: Page) -> dict:
+    return {"href": page.out, "title": page.title}
+
+
+def _home_notebook(root: Path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell((root / "syllabus.md").read_text())]
+    return nb
+
+
+def build(out: Path, root: Path = ROOT, log=print) -> Plan:
+    """Build the site into `out` (emptied first) from the course at `root`; returns the plan it built."""
+    start = time.perf_counter()
+    site = plan(root)
+    exporter = _exporter()
+    _prepare_out(out)
+    _copy_assets(out)
+    site_pages = {p.src: p.out for p in site.pages}
+    modules = [vars(m) for m in site.modules]
+    for i, page in enumerate(site.pages):
+        t0 = time.perf_counter()
+        origin = ""
+        if page.kind == "home":
+            nb = _home_notebook(root)
+        elif page.kind == "notebook":
+            nb, origin = executed_notebook(root / page.src, root)
+            replace_widgets(nb, colab_url(page.src))
+        else:
+            nb = nbformat.read(root / page.src, as_version=4)
+            check_student_lab(nb, page.src)
+        nb.metadata["title"] = page.title if page.kind != "home" else site.course_title
+        nav = {"base": "../" * page.out.count("/"), "course_title": site.course_title,
+               "modules": modules, "module": page.module, "is_home": page.kind == "home",
+               "info": _info(page, nb),
+               "prev": _link(site.pages[i - 1]) if i > 0 else None,
+               "next": _link(site.pages[i + 1]) if i + 1 < len(site.pages) else None}
+        body, _ = exporter.from_notebook_node(nb, resources={"site": nav})
+        body = rewrite_links(body, page, site_pages, root)
+        dest = out / page.out
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(body, encoding="utf-8")
+        log(f"{time.perf_counter() - t0:6.1f} s  {page.out}" + (f"  ({origin})" if origin else ""))
+    log(f"built {len(site.pages)} pages into {out} in {time.perf_counter() - start:.1f} s")
+    return site
+
+
+# --- the link check -------------------------------------------------------------------------------------
+
+_EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.I)
+_CSS_URL = re.compile(r"""(?:url\(\s*['"]?|@import\s+['"])\s*((?:https?:)?//[^'")\s]+)""", re.I)
+_SCRIPT_URL = re.compile(r"""(?:import\s*\(|\.src\s*=|fetch\s*\(|\bsrc\s*:)\s*['"]((?:https?:)?//[^'"]+)""", re.I)
+
+
+class _PageRefs(HTMLParser):
+    """The references of one page: links (<a href>), assets (src=, <link href>, <object data>), ids, and the
+    URLs that inline CSS or scripts would fetch."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.links, self.assets, self.fetched, self.ids = [], [], [], set()
+        self._in = None
+
+    def handle_starttag(self, tag, attrs):
+        for key, value in attrs:
+            value = value or ""
+            if key == "id" or (tag == "a" and key == "name"):
+                self.ids.add(value)
+            elif tag == "a" and key == "href":
+                self.links.append(value)
+            elif key in ("src", "poster") or (key == "href" and tag == "link") or (key == "data" and tag == "object"):
+                self.assets.append(f"<{tag} {key}={value}>")
+            elif key == "srcset":
+                self.assets += [f"<{tag} srcset={c.split()[0]}>" for c in value.split(",") if c.strip()]
+            elif key == "style":
+                self.fetched += [f"style={u}" for u in _CSS_URL.findall(value)]
+        self._in = tag if tag in ("script", "style") else None
+
+    def handle_endtag(self, tag):
+        self._in = None
+
+    def handle_data(self, data):
+        if self._in == "style":
+            self.fetched += [f"<style> {u}" for u in _CSS_URL.findall(data)]
+        elif self._in == "script":
+            self.fetched += [f"<script> {u}" for u in _SCRIPT_URL.findall(data)]
+
+
+def check(site: Path) -> list[str]:
+    """Every problem of the built site at `site`, one line each naming the page: a local link or asset that
+    does not resolve (anchors included), and anything the browser would fetch from outside the site."""
+    site = Path(site)
+    if not (site / "index.html").is_file():
+        return [f"{site}: no index.html (build it first: python tools/site.py build --out {site})"]
+    pages = sorted(site.rglob("*.html"))
+    parsed: dict[Path, _PageRefs] = {}
+
+    def refs(path: Path) -> _PageRefs:
+        if path not in parsed:
+            parsed[path] = _PageRefs()
+            parsed[path].feed(path.read_text(encoding="utf-8", errors="replace"))
+        return parsed[path]
+
+    def resolve(page: Path, url: str):
+        """(file, fragment) for a local URL, or a reason it does not resolve."""
+        parts = urllib.parse.urlsplit(url)
+        path = urllib.parse.unquote(parts.path)
+        target = (page.parent / path).resolve() if path else page.resolve()
+        if site.resolve() not in (target, *target.parents):
+            return None, None, "outside the site"
+        if not target.is_file():
+            return None, None, "no such file"
+        return target, parts.fragment, None
+
+    problems = []
+    for page in pages:
+        rel = page.relative_to(site).as_posix()
+        r = refs(page)
+        for url in r.links:
+            if _EXTERNAL.match(url) or urllib.parse.urlsplit(url).scheme:   # a plain link out: allowed
+                continue
+            target, fragment, why = resolve(page, url)
+            if why:
+                problems.append(f"{rel}: broken link {url} ({why})")
+            # as a browser looks for the fragment: as written, then percent-decoded (nbconvert's ids are encoded)
+            elif (fragment and target.suffix == ".html"
+                  and not {fragment, urllib.parse.unquote(fragment)} & refs(target).ids):
+                problems.append(f"{rel}: broken link {url} (no id {fragment!r} in {target.relative_to(site.resolve())})")
+        for asset in r.assets:
+            url = asset.split("=", 1)[1].rstrip(">")
+            if url.startswith("data:"):
+                continue
+            if _EXTERNAL.match(url) or urllib.parse.urlsplit(url).scheme:
+                problems.append(f"{rel}: external asset {asset} (pages must load nothing from outside the site)")
+                continue
+            _, _, why = resolve(page, url)
+            if why:
+                problems.append(f"{rel}: broken asset {asset} ({why})")
+        problems += [f"{rel}: external asset {u} (pages must load nothing from outside the site)" for u in r.fetched]
+    for css in sorted(site.rglob("*.css")):
+        problems += [f"{css.relative_to(site).as_posix()}: external asset {u}"
+                     for u in _CSS_URL.findall(css.read_text(encoding="utf-8", errors="replace"))]
+    return problems
+
+
+# --- command line ----------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python tools/site.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build the site")
+    b.add_argument("--out", type=Path, default=ROOT / "build" / "site", help="output folder (default build/site)")
+    c = sub.add_parser("check", help="check a built site's links and assets")
+    c.add_argument("site", type=Path, help="the built site's folder, e.g. build/site")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        # the notebooks a build has to execute run as the tests run them: quick, offline
+        for key, value in (("COURSE_QUICK", "1"), ("COURSE_OFFLINE", "1"), ("HF_HUB_OFFLINE", "1"),
+                           ("TOKENIZERS_PARALLELISM", "false")):
+            os.environ.setdefault(key, value)
+        try:
+            build(args.out)
+        except (SiteError, nbexec.NotebookFailed) as e:
+            print(f"site build failed: {e}", file=sys.stderr)
+            return 1
+        return 0
+    problems = check(args.site)
+    for p in problems:
+        print(p)
+    print(f"{args.site}: {len(problems)} problem(s)" if problems else f"{args.site}: every link and asset resolves")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
