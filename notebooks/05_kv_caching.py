@@ -29,7 +29,7 @@ import course_lib.env
 
 QUICK = course_lib.env.quick()
 TIMING_POSITIONS = [16, 64, 160, 320, 480] if QUICK else [16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 504]
-TIMING_REPEATS = 5 if QUICK else 15             # timed runs per step; the fastest counts (the least disturbed by other work)
+TIMING_REPEATS = 5 if QUICK else 15             # timed runs per step; the fastest counts (least disturbed)
 GEN_TOKENS = 24 if QUICK else 96            # tokens generated in the end-to-end comparison
 QUALITY_TOKENS = 160 if QUICK else 511      # held-out tokens streamed through each cache
 QUALITY_TEXTS = 1 if QUICK else 4
