@@ -197,9 +197,9 @@ def test_labs_are_student_versions_only(course):
     out = _build(root)
     text = "".join(_pages(out).values())
     assert "NotImplementedError" in text and "YOUR CODE HERE" in text
-    assert not any(m in text for m in site_tool.SOLUTION_MARKERS) and not (out / "solutions").exists()
+    assert not any(m in text for pair in site_tool.SECRET_MARKERS for m in pair) and not (out / "solutions").exists()
     shutil.copy(root / "solutions" / "lab00.ipynb", root / "labs" / "lab00.ipynb")   # a solution in labs/
-    with pytest.raises(site_tool.SiteError, match=r"labs/lab00.ipynb: cell 1 holds '### BEGIN SOLUTION'"):
+    with pytest.raises(site_tool.SiteError, match=r"labs/lab00.ipynb: cell 1 holds 'BEGIN SOLUTION'"):
         _build(root)
 
 

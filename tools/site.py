@@ -38,6 +38,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from course_lib import RELEASE, REPO_URL, colab_url  # noqa: E402
+from course_lib.grading.build import SECRET_MARKERS  # noqa: E402  (nbgrader's delimiters, one list)
 from tools import nbexec  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent / "site_assets"
@@ -47,8 +48,6 @@ SITE_MARK = ".course-site"         # marks a folder this tool built, so that a r
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-# What a student version must never contain (nbgrader's markers; `course build-labs` removes them).
-SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 
 
 class SiteError(Exception):
@@ -138,7 +137,7 @@ def executed_notebook(src: Path, root: Path = ROOT) -> tuple[nbformat.NotebookNo
 def check_student_lab(nb, rel: str) -> None:
     """A lab page shows the student version: refuse a notebook that holds solutions or hidden tests."""
     for i, cell in enumerate(nb.cells):
-        for marker in SOLUTION_MARKERS:
+        for marker in (m for pair in SECRET_MARKERS for m in pair):
             if marker in cell.source:
                 raise SiteError(f"{rel}: cell {i} holds {marker!r}: a lab page must be the student version "
                                 "(labs/, built by `course build-labs`), never a solution")
