@@ -229,9 +229,19 @@ def test_the_same_worker_under_torchrun():
     if not torchrun.exists():
         pytest.skip("torchrun is not installed beside this Python")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(__import__(
-        "course_lib.parallel.launch", fromlist=["free_port"]).free_port()), "-m", "course_lib.parallel.launch",
-                        "course_lib.parallel.workers:torchrun_demo", "--timeout", "30"],
-                       capture_output=True, text=True, timeout=170, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
+
+    def run():
+        return subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(__import__(
+            "course_lib.parallel.launch", fromlist=["free_port"]).free_port()), "-m", "course_lib.parallel.launch",
+                               "course_lib.parallel.workers:torchrun_demo", "--timeout", "30"],
+                              capture_output=True, text=True, timeout=170, env=env)
+
+    r = run()
+    if r.returncode != 0 and "exitcode: -6" in r.stderr:
+        # a rank aborted inside gloo (SIGABRT; seen once in CI, 2026-11-23, cause not captured): run once more,
+        # keeping the first failure's output visible
+        import warnings
+        warnings.warn(f"torchrun: a rank aborted (SIGABRT); retrying once. Its stderr began:\n{r.stderr[:3000]}")
+        r = run()
+    assert r.returncode == 0, r.stderr[:3000] + "\n...\n" + r.stderr[-2000:]
     assert "rank 0 result: {'world_size': 2, 'allreduce_sum': 3.0" in r.stdout, r.stdout
