@@ -74,6 +74,20 @@ def flash_attn_usable() -> bool:
     return has_package("flash_attn") and cc is not None and cc >= (8, 0)
 
 
+# Triton's README lists NVIDIA GPUs of compute capability 8.0 and newer (Ampere on); its maintainers decline
+# fixes for older ones. A Turing T4 (sm_75) may compile a kernel, without the tensor-core instructions, but
+# nothing guarantees it runs correctly there.
+TRITON_MIN_CAPABILITY = (8, 0)
+
+
+def triton_gpu_supported(capability: tuple[int, int] | None = None) -> bool:
+    """True when the triton package is installed and Triton supports this CUDA GPU (compute capability >=
+    8.0; pass ``capability`` to ask about another GPU, e.g. (7, 5) for a T4). False without a CUDA GPU:
+    on a CPU a Triton kernel runs only under its interpreter (``TRITON_INTERPRET=1``), for testing."""
+    cc = capability if capability is not None else compute_capability()
+    return cc is not None and tuple(cc) >= TRITON_MIN_CAPABILITY and has_package("triton")
+
+
 @dataclass
 class Capabilities:
     python: str
