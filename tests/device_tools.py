@@ -19,6 +19,9 @@ not comparable, so the comparison stops.
 """
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import pytest
 import torch
 
@@ -40,6 +43,18 @@ TOLERANCES = {
     ("cpu", torch.float16): dict(rtol=2e-3, atol=1e-2),
     ("cuda", torch.float16): dict(rtol=2e-3, atol=1e-2),
 }
+
+
+@contextlib.contextmanager
+def simulated_gpu(capability: tuple[int, int], name: str = "Simulated GPU"):
+    """Within the block torch, and so ``course_lib.env``, reports one CUDA GPU of this compute capability
+    (``name`` its device name), e.g. ``simulated_gpu((7, 5), "Tesla T4")``. Nothing can run on it: only the
+    decisions the course reads from the capability can be checked this way, on a CPU-only machine."""
+    with mock.patch.object(torch.cuda, "is_available", lambda: True), \
+            mock.patch.object(torch.cuda, "device_count", lambda: 1), \
+            mock.patch.object(torch.cuda, "get_device_capability", lambda device=None: tuple(capability)), \
+            mock.patch.object(torch.cuda, "get_device_name", lambda device=None: name):
+        yield
 
 
 def tolerance(device, dtype: torch.dtype = torch.float32) -> dict:

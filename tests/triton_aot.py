@@ -19,26 +19,14 @@ rule changes what is compiled and checked here.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass, field
-from unittest import mock
 
 import torch
+from device_tools import simulated_gpu
 
 TARGETS = (75, 80, 90)                    # a T4 (Turing), an A100 (Ampere), an H100 (Hopper)
 TORCH_TO_TRITON = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-@contextlib.contextmanager
-def simulated_gpu(capability: tuple[int, int], name: str = "Simulated GPU"):
-    """Within the block, torch (and so ``course_lib.env``) reports one CUDA GPU of this compute capability.
-    Nothing can run on it: only decisions read from the capability can be checked this way."""
-    with mock.patch.object(torch.cuda, "is_available", lambda: True), \
-            mock.patch.object(torch.cuda, "device_count", lambda: 1), \
-            mock.patch.object(torch.cuda, "get_device_capability", lambda device=None: tuple(capability)), \
-            mock.patch.object(torch.cuda, "get_device_name", lambda device=None: name):
-        yield
 
 
 @dataclass(frozen=True)
