@@ -138,21 +138,24 @@ def notice_once(key, message: str, stacklevel: int = 3):
     warnings.warn(message, CourseNotice, stacklevel=stacklevel)
 
 
-def use_triton(device, backend: str = "auto", what: str = "the Triton kernel") -> bool:
+def use_triton(device, backend: str = "auto", what: str = "the Triton kernel",
+               asked_by: str = "backend='triton'") -> bool:
     """Whether to launch ``what`` (a course Triton kernel) on tensors of ``device``, for a ``backend`` argument
     of "auto" or "triton"; False means: take the PyTorch path. The one place the course decides it.
+    ``asked_by`` names, in messages, what asked for the kernel explicitly (an argument, or a function that
+    is the kernel, such as ``flash_attention_triton``).
 
     "auto": Triton on a CUDA GPU Triton supports (``triton_gpu_supported``), PyTorch elsewhere. On a CUDA
     GPU Triton does not support (a T4, compute capability 7.5) it says so once per process, naming the
     compute capability and the path taken; on a CPU it is silent (the interpreter is for tests).
 
-    "triton": the caller asked for the kernel by name. A ValueError (naming ``backend``) where it cannot
+    "triton": the caller asked for the kernel by name. A ValueError (naming ``asked_by``) where it cannot
     run: no triton package; CPU tensors without the interpreter; a GPU below compute capability 7.0; any
     other device. On a GPU of compute capability 7.0 to 7.x (a T4) it runs, with a one-time warning:
     refusing would leave a T4 student no way to watch the kernel run on their own GPU, the kernels do build
     for sm_75 (only without tensor cores), and PyTorch itself generates Triton kernels for these GPUs
     (torch.compile), so the compiler path is well trodden even though Triton's maintainers do not support
-    it; the warning says to check the result against ``backend="reference"``.
+    it; the warning says to check the result against the PyTorch reference.
     """
     if backend not in ("auto", "triton"):
         raise ValueError(f"backend must be 'auto' or 'triton' here, got {backend!r}")
@@ -164,28 +167,29 @@ def use_triton(device, backend: str = "auto", what: str = "the Triton kernel") -
         if reason is None:
             return True
         cc = compute_capability()
-        notice_once(("auto", None if cc is None else tuple(cc)), f"[course_lib] {_gpu_label(cc)}: {reason}, so the course's Triton kernels "
-                    "(paged attention, FlashAttention, flash-decoding) take their PyTorch paths here")
+        notice_once(("auto", None if cc is None else tuple(cc)),
+                    f"[course_lib] {_gpu_label(cc)}: {reason}, so the course's Triton kernels (paged attention, "
+                    "FlashAttention, flash-decoding) take their PyTorch paths here")
         return False
     if not has_package("triton"):
-        raise ValueError(f"backend='triton': {what} needs the triton package (pip install triton), "
-                         "which is not installed; use backend='auto' or 'torch'")
+        raise ValueError(f"{asked_by}: {what} needs the triton package (pip install triton), which is not "
+                         "installed")
     if dev.type == "cpu":
         if triton_interpreting():
             return True
-        raise ValueError(f"backend='triton': {what} needs CUDA tensors (got {dev}), or TRITON_INTERPRET=1 set "
+        raise ValueError(f"{asked_by}: {what} needs CUDA tensors (got {dev}), or TRITON_INTERPRET=1 set "
                          "before triton is imported to run it on a CPU in Triton's interpreter")
     if dev.type != "cuda":
-        raise ValueError(f"backend='triton': {what} runs on CUDA GPUs only, got tensors on {dev}")
+        raise ValueError(f"{asked_by}: {what} runs on CUDA GPUs only, got tensors on {dev}")
     cc = compute_capability()
     if cc is not None and tuple(cc) < TRITON_FLOOR_CAPABILITY:
-        raise ValueError(f"backend='triton': {what} cannot run on {_gpu_label(cc)} (Triton generates code for "
-                         f"compute capability >= {TRITON_FLOOR_CAPABILITY[0]}.{TRITON_FLOOR_CAPABILITY[1]} only); "
-                         "use backend='auto' or 'torch'")
+        raise ValueError(f"{asked_by}: the course launches no Triton kernel on {_gpu_label(cc)}: below compute "
+                         f"capability {TRITON_FLOOR_CAPABILITY[0]}.{TRITON_FLOOR_CAPABILITY[1]} even PyTorch's "
+                         "torch.compile refuses to generate Triton code")
     if cc is not None and tuple(cc) < TRITON_MIN_CAPABILITY:
-        notice_once(("triton", tuple(cc)), f"[course_lib] backend='triton' on {_gpu_label(cc)}: Triton supports "
-                    "compute capability >= 8.0 only; the kernel builds here without tensor cores and is "
-                    "unsupported: check its output against backend='reference'")
+        notice_once(("triton", tuple(cc)), f"[course_lib] {asked_by} on {_gpu_label(cc)}: Triton supports compute "
+                    "capability >= 8.0 only; the kernel builds here, without tensor cores, but is unsupported: "
+                    "check its output against the PyTorch reference")
     return True
 
 

@@ -197,7 +197,7 @@ def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale:
     N, K, bs, _ = k_pool.shape
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the Triton kernel supports {SUPPORTED_DTYPES}, got dtype {q.dtype}")
-    use_triton(q.device, "triton", "the paged attention kernel")   # ValueError where it cannot run; T4: a warning
+    use_triton(q.device, "triton", "the paged attention kernel", "paged_attention_triton")   # T4: a warning
     max_blocks = block_tables.shape[1]
     if num_splits is None:
         num_splits = choose_num_splits(B, K, max_blocks * bs, _sm_count(q.device)) if q.is_cuda else 1
