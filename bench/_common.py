@@ -59,6 +59,28 @@ def memory_bandwidth() -> tuple[float, str]:
     return gbs * 1e9, f"measured copy bandwidth, {gbs:,.1f} GB/s"
 
 
+def default_dtype() -> str:
+    """The dtype a benchmark runs in by default here: the 16-bit type this GPU computes in hardware
+    (``course_lib.env.half_dtype``: bf16 from compute capability 8.0, fp16 on a T4), fp32 on a CPU."""
+    from course_lib.env import half_dtype
+    if not torch.cuda.is_available():
+        return "fp32"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[half_dtype("cuda")]
+
+
+def triton_skip_reason(test_file: str) -> str | None:
+    """None when the course's Triton kernels run here (``course_lib.env.triton_gpu_supported``), else why
+    their rows are skipped; ``test_file`` checks them under the interpreter instead."""
+    from course_lib.env import triton_unsupported_reason
+    reason = triton_unsupported_reason()
+    if reason is None:
+        return None
+    if not torch.cuda.is_available() and "not installed" not in reason:
+        return (f"no CUDA device: the Triton kernel runs on CPU only in the interpreter, which checks "
+                f"correctness ({test_file}), not speed")
+    return reason
+
+
 def print_table(rows: list[dict], cols: list[str]):
     widths = [max(len(c), *(len(f"{r[c]}") for r in rows)) for c in cols]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))

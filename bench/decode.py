@@ -2,9 +2,9 @@
 
     python bench/decode.py [--quick] [--no-compile]       (or: course bench decode)
 
-On a GPU: SmolLM2-1.7B's shape with random bf16 weights, a 128-token prompt, 256 new tokens. On a CPU
-(or --quick): a small random model in float32, so it finishes in seconds (compiled rows: about a
-minute more each on a CPU, the C++ compile; --no-compile skips them).
+On a GPU: SmolLM2-1.7B's shape with random bf16 weights (fp16 on a GPU without hardware bf16, a T4), a
+128-token prompt, 256 new tokens. On a CPU (or --quick): a small random model in float32, so it finishes
+in seconds (compiled rows: about a minute more each on a CPU, the C++ compile; --no-compile skips them).
 
 ms/token is decode only: (time of N new tokens - time of 1) / (N - 1), the median of a few runs, for
 every row alike. The roofline is the bytes one decode step must read (the weights once, plus the KV
@@ -16,6 +16,7 @@ import time
 import torch
 from _common import memory_bandwidth, print_table, save
 
+from course_lib.env import half_dtype
 from course_lib.env import quick as quick_mode
 from course_lib.generation import generate
 from course_lib.kvcache import ContiguousCache, StaticCache
@@ -64,7 +65,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     quick = args.quick or dev.type == "cpu" or quick_mode()
-    shape, dtype = (SMALL, torch.float32) if quick else (SMOLLM2_1_7B, torch.bfloat16)
+    # on a GPU its hardware 16-bit type (bf16, or fp16 on a T4: course_lib.env.half_dtype)
+    shape, dtype = (SMALL, torch.float32) if quick else (SMOLLM2_1_7B, half_dtype(dev))
     prompt_len, n_new, repeats = (32, 32, 3) if quick else (128, 256, 3)
     cfg = LlamaConfig(**shape)
     torch.manual_seed(0)

@@ -6,10 +6,12 @@ vs SDPA on contiguous K/V, in time, GB/s and share of the device's memory bandwi
 
 One decode step: q [B, H, Dh], K/V of B sequences of --tokens tokens each in shuffled blocks of
 --block-size (``contiguous_to_paged``). Default size on CUDA: B=32, H=32 query heads, K=8 KV heads,
-Dh=128, 2048 tokens, bf16, block 16; on CPU a small fp32 case that runs in seconds.
+Dh=128, 2048 tokens, bf16 (fp16 on a GPU without hardware bf16, a T4), block 16; on CPU a small fp32
+case that runs in seconds.
 
-* ``triton``: ``paged_attention_triton`` with --splits (1 = no split; ``auto`` = its heuristic); CUDA
-  only. On CPU the Triton rows are skipped: the interpreter checks correctness, its times mean nothing.
+* ``triton``: ``paged_attention_triton`` with --splits (1 = no split; ``auto`` = its heuristic), on a GPU
+  Triton supports (compute capability >= 8.0). Elsewhere the Triton rows are skipped, the reason recorded
+  (on CPU the interpreter checks correctness, its times mean nothing).
 * ``torch``: ``paged_attention(backend="torch")``, the vectorized gather + one batched SDPA.
 * ``reference``: ``paged_attention_reference``, one sequence at a time (a host sync per row).
 * ``sdpa-contiguous``: ``F.scaled_dot_product_attention`` on contiguous K/V [B, K, L, Dh] with
@@ -30,9 +32,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from _common import memory_bandwidth, print_table, save
+from _common import default_dtype, memory_bandwidth, print_table, save, triton_skip_reason
 
-from course_lib.env import has_package
 from course_lib.paged import contiguous_to_paged, paged_attention, paged_attention_reference
 from course_lib.perf.timing import benchmark
 
@@ -59,7 +60,7 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=128 if cuda else 64)
     ap.add_argument("--tokens", type=int, default=2048 if cuda else 512, help="context length of every sequence")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--dtype", choices=list(DTYPES), default="bf16" if cuda else "fp32")
+    ap.add_argument("--dtype", choices=list(DTYPES), default=default_dtype())
     ap.add_argument("--splits", nargs="+", default=["1", "auto", "4"], help="triton rows: num_splits values")
     ap.add_argument("--repeats", type=int, default=50 if cuda else 5)
     ap.add_argument("--threads", type=int, default=1, help="CPU threads")
@@ -81,7 +82,8 @@ def main(argv=None):
     ref = paged_attention_reference(q, kp, vp, tables, lens, scale).float()
 
     runs, skipped = [], {}                    # (backend, num_splits, fn)
-    if cuda and has_package("triton"):
+    why_not = triton_skip_reason("tests/test_paged_attention.py")
+    if why_not is None:
         from course_lib.paged.triton_paged import _sm_count, choose_num_splits, paged_attention_triton
         auto = choose_num_splits(B, K, tables.shape[1] * bs, _sm_count(dev))
         splits = []
@@ -94,9 +96,7 @@ def main(argv=None):
             runs.append(("triton", label, lambda s=s: paged_attention_triton(q, kp, vp, tables, lens, scale,
                                                                            num_splits=s)))
     else:
-        skipped["triton"] = ("no CUDA device: the Triton kernel runs on CPU only in the interpreter, which "
-                             "checks correctness (tests/test_paged_attention.py) but is not worth timing"
-                             if not cuda else "triton is not installed")
+        skipped["triton"] = why_not
     runs.append(("torch", "-", lambda: paged_attention(q, kp, vp, tables, lens, scale, backend="torch")))
     runs.append(("reference", "-", lambda: paged_attention_reference(q, kp, vp, tables, lens, scale)))
     sdpa_mode = sdpa_contiguous(q, k, v, scale)[1]

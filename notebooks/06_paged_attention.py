@@ -253,12 +253,14 @@ assert torch.allclose(ref, sdpa, atol=1e-5)
 # %% [markdown] id="c018"
 # The Triton kernel (`course_lib/paged/triton_paged.py`) does not gather: one program per (sequence,
 # query head) walks the sequence's block table, loads each block's keys and values in place, and folds
-# them into a running softmax (the online softmax of Module 07). On a GPU it runs natively; on a CPU we
-# run it under Triton's interpreter (`TRITON_INTERPRET=1`, which must be set before Triton is imported,
-# hence a separate process).
+# them into a running softmax (the online softmax of Module 07). On a GPU Triton supports (compute
+# capability >= 8.0: an A100, an H100) it runs natively. On a CPU, and on Colab's usual T4 (compute
+# capability 7.5, which Triton does not support), we run it under Triton's interpreter instead
+# (`TRITON_INTERPRET=1`, which must be set before Triton is imported, hence a separate process); there
+# `backend="auto"` takes the vectorized PyTorch path, and on a T4 says so once, in one line.
 
 # %% id="c019"
-if torch.cuda.is_available() and course_lib.env.has_package("triton"):
+if course_lib.env.triton_gpu_supported():
     from course_lib.paged.triton_paged import paged_attention_triton
     from course_lib.perf.timing import benchmark
     args = [t.cuda() for t in (q, k_pool, v_pool, tables, lens)]
@@ -283,8 +285,10 @@ elif course_lib.env.has_package("triton"):
     assert res.returncode == 0, res.stderr[-2000:]
     err = float(res.stdout.strip().splitlines()[-1])
     assert err < 1e-4
-    print(f"Triton kernel under the CPU interpreter: max |Triton - reference| = {err:.1e}. On a GPU this cell "
-          "runs it natively and times it.")
+    print(f"Triton kernel under the CPU interpreter: max |Triton - reference| = {err:.1e}. On a GPU Triton "
+          "supports this cell runs it natively and times it.")
+    from course_lib.attention import triton_status
+    print(triton_status()[1])                            # why not natively here: no CUDA GPU, or a T4
 else:
     print("Triton is not installed here; on a GPU with Triton this cell runs and times the kernel.")
 
@@ -294,8 +298,8 @@ else:
 # `PagedCache` puts a `BlockManager` and a pool of physical blocks (`KVPool`, one `[blocks, kv_heads,
 # block_size, head_dim]` tensor per layer for K and for V) behind the cache contract of Module 05. The
 # model writes each new token's K/V into its slot and reads every sequence back through its block
-# table: a decode step with `paged_attention` (the Triton kernel on a GPU, a vectorized gather on a CPU), a
-# prefill with one gather of the rows' blocks. Three prompts of different lengths decode **in one batch**
+# table: a decode step with `paged_attention` (the Triton kernel on a GPU Triton supports, a vectorized
+# gather on a CPU or a T4: `cache.decode_backend` says which), a prefill with one gather of the rows' blocks. Three prompts of different lengths decode **in one batch**
 # (each row gets its own positions and mask); each must produce exactly what it produces alone with a
 # contiguous cache. The serving engine of Module 09 runs on this same `PagedCache`.
 
@@ -304,6 +308,9 @@ prompts = {name: torch.randint(1, cfg.vocab_size, (n,), generator=g).tolist()
            for name, n in (("r0", 5), ("r1", 19), ("r2", 9))}
 pmgr = BlockManager(num_blocks=64, block_size=4)
 cache = PagedCache(pmgr, KVPool.for_model(model, 64, 4))
+print("decode attention here:", cache.decode_backend)             # "auto" resolved for this device
+assert cache.decode_backend == ("triton" if device.type == "cuda" and course_lib.env.triton_gpu_supported()
+                                else "torch")
 logits = {}
 with torch.no_grad():
     for s, p in prompts.items():                        # prefill each prompt

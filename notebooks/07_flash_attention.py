@@ -51,7 +51,7 @@ from course_lib.attention import (IOCounter, combine_splits, flash_attention_io,
                                   flash_backend_reason, flash_decode_torch, flash_io_theta, hf_attn_implementation,
                                   io_reduction, online_softmax, reference_attention, scores_bytes,
                                   sdpa_backend_report, sdpa_default_backend, softmax_stats_update, split_partials,
-                                  sram_block_rows, standard_attention_io, tiled_attention)
+                                  sram_block_rows, standard_attention_io, tiled_attention, triton_status)
 from course_lib.attention.backends import BACKEND_NAMES, run_backend
 from course_lib.perf.hardware import get_gpu
 from course_lib.perf.tables import format_records
@@ -231,10 +231,13 @@ print(f"causal tiles: {int((grid == 2).sum())} full, {int((grid == 1).sum())} ma
 #
 # On a GPU the next cell checks it against the reference at real sizes; on a CPU it runs under Triton's
 # interpreter (`TRITON_INTERPRET=1` must be set before Triton is imported: a separate process), which
-# shows correctness, not speed.
+# shows correctness, not speed. Triton supports GPUs of compute capability 8.0 and newer, so on Colab's
+# usual T4 (7.5) the course does not launch its Triton kernels: the cell takes the interpreter route as
+# on a CPU, and `backend="auto"` elsewhere (paged attention, the serving engine) takes the PyTorch paths,
+# with a one-line notice.
 
 # %% id="c015"
-if torch.cuda.is_available() and caps.triton:
+if course_lib.env.triton_gpu_supported():
     from course_lib.attention.triton_flash import flash_attention_triton, flash_decode_triton
     qc, kc, vc = (torch.randn(1, 16, 2048, 128, device="cuda", dtype=torch.float16) for _ in range(3))
     for causal in (False, True):
@@ -261,17 +264,22 @@ elif caps.triton:
     errs = [float(x) for x in res.stdout.split()]
     assert len(errs) == 2 and max(errs) < 1e-5
     print(f"Triton kernel under the CPU interpreter (N=37, GQA 4/2, d=64): max |Triton - reference| = "
-          f"{errs[0]:.1e} non-causal, {errs[1]:.1e} causal. On a GPU this cell runs it natively at N=2048.")
+          f"{errs[0]:.1e} non-causal, {errs[1]:.1e} causal. On a GPU Triton supports this cell runs it natively "
+          "at N=2048.")
 else:
     print("Triton is not installed here; on a GPU with Triton this cell checks the kernel at real sizes.")
+triton_ok, triton_line = triton_status()                 # where the course's Triton kernels run, and why
+print(triton_line)
+assert triton_ok == course_lib.env.triton_gpu_supported()
 
 # %% [markdown] id="c016"
 # ### Speed: the kernel against every SDPA backend
 #
 # FLOPs of attention: two N x N x d matmuls, 4 B H N^2 d, half of it when causal. Below: time and TFLOP/s
 # for each implementation this machine has, and the share of the device's dense peak (from the hardware
-# table, GPUs only). On a CPU the Triton row is absent (the interpreter is not a speed measurement);
-# `bench/attention.py` runs the same comparison at the GPU goal's size (sequence 4096, d = 128, bf16).
+# table, GPUs only). On a CPU the Triton row is absent (the interpreter is not a speed measurement), as on a
+# GPU Triton does not support (a T4); `bench/attention.py` runs the same comparison at the GPU goal's size
+# (sequence 4096, d = 128, bf16).
 
 # %% id="c017"
 speed_dtype = torch.bfloat16 if course_lib.env.real_bf16() else (torch.float16 if device.type == "cuda"
@@ -282,7 +290,7 @@ try:
 except ValueError:
     peak = None
 impls = {}
-if device.type == "cuda" and caps.triton:
+if course_lib.env.triton_gpu_supported():
     impls["triton (course)"] = lambda q, k, v: flash_attention_triton(q, k, v, causal=True)
 for name in BACKEND_NAMES:
     impls[f"sdpa {name}"] = lambda q, k, v, name=name: run_backend(name, q, k, v, causal=True)
@@ -391,7 +399,7 @@ assert torch.allclose(flash_decode_torch(qd, kd, vd, num_splits=3, lengths=[300,
 h100_programs = [{"batch": B, "KV heads": 8, "programs (no split)": B * 8,
                   "share of H100 SMs busy": min(1.0, B * 8 / h100.sms)} for B in (1, 4, 16, 64)]
 print(format_records(h100_programs, floatfmt=".2f"))
-if torch.cuda.is_available() and caps.triton:
+if course_lib.env.triton_gpu_supported():
     qg = qd.cuda().half()
     kg, vg = kd.cuda().half(), vd.cuda().half()
     lens_g = torch.tensor([300, 41], device="cuda")

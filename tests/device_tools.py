@@ -19,7 +19,18 @@ not comparable, so the comparison stops.
 """
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
+import pytest
 import torch
+
+from course_lib.env import triton_gpu_supported, triton_unsupported_reason
+
+# The course launches its Triton kernels only on a GPU Triton supports (compute capability >= 8.0); on a
+# T4 "auto" takes the PyTorch paths (tests/test_t4.py). GPU tests of the kernels themselves take this mark.
+needs_triton_gpu = pytest.mark.skipif(not triton_gpu_supported(),
+                                      reason=f"the course's Triton kernels do not run here: {triton_unsupported_reason()}")
 
 # (device type, dtype) -> tolerances for comparing logits / activations of the same float model computed
 # two ways. float32 on CPU: reductions in another order only. float32 on CUDA: other kernels too.
@@ -32,6 +43,18 @@ TOLERANCES = {
     ("cpu", torch.float16): dict(rtol=2e-3, atol=1e-2),
     ("cuda", torch.float16): dict(rtol=2e-3, atol=1e-2),
 }
+
+
+@contextlib.contextmanager
+def simulated_gpu(capability: tuple[int, int], name: str = "Simulated GPU"):
+    """Within the block torch, and so ``course_lib.env``, reports one CUDA GPU of this compute capability
+    (``name`` its device name), e.g. ``simulated_gpu((7, 5), "Tesla T4")``. Nothing can run on it: only the
+    decisions the course reads from the capability can be checked this way, on a CPU-only machine."""
+    with mock.patch.object(torch.cuda, "is_available", lambda: True), \
+            mock.patch.object(torch.cuda, "device_count", lambda: 1), \
+            mock.patch.object(torch.cuda, "get_device_capability", lambda device=None: tuple(capability)), \
+            mock.patch.object(torch.cuda, "get_device_name", lambda device=None: name):
+        yield
 
 
 def tolerance(device, dtype: torch.dtype = torch.float32) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from device_tools import needs_triton_gpu
 
 from course_lib.attention import (IOCounter, combine_splits, flash_attention_io, flash_attn_status,
                                   flash_backend_reason, flash_decode_torch, flash_io_theta, hf_attn_implementation,
@@ -338,31 +339,7 @@ def test_paged_and_flash_decoding_share_one_reduction():
     assert not hasattr(triton_flash, "_combine_splits_kernel")       # no private copy
 
 
-@pytest.mark.slow
-def test_triton_forward_compiles_for_hopper_without_a_gpu():
-    """The forward kernel compiled ahead of time for sm_90 (bf16, Dh 128, causal): it must build, use
-    tensor-core mma and stage its K/V loads with cp.async (the pipeliner saw the loops)."""
-    triton = pytest.importorskip("triton")
-    from course_lib.attention import triton_flash
-    if triton_flash.interpreting():
-        pytest.skip("TRITON_INTERPRET is set in this process")
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        pytest.skip(f"this triton has no ahead-of-time compile API: {e}")
-    names = ["Q", "K", "V", "O", "LSE", "qk_scale", "T", "S", "n_ctx_bucket", "s_qb", "s_qh", "s_qt", "s_kb",
-             "s_kh", "s_ks", "s_vb", "s_vh", "s_vs", "s_ob", "s_oh", "s_ot"]
-    types = ["*bf16"] * 4 + ["*fp32", "fp32"] + ["i32"] * 15
-    const = dict(H=32, GROUP=4, HEAD_DIM=128, BLOCK_D=128, CAUSAL=True, STORE_LSE=False, DOT_PRECISION=None,
-                 UPCAST_DOT=False, BLOCK_M=128, BLOCK_N=64)
-    signature = dict(zip(names, types), **{k: "constexpr" for k in const})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n != "qk_scale"}
-    src = ASTSource(fn=triton_flash._flash_fwd_kernel, signature=signature, constexprs=const, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
-    ptx = kernel.asm["ptx"]
-    assert "mma" in ptx, "dots not on tensor cores"
-    assert "cp.async" in ptx, "K/V loads not pipelined"
+# The ahead-of-time builds of every kernel for sm_75, sm_80 and sm_90: tests/test_triton_targets.py.
 
 
 # --- GPU: real sizes, and the speed goal ----------------------------------------------------------------
@@ -370,6 +347,7 @@ GPU_TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 @pytest.mark.gpu
+@needs_triton_gpu
 def test_triton_forward_on_cuda_at_real_sizes():
     pytest.importorskip("triton")
     from course_lib.attention.triton_flash import flash_attention_triton, flash_decode_triton
@@ -388,6 +366,7 @@ def test_triton_forward_on_cuda_at_real_sizes():
 
 
 @pytest.mark.gpu
+@needs_triton_gpu
 def test_triton_forward_speed_goal():
     """Sequence 4096, head dim 128, bf16, causal: >= 50% of the device's dense bf16 peak (from the
     hardware table) and within 1.3x of SDPA's flash backend. Devices not in the table are skipped."""

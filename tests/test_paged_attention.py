@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from device_tools import needs_triton_gpu, tol_for
 
 from course_lib.generation import generate
 from course_lib.kvcache import ContiguousCache
@@ -244,37 +245,7 @@ def test_triton_backend_needs_cuda_or_the_interpreter():
         paged_attention(q, kp, vp, tables, lens, backend="triton")
 
 
-@pytest.mark.slow
-def test_triton_kernel_compiles_for_hopper_without_a_gpu():
-    """The compiled path (runtime trip counts, which the interpreter of triton 3.6 cannot run) compiled
-    ahead of time for sm_90 with the JIT's usual 16-divisibility of pointers and strides: it must build,
-    stage its K/V loads with cp.async (the software pipeliner saw the loop) and use tensor-core mma."""
-    triton = pytest.importorskip("triton")
-    from course_lib.paged import triton_paged
-    if triton_paged.interpreting():
-        pytest.skip("TRITON_INTERPRET is set in this process")
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        pytest.skip(f"this triton has no ahead-of-time compile API: {e}")
-    names = ["Q", "KP", "VP", "TBL", "LENS", "OUT", "M_PART", "L_PART", "ACC_PART", "qk_scale", "max_blocks",
-             "s_qb", "s_qh", "s_kn", "s_kh", "s_ks", "s_vn", "s_vh", "s_vs", "s_tb", "s_ob", "s_oh"]
-    for dt, G, Dh, bs, splits, tile in (("bf16", 4, 128, 16, 1, 64), ("fp16", 8, 80, 5, 4, 32)):
-        types = [f"*{dt}"] * 3 + ["*i32", "*i32", f"*{dt}", "*fp32", "*fp32", "*fp32", "fp32"] + ["i32"] * 12
-        const = dict(GROUP=G, BLOCK_G=16, HEAD_DIM=Dh, BLOCK_D=triton.next_power_of_2(Dh), BLOCK_SIZE=bs,
-                     NUM_SPLITS=splits, STATIC_TOKENS=0, DOT_PRECISION=None, UPCAST_DOT=False, TILE_N=tile)
-        signature = dict(zip(names, types), **{k: "constexpr" for k in const})
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n != "qk_scale"}
-        src = ASTSource(fn=triton_paged._paged_decode_kernel.fn, signature=signature, constexprs=const, attrs=attrs)
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=3))
-        ptx = kernel.asm["ptx"]
-        assert "cp.async" in ptx and "mma" in ptx, f"{dt}: K/V loads not pipelined or dots not on tensor cores"
-    combine = dict(M_PART="*fp32", L_PART="*fp32", ACC_PART="*fp32", OUT="*bf16", s_ob="i32", s_oh="i32",
-                   NUM_SPLITS="constexpr", BLOCK_S="constexpr", HEAD_DIM="constexpr", BLOCK_D="constexpr")
-    triton.compile(ASTSource(fn=triton_paged._combine_splits_kernel, signature=combine,
-                             constexprs=dict(NUM_SPLITS=5, BLOCK_S=8, HEAD_DIM=80, BLOCK_D=128)),
-                   target=GPUTarget("cuda", 90, 32))
+# The ahead-of-time builds of every kernel for sm_75, sm_80 and sm_90: tests/test_triton_targets.py.
 
 
 def test_num_splits_heuristic():
@@ -305,6 +276,7 @@ def _cuda_case(B, H, K, Dh, bs, lengths, seed, dtype):
 
 
 @pytest.mark.gpu
+@needs_triton_gpu
 def test_triton_kernel_on_cuda():
     pytest.importorskip("triton")
     from course_lib.paged.triton_paged import paged_attention_triton
@@ -324,6 +296,7 @@ def test_triton_kernel_on_cuda():
 
 
 @pytest.mark.gpu
+@needs_triton_gpu
 def test_paged_attention_at_the_h100_size():
     """B=32, H=32, K=8, Dh=128, 2048 tokens each, bf16, block 16: the kernel (split and not) and the torch
     backend == the fp32 reference; neither triton nor torch backend syncs with the host."""
@@ -460,7 +433,6 @@ def test_paged_cache_errors(model):
 # --- the one paged store (course_lib.paged.cache) through the model, on each device -------------------------
 # The same PagedCache serves Module 06 and the serving engine: per forward one plan (positions, slot mapping,
 # block tables, lengths) on the pool's device; decode through paged_attention, prefill through one gather.
-from device_tools import tol_for  # noqa: E402
 
 from course_lib.paged import PagingError  # noqa: E402
 from course_lib.paged import attention as paged_attention_module  # noqa: E402
@@ -590,6 +562,7 @@ def test_paged_cache_plain_update_contract(device):
 
 
 @pytest.mark.gpu
+@needs_triton_gpu
 def test_paged_cache_decodes_with_triton_on_cuda(dev_model, monkeypatch):
     pytest.importorskip("triton")
     model = dev_model

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from device_tools import assert_greedy_match
+from device_tools import assert_greedy_match, needs_triton_gpu
 
 from course_lib.generation import generate
 from course_lib.kvcache import ContiguousCache
@@ -290,6 +290,7 @@ def test_everything_lives_on_the_model_device(model, rng):
 
 
 @pytest.mark.gpu
+@needs_triton_gpu
 def test_engine_decodes_with_the_triton_kernel_on_cuda(model, rng, monkeypatch):
     pytest.importorskip("triton")
     if model.device.type != "cuda":

@@ -10,12 +10,12 @@ RoPE, which rotates q and k before attention, is here too (``rope``): ``rope_cos
 Module 07: ``reference_attention`` (scores materialized; causal, padding, GQA), ``online_softmax`` and
 its statistics, ``tiled_attention`` (FlashAttention's forward in PyTorch, with an ``IOCounter``), the IO
 model (``io_model``), flash-decoding in PyTorch (``flash_decode_torch``) and the log-sum-exp merge
-``combine_splits``, SDPA backends and flash-attn (``backends``). The Triton kernels import triton, an
-optional package, so they live in their own modules: ``triton_flash`` (forward, flash-decoding) and
-``triton_splitkv`` (the split reduction, shared with ``course_lib.paged``).
+``combine_splits``, SDPA backends, flash-attn and where the Triton kernels run (``backends``). The Triton
+kernels import triton, an optional package, so they live in their own modules: ``triton_flash`` (forward,
+flash-decoding) and ``triton_splitkv`` (the split reduction, shared with ``course_lib.paged``).
 """
 from .backends import (flash_attn_status, flash_backend_reason, hf_attn_implementation, sdpa_backend_report,
-                       sdpa_default_backend)
+                       sdpa_default_backend, triton_status)
 from .flash_decoding import flash_decode_torch, split_partials
 from .io_model import flash_attention_io, flash_io_theta, io_reduction, sram_block_rows, standard_attention_io
 from .online_softmax import (combine_splits, merge_softmax_stats, online_softmax, online_softmax_stats,
@@ -30,4 +30,4 @@ __all__ = ["attention", "causal_mask", "rope_cos_sin", "apply_rope", "rotate_hal
            "merge_softmax_stats", "combine_splits", "tiled_attention", "IOCounter", "standard_attention_io",
            "flash_attention_io", "flash_io_theta", "io_reduction", "sram_block_rows", "flash_decode_torch",
            "split_partials", "sdpa_backend_report", "sdpa_default_backend", "flash_backend_reason",
-           "flash_attn_status", "hf_attn_implementation"]
+           "flash_attn_status", "triton_status", "hf_attn_implementation"]

@@ -12,8 +12,8 @@
 records whether it ran and, if not, PyTorch's reason; ``sdpa_default_backend`` asks the dispatcher which
 one it picks by default. ``flash_backend_reason`` says, from the compute capability alone, why a GPU
 such as a T4 (sm_75, Turing) gets no flash backend. ``flash_attn_status`` reports the separate flash-attn
-package in one line, and ``hf_attn_implementation`` the ``attn_implementation=`` a Hugging Face model can
-ask for here.
+package in one line, ``triton_status`` where the course's own Triton kernels run, and
+``hf_attn_implementation`` the ``attn_implementation=`` a Hugging Face model can ask for here.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from course_lib.env import compute_capability, flash_attn_usable, has_package
+from course_lib.env import (compute_capability, flash_attn_usable, has_package, triton_interpreting,
+                            triton_unsupported_reason)
 
 BACKEND_NAMES = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "cudnn": "CUDNN_ATTENTION"}
@@ -108,10 +109,27 @@ def flash_attn_status() -> tuple[bool, str]:
     return True, f"flash-attn {getattr(flash_attn, '__version__', '?')}: usable on sm_{cc[0]}{cc[1]}"
 
 
+def triton_status() -> tuple[bool, str]:
+    """(usable, one line) for the course's Triton kernels (FlashAttention, flash-decoding, paged attention)
+    on this machine's GPU: the decision of ``course_lib.env.triton_gpu_supported``, in words."""
+    reason = triton_unsupported_reason()
+    if reason is None:
+        cc = compute_capability()
+        return True, f"Triton kernels: run natively on sm_{cc[0]}{cc[1]} (backend='auto' picks them)"
+    if not has_package("triton"):
+        return False, f"Triton kernels: {reason}; the PyTorch paths run"
+    if compute_capability() is None:
+        where = ("this process runs them in Triton's interpreter (TRITON_INTERPRET=1)" if triton_interpreting()
+                 else "a CPU runs them only in Triton's interpreter (TRITON_INTERPRET=1, a separate process)")
+        return False, f"Triton kernels: no CUDA GPU; {where}; backend='auto' takes the PyTorch paths"
+    return False, (f"Triton kernels: {reason}; backend='auto' takes the PyTorch paths here, and the kernels "
+                   "can still be read and run in Triton's interpreter on a CPU")
+
+
 def hf_attn_implementation() -> str:
     """What to pass as ``attn_implementation=`` to transformers here: 'flash_attention_2' or 'sdpa'."""
     return "flash_attention_2" if flash_attn_status()[0] else "sdpa"
 
 
 __all__ = ["BACKEND_NAMES", "flash_backend_reason", "sdpa_default_backend", "run_backend", "sdpa_backend_report",
-           "flash_attn_status", "hf_attn_implementation"]
+           "flash_attn_status", "triton_status", "hf_attn_implementation"]

@@ -29,11 +29,12 @@ imported (correctness only: the interpreter is slow).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from course_lib.env import triton_interpreting, use_triton
 
 from .reference import check_qkv
 from .triton_splitkv import combine_splits_triton
@@ -44,7 +45,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def interpreting() -> bool:
     """True when triton runs kernels in its interpreter (TRITON_INTERPRET=1 when triton was imported)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+    return triton_interpreting()
 
 
 def _fwd_configs():
@@ -169,12 +170,10 @@ def _check_block(name, value):
     return value
 
 
-def _check_device_dtype(q):
+def _check_device_dtype(q, what: str, asked_by: str):
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the Triton kernels support {SUPPORTED_DTYPES}, got dtype {q.dtype}")
-    if not q.is_cuda and not interpreting():
-        raise ValueError(f"the Triton kernels need CUDA tensors (got {q.device}), or TRITON_INTERPRET=1 set "
-                         "before triton is imported to run them on CPU in the interpreter")
+    use_triton(q.device, "triton", what, asked_by)      # ValueError where it cannot run; on a T4 a warning
 
 
 def _unit_stride(x):
@@ -187,7 +186,7 @@ def flash_attention_triton(q, k, v, causal: bool = False, scale: float | None = 
     ``return_lse`` also the natural log-sum-exp [B, H, T] fp32). ``causal``: query t at position
     S - T + t (needs S >= T). ``block_m``/``block_n`` fix the tiles, bypassing the autotuner."""
     B, H, K, T, S, Dh = check_qkv(q, k, v)
-    _check_device_dtype(q)
+    _check_device_dtype(q, "the FlashAttention kernel", "flash_attention_triton")
     if causal and T > S:
         raise ValueError(f"causal attention needs at least as many keys as queries, got T={T} > S={S}")
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
@@ -292,7 +291,7 @@ def flash_decode_triton(q, k, v, lengths=None, num_splits: int = 1, scale: float
         raise ValueError(f"q must be a 3-D tensor [B, H, Dh] (one query per sequence), got "
                          f"{tuple(q.shape) if torch.is_tensor(q) else type(q).__name__}")
     B, H, K, _, S, Dh = check_qkv(q[:, :, None], k, v)
-    _check_device_dtype(q)
+    _check_device_dtype(q, "the flash-decoding kernel", "flash_decode_triton")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     if lengths is not None:

@@ -27,7 +27,7 @@ import math
 import torch
 
 from course_lib.attention import attention
-from course_lib.env import has_package
+from course_lib.env import use_triton
 
 from .checks import check_paged_args
 
@@ -96,7 +96,8 @@ def paged_attention(q, k_pool, v_pool, block_tables, context_lens, scale=None, b
 
     backend: ``reference`` (per-row loop, everything checked), ``torch`` (vectorized, no host sync),
     ``triton`` (the kernel of ``triton_paged``: CUDA, or CPU with TRITON_INTERPRET=1), or ``auto``
-    (triton on CUDA when it is installed, else torch). Shapes, dtypes and devices are always checked;
+    (``resolve_backend``: triton on a CUDA GPU that Triton supports, compute capability >= 8.0, else torch;
+    a T4 gets torch and a one-line notice). Shapes, dtypes and devices are always checked;
     ``validate=True`` adds the checks that read lengths and tables on the host (a sync), which the
     reference always does. ``num_splits``: split-KV chunks for the triton kernel (None: a heuristic)."""
     if backend not in BACKENDS:
@@ -107,13 +108,23 @@ def paged_attention(q, k_pool, v_pool, block_tables, context_lens, scale=None, b
     if backend == "reference":
         return paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, scale)
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)
-    if backend == "auto":
-        backend = "triton" if q.is_cuda and has_package("triton") else "torch"
-    if backend == "triton":
+    if resolve_backend(backend, q.device) == "triton":
         from .triton_paged import paged_attention_triton   # triton is optional: imported when used
         return paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale,
                                       num_splits=num_splits, validate=False)
     return paged_attention_torch(q, k_pool, v_pool, block_tables, context_lens, scale)
+
+
+def resolve_backend(backend: str, device) -> str:
+    """The implementation ``paged_attention(..., backend=backend)`` runs for tensors on ``device``: "auto"
+    becomes "triton" or "torch" (``course_lib.env.use_triton``, the course's one decision); "triton" stays
+    "triton" where it can run (on a GPU Triton does not support, e.g. a T4, with a one-time warning) and
+    raises a ValueError naming ``backend`` where it cannot (a CPU without the interpreter, no triton)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend in ("auto", "triton"):
+        return "triton" if use_triton(device, backend, "the paged attention kernel") else "torch"
+    return backend
 
 
 def contiguous_to_paged(k: torch.Tensor, v: torch.Tensor, lengths, block_size: int, num_blocks: int | None = None,

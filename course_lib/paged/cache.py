@@ -21,8 +21,9 @@ reuses them: no per-layer or per-row Python work, no host sync inside the forwar
 ``index_put`` per layer and then
 
 * decode (one new token per row, no mask from the caller): ``paged_attention`` reads K/V in place
-  through the block tables (``backend``: "auto" = the Triton kernel on CUDA, the vectorized PyTorch
-  gather elsewhere; or "torch", "triton", "reference"), the step vLLM's PagedAttention kernel does;
+  through the block tables (``backend``: "auto" = the Triton kernel on a GPU that Triton supports, compute
+  capability >= 8.0, the vectorized PyTorch gather elsewhere, a T4 included; or "torch", "triton",
+  "reference"), the step vLLM's PagedAttention kernel does;
 * prefill, chunked prefill after cached context, or an explicit mask: one vectorized gather of each
   row's blocks into [B, K, S, Dh] and ordinary attention with the [B, 1, T, S] causal mask of the rows.
 
@@ -147,8 +148,9 @@ class PagedCache(KVCache):
     ``positions=cache.positions(T), attn_mask=cache.attn_mask(T)`` explicitly gives the same result).
     ``set_active(seqs, num_new=[...])``: rows with different numbers of new tokens, right-padded.
 
-    backend: the decode attention, ``paged_attention(..., backend=backend)`` ("auto": Triton on CUDA,
-    the vectorized PyTorch gather elsewhere; "torch", "triton", "reference").
+    backend: the decode attention, ``paged_attention(..., backend=backend)`` ("auto": Triton on a GPU
+    that Triton supports, the vectorized PyTorch gather elsewhere; "torch", "triton", "reference");
+    ``decode_backend`` says which one runs on the pool's device.
 
     With prefix caching, the block manager registers a prompt's full blocks when the sequence is added,
     before its prefill has written them: run a sequence's prefill before adding another sequence that
@@ -165,6 +167,12 @@ class PagedCache(KVCache):
         self.active: list = []
         self.num_new: list | None = None   # new tokens per active row in the next forward (None: all T)
         self._plan: _Plan | None = None
+
+    @property
+    def decode_backend(self) -> str:
+        """The implementation a decode step runs here: "triton", "torch" or "reference" ("auto" resolved
+        for the pool's device by ``paged.attention.resolve_backend``)."""
+        return _paged.resolve_backend(self.backend, self.pool.device)
 
     # --- sequence management -----------------------------------------------------------------------
     def add_sequence(self, seq_id, prompt) -> int:

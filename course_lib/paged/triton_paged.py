@@ -37,7 +37,6 @@ count (no wasted iterations, and a ``for`` that the software pipeliner can stage
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -45,6 +44,7 @@ import triton.language as tl
 
 # the log-sum-exp reduction of the splits, shared with flash-decoding (_combine_splits_kernel: for the tests)
 from course_lib.attention.triton_splitkv import _combine_splits_kernel, combine_splits_triton  # noqa: F401
+from course_lib.env import triton_interpreting, use_triton
 
 from .checks import check_paged_args
 
@@ -57,7 +57,7 @@ STATIC_LOOP_IN_INTERPRETER = True
 
 def interpreting() -> bool:
     """True when triton runs kernels in its interpreter (TRITON_INTERPRET=1 when triton was imported)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+    return triton_interpreting()
 
 
 # --- tile configurations ------------------------------------------------------------------------------
@@ -197,9 +197,7 @@ def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale:
     N, K, bs, _ = k_pool.shape
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the Triton kernel supports {SUPPORTED_DTYPES}, got dtype {q.dtype}")
-    if not q.is_cuda and not interpreting():
-        raise ValueError(f"the Triton kernel needs CUDA tensors (got {q.device}), or TRITON_INTERPRET=1 set "
-                         "before triton is imported to run it on CPU in the interpreter")
+    use_triton(q.device, "triton", "the paged attention kernel", "paged_attention_triton")   # T4: a warning
     max_blocks = block_tables.shape[1]
     if num_splits is None:
         num_splits = choose_num_splits(B, K, max_blocks * bs, _sm_count(q.device)) if q.is_cuda else 1

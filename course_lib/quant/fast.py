@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from course_lib.env import real_bf16
+
 from .core import check_tensor
 
 __all__ = ["int8_weight_only", "int4_weight_only", "dequantize_int8_weight", "dequantize_int4_weight",
@@ -122,6 +124,17 @@ def int4_weight_only_mm(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor,
 _AVAILABLE: dict = {}
 
 
+def int4_activation_dtypes(device_type: str) -> tuple:
+    """The activation dtypes to try torch's int4 kernel with on this device type, in order. The CUDA kernel
+    (tinygemm) is bf16 tensor-core code for compute capability >= 8.0: on an older GPU (a T4) nothing is
+    tried, so a T4 is never asked for bf16 here, and int4 takes the reference path."""
+    if device_type == "cpu":
+        return (torch.bfloat16, torch.float32)
+    if device_type == "cuda" and not real_bf16():
+        return ()
+    return (torch.bfloat16,)
+
+
 def fast_kernels_available(device=None) -> dict:
     """{"int8": bool, "int4": bool, "int4_dtype": the activation dtype the int4 kernel takes here}: tried once
     per device type on a tiny problem (these are private torch ops; their support varies by build)."""
@@ -137,7 +150,7 @@ def fast_kernels_available(device=None) -> dict:
         except (RuntimeError, NotImplementedError, AttributeError):
             pass
         q4, sz = int4_weight_only(w, 32)
-        for dt in ((torch.bfloat16, torch.float32) if key == "cpu" else (torch.bfloat16,)):
+        for dt in int4_activation_dtypes(key):
             try:
                 int4_weight_only_mm(torch.randn(1, 256, device=device, dtype=dt), pack_int4_for_device(q4, device),
                                     sz.to(device), 32)

@@ -27,8 +27,8 @@ blocks ``[num_blocks, kv_heads, block_size, head_dim]`` per layer. The engine sa
 forward runs and how many new tokens each brings (``set_active(ids, num_new=...)``, rows right-padded).
 The cache builds the slot mapping, block tables and context lengths once per forward on the model's
 device; every layer writes its new K/V with one batched ``index_put`` and a decode step reads them in
-place through the block tables with ``paged_attention`` (the Triton kernel on CUDA, ``backend=`` to
-choose), a prefill with one gather and causal attention. Sampling stays on the device too (a
+place through the block tables with ``paged_attention`` (the Triton kernel on a GPU that Triton supports,
+compute capability >= 8.0; the PyTorch gather elsewhere, a T4 included; ``backend=`` to choose), a prefill with one gather and causal attention. Sampling stays on the device too (a
 ``torch.Generator`` on the model's device per request); the only host sync of a step is the
 ``tolist()`` of its sampled tokens.
 
@@ -67,8 +67,9 @@ class Engine:
     model: a course model (``course_lib.models.load``). num_blocks x block_size: the KV token slots.
     max_batch: most requests running at once. max_prefill_tokens: prompt tokens prefilled per step
     (longer prompts are chunked). watermark: fraction of the blocks kept free when admitting.
-    backend: the decode attention (``course_lib.paged.paged_attention``): "auto" (the Triton kernel on
-    CUDA, the vectorized PyTorch gather elsewhere), "torch", "triton" or "reference".
+    backend: the decode attention (``course_lib.paged.paged_attention``): "auto" (the Triton kernel on a
+    GPU that Triton supports, the vectorized PyTorch gather elsewhere: a CPU, a T4), "torch", "triton" or
+    "reference"; ``decode_backend`` says which one runs.
     """
 
     def __init__(self, model, num_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
@@ -134,6 +135,11 @@ class Engine:
     @property
     def backend(self) -> str:
         return self.cache.backend
+
+    @property
+    def decode_backend(self) -> str:
+        """What the decode attention runs on the model's device ("auto" resolved): "triton", "torch", ..."""
+        return self.cache.decode_backend
 
     @property
     def waiting(self):
