@@ -75,6 +75,7 @@ def bnb_int8_smoke() -> str:
     lin = nn.Linear(256, 64)
     with torch.no_grad():
         lin.weight.copy_(torch.randn(64, 256, generator=g, device="cpu") * 0.05)
+        lin.bias.copy_(torch.randn(64, generator=g, device="cpu") * 0.05)
     x = torch.randn(8, 256, generator=g, device="cpu")
     layer = bnb_linear(lin, "int8").eval()
     with torch.no_grad():
@@ -100,6 +101,7 @@ def bnb_nf4_smoke() -> str:
         lin = nn.Linear(256, n_out)
         with torch.no_grad():
             lin.weight.copy_(torch.randn(n_out, 256, generator=g, device="cpu") * 0.05)
+            lin.bias.copy_(torch.randn(n_out, generator=g, device="cpu") * 0.05)
         floats.append(lin)
         layers.append(bnb_linear(lin, "nf4"))
     layers.eval()
@@ -115,8 +117,8 @@ def bnb_nf4_smoke() -> str:
         if not (err_float < 0.2 and err_own < own_tol):
             raise ValueError(f"NF4 {lin.out_features}x256 on the {path} path: relative error {err_float:.3f} vs "
                              f"float (expected < 0.2), {err_own:.1e} vs its dequantized weight (< {own_tol:g})")
-        parts.append(f"{lin.out_features}x256 takes the {path} path ({routes[str(i)].why}; relative error "
-                     f"{err_float:.3f} vs float)")
+        parts.append(f"{lin.out_features}x256 takes the {path} path ({routes[str(i)].why}), relative error "
+                     f"{err_float:.3f} vs float")
     return f"NF4 linears on this CPU: {'; '.join(parts)}"
 
 

@@ -234,9 +234,9 @@ def bnb_packed_obstacle(module) -> str | None:
         return f"weight shape {list(shape)} is not 2-D"
     n, k = shape
     if n % BNB_PACK_ROWS:
-        return f"N={n} is not a multiple of {BNB_PACK_ROWS} (N % {BNB_PACK_ROWS} = {n % BNB_PACK_ROWS})"
+        return f"N={n} is not a multiple of {BNB_PACK_ROWS}"
     if k % block or k % 2:
-        return f"K={k} is not a multiple of the block size {block} (K % {block} = {k % block})"
+        return f"K={k} is not a multiple of the block size {block}"
     return None
 
 
@@ -289,11 +289,11 @@ def route_bnb_cpu(model: nn.Module, cpu_path: str = "auto") -> dict[str, BnbRout
         elif cpu_path == "dequantize":
             path, why = "dequantize", "asked for"
         elif not m.support_avx512bf16_for_cpu or not kernel:
-            path, why = "dequantize", "bitsandbytes' choice on this CPU (no AVX512-BF16 fused kernel)"
+            path, why = "dequantize", "bitsandbytes' choice on this CPU: no AVX512-BF16 fused kernel"
         elif obstacle:
             path, why = "dequantize", f"the packed path cannot take it: {obstacle}"
         else:
-            path, why = "packed", "bitsandbytes' choice on this CPU (AVX512-BF16)"
+            path, why = "packed", "bitsandbytes' choice on this CPU: it has AVX512-BF16"
         if packed_now and path != "packed":
             raise ValueError(f"{n} was already repacked for the packed path by an earlier forward: route the "
                              "model before its first forward (bitsandbytes' way back re-quantizes the scales)")
