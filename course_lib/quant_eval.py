@@ -250,8 +250,9 @@ def route_bnb_cpu(model: nn.Module, cpu_path: str = "auto") -> dict[str, BnbRout
     to the dequantize path; "dequantize" sends every 4-bit layer there; "packed" asks for the packed path on
     every 4-bit layer and is refused (ValueError) on a CPU without the fused kernel (there it would compute
     wrong numbers) or when a layer cannot be repacked. Training mode or an input that needs grad always
-    dequantizes (bitsandbytes' rule). Layers on another device keep their device's kernels and report its type;
-    int8 layers (``Linear8bitLt``) have one CPU path, reported with the matmul it uses."""
+    dequantizes (bitsandbytes' rule). Layers on another device keep their device's kernels and report its type
+    (a choice other than "auto" is refused for them); int8 layers (``Linear8bitLt``) have one CPU path,
+    reported with the matmul it uses."""
     import bitsandbytes as bnb
     if cpu_path not in BNB_CPU_PATHS:
         raise ValueError(f"cpu_path must be one of {BNB_CPU_PATHS}, got {cpu_path!r}")
@@ -259,6 +260,10 @@ def route_bnb_cpu(model: nn.Module, cpu_path: str = "auto") -> dict[str, BnbRout
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     four = {n: m for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
     on_cpu = {n: m for n, m in four.items() if m.weight.device.type == "cpu"}
+    elsewhere = sorted({m.weight.device.type for m in four.values()} - {"cpu"})
+    if cpu_path != "auto" and elsewhere:
+        raise ValueError(f"cpu_path={cpu_path!r} chooses between the CPU paths, but 4-bit layers are on "
+                         f"{', '.join(elsewhere)}: leave cpu_path='auto' there")
     kernel = bnb_packed_cpu_kernel()
     if cpu_path == "packed":
         if on_cpu and not kernel:
@@ -288,8 +293,10 @@ def route_bnb_cpu(model: nn.Module, cpu_path: str = "auto") -> dict[str, BnbRout
             path, why = "packed", "asked for"
         elif cpu_path == "dequantize":
             path, why = "dequantize", "asked for"
-        elif not m.support_avx512bf16_for_cpu or not kernel:
+        elif not kernel:
             path, why = "dequantize", "bitsandbytes' choice on this CPU: no AVX512-BF16 fused kernel"
+        elif not m.support_avx512bf16_for_cpu:
+            path, why = "dequantize", "bitsandbytes' choice: the module's flag support_avx512bf16_for_cpu is off"
         elif obstacle:
             path, why = "dequantize", f"the packed path cannot take it: {obstacle}"
         else:
