@@ -32,7 +32,15 @@ $(VENV)/.installed: pyproject.toml
 $(DEV)/.installed: pyproject.toml
 	$(call make-env,$(DEV),dev)
 
-setup: $(VENV)/.installed
+# JupyterLab's defaults in the course's environment (overrides.json in its application settings directory,
+# as JupyterLab documents): no "Jupyter news?" pop-up on first start and no update check, both web requests
+# (the course runs offline). A student's own choice in the Settings Editor still wins.
+LAB_OVERRIDES := share/jupyter/lab/settings/overrides.json
+$(VENV)/$(LAB_OVERRIDES): etc/jupyterlab/overrides.json $(VENV)/.installed
+	mkdir -p $(dir $@)
+	cp etc/jupyterlab/overrides.json $@
+
+setup: $(VENV)/.installed $(VENV)/$(LAB_OVERRIDES)
 setup-dev: $(DEV)/.installed
 
 ## Set up and open the course: JupyterLab on your copies of notebooks/ and labs/, offline, on the bundled

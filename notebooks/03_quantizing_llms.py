@@ -20,7 +20,7 @@
 # 9. **quantization-aware training**: fake quantization with a straight-through estimator;
 # 10. **layer-wise mixed precision** from a sensitivity scan, under a byte budget;
 # 11. **fast weight-only kernels**: int8 / int4 matmuls that read the packed weights;
-# 12. **bitsandbytes** int8 and NF4 (double quantization) through transformers;
+# 12. **bitsandbytes** int8 and NF4 (double quantization) through transformers, and the CPU paths they take;
 # 13. **one table**: method, bits, measured weight bytes, held-out bits per byte, decode ms/token, and a plot.
 #
 # Every method is one call, `quantize_model(model, method, ...)`, which swaps the model's `nn.Linear`s for
@@ -58,7 +58,8 @@ from course_lib.quant.transform import to_fast_weight_only, to_fp8, to_gguf, to_
 from course_lib.quant_eval import (Variant, calibration_batches, compare, decode_ms_per_token, heldout_texts,
                                    table_markdown)
 
-# bitsandbytes' CPU backend logs a warning when an optional 4-bit kernel cannot be fetched; we use int8 only.
+# On AVX512-BF16 CPUs bitsandbytes tries an optional downloadable 4-bit kernel (the `kernels` package) and logs a
+# warning when it is missing; it then uses the fused kernel of its own library (section 12).
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
     lambda record: not record.getMessage().startswith("Failed to load CPU gemm_4bit_forward"))
 
@@ -500,6 +501,33 @@ assert mb["int8"] < 0.52 * mb["bf16"]                        # the bytes halve; 
 # `BitsAndBytesConfig(load_in_8bit=True)` (LLM.int8) and `load_in_4bit=True, bnb_4bit_quant_type="nf4",
 # bnb_4bit_use_double_quant=True`. Where transformers refuses (it asks for `accelerate`, even on a CPU), the
 # same bitsandbytes modules are put in by hand; the route taken is printed. Their rows join the table below.
+#
+# **What bitsandbytes (0.50) computes on a CPU**, read from its code:
+#
+# * **int8** (`Linear8bitLt`, inference). The weight is stored as int8 rows, one absmax scale per row. At
+#   each call, on an fp16 copy of the input, every column holding a value of magnitude at least the
+#   threshold (6) is set aside; the rest is quantized per token to int8 and multiplied by the int8 weight
+#   into int32 (`torch._int_mm` on a CPU with AVX-512, otherwise an fp32 matmul of the integer values), then
+#   rescaled by both absmaxes. The set-aside columns, in the input's own precision, are multiplied by the
+#   *dequantized* int8 weight columns (the float weight is gone) and added. One path on every CPU.
+# * **NF4** (`Linear4bit`), two paths. *Dequantize*: each call decodes the double-quantized block scales,
+#   dequantizes the whole weight to the compute dtype (fp32 here) and runs an ordinary matmul. *Packed*:
+#   where a module's flag `support_avx512bf16_for_cpu` is set (bitsandbytes sets it on CPUs with
+#   AVX512-BF16, the only ones for which it registers its fused 4-bit kernel), the first forward in eval
+#   mode without gradients rewrites the weight in place (codes interleaved in blocks of 32 output rows, the
+#   double quantization undone, block scales kept in bf16); from then on every call runs the fused kernel,
+#   in bf16.
+# * That rewrite needs the output size N to be a multiple of 32 and the input size K a multiple of the
+#   64-weight quantization block. The bundled model's MLP is 688 wide (688 = 21 × 32 + 16 = 10 × 64 + 48),
+#   so `gate_proj`/`up_proj` (N = 688) and `down_proj` (K = 688) cannot take it: left to itself, bitsandbytes
+#   crashes on them at the first forward on an AVX512-BF16 CPU. The course decides every layer's path once,
+#   when the model is loaded (`course_lib.quant_eval.route_bnb_cpu`): `"auto"` keeps bitsandbytes' choice
+#   and sends the layers the rewrite cannot take to the dequantize path (`"dequantize"` forces it
+#   everywhere; `"packed"` is refused where it cannot run).
+# * **The bytes** in the rows are the state dict's: bitsandbytes' storage format (4-bit codes, an 8-bit
+#   scale per block of 64, those scales' own fp32 scales and code table, a little metadata). Its
+#   `state_dict()` turns a rewritten layer back into that format before it is read, so the packed layout
+#   never shows there; what the packed path holds in memory is measured in the next cell.
 
 # %% id="c027n"
 from course_lib.quant_eval import bnb_rows
@@ -508,10 +536,73 @@ bnb = None
 try:
     bnb = bnb_rows(texts=texts)
     for r in bnb:
-        print(f"{r['method']:34s} {r['bytes'] / 1e6:6.2f} MB  {r['bpb']:.4f} bits/byte  ({r['route']})")
+        print(f"{r['method']:34s} {r['bytes'] / 1e6:6.2f} MB  {r['bpb']:.4f} bits/byte  ({r['route']}) "
+              f"CPU paths: {r['paths'] or '-'}")
     assert bnb[1]["bytes"] < 0.4 * bnb[0]["bytes"] and abs(bnb[1]["bpb"] - bnb[0]["bpb"]) < 0.01
+    assert bnb[2]["bytes"] < 0.75 * bnb[1]["bytes"]
 except ImportError as e:
     print("bitsandbytes is not installed here:", e)
+
+# %% [markdown] id="c027o"
+# Which path each NF4 layer takes on **this** machine, and why (the routing's answer, one line per kind of
+# layer: every decoder layer has the same shapes), then what one forward does to the bytes held in memory.
+
+# %% id="c027p"
+from course_lib.quant.linear import state_dict_bytes
+from course_lib.quant_eval import bnb_int8_cpu_matmul, bnb_packed_cpu_kernel, bnb_resident_bytes, load_bnb
+
+if bnb is not None:
+    import bitsandbytes
+    import bitsandbytes.functional as bnbF
+
+    nf4, info = load_bnb("nf4")
+    print(f"bitsandbytes {bitsandbytes.__version__}; fused 4-bit CPU kernel registered here (AVX512-BF16): "
+          f"{bnb_packed_cpu_kernel()}; int8 matmul here: {bnb_int8_cpu_matmul()}")
+    kinds = {}
+    for name, r in info["cpu_paths"].items():
+        kinds.setdefault(name.rsplit(".", 1)[1], (nf4.get_submodule(name), r))
+    for kind, (layer, r) in kinds.items():
+        print(f"  {kind:9s} N={layer.out_features:4d} K={layer.in_features:4d}  {r.path:10s}  {r.why}")
+    # bitsandbytes' rewrite itself (private, plain PyTorch, so it runs on any CPU) on copies of the 688-wide layers
+    for kind in ("up_proj", "down_proj"):
+        w = kinds[kind][0].weight
+        try:
+            bnbF._convert_weight_packed_for_cpu(w.data.clone(), copy.deepcopy(w.quant_state))
+            failed = None
+        except (AssertionError, RuntimeError) as e:
+            failed = f"{type(e).__name__}: {e}"
+        print(f"bitsandbytes' packed rewrite of {kind}: {failed}")
+        assert failed, kind
+    paths = [r.path for r in info["cpu_paths"].values()]
+    mlp = [r.path for n, r in info["cpu_paths"].items() if ".mlp." in n]
+    assert set(mlp) == {"dequantize"}                     # the 688-wide layers, on every CPU
+    assert paths.count("packed") == (4 * nf4.config.num_hidden_layers if bnb_packed_cpu_kernel() else 0)
+
+    packed = [nf4.get_submodule(n) for n, r in info["cpu_paths"].items() if r.path == "packed"]
+    n_weights = sum(m.out_features * m.in_features for m in packed)
+    held = lambda: bnb_resident_bytes(torch.nn.ModuleList(packed))
+    # the state dict's bytes, and those of its per-layer metadata entry (quant_state.bitsandbytes__nf4: JSON text)
+    sd_bytes = lambda: (state_dict_bytes(nf4), sum(v.numel() for k, v in nf4.state_dict().items()
+                                                   if k.endswith("bitsandbytes__nf4")))
+    before, sd_before, all_before = held(), sd_bytes(), bnb_resident_bytes(nf4)
+    with torch.no_grad():
+        nf4(held_ids[0])                                  # the first forward: packed layers are rewritten
+    after, all_after = held(), bnb_resident_bytes(nf4)
+    if packed:
+        assert all(m.weight.quant_state.packing_format_for_cpu for m in packed)
+        assert all(m.weight.quant_state.absmax.dtype == torch.bfloat16 for m in packed)   # scales now bf16
+        print(f"{len(packed)} packed layers hold {before * 8 / n_weights:.3f} bits/weight in bitsandbytes' format, "
+              f"{after * 8 / n_weights:.3f} rewritten ({after - before:+,} bytes)")
+        sd_after = sd_bytes()                             # state_dict() turns them back into the stored format
+        assert not any(m.weight.quant_state.packing_format_for_cpu for m in packed)
+        assert sd_after[0] - sd_after[1] == sd_before[0] - sd_before[1]     # the tensors: the same bytes
+        print(f"state-dict bytes: {sd_before[0]:,} before the forward, {sd_after[0]:,} after: the tensors take the "
+              f"same bytes; the JSON metadata went from {sd_before[1]:,} to {sd_after[1]:,} bytes (bitsandbytes "
+              "re-computes the scales' offset when it converts back)")
+    else:
+        print(f"no layer takes the packed path on this CPU: the NF4 layers hold {all_before:,} bytes in memory "
+              f"before the forward and {all_after:,} after")
+        assert all_after == all_before
 
 # %% [markdown] id="c028"
 # ## 13. One table

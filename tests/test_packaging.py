@@ -104,13 +104,28 @@ def test_doctor_reports_and_succeeds_here():
     out = subprocess.run([sys.executable, "-m", "course_lib.cli", "doctor"], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    for key in ("torch", "real bf16", "flash-attn", "triton", "bitsandbytes", "colab", "model tiny"):
+    for key in ("torch", "notebook mode", "real bf16", "flash-attn", "triton", "bitsandbytes", "colab", "model tiny"):
         assert key in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("The course can run here, notebooks in "), last
+    import torch
+    if not torch.cuda.is_available():
+        assert "quick mode" in last
+        triton = next(line for line in out.stdout.splitlines() if line.split()[1:2] == ["triton"])
+        assert "no CUDA GPU" in triton or "not installed" in triton, triton
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        return
+    nf4 = next(line for line in out.stdout.splitlines() if "bitsandbytes nf4" in line)
+    assert nf4.split()[0] == "ok" and "688x256 takes the dequantize path" in nf4, nf4
 
 
 def test_doctor_fails_when_the_bundled_model_is_broken(monkeypatch, capsys):
     from course_lib import doctor, models
     monkeypatch.setattr(models, "BUNDLED_ROOT", Path("/nonexistent"))
+    monkeypatch.setattr(doctor, "triton_plan", lambda: None)      # its smoke subprocess is beside the point here
     assert doctor.main([]) == 1
     assert "broken" in capsys.readouterr().out
 

@@ -1,6 +1,6 @@
 """Module 03 part B on the bundled model: QAT recovers int3 quality vs PTQ on held-out bits per byte;
 bitsandbytes int8 / NF4 (double quant) through transformers (or, where transformers refuses, the same
-bitsandbytes modules by hand); a per-layer sensitivity scan."""
+bitsandbytes modules by hand; the 4-bit CPU paths in test_quant_bnb_paths.py); a per-layer sensitivity scan."""
 import pytest
 import torch
 
@@ -45,6 +45,12 @@ def test_bitsandbytes_bytes_and_quality(texts):
     # the linears shrink 4x (int8) / ~7x (NF4 + double-quant statistics); the tied embedding stays fp32
     assert i8["bytes"] < 0.4 * fp["bytes"] and nf4["bytes"] < 0.75 * i8["bytes"]
     assert abs(i8["bpb"] - fp["bpb"]) < 0.01 and 0 < nf4["bpb"] - fp["bpb"] < 0.05, rows
+    # every linear's CPU path is reported (route_bnb_cpu): int8 has one; NF4 packs the attention projections
+    # where bitsandbytes has its fused AVX512-BF16 kernel and dequantizes the 688-wide MLP everywhere
+    from course_lib.quant_eval import bnb_packed_cpu_kernel
+    n = 7 * 6
+    assert i8["paths"] == {"int8": n}
+    assert nf4["paths"] == ({"packed": 4 * 6, "dequantize": 3 * 6} if bnb_packed_cpu_kernel() else {"dequantize": n})
 
 
 def test_sensitivity_scan_on_the_bundled_model(texts):
