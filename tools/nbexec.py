@@ -5,13 +5,12 @@
 
 The tracked notebook runs exactly as committed (nothing is added to it), with nbclient, in a kernel whose
 working folder is the notebook's folder. Widget state is kept (`store_widget_state=True`): nbval dropped
-the comm messages. nbclient records it once, at the end of the notebook, when a later cell may have changed a
-widget; so each cell that displays a widget also keeps, in its metadata (`course_widget_state`), the state of
-that widget's models as they were when the cell finished, which is what the site draws its stand-in from.
-A run that succeeds writes
-`<out>/<name>.ipynb` with `metadata.course_execution`: the tracked file's sha256 (so a later build can
-tell whether the copy is still current), quick mode, the device, torch's version, the date and the
-seconds it took. A failing cell raises NotebookFailed whose message is that cell's source and traceback.
+the comm messages. nbclient records it once, at the end of the notebook, after later cells may have changed
+a widget; so each cell that displays a widget also keeps in its metadata (`course_widget_state`) the state
+of that widget's models when the cell finished, from which the site draws the widget's stand-in. A run
+that succeeds writes `<out>/<name>.ipynb` with `metadata.course_execution`: the tracked file's sha256 (so
+a later build can tell whether the copy is still current), quick mode, the device, torch's version, the
+date and the seconds it took. A failing cell raises NotebookFailed whose message is that cell's source and traceback.
 """
 from __future__ import annotations
 
