@@ -1,4 +1,4 @@
-"""The course as a static site (`make site`): every module's notebook, executed, and its lab, offline.
+r"""The course as a static site (`make site`): every module's notebook, executed, and its lab, offline.
 
     python tools/site.py build [--out build/site] [--strict]   build the site (default build/site)
     python tools/site.py check SITE                 check every link and asset of a built site (exit 1 if any fails)
