@@ -389,11 +389,13 @@ def test_a_killed_build_leaves_a_folder_that_the_next_build_removes(course):
     build_dir = root / "build"
     dead = build_dir / ".site.building-999999999-abc"      # no such process
     alive = build_dir / f".site.building-{__import__('os').getpid()}-abc"
-    for d in (dead, alive):
+    unmarked = build_dir / ".site.building-999999999-someone-elses"   # not a folder this tool made
+    for d in (dead, alive, unmarked):
         d.mkdir(parents=True)
-        (d / site_tool.SITE_MARK).write_text("")
+        if d != unmarked:
+            (d / site_tool.SITE_MARK).write_text("")
     _build(root)
-    assert not dead.exists() and alive.exists()
+    assert not dead.exists() and alive.exists() and unmarked.exists()
 
 
 def test_build_into_a_new_or_empty_folder(course, tmp_path):

@@ -494,7 +494,7 @@ def _staging(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in out.parent.glob(f".{out.name}.*-*"):
         m = re.fullmatch(rf"\.{re.escape(out.name)}\.(?:building|replaced)-(\d+)-.*", old.name)
-        if m and old.is_dir() and not _pid_alive(int(m.group(1))):
+        if m and (old / SITE_MARK).is_file() and not _pid_alive(int(m.group(1))):
             shutil.rmtree(old, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{os.getpid()}-", dir=out.parent))
     (staging / SITE_MARK).write_text("built by tools/site.py; replaced by each build\n")
