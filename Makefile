@@ -14,7 +14,7 @@ TORCH  ?= torch==2.13.0
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: course workdir test site e2e browser-test colab-test setup setup-dev labs grade doctor bench train clean gpu-check
+.PHONY: course workdir test site release e2e browser-test colab-test setup setup-dev labs grade doctor bench train clean gpu-check
 
 # $(call make-env,<venv>,<extras>): a venv with torch (only if it has none) and the package with those extras.
 define make-env
@@ -64,9 +64,16 @@ test: setup-dev
 
 ## The course as a static site in build/site/ (open build/site/index.html), then its link check. Uses the
 ## executed notebooks that `make test` leaves in build/executed/ and executes the others (README, "The course site").
+## All or nothing: a build that fails leaves the previous site as it was.
 site: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python tools/site.py build --out build/site
 	$(DEV)/bin/python tools/site.py check build/site
+
+## Maintainers: is this commit ready to release? The tag RELEASE at HEAD, a clean tree, every badge, install
+## cell and link at REPO and RELEASE, the version, the site built in strict mode and its link check; says
+## what it cannot check offline. Exit 1 on any failed check (README, "Publishing a release").
+release: setup-dev
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python tools/release.py
 
 ## The end-to-end tier (e2e/, outside pytest's default paths; CI runs it after `make test`): the browser
 ## tests, then the Colab install test.

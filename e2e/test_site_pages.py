@@ -1,11 +1,11 @@
 """The built site (build/site, from `python tools/site.py build`) in a real browser: every page loads
 from localhost with no console error, no failed request and no request off this machine (the site must
-work offline: no CDN at view time)."""
+work offline: no CDN at view time), and its math renders as JupyterLab renders it."""
 from __future__ import annotations
 
 import pytest
 
-from pagecheck import ARTIFACTS, ROOT, check_pages, skip_or_fail
+from pagecheck import ARTIFACTS, ROOT, check_pages, serve_directory, skip_or_fail
 
 SITE = ROOT / "build" / "site"
 BUILD = "python tools/site.py build (or make site)"
@@ -21,3 +21,21 @@ def test_every_site_page_loads_clean(browser):
     if bad:
         pytest.fail(f"{len(bad)} of {len(results)} pages of {SITE} have problems (screenshots and logs in "
                     f"{ARTIFACTS}):\n{report}", pytrace=False)
+
+
+def test_math_with_text_escapes_renders_as_in_jupyterlab(page):
+    """Module 05's KV-bytes formula has \\text{kv\\_heads}: the bundled MathJax 2 showed "kv\\_heads" (its
+    \\text{} unescapes only \\$ \\{ \\} \\\\), JupyterLab shows "kv_heads"; the site must show what JupyterLab
+    shows, with no backslash left in any rendered formula of the page."""
+    rel = "notebooks/05_kv_caching.html"
+    if not (SITE / rel).is_file():
+        skip_or_fail(f"no {rel} in {SITE}: build the site first with {BUILD}")
+    with serve_directory(SITE) as base:
+        page.goto(base + rel, wait_until="networkidle")
+        page.evaluate("() => new Promise(done => MathJax.Hub.Queue(done))")   # after the typesetting
+        shown = page.locator(".MathJax_Display .MathJax, .MathJax").all_inner_texts()
+    formula = [t for t in shown if "heads" in t]
+    assert formula, f"{rel}: no rendered formula mentions kv_heads (rendered: {shown[:5]})"
+    assert all("kv_heads" in t and "head_dim" in t and "\\" not in t for t in formula), formula
+    assert not [t for t in shown if "\\" in t], "a formula still shows a backslash"
+    assert not page.log.problems(), page.log.problems()

@@ -458,6 +458,19 @@ print("with an all-colliding hash: the impostor block was rejected, the genuine 
 
 # %% id="c029"
 viz = PagedVisualizer(num_blocks=24, block_size=4, max_len=32)
+play = viz.state                  # what the buttons act on: a few requests before you take over
+a = play.add_sequence(10)         # admitted: 10 prompt tokens fill 2 blocks and part of a third
+b = play.add_sequence(7)
+play.generate(None, 5)            # both grow; a block is taken exactly when the last one is full
+c = play.fork(a)                  # a second sample of a's prompt shares all of a's blocks ...
+play.generate(c, 2)               # ... until it writes: copy-on-write of the partial last block
+d = play.share_prefix(b, 3)       # a request starting with b's prompt reuses b's full prompt block
+play.finish(b)                    # b is done: its other blocks are free, full ones kept in the prefix cache
+viz.update()
+st = play.stats()
+assert play.manager.cow_copies == 1 and play.manager.prefix_hits == 1 and st["blocks_shared"] == 3
+assert sum(play.is_cached_free(k) for k in range(play.manager.num_blocks)) == 2
+print({k: st[k] for k in ("sequences", "blocks_used", "blocks_shared", "utilization", "contiguous_waste")})
 viz
 
 # %% [markdown] id="c030"

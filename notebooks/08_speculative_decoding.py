@@ -575,16 +575,22 @@ print(f"transformers assisted generation == ours ({GEN_TOKENS} greedy tokens, {h
 # Each **Next step** runs one pass with `accept_step` on the bundled pair: bars of `p` and `q` for the top
 # tokens at each proposal (the proposal outlined), the draw `u` against `min(1, p/q)`, then the residual
 # or the bonus distribution. Accepted tokens are green, corrected ones orange (after the rejected proposal,
-# struck through), bonus tokens blue. Try temperature 0 (greedy verification) and long drafts.
+# struck through), bonus tokens blue. Try temperature 0 (greedy verification) and long drafts. The cell
+# runs five passes before it shows the widget (`stepper.run(5)`, five clicks with one redraw), so it opens
+# partway through a generation, on its last pass; **Reset** goes back to the prompt.
 
 # %% id="c032"
 from course_lib.viz.speculative import SpeculativeStepper
 
 stepper = SpeculativeStepper(target, draft, tok, prompt="def ", draft_length=4, temperature=1.0, seed=0)
-for _ in range(3):
-    stepper.next_button.click()
+stepper.run(5)
+st = stepper.stats()
 assert len(stepper.ids) == len(stepper.prompt_ids) + sum(len(h.result.tokens) for h in stepper.history)
-print(stepper.stats())
+assert st["emitted"] == st["accepted"] + st["passes"]      # each pass: its accepted drafts + 1 token of its own
+last = stepper.history[-1].result
+print(f"{st['passes']} passes: {st['accepted']} of {st['tested']} tested drafts accepted, {st['emitted']} tokens "
+      f"({st['tokens_per_pass']:.2f} per pass); the last pass accepted {last.num_accepted} of "
+      f"{stepper.draft_length.value}, then {'a bonus' if last.bonus else 'a corrected'} token")
 stepper
 
 # %% [markdown] id="c033"

@@ -150,6 +150,47 @@ def test_widget_becomes_its_figure_controls_and_a_colab_link(course):
     assert site_tool.WIDGET_VIEW not in page and site_tool.WIDGET_STATE not in page
 
 
+def test_a_stand_in_shows_the_widget_as_its_own_cell_left_it():
+    """nbexec snapshots each displayed widget when its cell finishes: the recording's next cell sets n = 7
+    and the text to "used 7" (the state at the end of the notebook), the stand-in shows the cell's n = 3."""
+    nb = nbformat.read(RECORDED, as_version=4)
+    end = nb.metadata["widgets"][site_tool.WIDGET_STATE]["state"]
+    assert sorted(st["state"].get("value") for st in end.values() if st["model_name"] == "IntSliderModel") == [7]
+    snapshot = nb.cells[1].metadata[nbexec.SNAPSHOT_KEY]["state"]
+    assert [st["state"]["value"] for st in snapshot.values() if st["model_name"] == "IntSliderModel"] == [3]
+    assert nbexec.SNAPSHOT_KEY not in nb.cells[2].metadata       # it displays no widget
+    site_tool.replace_widgets(nb, "https://colab.example/01")
+    html = nb.cells[1].outputs[0].data["text/html"]
+    assert "Controls: n = 3;" in html and "<b>blocks</b> used 3" in html and "used 7" not in html
+    assert all(nbexec.SNAPSHOT_KEY not in c.metadata for c in nb.cells)   # not carried into the page
+    # a copy executed before snapshots existed: the state at the end of the notebook, as before
+    old = nbformat.read(RECORDED, as_version=4)
+    del old.cells[1].metadata[nbexec.SNAPSHOT_KEY]
+    site_tool.replace_widgets(old, "https://colab.example/01")
+    assert "Controls: n = 7;" in old.cells[1].outputs[0].data["text/html"]
+
+
+def test_widget_snapshot_is_a_copy_of_the_models_a_view_reaches():
+    """Children, layouts and the widgets an Output displays are reached; other widgets are not; the copy
+    does not follow later changes (nbclient updates its dicts and Output lists in place)."""
+    def model(name, **state):
+        return {"_model_name": name, "_model_module": "@jupyter-widgets/controls", **state}
+    outputs = [{"output_type": "display_data", "data": {nbexec.WIDGET_VIEW: {"model_id": "inner"}}}]
+    live = {"box": model("VBoxModel", children=["IPY_MODEL_out", "IPY_MODEL_s"], layout="IPY_MODEL_l"),
+            "out": model("OutputModel", outputs=outputs), "inner": model("HTMLModel", value="shown"),
+            "s": model("IntSliderModel", value=1), "l": model("LayoutModel"), "other": model("IntSliderModel"),
+            "nameless": {"value": 1}}
+    snap = nbexec.widget_snapshot(live, {"s": {("x",): {"path": ["x"], "data": "AA==", "encoding": "base64"}}},
+                                  ["box", "nameless"])
+    assert sorted(snap["state"]) == ["box", "inner", "l", "out", "s"]
+    assert snap["state"]["s"] == {"model_name": "IntSliderModel", "model_module": "@jupyter-widgets/controls",
+                                  "model_module_version": None, "state": live["s"],
+                                  "buffers": [{"path": ["x"], "data": "AA==", "encoding": "base64"}]}
+    live["s"]["value"] = 9
+    outputs.append({"output_type": "stream", "name": "stdout", "text": "later"})
+    assert snap["state"]["s"]["state"]["value"] == 1 and len(snap["state"]["out"]["state"]["outputs"]) == 1
+
+
 def test_progress_bar_becomes_a_static_bar_without_a_colab_link():
     """tqdm's notebook bar (HBox of HTML, FloatProgress, HTML) has no controls: it stays a finished bar."""
     def model(name, **state):
@@ -158,9 +199,18 @@ def test_progress_bar_becomes_a_static_bar_without_a_colab_link():
               "d": model("HTMLModel", value="train"), "p": model("FloatProgressModel", value=5.0, max=10.0),
               "n": model("HTMLModel", value="5/10 [00:01]"), "l": model("LayoutModel", width="auto")}
     html = site_tool.widget_standin("box", states, "https://colab.example/x")
-    assert html == ('<div class="course-widget"><div class="course-widget-row"><div><div class="course-widget-text">'
+    assert html == ('<div class="course-progress"><div class="course-widget-row"><div><div class="course-widget-text">'
                     'train</div></div><div><progress value="5.0" max="10.0"></progress></div><div>'
                     '<div class="course-widget-text">5/10 [00:01]</div></div></div></div>')
+    # inside a widget (its Output captured a model loading), the bar is left out of the widget's stand-in
+    states |= {"w": model("VBoxModel", children=["IPY_MODEL_o", "IPY_MODEL_s"]),
+               "s": model("IntSliderModel", value=3, description="n"),
+               "o": model("OutputModel", outputs=[
+                   {"output_type": "display_data", "data": {site_tool.WIDGET_VIEW: {"model_id": "box"}}},
+                   {"output_type": "display_data", "data": {"text/plain": "the widget's own text"}}])}
+    html = site_tool.widget_standin("w", states, "https://colab.example/x")
+    assert "the widget&#x27;s own text" in html and "Controls: n = 3" in html
+    assert "progress" not in html and "train" not in html
 
 
 def test_widget_without_saved_state_still_gets_a_colab_link():
@@ -285,3 +335,234 @@ def test_executed_copy_records_the_tracked_sha(tmp_path):
     assert nbexec.current_copy(src, [stale]) is None
     (good / "n.ipynb").write_text(json.dumps({"not": "a notebook"}))
     assert nbexec.current_copy(src, [good]) is None
+
+
+# --- an all-or-nothing build --------------------------------------------------------------------------------
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_build_that_fails_midway_leaves_the_previous_site_untouched(course):
+    """The site is built beside the destination and swapped in only when every page is built: a build that
+    fails on its third page (a solution in labs/) leaves the previous site byte for byte, and no folder of
+    its own; the next good build replaces the site."""
+    root, _ = course
+    out = _build(root)
+    before = _snapshot(out)
+    (root / "syllabus.md").write_text(SYLLABUS.replace("Two modules.", "Two modules, changed."))
+    shutil.copy(root / "solutions" / "lab00.ipynb", root / "labs" / "lab00.ipynb")
+    with pytest.raises(site_tool.SiteError, match="BEGIN SOLUTION"):
+        _build(root)   # index.html and the notebook page were already written when it failed
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["executed", "site"]
+    _executed(root / "notebooks" / "00_basics.ipynb", root / "build" / "executed")
+    nbformat.write(_nb("# Lab 00 — exercises", "raise NotImplementedError()"), root / "labs" / "lab00.ipynb")
+    _build(root)
+    assert "Two modules, changed." in (out / "index.html").read_text()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["executed", "site"]
+
+
+def test_a_build_interrupted_by_any_exception_keeps_the_site(course, monkeypatch):
+    root, _ = course
+    out = _build(root)
+    before = _snapshot(out)
+    pages = []
+
+    def rewrite(body, page, *args):
+        pages.append(page.out)
+        if len(pages) == 4:
+            raise KeyboardInterrupt   # Ctrl-C on the fourth page
+        return real(body, page, *args)
+    real = site_tool.rewrite_links
+    monkeypatch.setattr(site_tool, "rewrite_links", rewrite)
+    with pytest.raises(KeyboardInterrupt):
+        _build(root)
+    assert len(pages) == 4 and _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["executed", "site"]
+
+
+def test_a_killed_build_leaves_a_folder_that_the_next_build_removes(course):
+    """A build killed outright (no cleanup runs) leaves its staging folder; the next build removes it,
+    but never the folder of a build whose process is still running."""
+    root, _ = course
+    build_dir = root / "build"
+    dead = build_dir / ".site.building-999999999-abc"      # no such process
+    alive = build_dir / f".site.building-{__import__('os').getpid()}-abc"
+    unmarked = build_dir / ".site.building-999999999-someone-elses"   # not a folder this tool made
+    for d in (dead, alive, unmarked):
+        d.mkdir(parents=True)
+        if d != unmarked:
+            (d / site_tool.SITE_MARK).write_text("")
+    _build(root)
+    assert not dead.exists() and alive.exists() and unmarked.exists()
+
+
+def test_build_into_a_new_or_empty_folder(course, tmp_path):
+    root, _ = course
+    for out in (tmp_path / "new" / "site", tmp_path / "empty"):
+        if out.name == "empty":
+            out.mkdir()
+        site_tool.build(out, root, log=lambda *a: None)
+        assert (out / "index.html").is_file() and (out / site_tool.SITE_MARK).is_file()
+        assert (out / ".nojekyll").is_file() and site_tool.check(out) == []
+
+
+# --- math --------------------------------------------------------------------------------------------------
+
+KV_BYTES = (r"$$\text{bytes} = 2 \times \text{layers} \times \text{kv\_heads} \times \text{head\_dim} \times"
+            "\n" r"  \text{bytes per element}$$")
+
+
+def test_text_mode_escapes_inside_math_are_written_as_mathjax_2_shows_them():
+    """MathJax 2's \\text{} shows `\\_` with its backslash (it unescapes only \\$ \\{ \\} \\\\): inside the text
+    arguments of math, `\\_ \\% \\& \\#` become plain; math mode, code and prose are left alone."""
+    t = site_tool.text_mode_escapes
+    assert t(KV_BYTES) == KV_BYTES.replace(r"kv\_heads", "kv_heads").replace(r"head\_dim", "head_dim")
+    assert t(r"inline $\text{kv\_heads} + x\_1$ and \(\mbox{50\% \& \#1}\)") == \
+        r"inline $\text{kv_heads} + x\_1$ and \(\mbox{50% & #1}\)"
+    assert t(r"\[\textrm{a\_b {c\_d}} \text{\$5 \{x\}}\]") == r"\[\textrm{a_b {c_d}} \text{\$5 \{x\}}\]"
+    kept = ["`$\\text{kv\\_heads}$` in code", "```\n$$\\text{a\\_b}$$\n```", r"prose \text{a\_b} \_ outside math",
+            r"a \$5 and \$6 price"]
+    for text in kept:
+        assert t(text) == text, text
+
+
+def test_a_page_with_text_escapes_in_math_shows_them_as_jupyterlab_does(course):
+    root, _ = course
+    nb_path = root / "notebooks" / "00_basics.ipynb"
+    nb = nbformat.read(nb_path, as_version=4)
+    nb.cells[0].source += "\n\nThe cache:\n\n" + KV_BYTES + "\n\nper token, inline $\\text{head\\_dim}$."
+    nbformat.write(nb, nb_path)
+    _executed(nb_path, root / "build" / "executed")
+    page = _pages(_build(root))["notebooks/00_basics.html"]
+    assert r"\text{kv_heads} \times \text{head_dim}" in page and r"$\text{head_dim}$" in page
+    assert r"\_" not in page
+
+
+def test_the_real_course_math_is_fixed_where_it_needs_it():
+    """Module 05's KV-bytes formula is the course's case: its \\text{kv\\_heads} loses the backslash."""
+    nb = nbformat.read(ROOT / "notebooks" / "05_kv_caching.ipynb", as_version=4)
+    assert any(r"\text{kv\_heads}" in c.source for c in nb.cells if c.cell_type == "markdown")
+    assert site_tool.fix_math(nb) >= 1
+    text = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert r"\text{kv_heads}" in text and r"\text{head_dim}" in text and r"\text{kv\_heads}" not in text
+
+
+# --- timing claims (course_lib.perf.claims writes them: /work/notes/claims.md's contract) ----------------
+
+def _claim_output(claim: str, held: bool, measured: str):
+    line = (f"Claim held: {claim} ({measured})" if held else f"Claim did not hold on this run: {claim} ({measured}). "
+            "timings on a busy machine are noisy: close other programs and re-run this cell")
+    return nbformat.v4.new_output("display_data", data={"text/plain": line, "text/html": f"<p>{line}</p>"},
+                                  metadata={"course_claim": {"kind": "timing", "claim": claim, "held": held,
+                                                             "measured": measured}})
+
+
+CACHED = "cached decoding is faster than recomputing"
+
+
+def _with_claims(src: Path, dest_dir: Path, *claims, device="cpu", sha=None):
+    """An executed copy of `src` whose first code cell states `claims` ((claim, held, measured), ...)."""
+    copy = _executed(src, dest_dir, device=device, sha=sha)
+    nb = nbformat.read(copy, as_version=4)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.outputs += [_claim_output(*c) for c in claims]
+    nbformat.write(nb, copy)
+    return copy
+
+
+@pytest.fixture
+def claims_course(course, monkeypatch):
+    """The course, with module 00's copy from the tests holding a claim that did not hold; each execution the
+    build makes (recorded in `calls`) states the claims of the next entry of `runs`."""
+    root, calls = course
+    src = root / "notebooks" / "00_basics.ipynb"
+    _with_claims(src, root / "build" / "executed", (CACHED, False, "cached 227 ms/token, recompute 14.5 ms/token"),
+                 ("prefill is compute-bound", True, "3.1 TFLOP/s"))
+    runs = []
+
+    def execute(path, out_dir, timeout=nbexec.CELL_TIMEOUT_S):
+        calls.append(Path(path).name)
+        return _with_claims(Path(path), Path(out_dir), *runs.pop(0))
+    monkeypatch.setattr(nbexec, "execute_notebook", execute)
+    return root, calls, runs
+
+
+def test_claims_that_held_need_nothing(course):
+    root, calls = course
+    _with_claims(root / "notebooks" / "00_basics.ipynb", root / "build" / "executed", (CACHED, True, "2.1x faster"))
+    warnings = []
+    site = site_tool.build(root / "build" / "site", root, log=lambda *a: None, warn=warnings.append)
+    page = _pages(root / "build" / "site")["notebooks/00_basics.html"]
+    assert calls == [] and site.warnings == warnings == [] and "course-claims" not in page
+    assert "Claim held: cached decoding is faster than recomputing (2.1x faster)" in page
+
+
+def test_a_claim_that_did_not_hold_is_executed_again_and_then_holds(claims_course):
+    root, calls, runs = claims_course
+    runs.append([(CACHED, True, "cached 14.1 ms/token, recompute 31.0 ms/token")])
+    warnings = []
+    site = site_tool.build(root / "build" / "site", root, log=lambda *a: None, warn=warnings.append)
+    page = _pages(root / "build" / "site")["notebooks/00_basics.html"]
+    assert calls == ["00_basics.ipynb"], "the copy with a claim that did not hold must be executed once more"
+    assert site.warnings == warnings == [] and "course-claims" not in page and "227 ms" not in page
+    assert "Claim held: cached decoding is faster than recomputing (cached 14.1 ms/token" in page
+    calls.clear()
+    site_tool.build(root / "build" / "site", root, log=lambda *a: None)   # the new copy is kept and current
+    assert calls == []
+
+
+def test_a_claim_that_still_does_not_hold_gets_a_banner_a_warning_and_fails_strict(claims_course):
+    root, calls, runs = claims_course
+    measured = "cached 198 ms/token, recompute 15.2 ms/token (fastest of 5, spread 40%)"
+    runs.append([(CACHED, False, measured), ("prefill is compute-bound", True, "3.0 TFLOP/s")])
+    warnings = []
+    out = root / "build" / "site"
+    site = site_tool.build(out, root, log=lambda *a: None, warn=warnings.append)
+    assert calls == ["00_basics.ipynb"], "executed once more, not again and again"
+    page = _pages(out)["notebooks/00_basics.html"]
+    banner = re.search(r'<div class="course-claims" role="note">(.*?)</div>', page, re.S)
+    assert banner, "no banner on a page whose claim did not hold"
+    assert page.index("course-claims") < page.index(site_tool.CONTENT_START), "the banner is at the top"
+    text = banner.group(1)
+    assert ("<strong>1 timing claim of this page did not hold on the run that made it</strong> (cpu, 2026-01-01; "
+            "executed a second time for this page), so some numbers below contradict the text beside them") in text
+    cell_id = nbformat.read(root / "notebooks" / "00_basics.ipynb", as_version=4).cells[1].id
+    assert f'<a href="#cell-id={cell_id}">{CACHED}</a>: measured {measured}' in text
+    assert "compute-bound" not in text                 # a claim that held is not named
+    assert site.warnings == warnings == [f"warning: notebooks/00_basics.html: the claim {CACHED!r} did not hold on "
+                                         f"the run that made the page ({measured}); the page says so in a banner"]
+    assert site_tool.check(out) == []                  # the banner's link to the claim's cell resolves
+    before = _snapshot(out)
+    runs.append([(CACHED, False, measured)])
+    _with_claims(root / "notebooks" / "00_basics.ipynb", root / "build" / "executed", (CACHED, False, "227 ms"))
+    with pytest.raises(site_tool.SiteError, match=r"strict build: claims did not hold .*\n  warning: "
+                                                  r"notebooks/00_basics.html: the claim 'cached decoding"):
+        site_tool.build(out, root, log=lambda *a: None, strict=True, warn=lambda *a: None)
+    assert _snapshot(out) == before and calls == ["00_basics.ipynb"] * 2
+
+
+def test_a_gpu_copy_whose_claim_did_not_hold_is_shown_not_executed_here(claims_course):
+    """Executing here would replace a GPU run's outputs with quick CPU ones: the page keeps the GPU run and
+    says which claim did not hold on it."""
+    root, calls, _ = claims_course
+    _with_claims(root / "notebooks" / "00_basics.ipynb", root / "executed" / "gpu",
+                 ("the Triton kernel beats SDPA", False, "0.91x"), device="NVIDIA H100 80GB HBM3")
+    site = site_tool.build(root / "build" / "site", root, log=lambda *a: None, warn=lambda *a: None)
+    page = _pages(root / "build" / "site")["notebooks/00_basics.html"]
+    assert calls == [] and len(site.warnings) == 1
+    assert "did not hold on the run that made it</strong> (NVIDIA H100 80GB HBM3, 2026-01-01)," in page
+    assert "the Triton kernel beats SDPA</a>: measured 0.91x" in page
+
+
+def test_a_claim_without_a_verdict_is_refused(course):
+    root, _ = course
+    copy = _executed(root / "notebooks" / "00_basics.ipynb", root / "build" / "executed")
+    nb = nbformat.read(copy, as_version=4)
+    nb.cells[1].outputs.append(nbformat.v4.new_output("display_data", data={"text/plain": "?"},
+                                                      metadata={"course_claim": {"claim": "x", "held": "yes"}}))
+    nbformat.write(nb, copy)
+    with pytest.raises(site_tool.SiteError, match=r"notebooks/00_basics.ipynb: cell 1 has an output whose "
+                                                  r"course_claim metadata has no true/false 'held'"):
+        _build(root)

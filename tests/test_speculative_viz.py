@@ -101,3 +101,22 @@ def test_bad_input(pair):
         SpeculativeStepper(pair[0], None, pair[2], plot=False)
     with pytest.raises(ValueError, match="prompt"):
         SpeculativeStepper(pair[0], pair[1], pair[2], prompt=[], plot=False)
+
+
+def test_run_is_passes_in_a_row_with_one_redraw(pair):
+    """run(n) does what n clicks of Next step do (same seed: same tokens, same decisions), drawing once."""
+    clicked = SpeculativeStepper(*pair, prompt="def ", seed=5, plot=False)
+    for _ in range(4):
+        clicked.next_button.click()
+    ran = SpeculativeStepper(*pair, prompt="def ", seed=5, plot=True)
+    draws = []
+    ran.update = lambda: draws.append(len(ran.history)) or SpeculativeStepper.update(ran)
+    records = ran.run(4)
+    assert draws == [4], "run() must redraw once, after its last pass"
+    assert records == ran.history and len(records) == 4 and ran.ids == clicked.ids
+    assert [h.result.num_accepted for h in ran.history] == [h.result.num_accepted for h in clicked.history]
+    assert ran.figure is not None and "passes 4" in ran.summary.value
+    for bad in (0, -1, 2.0, True, "3"):
+        with pytest.raises(ValueError, match="passes must be an int >= 1"):
+            ran.run(bad)
+    assert len(ran.history) == 4

@@ -5,13 +5,16 @@
 
 The tracked notebook runs exactly as committed (nothing is added to it), with nbclient, in a kernel whose
 working folder is the notebook's folder. Widget state is kept (`store_widget_state=True`): nbval dropped
-the comm messages, and the site draws each widget's stand-in from that state. A run that succeeds writes
-`<out>/<name>.ipynb` with `metadata.course_execution`: the tracked file's sha256 (so a later build can
-tell whether the copy is still current), quick mode, the device, torch's version, the date and the
-seconds it took. A failing cell raises NotebookFailed whose message is that cell's source and traceback.
+the comm messages. nbclient records it once, at the end of the notebook, after later cells may have changed
+a widget; so each cell that displays a widget also keeps in its metadata (`course_widget_state`) the state
+of that widget's models when the cell finished, from which the site draws the widget's stand-in. A run
+that succeeds writes `<out>/<name>.ipynb` with `metadata.course_execution`: the tracked file's sha256 (so
+a later build can tell whether the copy is still current), quick mode, the device, torch's version, the
+date and the seconds it took. A failing cell raises NotebookFailed whose message is that cell's source and traceback.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import hashlib
@@ -22,6 +25,8 @@ from pathlib import Path
 import nbformat
 
 META_KEY = "course_execution"
+SNAPSHOT_KEY = "course_widget_state"   # a cell's metadata: its widgets' state when the cell finished
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 CELL_TIMEOUT_S = 600
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -45,6 +50,48 @@ def _environment() -> dict:
     return {"quick": env.quick(), "device": device, "torch": torch.__version__}
 
 
+def _model_refs(value):
+    """The model ids a widget's state refers to ("IPY_MODEL_<id>", alone or in lists and dicts), and the
+    widget views among an Output widget's outputs."""
+    if isinstance(value, str) and value.startswith("IPY_MODEL_"):
+        yield value[len("IPY_MODEL_"):]
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _model_refs(v)
+    elif isinstance(value, dict):
+        if WIDGET_VIEW in value and isinstance(value[WIDGET_VIEW], dict):
+            yield value[WIDGET_VIEW].get("model_id")
+        for v in value.values():
+            yield from _model_refs(v)
+
+
+def widget_snapshot(widget_state: dict, widget_buffers: dict, view_ids) -> dict:
+    """The state of the models reachable from the widget views `view_ids` (children, layouts, the widgets
+    an Output widget displays), copied now, in the shape nbclient gives `metadata.widgets` (with the same
+    serialization), so that a reader takes either."""
+    state, todo = {}, list(view_ids)
+    while todo:
+        model_id = todo.pop()
+        if model_id in state or model_id not in widget_state or "_model_name" not in widget_state[model_id]:
+            continue
+        st = copy.deepcopy(widget_state[model_id])   # nbclient updates these dicts (and Output lists) in place
+        state[model_id] = {"model_name": st.get("_model_name"), "model_module": st.get("_model_module"),
+                           "model_module_version": st.get("_model_module_version"), "state": st}
+        if buffers := widget_buffers.get(model_id):
+            state[model_id]["buffers"] = copy.deepcopy(list(buffers.values()))
+        todo += _model_refs(st)
+    return {"state": state, "version_major": 2, "version_minor": 0}
+
+
+def _snapshot_cell_widgets(client, cell, cell_index=None, execute_reply=None) -> None:
+    """nbclient's on_cell_executed hook (every output of the cell has arrived): keep the state of the
+    widgets this cell displayed in the cell's metadata."""
+    views = [o["data"][WIDGET_VIEW]["model_id"] for o in cell.get("outputs", [])
+             if isinstance(o.get("data", {}).get(WIDGET_VIEW), dict)]
+    if views:
+        cell.metadata[SNAPSHOT_KEY] = widget_snapshot(client.widget_state, client.widget_buffers, views)
+
+
 def execute_notebook(path: Path, out_dir: Path, timeout: int = CELL_TIMEOUT_S) -> Path:
     """Execute the notebook at `path` (each cell within `timeout` seconds) and write the executed copy to
     `out_dir/<name>.ipynb`; returns that path. Raises NotebookFailed on a failing cell, a timeout or a dead
@@ -59,6 +106,7 @@ def execute_notebook(path: Path, out_dir: Path, timeout: int = CELL_TIMEOUT_S) -
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
+    client.on_cell_executed = functools.partial(_snapshot_cell_widgets, client)
     start = time.perf_counter()
     try:
         client.execute()

@@ -15,8 +15,8 @@ through) and the bonus token (blue).
 Notation: p = target probabilities, q = draft probabilities, g = draft length.
 
 Controls (core ipywidgets of 7.7.1 and 8): *Next step*, *Reset*, draft length (IntSlider), temperature
-(FloatSlider; 0 = greedy verification). The logic is plain Python (``step``, ``reset``, ``history``);
-tests set ``.value`` and call ``.click()``.
+(FloatSlider; 0 = greedy verification). The logic is plain Python (``step``, ``run`` for several passes
+with one redraw, ``reset``, ``history``); tests set ``.value`` and call ``.click()``.
 """
 from __future__ import annotations
 
@@ -177,9 +177,23 @@ class SpeculativeStepper:
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
         self.update()
 
-    @torch.no_grad()
     def step(self) -> StepRecord:
-        """One pass: draft g tokens from q, score them with the target, run accept_step."""
+        """One pass: draft g tokens from q, score them with the target, run accept_step (*Next step*)."""
+        rec = self._pass()
+        self.update()
+        return rec
+
+    def run(self, passes: int) -> list[StepRecord]:
+        """`passes` passes in a row, as that many clicks of *Next step*, drawn once at the end: a cell
+        can show the stepper partway through a generation rather than at its empty start."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"passes must be an int >= 1, got {passes!r}")
+        records = [self._pass() for _ in range(passes)]
+        self.update()
+        return records
+
+    @torch.no_grad()
+    def _pass(self) -> StepRecord:
         g, temp = int(self.draft_length.value), float(self.temperature.value)
         ids = list(self.ids)
         drafts, q_rows = [], []
@@ -200,7 +214,6 @@ class SpeculativeStepper:
         self.kinds += ["accepted"] * result.num_accepted + ["bonus" if result.bonus else "corrected"]
         if not result.bonus:
             self.rejected_before[len(self.ids) - 1] = drafts[result.num_accepted]
-        self.update()
         return rec
 
     def stats(self) -> dict:
