@@ -72,14 +72,19 @@ def _work(n):
 
 
 def test_compare_measures_known_relative_cost():
-    """The same loop, 4x the iterations: the paired ratio is about 4 (generous bounds: the machine may be
-    busy, but interleaving puts a burst on both candidates of a round)."""
-    cmp = compare({"short": lambda: _work(50_000), "long": lambda: _work(200_000)}, warmup=1, repeats=7)
+    """The same loop, 4x the iterations. In CPU time the ratio is 4 whatever else the machine runs. Wall
+    time on a busy machine is not checked against it: waiting for a core stretches calls unevenly (beside
+    two busy loops we measured ratios from 1.4 to 16 for this pair), which is why notebooks state timings
+    as claims with their spread."""
+    fns = {"short": lambda: _work(50_000), "long": lambda: _work(200_000)}
+    cmp = compare(fns, warmup=1, repeats=7, clock="cpu")
     assert isinstance(cmp, Comparison) and cmp.rounds == 7
     ratio = cmp.ratio("long", "short")
-    assert 2.0 < ratio < 8.0, cmp
-    assert cmp.ratio("short", "long") == pytest.approx(1 / ratio, rel=0.35)
-    assert cmp.time("short") <= cmp.time("short", "median") and cmp.time("long") > cmp.time("short")
+    assert 3.0 < ratio < 5.5, cmp
+    assert cmp.ratio("short", "long") == pytest.approx(1 / ratio)   # the median of an odd number of rounds
+    assert cmp.time("short") <= cmp.time("short", "median") and "CPU time" in cmp.describe()
+    wall = compare(fns, warmup=1, repeats=3)
+    assert wall.clock == "wall" and "CPU time" not in wall.describe() and wall.time("long") > 0
 
 
 def test_compare_interleaves_in_rotating_order_after_warmup():
@@ -109,7 +114,10 @@ def test_describe_and_spread():
 @pytest.mark.parametrize("fns,kw,exc", [({"a": lambda: None}, {}, TypeError), ([lambda: None] * 2, {}, TypeError),
                                          ({"a": lambda: None, "b": 3}, {}, TypeError),
                                          ({"a": lambda: None, "b": lambda: None}, {"repeats": 0}, ValueError),
-                                         ({"a": lambda: None, "b": lambda: None}, {"warmup": -1}, ValueError)])
+                                         ({"a": lambda: None, "b": lambda: None}, {"warmup": -1}, ValueError),
+                                         ({"a": lambda: None, "b": lambda: None}, {"clock": "gpu"}, ValueError),
+                                         ({"a": lambda: None, "b": lambda: None}, {"clock": "cpu", "device": "meta"},
+                                          ValueError)])
 def test_compare_bad_input(fns, kw, exc):
     with pytest.raises(exc):
         compare(fns, **kw)

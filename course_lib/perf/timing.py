@@ -7,7 +7,9 @@ Comparing two ways of doing something on a machine that is also doing other thin
 browser open, a shared CI runner or Colab VM) needs one more rule: **interleave**. ``compare`` runs the
 candidates in rounds, one call of each per round in rotating order, so a burst of background load slows
 all of them alike instead of landing on whichever was being timed then; ``Comparison.ratio`` pairs the
-calls of one round.
+calls of one round. On a CPU, ``clock="cpu"`` times a call by the process's CPU time (all its threads)
+instead of the wall clock: the work itself, without the time spent waiting for a core that another
+program holds (for single-threaded work on a quiet machine the two agree).
 
     cmp = compare({"cached": lambda: step(cache), "recompute": lambda: step(None)}, repeats=5)
     cmp.ratio("recompute", "cached")     # median over the rounds of recompute / cached
@@ -28,6 +30,7 @@ from course_lib.perf.metrics import percentile
 
 _UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 _STATS = ("min", "median")
+_CLOCKS = ("wall", "cpu")
 
 
 @dataclass
@@ -67,10 +70,15 @@ class Timing:
                 f"n={len(self.times)}, warmup={self.warmup})")
 
 
-def _timer(device):
+def _timer(device, clock: str = "wall"):
     """A function that calls fn() once and returns its seconds: CUDA events on a GPU (the work, not the
-    launch), else perf_counter around the call and a device sync."""
+    launch), else the wall clock (perf_counter) or the process's CPU time (process_time) around the call
+    and a device sync."""
+    if clock not in _CLOCKS:
+        raise ValueError(f"clock must be one of {_CLOCKS}, got {clock!r}")
     dev = torch.device(device) if device is not None else None
+    if clock == "cpu" and dev is not None and dev.type != "cpu":
+        raise ValueError(f"clock='cpu' times work on the CPU; the device is {dev} (use clock='wall')")
     if dev is not None and dev.type == "cuda":
         def timed(fn):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,12 +89,14 @@ def _timer(device):
             return a.elapsed_time(b) / 1e3
         return dev, timed
 
+    now = time.process_time if clock == "cpu" else time.perf_counter
+
     def timed(fn):
-        t0 = time.perf_counter()
+        t0 = now()
         fn()
         if dev is not None:
             sync(dev)
-        return time.perf_counter() - t0
+        return now() - t0
     return dev, timed
 
 
@@ -98,11 +108,12 @@ def _check_counts(warmup, repeats):
 
 
 def benchmark(fn, *args, warmup: int = 3, repeats: int = 10, device=None, min_time: float = 0.0,
-              **kwargs) -> Timing:
+              clock: str = "wall", **kwargs) -> Timing:
     """Time ``fn(*args, **kwargs)``: `warmup` calls first (caches, allocator, lazy init, compilation),
-    then at least `repeats` timed calls (more until `min_time` seconds have passed), each synchronized."""
+    then at least `repeats` timed calls (more until `min_time` seconds of wall time have passed), each
+    synchronized; `clock` "wall" or "cpu" (see the module's docstring)."""
     _check_counts(warmup, repeats)
-    dev, timed = _timer(device)
+    dev, timed = _timer(device, clock)
     for _ in range(warmup):
         fn(*args, **kwargs)
     if dev is not None:
@@ -120,6 +131,7 @@ class Comparison:
     """Timings of several candidates measured interleaved: ``timings[name].times[r]`` is `name`'s call in
     round r, and every candidate ran once in every round."""
     timings: dict[str, Timing]
+    clock: str = "wall"
 
     def __post_init__(self):
         lengths = {len(t.times) for t in self.timings.values()}
@@ -159,7 +171,8 @@ class Comparison:
         if stat not in _STATS:
             raise ValueError(f"stat must be one of {_STATS}, got {stat!r}")
         how = "fastest" if stat == "min" else "median"
-        return f"{how} of {self.rounds} interleaved runs, spread {self.spread:.0%}"
+        cpu = ", CPU time" if self.clock == "cpu" else ""
+        return f"{how} of {self.rounds} interleaved runs{cpu}, spread {self.spread:.0%}"
 
     def describe(self, stat: str = "min", unit: str = "ms", digits: int = 2) -> str:
         """Each candidate's time and the note: 'cached 1.20 ms, recompute 5.10 ms; fastest of 5 interleaved runs,
@@ -174,17 +187,18 @@ class Comparison:
 
 
 def compare(fns: Mapping[str, Callable[[], object]], warmup: int = 1, repeats: int = 5,
-            device=None) -> Comparison:
+            device=None, clock: str = "wall") -> Comparison:
     """Time several callables (no arguments; use a lambda) interleaved: `warmup` rounds unmeasured, then
     `repeats` rounds in which each runs once, the order rotating by one per round (A B C, B C A, C A B,
-    ...), so neither the background load nor the cache state a neighbour leaves behind favours one."""
+    ...), so neither the background load nor the cache state a neighbour leaves behind favours one.
+    `clock` "wall" or "cpu" (see the module's docstring)."""
     if not isinstance(fns, Mapping) or len(fns) < 2:
         raise TypeError(f"fns must be a mapping of 2 or more names to callables, got {fns!r}")
     bad = [name for name, fn in fns.items() if not callable(fn)]
     if bad:
         raise TypeError(f"fns[{bad[0]!r}] must be callable, got {type(fns[bad[0]]).__name__}")
     _check_counts(warmup, repeats)
-    dev, timed = _timer(device)
+    dev, timed = _timer(device, clock)
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -196,4 +210,4 @@ def compare(fns: Mapping[str, Callable[[], object]], warmup: int = 1, repeats: i
         k = r % len(names)
         for name in names[k:] + names[:k]:
             times[name].append(timed(fns[name]))
-    return Comparison({name: Timing(times[name], warmup) for name in names})
+    return Comparison({name: Timing(times[name], warmup) for name in names}, clock)
