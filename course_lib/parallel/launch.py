@@ -20,7 +20,7 @@ that bounds every collective, calls ``worker(*args)`` in each and returns what e
 * Every process is joined or killed on the way out: on success, on failure, and on ``KeyboardInterrupt``
   (interrupting the notebook cell). An interrupt that arrives while the ranks are being started is held
   until all of them are (a start cut in half would leave a rank that nobody stops), then raised. The fork
-  server is stopped and waited for when the calling process exits, so it does not outlive it.
+  server is stopped and waited for when the calling script exits, so it does not outlive it.
 * A rank's stderr (gloo's C++ warnings, for one) goes to a file, not into the notebook cell; it is shown
   with the traceback when the rank fails.
 
@@ -187,9 +187,9 @@ _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.te
 
 
 def _stop_forkserver():
-    """Stop the fork server this process started and wait for it (at exit). Left alone, it notices our exit
-    and quits a moment later as an orphan: a process outliving its caller, whose CPU time (its ranks'
-    included) no longer counts as the caller's (the notebook tests' budget reads that)."""
+    """Stop the fork server this process started and wait for it (at the exit of a script or a test
+    session). Left alone, it notices our exit and quits a moment later as an orphan, outliving its caller.
+    (A Jupyter kernel terminates its children itself when it shuts down, before exit handlers run.)"""
     from multiprocessing import forkserver
     stop = getattr(forkserver._forkserver, "_stop", None)   # CPython 3.8-3.13: close the alive pipe, waitpid
     if stop is not None:
