@@ -85,7 +85,7 @@ print(f"one decode step:         {t_decode * 1e3:.1f} ms  ->  {t_decode * 1e3:.3
 print(f"a decoded token costs {t_decode / (t_prefill / SEQ_LEN):.1f}x a prompt token on this run")
 timing_claim("a prompt token is cheaper than a generated one", held=t_prefill / SEQ_LEN < t_decode,
              measured=f"{t_prefill / SEQ_LEN * 1e3:.3f} ms per prompt token, {t_decode * 1e3:.3f} ms per decoded "
-                      f"token; {pd.note()}")
+                      f"token; {pd.note()}");
 
 # %% [markdown] id="c007"
 # A prompt token is much cheaper than a generated one (the factor of this run is printed above), although

@@ -283,7 +283,7 @@ t_rec, t_cac = e2e.time("recompute"), e2e.time("cached")
 print(f"on {device.type}, batch {TIMING_BATCH}: {GEN_TOKENS} tokens after a {E2E_PROMPT}-token prompt: "
       f"recompute {t_rec:.2f} s, cached {t_cac:.2f} s ({t_rec / t_cac:.1f}x on this run)")
 timing_claim(f"cached generation is faster end to end on {device.type} at batch {TIMING_BATCH}", held=t_cac < t_rec,
-             measured=e2e.describe(unit="s"))
+             measured=e2e.describe(unit="s"));
 
 # %% [markdown] id="c016"
 # ## 4. How much memory the cache takes

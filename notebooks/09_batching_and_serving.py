@@ -453,7 +453,7 @@ t_sketch, t_cached = steps.time("the sketch's step"), steps.time("a cached decod
 print(f"batch {B}, {L} tokens: the sketch's step {1e3 * t_sketch:.1f} ms, a cached decode step {1e3 * t_cached:.1f} ms "
       f"({t_sketch / t_cached:.1f}x on this run), processing {B * L} vs {B} tokens")
 timing_claim("a cached decode step costs less than the sketch's step, which recomputes every token",
-             held=t_cached < t_sketch, measured=f"batch {B}, {L} tokens: {steps.describe()}")
+             held=t_cached < t_sketch, measured=f"batch {B}, {L} tokens: {steps.describe()}");
 
 # %% id="c030"
 from course_lib.serving import compare_with_static, synthetic_workload

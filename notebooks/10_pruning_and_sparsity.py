@@ -219,7 +219,7 @@ t_dense, t_small = fwd.time("dense"), fwd.time("pruned")
 print(f"forward of 128 tokens: dense {t_dense * 1e3:.1f} ms, pruned {t_small * 1e3:.1f} ms "
       f"({t_dense / t_small:.2f}x; {device}, this run)")
 timing_claim("the structurally pruned model (a smaller dense model) is faster", held=t_small < t_dense,
-             measured=f"forward of 128 tokens on {device}: {fwd.describe()}")
+             measured=f"forward of 128 tokens on {device}: {fwd.describe()}");
 
 # %% [markdown] id="c020"
 # ## 4. Prune -> fine-tune, and the "30-90%" claim

@@ -369,7 +369,7 @@ assert all(res["step_s"] > 0 and res["allreduce_s"] > 0 for res in timing.values
 nvlink_s = allreduce_time(TIMING_HIDDEN * 4, 2, "nvlink4")
 timing_claim("gloo's all-reduce on this CPU costs over 10x NVLink's (model) for the same bytes",
              held=timing[2]["allreduce_s"] > 10 * nvlink_s,
-             measured=f"gloo {timing[2]['allreduce_s'] * 1e6:.0f} µs at TP=2, NVLink model {nvlink_s * 1e6:.1f} µs")
+             measured=f"gloo {timing[2]['allreduce_s'] * 1e6:.0f} µs at TP=2, NVLink model {nvlink_s * 1e6:.1f} µs");
 
 # %% [markdown] id="c027"
 # On GPUs the same code runs with NCCL, one GPU per rank (`launch(tp_timing, p, backend="nccl")`). This
@@ -440,7 +440,7 @@ shown = ", ".join(f"m={r['m']}: {r['bubble']:.3f} vs {r['formula']:.3f}" for r i
 timing_claim("the measured bubble follows (p-1)/(m+p-1): within -0.05 to +0.3 (the transfers) of it",
              held=all(f - 0.05 < m_ < f + 0.3 for m_, f in zip(measured, formula)), measured=shown)
 timing_claim(f"more micro-batches shrink the bubble: m={MICRO_BATCHES[-1]} idles less than m={MICRO_BATCHES[0]}",
-             held=measured[-1] < measured[0], measured=shown)
+             held=measured[-1] < measured[0], measured=shown);
 
 # %% [markdown] id="c033"
 # More micro-batches shrink the bubble, but each is smaller: on a GPU a tiny micro-batch runs at poor

@@ -14,7 +14,8 @@ shows one line, "Claim held: <claim> (<measured>)" or "Claim did not hold on thi
 (<measured>). <advice>". In a notebook it is a display output (text/plain and text/html) whose output
 metadata is ``{"course_claim": {"kind": "timing", "claim": ..., "held": ..., "measured": ...}}``: the
 course's site build reads that metadata from executed notebooks and marks a page whose run had a claim
-that did not hold. Outside IPython the plain line is printed.
+that did not hold. Outside IPython the plain line is printed. (It returns the verdict: end a cell whose
+last line it is with ``;``, or the notebook shows the bool too.)
 """
 from __future__ import annotations
 
