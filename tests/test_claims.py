@@ -126,6 +126,10 @@ def test_compare_bad_input(fns, kw, exc):
 def test_comparison_refuses_unequal_rounds_and_unknown_names():
     with pytest.raises(ValueError, match="one call per round"):
         Comparison({"a": Timing([1.0, 2.0]), "b": Timing([1.0])})
+    with pytest.raises(ValueError, match="clock"):
+        Comparison({"a": Timing([1.0]), "b": Timing([1.0])}, clock="gpu")
+    with pytest.raises(ValueError, match="no measurable time"):
+        Comparison({"a": Timing([1.0]), "b": Timing([0.0])}, clock="cpu").ratio("a", "b")
     cmp = Comparison({"a": Timing([1.0]), "b": Timing([2.0])})
     with pytest.raises(KeyError, match="candidates"):
         cmp.ratio("a", "c")

@@ -135,9 +135,11 @@ class Comparison:
 
     def __post_init__(self):
         lengths = {len(t.times) for t in self.timings.values()}
-        if len(self.timings) < 2 or len(lengths) != 1:
+        if len(self.timings) < 2 or len(lengths) != 1 or 0 in lengths:
             raise ValueError(f"timings must hold 2 or more candidates with one call per round each, got "
                              f"{ {k: len(t.times) for k, t in self.timings.items()} }")
+        if self.clock not in _CLOCKS:
+            raise ValueError(f"clock must be one of {_CLOCKS}, got {self.clock!r}")
 
     def __getitem__(self, name: str) -> Timing:
         try:
@@ -159,6 +161,9 @@ class Comparison:
         """How many times `b`'s time `a` takes: the median over the rounds of a's call / b's call in the
         same round (paired, so a burst of load that slows one round cancels out of its ratio)."""
         ta, tb = self[a].times, self[b].times
+        if min(tb) <= 0:
+            raise ValueError(f"a call of {b!r} took no measurable time on the {self.clock} clock: time more "
+                             f"work per call")
         return statistics.median(x / y for x, y in zip(ta, tb))
 
     @property
