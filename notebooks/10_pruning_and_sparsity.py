@@ -214,7 +214,7 @@ print(f"layer scores (taylor): {[round(v, 3) for v in scores['taylor']['layers']
 # %% id="c019"
 x = calib[:1, :128]
 with torch.no_grad():   # interleaved, each by its fastest run (Module 00)
-    fwd = compare({"dense": lambda: model(x), "pruned": lambda: small(x)}, warmup=1, repeats=3, device=device)
+    fwd = compare({"dense": lambda: model(x), "pruned": lambda: small(x)}, warmup=1, repeats=5, device=device)
 t_dense, t_small = fwd.time("dense"), fwd.time("pruned")
 print(f"forward of 128 tokens: dense {t_dense * 1e3:.1f} ms, pruned {t_small * 1e3:.1f} ms "
       f"({t_dense / t_small:.2f}x; {device}, this run)")
