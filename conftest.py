@@ -16,10 +16,12 @@ budget takes at most about two minutes of wall time (less where it keeps both co
 
 One more thing a busy machine does: PyTorch's CPU threads (OpenMP, one per core) busy-wait for each other
 at the end of every parallel operation. When another job holds a core, the waiting thread burns its time
-slice while the thread it waits for is not running: measured here, with two busy loops beside it, a
-sequence of forward passes of the bundled model took 60 s instead of 9 s, and its CPU time grew 2.4x.
-OMP_WAIT_POLICY=PASSIVE (the waiting thread sleeps) removes that (the same work: 0.9 s, CPU time
-unchanged), so the tests set it unless it is already set."""
+slice while the thread it waits for is not running. Measured on a 2-core machine beside two busy loops:
+all notebooks took 457 s of wall time (notebook 05: 68 s wall, 66 s CPU) with the default wait policy and
+199 s (05: 23 s wall, 20 s CPU) with OMP_WAIT_POLICY=PASSIVE, where a waiting thread sleeps; on the quiet
+machine PASSIVE costs about 20% of wall time in the notebooks that keep both cores busy (04, 05: 16 -> 19
+and 19 -> 24 s) and leaves CPU time unchanged. So the tests set it unless it is set already (set it to
+ACTIVE for a machine that runs nothing else); it also keeps the CPU-time budget independent of the load."""
 import os
 import threading
 from collections import defaultdict
