@@ -9,10 +9,10 @@ build/executed/ (under pytest's rootdir), from which `make site` builds the cour
 The budget. Each notebook may use COURSE_NOTEBOOK_BUDGET_S seconds of CPU time (default 120, the course's
 promise of "two minutes per notebook on a 2-core CPU"): the user + system time of its kernel and of every
 process the kernel started (gloo ranks, their fork server, compilers). One that uses more fails the run,
-named. CPU time, not wall time, because a machine busy with other work (a
-shared CI runner, other jobs beside the tests) stretches a notebook's wall time several-fold while the work
-it does stays the same; the terminal summary shows both. On a quiet 2-core machine a notebook within the
-budget takes at most about two minutes of wall time (less where it keeps both cores busy).
+named. CPU time, not wall time, because a machine busy with other work (a shared CI runner, other jobs
+beside the tests) stretches a notebook's wall time several-fold while the work it does stays the same; the
+terminal summary shows both. On a quiet machine a notebook within the budget computes for at most two
+minutes of wall time (less where it keeps both cores busy), plus whatever it spends waiting (sleeps, I/O).
 
 One more thing a busy machine does: PyTorch's CPU threads (OpenMP, one per core) busy-wait for each other
 at the end of every parallel operation. When another job holds a core, the waiting thread burns its time
@@ -20,8 +20,8 @@ slice while the thread it waits for is not running. Measured on a 2-core machine
 all notebooks took 457 s of wall time (notebook 05: 68 s wall, 66 s CPU) with the default wait policy and
 199 s (05: 23 s wall, 20 s CPU) with OMP_WAIT_POLICY=PASSIVE, where a waiting thread sleeps; on the quiet
 machine PASSIVE costs about 20% of wall time in the notebooks that keep both cores busy (04, 05: 16 -> 19
-and 19 -> 24 s) and leaves CPU time unchanged. So the tests set it unless it is set already (set it to
-ACTIVE for a machine that runs nothing else); it also keeps the CPU-time budget independent of the load."""
+and 19 -> 24 s) and leaves CPU time unchanged. So the tests set it unless OMP_WAIT_POLICY is set already
+(set ACTIVE on a machine that runs nothing else); it also keeps the CPU-time budget independent of the load."""
 import os
 import threading
 from collections import defaultdict
