@@ -303,7 +303,7 @@ if DEVICE.type == "cpu":  # the work is the cost
 else:
     # On a GPU this small model's prefill is bound by kernel launches at these lengths: the TTFT grows
     # far less than the prompt (Module 01 measures where the arithmetic starts to show).
-    timing_claim(f"on {DEVICE.type} the prefill is launch-bound here: {longer:.0f}x the prompt costs less than "
+    timing_claim(f"on {DEVICE.type} the prefill is launch-bound here: {longer:.0f}x the prompt, less than "
                  f"{longer / 2:.0f}x the TTFT", held=growth < longer / 2, measured=prefill.describe())
 
 # %% [markdown] id="c023"
@@ -335,11 +335,11 @@ if DEVICE.type == "cpu":
     # on a CPU the work is proportional to the tokens processed, so the growing sequence shows. Without a
     # cache, the step that produces token i is a forward over the prompt and the i tokens before it.
     first_n, last_n = len(short_prompt) + q // 2, len(short_prompt) + PLOT_NEW_TOKENS - 1
-    ids_at = {n: torch.tensor([heldout_ids[:n]], device=DEVICE) for n in (first_n, last_n)}
-    step = compare({f"an early step ({n} tokens)" if n == first_n else f"the last step ({n} tokens)":
-                    (lambda n=n: forward_ids(ids_at[n])) for n in (first_n, last_n)},
+    x_first, x_last = (torch.tensor([heldout_ids[:n]], device=DEVICE) for n in (first_n, last_n))
+    step = compare({f"an early step ({first_n} tokens)": lambda: forward_ids(x_first),
+                    f"the last step ({last_n} tokens)": lambda: forward_ids(x_last)},
                    warmup=1, repeats=REPEATS, device=DEVICE)
-    t_first, t_last = (step.time(name) for name in step.timings)
+    t_first, t_last = step.time(f"an early step ({first_n} tokens)"), step.time(f"the last step ({last_n} tokens)")
     timing_claim("without a cache, a late token costs more than an early one: its step re-reads a longer "
                  "sequence", held=t_last > t_first, measured=step.describe())
 else:
