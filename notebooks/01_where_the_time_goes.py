@@ -89,7 +89,8 @@ timing_claim("a prompt token is cheaper than a generated one", held=t_prefill / 
 
 # %% [markdown] id="c007"
 # A prompt token is much cheaper than a generated one (the factor of this run is printed above), although
-# both go through the same layers with the same weights. The rest of the notebook explains why, first with those simplified tables.
+# both go through the same layers with the same weights. The rest of the notebook explains why, first with
+# those simplified tables.
 #
 # ## 2. The simplified tables, reproduced exactly
 #
@@ -485,8 +486,9 @@ assert d64.kv_bytes() > d64.weight_bytes()
 # %% [markdown] id="c038"
 # On this machine: decode steps (one-token forwards through a KV cache of `DECODE_CONTEXT` tokens) with
 # growing batches. The time per step grows much more slowly than the batch, so the tokens per second
-# grow (the claim below checks it on this run). The roofline bound is printed next to each measurement, with this machine's
-# ridge point and the batch where the bundled model's decode would turn compute-bound on it.
+# grow (the claim below checks it on this run). The roofline bound is printed next to each measurement,
+# with this machine's ridge point and the batch where the bundled model's decode would turn compute-bound
+# on it.
 
 # %% id="c039"
 ctx = DECODE_CONTEXT
