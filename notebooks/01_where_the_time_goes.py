@@ -45,14 +45,15 @@ from IPython.display import Markdown, display
 
 from course_lib.env import capabilities
 from course_lib.models import LlamaConfig, as_config, load
-from course_lib.perf.device_bench import (count_ops, measure_device, op_overhead, time_decode_step,
-                                          time_forward)
+from course_lib.perf.claims import timing_claim
+from course_lib.perf.device_bench import (count_ops, decode_step_call, forward_call, measure_device, op_overhead,
+                                          time_decode_step)
 from course_lib.perf.hardware import GPUS, hardware_table
 from course_lib.perf.intensity import intensity_table
 from course_lib.perf.notes_forms import notes_table
 from course_lib.perf.roofline import (COMPUTE_BOUND, MEMORY_BOUND, analyze, classify, critical_batch,
                                       decode_critical_batch, min_decode_latency, ridge_point)
-from course_lib.perf.timing import benchmark
+from course_lib.perf.timing import benchmark, compare
 from course_lib.viz import RooflineExplorer, plot_decode_batch, plot_roofline
 
 caps = capabilities()
@@ -66,7 +67,7 @@ print(f"device: {caps.device} ({caps.device_name}), torch {caps.torch}, quick mo
 #
 # * a **prefill**: one forward pass over `SEQ_LEN` prompt tokens;
 # * a **decode step**: one new token whose attention reads a KV cache already holding the prompt.
-#   (`time_decode_step` runs the prompt once, keeps its keys and values, and then times
+#   (`decode_step_call` runs the prompt once, keeps its keys and values, and then times
 #   `model(new_token, cache=...)`: a true one-token forward, not a recomputation of the whole prompt.)
 
 # %% id="c006"
@@ -75,16 +76,21 @@ cfg = model.config
 dev = model.device
 print(f"bundled model on {dev}: {model.num_parameters() / 1e6:.2f} M parameters, {cfg}")
 
-t_prefill = time_forward(model, SEQ_LEN, batch=1, repeats=REPEATS).median
-t_decode = time_decode_step(model, context=SEQ_LEN, batch=1, repeats=REPEATS).median
+# timed interleaved (one call of each per round), each by its fastest run: see Module 00, section 5
+pd = compare({"prefill": forward_call(model, SEQ_LEN), "decode step": decode_step_call(model, context=SEQ_LEN)},
+             warmup=2, repeats=REPEATS, device=dev)
+t_prefill, t_decode = pd.time("prefill"), pd.time("decode step")
 print(f"prefill of {SEQ_LEN} tokens: {t_prefill * 1e3:.1f} ms  ->  {t_prefill / SEQ_LEN * 1e3:.3f} ms per token")
 print(f"one decode step:         {t_decode * 1e3:.1f} ms  ->  {t_decode * 1e3:.3f} ms per token")
-print(f"a decoded token costs {t_decode / (t_prefill / SEQ_LEN):.1f}x a prompt token")
-assert t_prefill / SEQ_LEN < t_decode, "a prompt token should be cheaper than a generated one"
+print(f"a decoded token costs {t_decode / (t_prefill / SEQ_LEN):.1f}x a prompt token on this run")
+timing_claim("a prompt token is cheaper than a generated one", held=t_prefill / SEQ_LEN < t_decode,
+             measured=f"{t_prefill / SEQ_LEN * 1e3:.3f} ms per prompt token, {t_decode * 1e3:.3f} ms per decoded "
+                      f"token; {pd.note()}");
 
 # %% [markdown] id="c007"
-# A prompt token is much cheaper than a generated one, although both go through the same layers with
-# the same weights. The rest of the notebook explains why, first with those simplified tables.
+# A prompt token is much cheaper than a generated one (the factor of this run is printed above), although
+# both go through the same layers with the same weights. The rest of the notebook explains why, first with
+# those simplified tables.
 #
 # ## 2. The simplified tables, reproduced exactly
 #
@@ -480,20 +486,24 @@ assert d64.kv_bytes() > d64.weight_bytes()
 # %% [markdown] id="c038"
 # On this machine: decode steps (one-token forwards through a KV cache of `DECODE_CONTEXT` tokens) with
 # growing batches. The time per step grows much more slowly than the batch, so the tokens per second
-# grow (asserted below). The roofline bound is printed next to each measurement, with this machine's
-# ridge point and the batch where the bundled model's decode would turn compute-bound on it.
+# grow (the claim below checks it on this run). The roofline bound is printed next to each measurement,
+# with this machine's ridge point and the batch where the bundled model's decode would turn compute-bound
+# on it.
 
 # %% id="c039"
 ctx = DECODE_CONTEXT
-meas, pred = [], []
-for B in BATCHES:
-    meas.append(time_decode_step(model, context=ctx, batch=B, repeats=REPEATS).median)
-    pred.append(analyze(intensity_table(cfg, "decode", ctx, batch=B, dtype=dtype_local), local, pdt).time)
+batch_steps = compare({f"batch {B}": decode_step_call(model, context=ctx, batch=B) for B in BATCHES},
+                      warmup=2, repeats=REPEATS, device=dev)   # interleaved, each by its fastest run
+meas = [batch_steps.time(f"batch {B}") for B in BATCHES]
+pred = [analyze(intensity_table(cfg, "decode", ctx, batch=B, dtype=dtype_local), local, pdt).time for B in BATCHES]
 for B, m, p in zip(BATCHES, meas, pred):
     print(f"batch {B:4d}: measured {m * 1e3:7.2f} ms/step = {B / m:8.0f} tokens/s; roofline {p * 1e3:7.3f} ms/step")
 print(f"this machine's ridge: {local.ridge_point(pdt):.1f} FLOP/byte -> B* for the bundled model "
       f"{decode_critical_batch(cfg, local, pdt):.1f}")
-assert BATCHES[-1] / meas[-1] > 2 * BATCHES[0] / meas[0], "batching should raise decode throughput"
+timing_claim(f"batching raises decode throughput: batch {BATCHES[-1]} decodes over twice the tokens/s of batch "
+             f"{BATCHES[0]}", held=BATCHES[-1] / meas[-1] > 2 * BATCHES[0] / meas[0],
+             measured=", ".join(f"batch {B} {B / m:.0f} tokens/s" for B, m in zip(BATCHES, meas))
+                      + f"; {batch_steps.note()}")
 
 fig, ax = plt.subplots(figsize=(6, 4))
 ax.loglog(BATCHES, [B / m for B, m in zip(BATCHES, meas)], "o-", label="measured")

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from course_lib.models import as_config, load
-from course_lib.perf import get_gpu
+from course_lib.perf import compare, get_gpu, timing_claim
 from course_lib.serving import (ChunkedPrefill, ContinuousBatching, Disaggregated, DynamicBatching, Request,
                                 StaticBatching, StepCostModel, check_invariants, format_summary, make_workload,
                                 max_blocks_used, simulate, sweep_load)
@@ -446,19 +446,14 @@ def cached_step():
     cache.crop(L - 1)
 
 
-def median_time(fn, n=3):
-    ts = []
-    with torch.inference_mode():
-        fn()
-        for _ in range(n):
-            course_lib.env.sync()
-            t = time.perf_counter(); fn(); course_lib.env.sync(); ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
-
-
-t_sketch, t_cached = median_time(sketch_step), median_time(cached_step)
+with torch.inference_mode():   # interleaved, each by its fastest run (Module 00)
+    steps = compare({"the sketch's step": sketch_step, "a cached decode step": cached_step}, warmup=1, repeats=3,
+                    device=device)
+t_sketch, t_cached = steps.time("the sketch's step"), steps.time("a cached decode step")
 print(f"batch {B}, {L} tokens: the sketch's step {1e3 * t_sketch:.1f} ms, a cached decode step {1e3 * t_cached:.1f} ms "
-      f"({t_sketch / t_cached:.1f}x), processing {B * L} vs {B} tokens")
+      f"({t_sketch / t_cached:.1f}x on this run), processing {B * L} vs {B} tokens")
+timing_claim("a cached decode step costs less than the sketch's step, which recomputes every token",
+             held=t_cached < t_sketch, measured=f"batch {B}, {L} tokens: {steps.describe()}");
 
 # %% id="c030"
 from course_lib.serving import compare_with_static, synthetic_workload

@@ -212,15 +212,64 @@ def test_a_rank_stuck_in_a_collective_times_out():
     assert not _alive_children()
 
 
+def _forkserver_children():
+    """Processes the fork server forked that are still running (ranks are its children, not ours)."""
+    import psutil
+    from multiprocessing import forkserver
+    pid = forkserver._forkserver._forkserver_pid
+    if pid is None:
+        return []
+    end = time.monotonic() + 10            # a killed rank is reaped by the server a moment later
+    while True:
+        alive = [c for c in psutil.Process(pid).children() if c.status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > end:
+            return alive
+        time.sleep(0.1)
+
+
 def test_keyboard_interrupt_kills_the_ranks():
-    timer = threading.Timer(1.0, _thread.interrupt_main)
+    """Interrupted while it waits for the ranks (both started: on a loaded machine starting them can take
+    longer than any fixed delay), launch raises KeyboardInterrupt at once, not after the 60 s collective
+    timeout, and no rank is left running."""
+    fired = []
+
+    def interrupt_when_running():
+        end = time.monotonic() + 120
+        while len(_alive_children()) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(0.5)                      # inside the collective or the sleep by now, or still importing
+        fired.append(time.monotonic())
+        _thread.interrupt_main()
+
+    timer = threading.Thread(target=interrupt_when_running, daemon=True)
     timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            launch(failing_worker, 2, kwargs=dict(bad_rank=-1, hang_rank=0), timeout=60)
-    finally:
-        timer.cancel()
-    assert not _alive_children()
+    with pytest.raises(KeyboardInterrupt):
+        launch(failing_worker, 2, kwargs=dict(bad_rank=-1, hang_rank=0), timeout=60)
+    assert fired and time.monotonic() - fired[0] < 30, "ended by the collective timeout, not the interrupt"
+    assert not _alive_children() and not _forkserver_children()
+
+
+def test_an_interrupt_while_starting_the_ranks_leaves_none_behind(monkeypatch):
+    """The interrupt lands inside Process.start, after the fork server forked rank 0 and before its pid
+    came back (where a busy machine's slow start puts a fixed-delay interrupt): it is held until every
+    rank is started, then raised, and the ranks are stopped. Without holding it, rank 0 was left running,
+    unknown to launch, and printed a FileNotFoundError traceback when the result queue was gone."""
+    from multiprocessing import forkserver
+    real = forkserver.read_signed
+    calls = []
+
+    def read_signed(fd):
+        calls.append(fd)
+        if len(calls) == 1:
+            _thread.interrupt_main()        # raised at the next line of Python: inside read_signed
+        return real(fd)
+
+    launch(failing_worker, 2, kwargs=dict(bad_rank=-1, hang_rank=None), timeout=30)   # the server is up
+    monkeypatch.setattr(forkserver, "read_signed", read_signed)
+    with pytest.raises(KeyboardInterrupt):
+        launch(failing_worker, 2, kwargs=dict(bad_rank=-1, hang_rank=0), timeout=60)
+    assert len(calls) >= 2, "the interrupt was raised before rank 1 was started"
+    assert not _alive_children() and not _forkserver_children()
 
 
 @pytest.mark.slow

@@ -18,7 +18,9 @@ that bounds every collective, calls ``worker(*args)`` in each and returns what e
 * A rank stuck in a collective: the process group's timeout ends it (gloo raises in the collective), and
   ``launch`` itself gives up ``deadline`` seconds after the start, whatever the ranks do.
 * Every process is joined or killed on the way out: on success, on failure, and on ``KeyboardInterrupt``
-  (interrupting the notebook cell).
+  (interrupting the notebook cell). An interrupt that arrives while the ranks are being started is held
+  until all of them are (a start cut in half would leave a rank that nobody stops), then raised. The fork
+  server is stopped and waited for when the calling script exits, so it does not outlive it.
 * A rank's stderr (gloo's C++ warnings, for one) goes to a file, not into the notebook cell; it is shown
   with the traceback when the rank fails.
 
@@ -31,14 +33,18 @@ MASTER_ADDR, MASTER_PORT)::
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import importlib
 import os
 import pickle
 import queue as queue_mod
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -180,6 +186,20 @@ def _stop(procs, grace: float = 3.0):
 _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor.parallel", "course_lib.parallel.workers"]
 
 
+def _stop_forkserver():
+    """Stop the fork server this process started and wait for it (at the exit of a script or a test
+    session). Left alone, it notices our exit and quits a moment later as an orphan, outliving its caller.
+    (A Jupyter kernel terminates its children itself when it shuts down, before exit handlers run.)"""
+    from multiprocessing import forkserver
+    stop = getattr(forkserver._forkserver, "_stop", None)   # CPython 3.8-3.13: close the alive pipe, waitpid
+    if stop is not None:
+        with contextlib.suppress(OSError):
+            stop()
+
+
+_stop_registered = []
+
+
 def _context(start_method: str | None, preload=None):
     """The multiprocessing context: forkserver (preloading torch and the course's workers) or spawn."""
     import multiprocessing
@@ -191,7 +211,37 @@ def _context(start_method: str | None, preload=None):
     ctx = torch.multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(list(_PRELOAD if preload is None else preload))  # used when the server starts
+        if not _stop_registered:
+            atexit.register(_stop_forkserver)
+            _stop_registered.append(True)
     return ctx
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold an interrupt (Ctrl-C, a notebook's Interrupt button, ``_thread.interrupt_main``) that arrives
+    inside the block and raise it when the block ends. ``Process.start`` cut by an interrupt after the fork
+    server forked the rank but before its pid came back leaves a rank this process does not know: nobody
+    stops it, and it fails to unpickle its arguments once the result queue's semaphores are gone (a stray
+    FileNotFoundError traceback from the fork server). Only the main thread receives signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:                      # a handler not installed from Python: leave it alone
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:                                  # what the interrupt would have done, now
+        if callable(previous):
+            previous(signal.SIGINT, held[-1])
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 # Errors a rank sees because a *peer* failed (its connection closed, the collective aborted).
@@ -265,8 +315,9 @@ def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None
              for r in range(world_size)]
     out: dict[int, object] = {}
     try:
-        for p in procs:
-            p.start()
+        with _interrupts_held():              # every rank started and known before an interrupt is raised
+            for p in procs:
+                p.start()
         t_end = time.monotonic() + deadline
         while len(out) < world_size:
             try:

@@ -1,4 +1,6 @@
-"""Measurement and performance models: timing, latency metrics, memory, quality, hardware, roofline."""
+"""Measurement and performance models: timing (and timing claims), latency metrics, memory, quality, hardware,
+roofline."""
+from .claims import timing_claim
 from .device_bench import measure_device, time_decode_step, time_forward
 from .hardware import GPUS, DeviceSpec, bytes_per_element, get_gpu, gpu_names, hardware_table
 from .intensity import intensity_table, prefill_decode_tables
@@ -11,4 +13,4 @@ from .quality import LMScore, bits_per_byte, perplexity, score_texts
 from .roofline import (analyze, attainable_flops, classify, critical_batch, decode_critical_batch,
                        min_decode_latency, predict_time, ridge_point)
 from .tables import format_records, format_table
-from .timing import Timing, benchmark
+from .timing import Comparison, Timing, benchmark, compare

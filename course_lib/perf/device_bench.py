@@ -143,11 +143,10 @@ def prefix_cache(model, input_ids: torch.Tensor) -> FixedPrefixCache:
     return FixedPrefixCache(rec.k, rec.v)
 
 
-@torch.no_grad()
-def time_decode_step(model, context: int = 64, batch: int = 1, warmup: int = 3, repeats: int = 10,
-                     seed: int = 0):
-    """Time one decode step: a one-token forward per sequence with a KV cache of `context` tokens
-    (model(new_ids, cache=...)). Returns course_lib.perf.timing.Timing (use .median)."""
+def decode_step_call(model, context: int = 64, batch: int = 1, seed: int = 0):
+    """A callable (no arguments) that runs one decode step: a one-token forward per sequence with a KV cache
+    of `context` tokens (model(new_ids, cache=...)), the same step at every call. For ``benchmark`` or an
+    interleaved ``compare`` of several steps."""
     if context < 1 or batch < 1:
         raise ValueError(f"context and batch must be >= 1, got context={context}, batch={batch}")
     cfg = model.config
@@ -158,19 +157,39 @@ def time_decode_step(model, context: int = 64, batch: int = 1, warmup: int = 3, 
     prompt = torch.randint(0, cfg.vocab_size, (batch, context), generator=g, device=dev)
     new = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g, device=dev)
     cache = prefix_cache(model, prompt)
-    return benchmark(model, new, cache=cache, warmup=warmup, repeats=repeats, device=dev)
+
+    @torch.no_grad()
+    def step():
+        return model(new, cache=cache)
+    return step
 
 
-@torch.no_grad()
-def time_forward(model, seq_len: int, batch: int = 1, warmup: int = 2, repeats: int = 5, seed: int = 0):
-    """Time a full forward over [batch, seq_len] tokens without a cache (a prefill). Returns Timing."""
+def forward_call(model, seq_len: int, batch: int = 1, seed: int = 0):
+    """A callable (no arguments) that runs a full forward over [batch, seq_len] random tokens without a
+    cache (a prefill), the same tokens at every call."""
     cfg = model.config
     if seq_len < 1 or batch < 1 or seq_len > cfg.max_position_embeddings:
         raise ValueError(f"seq_len must be in 1..{cfg.max_position_embeddings} and batch >= 1, "
                          f"got seq_len={seq_len}, batch={batch}")
     g = torch.Generator(device=model.device).manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g, device=model.device)
-    return benchmark(model, ids, warmup=warmup, repeats=repeats, device=model.device)
+
+    @torch.no_grad()
+    def forward():
+        return model(ids)
+    return forward
+
+
+def time_decode_step(model, context: int = 64, batch: int = 1, warmup: int = 3, repeats: int = 10,
+                     seed: int = 0):
+    """Time one decode step (``decode_step_call``). Returns course_lib.perf.timing.Timing (use .median)."""
+    return benchmark(decode_step_call(model, context, batch, seed), warmup=warmup, repeats=repeats,
+                     device=model.device)
+
+
+def time_forward(model, seq_len: int, batch: int = 1, warmup: int = 2, repeats: int = 5, seed: int = 0):
+    """Time a full forward over [batch, seq_len] tokens without a cache (``forward_call``). Returns Timing."""
+    return benchmark(forward_call(model, seq_len, batch, seed), warmup=warmup, repeats=repeats, device=model.device)
 
 
 def count_ops(fn, *args, **kwargs) -> int | None:
@@ -208,4 +227,5 @@ def op_overhead(device=None, ops: int = 200, repeats: int = 5) -> float:
 
 
 __all__ = ["measure_copy_bandwidth", "measure_matmul_tflops", "measure_device", "FixedPrefixCache",
-           "prefix_cache", "time_decode_step", "time_forward", "count_ops", "op_overhead"]
+           "prefix_cache", "decode_step_call", "forward_call", "time_decode_step", "time_forward", "count_ops",
+           "op_overhead"]

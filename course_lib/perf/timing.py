@@ -2,17 +2,35 @@
 
 On a GPU, work is queued asynchronously: reading a wall clock without synchronizing measures the
 launch, not the work. ``benchmark`` uses CUDA events there and ``time.perf_counter`` elsewhere.
+
+Comparing two ways of doing something on a machine that is also doing other things (a laptop with a
+browser open, a shared CI runner or Colab VM) needs one more rule: **interleave**. ``compare`` runs the
+candidates in rounds, one call of each per round in rotating order, so a burst of background load slows
+all of them alike instead of landing on whichever was being timed then; ``Comparison.ratio`` pairs the
+calls of one round. On a CPU, ``clock="cpu"`` times a call by the process's CPU time (all its threads)
+instead of the wall clock: the work itself, without the time spent waiting for a core that another
+program holds (for single-threaded work on a quiet machine the two agree).
+
+    cmp = compare({"cached": lambda: step(cache), "recompute": lambda: step(None)}, repeats=5)
+    cmp.ratio("recompute", "cached")     # median over the rounds of recompute / cached
+    cmp.describe()                       # 'cached 1.20 ms, recompute 5.10 ms; fastest of 5 interleaved runs, spread 3%'
 """
 from __future__ import annotations
 
+import numbers
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from course_lib.env import sync
 from course_lib.perf.metrics import percentile
+
+_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
+_STATS = ("min", "median")
+_CLOCKS = ("wall", "cpu")
 
 
 @dataclass
@@ -40,36 +58,161 @@ class Timing:
     def iqr(self) -> float:
         return self.quantile(0.75) - self.quantile(0.25)
 
+    @property
+    def spread(self) -> float:
+        """The relative spread, IQR / median: 0.05 means the middle half of the calls lie within 5% of the
+        median's size. On a quiet machine a few percent; under background load it grows."""
+        med = self.median
+        return self.iqr / med if med > 0 else 0.0
+
     def __repr__(self):
         return (f"Timing(median={self.median * 1e3:.3f} ms, iqr={self.iqr * 1e3:.3f} ms, "
                 f"n={len(self.times)}, warmup={self.warmup})")
 
 
-def benchmark(fn, *args, warmup: int = 3, repeats: int = 10, device=None, min_time: float = 0.0,
-              **kwargs) -> Timing:
-    """Time ``fn(*args, **kwargs)``: `warmup` calls first (caches, allocator, lazy init, compilation),
-    then at least `repeats` timed calls (more until `min_time` seconds have passed), each synchronized."""
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+def _timer(device, clock: str = "wall"):
+    """A function that calls fn() once and returns its seconds: CUDA events on a GPU (the work, not the
+    launch), else the wall clock (perf_counter) or the process's CPU time (process_time) around the call
+    and a device sync."""
+    if clock not in _CLOCKS:
+        raise ValueError(f"clock must be one of {_CLOCKS}, got {clock!r}")
     dev = torch.device(device) if device is not None else None
-    use_events = dev is not None and dev.type == "cuda"
+    if clock == "cpu" and dev is not None and dev.type != "cpu":
+        raise ValueError(f"clock='cpu' times work on the CPU; the device is {dev} (use clock='wall')")
+    if dev is not None and dev.type == "cuda":
+        def timed(fn):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b) / 1e3
+        return dev, timed
+
+    now = time.process_time if clock == "cpu" else time.perf_counter
+
+    def timed(fn):
+        t0 = now()
+        fn()
+        if dev is not None:
+            sync(dev)
+        return now() - t0
+    return dev, timed
+
+
+def _check_counts(warmup, repeats):
+    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, numbers.Integral) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+
+
+def benchmark(fn, *args, warmup: int = 3, repeats: int = 10, device=None, min_time: float = 0.0,
+              clock: str = "wall", **kwargs) -> Timing:
+    """Time ``fn(*args, **kwargs)``: `warmup` calls first (caches, allocator, lazy init, compilation),
+    then at least `repeats` timed calls (more until `min_time` seconds of wall time have passed), each
+    synchronized; `clock` "wall" or "cpu" (see the module's docstring)."""
+    _check_counts(warmup, repeats)
+    dev, timed = _timer(device, clock)
     for _ in range(warmup):
         fn(*args, **kwargs)
-    sync(dev) if dev is not None else None
+    if dev is not None:
+        sync(dev)
+    call = lambda: fn(*args, **kwargs)  # noqa: E731
     times: list[float] = []
     start_all = time.perf_counter()
     while len(times) < repeats or time.perf_counter() - start_all < min_time:
-        if use_events:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn(*args, **kwargs)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn(*args, **kwargs)
-            if dev is not None:
-                sync(dev)
-            times.append(time.perf_counter() - t0)
+        times.append(timed(call))
     return Timing(times, warmup)
+
+
+@dataclass
+class Comparison:
+    """Timings of several candidates measured interleaved: ``timings[name].times[r]`` is `name`'s call in
+    round r, and every candidate ran once in every round."""
+    timings: dict[str, Timing]
+    clock: str = "wall"
+
+    def __post_init__(self):
+        lengths = {len(t.times) for t in self.timings.values()}
+        if len(self.timings) < 2 or len(lengths) != 1 or 0 in lengths:
+            raise ValueError(f"timings must hold 2 or more candidates with one call per round each, got "
+                             f"{ {k: len(t.times) for k, t in self.timings.items()} }")
+        if self.clock not in _CLOCKS:
+            raise ValueError(f"clock must be one of {_CLOCKS}, got {self.clock!r}")
+
+    def __getitem__(self, name: str) -> Timing:
+        try:
+            return self.timings[name]
+        except KeyError:
+            raise KeyError(f"no candidate {name!r}; the candidates are {list(self.timings)}") from None
+
+    @property
+    def rounds(self) -> int:
+        return len(next(iter(self.timings.values())).times)
+
+    def time(self, name: str, stat: str = "min") -> float:
+        """Seconds per call of `name`: its fastest call ("min", the least disturbed) or its median."""
+        if stat not in _STATS:
+            raise ValueError(f"stat must be one of {_STATS}, got {stat!r}")
+        return getattr(self[name], stat)
+
+    def ratio(self, a: str, b: str) -> float:
+        """How many times `b`'s time `a` takes: the median over the rounds of a's call / b's call in the
+        same round (paired, so a burst of load that slows one round cancels out of its ratio)."""
+        ta, tb = self[a].times, self[b].times
+        if min(tb) <= 0:
+            raise ValueError(f"a call of {b!r} took no measurable time on the {self.clock} clock: time more "
+                             f"work per call")
+        return statistics.median(x / y for x, y in zip(ta, tb))
+
+    @property
+    def spread(self) -> float:
+        """The largest relative spread (IQR / median) among the candidates: the noise of this measurement."""
+        return max(t.spread for t in self.timings.values())
+
+    def note(self, stat: str = "min") -> str:
+        """How the numbers were taken, for a claim's measured text: 'fastest of 5 interleaved runs, spread 8%'."""
+        if stat not in _STATS:
+            raise ValueError(f"stat must be one of {_STATS}, got {stat!r}")
+        how = "fastest" if stat == "min" else "median"
+        cpu = ", CPU time" if self.clock == "cpu" else ""
+        return f"{how} of {self.rounds} interleaved runs{cpu}, spread {self.spread:.0%}"
+
+    def describe(self, stat: str = "min", unit: str = "ms", digits: int = 2) -> str:
+        """Each candidate's time and the note: 'cached 1.20 ms, recompute 5.10 ms; fastest of 5 interleaved runs,
+        spread 3%'."""
+        if unit not in _UNITS:
+            raise ValueError(f"unit must be one of {list(_UNITS)}, got {unit!r}")
+        parts = ", ".join(f"{name} {self.time(name, stat) * _UNITS[unit]:.{digits}f} {unit}" for name in self.timings)
+        return f"{parts}; {self.note(stat)}"
+
+    def __repr__(self):
+        return f"Comparison({self.describe('median')})"
+
+
+def compare(fns: Mapping[str, Callable[[], object]], warmup: int = 1, repeats: int = 5,
+            device=None, clock: str = "wall") -> Comparison:
+    """Time several callables (no arguments; use a lambda) interleaved: `warmup` rounds unmeasured, then
+    `repeats` rounds in which each runs once, the order rotating by one per round (A B C, B C A, C A B,
+    ...), so neither the background load nor the cache state a neighbour leaves behind favours one.
+    `clock` "wall" or "cpu" (see the module's docstring)."""
+    if not isinstance(fns, Mapping) or len(fns) < 2:
+        raise TypeError(f"fns must be a mapping of 2 or more names to callables, got {fns!r}")
+    bad = [name for name, fn in fns.items() if not callable(fn)]
+    if bad:
+        raise TypeError(f"fns[{bad[0]!r}] must be callable, got {type(fns[bad[0]]).__name__}")
+    _check_counts(warmup, repeats)
+    dev, timed = _timer(device, clock)
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    if dev is not None:
+        sync(dev)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            times[name].append(timed(fns[name]))
+    return Comparison({name: Timing(times[name], warmup) for name in names}, clock)
