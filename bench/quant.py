@@ -32,7 +32,7 @@ def main(argv=None):
     rows = decode_gemv_benchmark(hidden, inter, args.repeats, args.group_size, dev, reference=args.reference)
     print(f"batch-1 decode GEMVs of one layer, hidden {hidden}, intermediate {inter}, on {device_name()}")
     print_table(rows, list(rows[0]))
-    by = {r["weights"].split()[0]: r["speed-up vs bf16"] for r in rows}
+    by = {r["weights"].split()[0]: r["speed-up vs 16-bit"] for r in rows}
     print(f"gpt-fast on an A100 (whole Llama-2-7B): int8 {GPT_FAST_A100['int8']}x, int4 {GPT_FAST_A100['int4']}x; "
           f"here: int8 {by.get('int8', 'n/a')}x, int4 {by.get('int4', 'n/a')}x")
     print("saved", save("quant", rows, hidden=hidden, intermediate=inter, group_size=args.group_size,

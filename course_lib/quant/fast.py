@@ -235,15 +235,17 @@ def decode_gemv_benchmark(hidden: int = 2048, intermediate: int = 8192, repeats:
                           reference: bool = False) -> list[dict]:
     """Time one decoder layer's batch-1 GEMVs (x [1, hidden] through the 7 weight matrices) per weight format.
 
-    Rows: the float baselines (bf16; fp32 too on a CPU), int8 and int4 weight-only through torch's fused
-    kernels (bf16 activations, where they run), and with ``reference`` int8 dequantize-then-matmul (the
-    unfused path: seconds per layer on a CPU at the 1.7B shape).
+    Rows: the 16-bit float baseline (``env.half_dtype``: bf16 on a CPU and on GPUs of compute capability
+    >= 8.0, fp16 on a T4, which has no bf16 in hardware; fp32 too on a CPU), int8 and int4 weight-only
+    through torch's fused kernels (16-bit activations, where they run), and with ``reference`` int8
+    dequantize-then-matmul (the unfused path: seconds per layer on a CPU at the 1.7B shape). Each row's
+    "speed-up vs 16-bit" is against the baseline row, named by its dtype ("bf16" or "fp16").
     The rows are timed in turns (repeat 1 of every row, then repeat 2, ...), so a load change on a shared
     machine hits them alike; each row's time is its median, in ms per layer, with its weight bytes.
     """
     import time
 
-    from course_lib.env import sync
+    from course_lib.env import half_dtype, sync
     device = torch.device("cpu" if device is None else device)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -251,7 +253,8 @@ def decode_gemv_benchmark(hidden: int = 2048, intermediate: int = 8192, repeats:
     g = torch.Generator(device=device).manual_seed(seed)
     ws = [torch.randn(n, k, device=device, generator=g) * k ** -0.5 for n, k in _layer_shapes(hidden, intermediate)]
     avail = fast_kernels_available(device)
-    bf = torch.bfloat16
+    half = half_dtype(device)                                # bf16, or fp16 where bf16 is not in hardware (a T4)
+    base_name = "bf16" if half == torch.bfloat16 else "fp16"
     x32 = torch.randn(1, hidden, device=device, generator=g)
     xi = torch.randn(1, intermediate, device=device, generator=g)
 
@@ -272,27 +275,27 @@ def decode_gemv_benchmark(hidden: int = 2048, intermediate: int = 8192, repeats:
 
     def int8_fused(w):
         q, s = int8_weight_only(w)
-        s = s.to(bf)
+        s = s.to(half)
         return (lambda x: torch._weight_int8pack_mm(x, q, s)), q.numel() + s.numel() * 2
 
     def int8_ref(w):
         q, s = int8_weight_only(w)
-        return (lambda x: x @ dequantize_int8_weight(q, s, bf).t()), q.numel() + s.numel() * 2
+        return (lambda x: x @ dequantize_int8_weight(q, s, half).t()), q.numel() + s.numel() * 2
 
     def int4_fused(w):
         q, sz = int4_weight_only(w, group_size)
-        p, sz = pack_int4_for_device(q, device), sz.to(avail["int4_dtype"] or bf)
+        p, sz = pack_int4_for_device(q, device), sz.to(avail["int4_dtype"] or half)
         return (lambda x: int4_weight_only_mm(x, p, sz, group_size)), q.numel() // 2 + sz.numel() * 2
 
-    runs = {"bf16": make(dense(bf), bf)}
+    runs = {base_name: make(dense(half), half)}
     if device.type == "cpu":
         runs["fp32"] = make(dense(torch.float32), torch.float32)
     if avail["int8"]:
-        runs["int8 weight-only (torch._weight_int8pack_mm)"] = make(int8_fused, bf)
+        runs["int8 weight-only (torch._weight_int8pack_mm)"] = make(int8_fused, half)
     if avail["int4"]:
         runs[f"int4 weight-only g{group_size} (torch int4pack mm)"] = make(int4_fused, avail["int4_dtype"])
     if reference:
-        runs["int8 dequantize + matmul (reference)"] = make(int8_ref, bf)
+        runs["int8 dequantize + matmul (reference)"] = make(int8_ref, half)
 
     times = {name: [] for name in runs}
     with torch.no_grad():
@@ -306,10 +309,10 @@ def decode_gemv_benchmark(hidden: int = 2048, intermediate: int = 8192, repeats:
                     run()
                 sync(device)
                 times[name].append((time.perf_counter() - t0) / inner)
-    base = sorted(times["bf16"])[repeats // 2]
+    base = sorted(times[base_name])[repeats // 2]
     rows = []
     for name, (_, nbytes) in runs.items():
         t = sorted(times[name])[repeats // 2]
         rows.append({"weights": name, "ms/layer": round(1e3 * t, 4), "MB/layer": round(nbytes / 1e6, 2),
-                     "GB/s": round(nbytes / t / 1e9, 1), "speed-up vs bf16": round(base / t, 2)})
+                     "GB/s": round(nbytes / t / 1e9, 1), "speed-up vs 16-bit": round(base / t, 2)})
     return rows
