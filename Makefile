@@ -45,9 +45,13 @@ setup-dev: $(DEV)/.installed
 
 ## Set up and open the course: JupyterLab on your copies of notebooks/ and labs/, offline, on the bundled
 ## models. Copies are made once (your work is never overwritten; delete a copy to get a fresh one).
+## OMP_WAIT_POLICY=PASSIVE (unless you set it): PyTorch's CPU threads sleep while they wait for each other
+## instead of spinning, so a busy laptop slows the notebooks a little rather than several-fold (measured on
+## 2 cores beside two busy loops: notebook 03 in 52 s instead of 479 s; about 20% slower when the machine is
+## quiet). Set OMP_WAIT_POLICY=ACTIVE for a machine that runs nothing else.
 course: setup workdir
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(VENV)/bin/course doctor || true
-	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(WORK)
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/jupyter lab $(ALLOW_ROOT) $(WORK)
 
 ## Your copies of the notebooks and labs (JupyterLab saves outputs into them, not into the tracked files).
 workdir:

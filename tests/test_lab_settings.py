@@ -49,3 +49,22 @@ def test_jupyterlab_reads_the_news_setting_from_there(venv):
     assert props["fetchNews"]["default"] == "false" and props["checkForUpdates"]["default"] is False
     assert "false" in [c["const"] for c in props["fetchNews"]["oneOf"]]
     assert set(json.loads((ROOT / "etc/jupyterlab/overrides.json").read_text())[PLUGIN]) <= set(props)
+
+
+def test_make_course_starts_jupyterlab_with_a_passive_openmp_wait_policy(venv, tmp_path):
+    """Kernels inherit JupyterLab's environment: PASSIVE unless the student set a policy (spinning OpenMP
+    threads made notebook 03 take 479 s instead of 52 s beside two busy loops on 2 cores). `make course` runs
+    here with stand-ins for the venv's `course` and `jupyter` that report what they were given."""
+    import os
+    (venv / "bin").mkdir()
+    for tool in ("course", "jupyter"):
+        script = venv / "bin" / tool
+        script.write_text(f"#!/bin/sh\necho {tool} OMP_WAIT_POLICY=$OMP_WAIT_POLICY\n")
+        script.chmod(0o755)
+    for given, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        if given:
+            env["OMP_WAIT_POLICY"] = given
+        out = subprocess.run(["make", "-s", "course", f"VENV={venv}", f"WORK={tmp_path / 'w'}"], cwd=ROOT,
+                             env=env, capture_output=True, text=True, check=True).stdout
+        assert f"jupyter OMP_WAIT_POLICY={expected}" in out, out
