@@ -20,6 +20,7 @@ kernel cannot reach at the ``user`` and ``bwrap`` levels).
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import json
@@ -283,6 +284,13 @@ class SandboxExecute(Execute):
 CHECK_MARK = "course-grade-check:"
 
 
+def _tail(path: Path, n: int = 800) -> str:
+    try:
+        return path.read_text(errors="replace").strip()[-n:]
+    except OSError:
+        return ""
+
+
 def check_kernel(iso: Isolation, scratch: RunScratch, timeout: float = 120.0) -> dict:
     """Start a real kernel at `iso`'s level, as a submission's would be started, run one cell and check
     what it sees; raise SandboxUnavailable with the reason (the jail's own words where it failed) when it
@@ -311,15 +319,15 @@ def check_kernel(iso: Isolation, scratch: RunScratch, timeout: float = 120.0) ->
                      kernel_manager_class=SandboxKernelManager, sandbox_spec=spec, connection_file=str(conn),
                      extra_arguments=["--IPKernelApp.log_level=ERROR"])
     error, seen = None, None
+    errfile = scratch.private / "check-stderr.txt"  # what the jail, bubblewrap or the kernel said
     try:
-        client.execute()
+        with open(errfile, "w") as fh:
+            client.execute(stderr=fh)
     except Exception as e:  # noqa: BLE001 - any failure to start or run is the answer
         error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
     finally:
-        try:
-            jail = ks.report.read_text().strip()
-        except OSError:
-            jail = ""
+        atexit.unregister(client._cleanup_kernel)  # nbclient leaves it registered after a failed start
+        jail = "\n".join(t for t in (_tail(ks.report), _tail(errfile)) if t)
         scratch.release(ks)
     for out in nb.cells[0].get("outputs", []):
         for line in str(out.get("text", "")).splitlines():
@@ -327,7 +335,7 @@ def check_kernel(iso: Isolation, scratch: RunScratch, timeout: float = 120.0) ->
                 seen = json.loads(line[len(CHECK_MARK):])
     where = f"isolation level {iso.level}"
     if seen is None:
-        why = jail or error or "its check cell printed nothing"
+        why = "; ".join(t for t in (error, jail) if t) or "its check cell printed nothing"
         hint = ""
         if iso.level == "bwrap":
             hint = ("\nbubblewrap may be unable to create its namespaces here"

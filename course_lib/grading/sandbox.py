@@ -56,7 +56,8 @@ DEFAULT_MEMORY_GB = 8.0
 DEFAULT_NPROC = 256
 DEFAULT_FSIZE = 512 * 2**20
 DEFAULT_NOFILE = 1024
-DEFAULT_DISK = 1 * 2**30          # a submission's files in all (working folder, /tmp, /dev/shm), when on tmpfs
+DEFAULT_DISK = 1 * 2**30          # a submission's files in all (working folder, /tmp, /dev/shm), when on tmpfs;
+                                  # at most a quarter of the memory limit (tmpfs files are memory)
 PATH = "/usr/local/bin:/usr/bin:/bin"
 LIB_MOUNT = "/opt/course"         # where the kernel finds its copy of course_lib at the bwrap and user levels
 BWRAP_LIB = LIB_MOUNT
@@ -503,6 +504,8 @@ def probe(level: str | None = None, require_sandbox: bool = False, sandbox_user=
         raise SandboxUnavailable("--isolation user: needs `course grade` to run as root (to switch to an "
                                  "unprivileged user); run as root, install bubblewrap, or use --isolation process")
     iso = Isolation(level, bwrap=bwrap, memory_gb=memory_gb or None)
+    if iso.memory_gb:
+        iso.disk = min(DEFAULT_DISK, int(iso.memory_gb * 2**30 / 4))
     if root:
         iso.tmpfs = _can_mount()
         if iso.memory_gb:
@@ -525,8 +528,14 @@ def probe(level: str | None = None, require_sandbox: bool = False, sandbox_user=
         if not iso.private_fs:
             iso.notes.append("cannot build a private filesystem for the kernel here (no mount namespace): it can "
                              "read world-readable files, e.g. a world-readable repository and its solutions/")
+            # the Python installation may sit where the sandbox user cannot enter (/root/.pyenv): bound
+            # there in a mount namespace of its own where one can be made (see jail.expose)
             spec = {"uid": iso.uid, "gid": iso.gid, "env": {**env, "PYTHONPATH": str(course_lib_root())}}
-            if not _jail_ok(spec, (sys.executable, "-c", "import course_lib.grading.guard")):
+            iso.expose = exposed_paths(iso.uid, iso.gid)
+            if iso.expose and not _jail_ok({**spec, "expose": iso.expose},
+                                           (sys.executable, "-c", "import course_lib.grading.guard")):
+                iso.expose = []
+            if not _jail_ok({**spec, "expose": iso.expose}, (sys.executable, "-c", "import course_lib.grading.guard")):
                 raise SandboxUnavailable(
                     f"--isolation user: the sandbox user {iso.user} cannot run {sys.executable} and import "
                     f"course_lib (from {course_lib_root()}), and no private filesystem can be built here to "
@@ -748,7 +757,9 @@ def kernel_spec(iso: Isolation, ks: KernelScratch, connection_file: Path, marker
                 package: Path) -> dict:
     """The jail's spec for one submission's kernel (see jail.py); `package` is the course_lib copy."""
     rl = {"core": 0, "fsize": DEFAULT_FSIZE, "nofile": DEFAULT_NOFILE}
-    if iso.memory_gb:
+    if iso.memory_gb and iso.cgroup is None:
+        # the fallback: address space per process (with a cgroup it is not needed, and it is not memory:
+        # torch alone reserves 1.5 GB of it)
         rl["as"] = int(iso.memory_gb * 2**30)
     if cpu_seconds:
         rl["cpu"] = int(cpu_seconds)
@@ -768,6 +779,8 @@ def kernel_spec(iso: Isolation, ks: KernelScratch, connection_file: Path, marker
         spec["root"] = {"stage": str(ks.top / "root"), "ops": root_ops(ks, package)}
     else:
         spec["unshare_net"], spec["unshare_pid"] = iso.unshare_net, iso.unshare_pid
+        if iso.expose:
+            spec["expose"], spec["stage"] = iso.expose, str(ks.top / "mnt")
     return spec
 
 
