@@ -641,3 +641,43 @@ def test_no_bubblewrap_and_not_root_refuses_to_grade(tmp_path, monkeypatch, caps
     assert any("asked for" in n for n in iso.notes)
     with pytest.raises(sandbox.SandboxUnavailable, match="needs `course grade` to run as root"):
         sandbox.probe("user")
+
+
+def test_cgroup_v2_is_found_and_limited(tmp_path, monkeypatch):
+    """cgroup v2 (what systemd machines have; this test machine has v1, which the batches above use): a
+    fake hierarchy whose root enables memory and pids for its children and whose grader's own cgroup does
+    not (it holds processes). The run's cgroup goes under the root, enables both for the submissions, and
+    each submission gets memory.max, no swap and pids.max; usage reads memory.peak and memory.events."""
+    fake = tmp_path / "cg"
+    (fake / "grader").mkdir(parents=True)
+    (fake / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    (fake / "grader" / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(sandbox, "_cgroup_mounts", lambda: [(str(fake), "cgroup2", {"rw"}, "/")])
+    monkeypatch.setattr(sandbox, "_own_cgroups", lambda: {"": "/grader"})
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    written = {}
+
+    def record(path, text):  # cgroupfs files: recorded, so that the folders stay removable here
+        assert Path(path).parent.is_dir(), path
+        written[str(Path(path).relative_to(fake))] = text
+
+    monkeypatch.setattr(sandbox, "_write", record)
+    cg, why = sandbox.Cgroups.find()
+    assert cg is not None and cg.version == "v2" and cg.parents == {"unified": fake} and cg.pids, why
+    cg.start()
+    run = cg.run["unified"]
+    assert run.parent == fake and written[f"{run.name}/cgroup.subtree_control"] == "+memory +pids"
+    (d,) = cg.make("s001", 2**30, 256)
+    assert written[f"{run.name}/s001/memory.max"] == str(2**30) and written[f"{run.name}/s001/pids.max"] == "256"
+    cg.remove([d])
+    cg.close()
+    assert not any(p.name.startswith("course-grade-") for p in fake.iterdir())
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    (stats / "memory.peak").write_text("123456\n")
+    (stats / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\n")
+    assert cg.usage([stats]) == {"peak": 123456, "oom_kill": 2}
+    # no memory controller for the children anywhere: no cgroup, and the reason
+    (fake / "cgroup.subtree_control").write_text("cpu\n")
+    cg, why = sandbox.Cgroups.find()
+    assert cg is None and "memory controller is not enabled" in why

@@ -228,7 +228,7 @@ class Cgroups:
                             _write(d / "memory.memsw.limit_in_bytes", str(int(memory)))
                         except OSError:
                             pass
-            if k in ("unified", "pids") and pids and (d / "pids.max").exists():
+            if k in ("unified", "pids") and pids and self.pids:
                 _write(d / "pids.max", str(int(pids)))
         return dirs
 
