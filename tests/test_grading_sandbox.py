@@ -222,6 +222,18 @@ for _p in @LEFTOVERS@:
 _libc = ctypes.CDLL(None, use_errno=True)
 _id = _libc.shmget(@SHMKEY@, 2**20, 0o1000 | 0o666)   # IPC_CREAT
 print("shmget", _id)
+# and words on the grader's terminal: the kernel's own file descriptors 1 and 2, and /dev/tty
+_say = ("\n" + @TERMINAL@[::-1] + "\n").encode()
+for _fd in (1, 2):
+    try:
+        os.write(_fd, _say)
+    except OSError as _e:
+        print("blocked fd", _fd, _e)
+try:
+    with open("/dev/tty", "wb") as _tty:
+        _tty.write(_say)
+except OSError as _e:
+    print("blocked /dev/tty", _e)
 ''',
     # fill the disk: 32 MiB files in /tmp until it fails (the bound is the submission's tmpfs)
     "disk": r'''
@@ -367,7 +379,7 @@ def batch(request):
     subst = {"@NEEDLES@": repr([canary[::-1], f"VICTIM{token}"[::-1]]), "@PATHS@": repr(paths),
              "@PYTHON@": repr([p + "/" for p in sandbox.python_paths()]),
              "@SOCKETS@": repr(listener.paths + [listener.abstract]), "@PORT@": str(listener.port),
-             "@LEFTOVERS@": repr(leftovers), "@SHMKEY@": str(shm_key), "@DISK_MIB@": str(iso_disk // 2**20)}
+             "@LEFTOVERS@": repr(leftovers), "@TERMINAL@": repr(f"TERMINAL{token}"[::-1]), "@SHMKEY@": str(shm_key), "@DISK_MIB@": str(iso_disk // 2**20)}
     for name, body in ATTACKS.items():
         src = PRELUDE + body + EPILOGUE
         for k, v in subst.items():
@@ -381,16 +393,27 @@ def batch(request):
     (locked / "tmp").mkdir()
     lines = []
     t0 = time.time()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TMPDIR", str(locked / "tmp"))
-        mp.setattr(tempfile, "tempdir", str(locked / "tmp"))
-        report = grade(sub, labs_release=labs, solutions=sols, out=base / "out", timeout=60, workdir=base / "work",
-                       isolation=level, memory_gb=MEMORY_GB, echo=lines.append)
+    terminal = base / "terminal.txt"  # the grader's stdout and stderr (file descriptors 1, 2) during the run
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with pytest.MonkeyPatch.context() as mp, open(terminal, "wb") as term:
+            os.dup2(term.fileno(), 1)
+            os.dup2(term.fileno(), 2)
+            mp.setenv("TMPDIR", str(locked / "tmp"))
+            mp.setattr(tempfile, "tempdir", str(locked / "tmp"))
+            report = grade(sub, labs_release=labs, solutions=sols, out=base / "out", timeout=60,
+                           workdir=base / "work", isolation=level, memory_gb=MEMORY_GB, echo=lines.append)
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
     wall = time.time() - t0
     time.sleep(0.5)
     listener.close()
     after = {"victim": victim.read_bytes(), "shm": shm_keys(), "left": [p for p in leftovers if os.path.exists(p)],
-             "cgroups": course_cgroups(), "mounts": scratch_mounts(), "locked": sorted(os.listdir(locked / "tmp"))}
+             "cgroups": course_cgroups(), "mounts": scratch_mounts(), "locked": sorted(os.listdir(locked / "tmp")),
+             "terminal": terminal.read_text(errors="replace")}
     print(f"\n{level}: {len(report.results)} submissions graded in {wall:.1f} s")
     return dict(level=level, report=report, lines=lines, before=before, after=after, listener=listener,
                 canary=canary, base=base, wall=wall, disk=iso_disk, token=token, shm_key=shm_key)
@@ -468,6 +491,12 @@ def test_nothing_is_left_behind(batch):
     assert after["mounts"] == [], after["mounts"]
     r = res(batch, "atk-leftover")
     assert r.score == 3.0 and r.status == "ok", (r.flags, r.messages)  # it ran through, leaving nothing behind
+
+
+@slow
+def test_kernel_cannot_write_on_the_graders_terminal(batch):
+    """The kernel's file descriptors 1 and 2 are not the grader's, and it has no terminal to open."""
+    assert f"TERMINAL{batch['token']}" not in batch["after"]["terminal"], batch["after"]["terminal"][-2000:]
 
 
 @slow
@@ -611,7 +640,8 @@ def test_gradebook_folder_modes(tmp_path, monkeypatch):
         assert stat.S_IMODE(sc.private.stat().st_mode) == 0o700
         assert stat.S_IMODE(sc.base.stat().st_mode) == 0o711
         assert (sc.lib / "grading" / "sandbox.py").exists() and not (sc.lib.parent / "solutions").exists()
-        assert not list(sc.lib.rglob("__pycache__"))
+        assert (sc.lib / "grading" / "__pycache__").is_dir()  # compiled: the kernel writes no bytecode
+        assert all(stat.S_IMODE(p.stat().st_mode) in (0o644, 0o755) for p in sc.lib.rglob("*"))
         ks = sc.kernel("s001")
         assert ks.work.stat().st_uid == 65534 and stat.S_IMODE(ks.work.stat().st_mode) == 0o700
         sc.release(ks)

@@ -679,9 +679,12 @@ class RunScratch:
 
 
 def copy_package(src: Path, dst: Path) -> None:
-    """A readable copy of the course package: no __pycache__, folders 0755 and files 0644 whatever the
-    modes in the checkout (safetensors writes 0600)."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    """A readable copy of the course package, compiled (the kernel writes no bytecode, and compiling what
+    a lab imports from course_lib costs each kernel about a second), folders 0755 and files 0644 whatever
+    the modes in the checkout (safetensors writes 0600)."""
+    import compileall
+    shutil.copytree(src, dst)  # with __pycache__: copy2 keeps the sources' times, so those stay valid
+    compileall.compile_dir(str(dst), quiet=2)
     os.chmod(dst.parent, 0o755)
     for d, dirs, files in os.walk(dst):
         os.chmod(d, 0o755)
@@ -795,7 +798,10 @@ def jail_command(spec: dict, cmd: list[str]) -> list[str]:
 
 class SandboxKernelManager(AsyncKernelManager):
     """A kernel manager whose kernel starts through the jail (`jail.py`) with `sandbox_spec`, talking
-    over Unix sockets in the scratch (TCP would not cross the network namespace)."""
+    over Unix sockets in the scratch (TCP would not cross the network namespace). The kernel's stdout
+    and stderr go to /dev/null unless the caller gives them: inherited, they would be the grader's
+    terminal, where a student's code could print fake progress lines or terminal escape sequences
+    (what a kernel says to the grader goes over its sockets)."""
     sandbox_spec = TDict(allow_none=True, default_value=None).tag(config=True)
 
     def format_kernel_cmd(self, extra_arguments=None):
@@ -803,6 +809,13 @@ class SandboxKernelManager(AsyncKernelManager):
         if not self.sandbox_spec:
             return cmd
         return jail_command(self.sandbox_spec, cmd)
+
+    async def _async_pre_start_kernel(self, **kw):
+        cmd, kw = await super()._async_pre_start_kernel(**kw)
+        if self.sandbox_spec:
+            kw.setdefault("stdout", subprocess.DEVNULL)
+            kw.setdefault("stderr", subprocess.DEVNULL)
+        return cmd, kw
 
 
 def kill_leftovers(marker: str, uid: int | None = None, pgids=()) -> list[int]:
