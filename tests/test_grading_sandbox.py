@@ -35,7 +35,6 @@ import threading
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from course_lib.grading import sandbox
@@ -44,17 +43,21 @@ from course_lib.grading.pipeline import grade, grade_main
 
 DATA = Path(__file__).parent / "data" / "solutions"
 LAB = "lab97"
-MEMORY_GB = 1.0
+MEMORY_GB = 1.0 if os.geteuid() == 0 else 4.0  # without root the limit is per process (address space):
+                                                # 1 GiB would not hold an idle kernel's threads
 CI = os.environ.get("CI", "").lower() == "true"
 
 slow = pytest.mark.slow
 
 
+ROOT = os.geteuid() == 0
+
+
 def need(level: str) -> None:
-    """Root for both levels (README's grader runs as root); bubblewrap for `bwrap`: skips outside CI
-    without it (saying how to install it), fails under CI=true, where tools/install_bubblewrap.sh ran."""
-    if os.geteuid() != 0:
-        pytest.skip("the sandbox levels user and bwrap are tested as root (README: the grader runs as root)")
+    """Root for `user`; bubblewrap for `bwrap` (as root or not): skips outside CI without it (saying how
+    to install it), fails under CI=true, where tools/install_bubblewrap.sh ran."""
+    if level == "user" and not ROOT:
+        pytest.skip("the level user needs the grader to run as root")
     if level == "bwrap" and not sandbox.find_bwrap():
         msg = "bubblewrap (bwrap) is not installed: bash tools/install_bubblewrap.sh (or apt-get install bubblewrap)"
         if CI:
@@ -239,7 +242,7 @@ except OSError as _e:
     "disk": r'''
 _n = 0
 try:
-    for _k in range(24):
+    for _k in range((@DISK_MIB@ + 256) // 32):
         with open(f"/tmp/fill{_k}", "wb") as _fh:
             _fh.write(b"\1" * 2**25)
         _n += 1
@@ -290,7 +293,7 @@ class Listener:
     accepting in a thread and recording every connection."""
 
     def __init__(self, token: str):
-        self.paths = [f"/tmp/cgt-{token}.sock", f"/run/cgt-{token}.sock"]
+        self.paths = [f"/tmp/cgt-{token}.sock"] + ([f"/run/cgt-{token}.sock"] if os.access("/run", os.W_OK) else [])
         self.abstract = f"\0cgt-{token}"
         self.got: list[str] = []
         self.socks = []
@@ -501,10 +504,12 @@ def test_kernel_cannot_write_on_the_graders_terminal(batch):
 
 @slow
 def test_files_of_a_submission_are_bounded(batch):
-    """A submission's files are on its own tmpfs (working folder, /tmp, /dev/shm together) of
-    min(1 GiB, memory limit / 4): here 256 MiB; writing more stops with ENOSPC."""
+    """As root a submission's files are on its own tmpfs (working folder, /tmp, /dev/shm together) of
+    min(1 GiB, memory limit / 4): here 256 MiB; writing more stops with ENOSPC. Without root, bubblewrap's
+    /tmp is a tmpfs of that size."""
     line = iso_line(batch)
-    assert f"its files <= {batch['disk'] / 2**30:g} GiB" in line, line
+    if ROOT:
+        assert f"its files <= {batch['disk'] / 2**30:g} GiB" in line, line
     r = res(batch, "atk-disk")
     out = outputs(batch, "atk-disk")
     assert r.score == 3.0, (r.cells, out)
@@ -518,8 +523,9 @@ def test_memory_of_the_whole_submission_is_bounded(batch):
     included) never passes the limit; processes are killed, the submission is flagged for review and its
     attack earns nothing."""
     line = iso_line(batch)
-    if "for the whole submission" not in line:
-        pytest.skip(f"no cgroup on this machine: the memory limit is per process ({line})")
+    if "NOT for the whole submission" in line:
+        pytest.skip(f"no cgroup for this grader (one needs root and a machine that has them): the memory limit "
+                    f"is per process ({line})")
     r = res(batch, "atk-memory")
     assert r.score <= 3.0 and "memory_limit" in r.flags and r.status == "review", (r.flags, r.messages)
     msg = next(m for m in r.messages if "memory limit" in m)
@@ -529,6 +535,9 @@ def test_memory_of_the_whole_submission_is_bounded(batch):
 
 @slow
 def test_fork_storm_is_bounded(batch):
+    if not ROOT:
+        pytest.skip("without root there is no per-submission process bound (no cgroup; RLIMIT_NPROC would count "
+                    "every process of the instructor)")
     r = res(batch, "atk-procs")
     assert r.score == 3.0, (r.cells, outputs(batch, "atk-procs"))
 
