@@ -85,7 +85,8 @@ def lab97_source(canary: str):
         if grade_id(c) == "add_answer":
             c.source = c.source.replace("    return a + b", f"    return a + b  # {canary}-solution")
         if grade_id(c) == "add_tests":
-            c.source = c.source.replace("_rng = random.Random()", f"_rng = random.Random()\n_canary = '{canary}-hidden'")
+            c.source = c.source.replace("_rng = random.Random()",
+                                        f"_rng = random.Random()\n_canary = '{canary}-hidden'")
     assert sum(canary in c.source for c in nb.cells) == 2
     return nb
 
@@ -139,7 +140,7 @@ for _p in ([_base + "/template-gradebook.db", _base + "/p/template-gradebook.db"
     _look(_p)
 ''',
     # /proc: every process's command line and environment (the grader's leads to the repository),
-    # working folder and root (another process's whole file system), and the mount table
+    # working folder and root (another process's whole file system), its own open files, the mount table
     "proc": r'''
 _paths = set()
 for _d in glob.glob("/proc/[0-9]*"):
@@ -160,6 +161,12 @@ for _d in glob.glob("/proc/[0-9]*"):
     for _p in @PATHS@:
         _look(_d + "/root" + _p)
         _solutions_near(_d + "/root" + os.path.dirname(_p))
+for _fd in glob.glob("/proc/self/fd/*"):  # anything the grader left open for its kernel
+    _look(_fd)
+    try:
+        _paths.add(os.readlink(_fd))
+    except OSError:
+        pass
 for _line in open("/proc/self/mountinfo"):
     _f = _line.split()
     _paths.update([_f[3], _f[4]])
@@ -382,7 +389,8 @@ def batch(request):
     subst = {"@NEEDLES@": repr([canary[::-1], f"VICTIM{token}"[::-1]]), "@PATHS@": repr(paths),
              "@PYTHON@": repr([p + "/" for p in sandbox.python_paths()]),
              "@SOCKETS@": repr(listener.paths + [listener.abstract]), "@PORT@": str(listener.port),
-             "@LEFTOVERS@": repr(leftovers), "@TERMINAL@": repr(f"TERMINAL{token}"[::-1]), "@SHMKEY@": str(shm_key), "@DISK_MIB@": str(iso_disk // 2**20)}
+             "@LEFTOVERS@": repr(leftovers), "@TERMINAL@": repr(f"TERMINAL{token}"[::-1]), "@SHMKEY@": str(shm_key),
+             "@DISK_MIB@": str(iso_disk // 2**20)}
     for name, body in ATTACKS.items():
         src = PRELUDE + body + EPILOGUE
         for k, v in subst.items():
@@ -597,7 +605,8 @@ def test_gradebook_copy_is_unreadable_without_a_private_filesystem(tmp_path, mon
     filesystem is not private."""
     need("user")
     real = sandbox._jail_ok
-    monkeypatch.setattr(sandbox, "_jail_ok", lambda spec, cmd=("/bin/true",): False if "root" in spec else real(spec, cmd))
+    monkeypatch.setattr(sandbox, "_jail_ok",
+                        lambda spec, cmd=("/bin/true",): False if "root" in spec else real(spec, cmd))
     token = secrets.token_hex(6)
     canary = f"CANARY{token}"
     base = Path(tempfile.mkdtemp(prefix="cgt-", dir="/tmp"))

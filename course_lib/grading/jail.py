@@ -193,7 +193,8 @@ def _bind(src: str, target: str, readonly: bool) -> None:
 def build_root(new: str, ops: list) -> None:
     """An empty tmpfs at `new`, then the operations in order (each target is a path inside `new`):
     ["ro"|"ro-try"|"rw", src, dst], ["tmpfs", size_bytes, mode, dst], ["proc", dst], ["dev", dst],
-    ["symlink", text, dst] (the target last). A target's parents are made as needed (in what earlier operations mounted)."""
+    ["symlink", text, dst] (the target last). A target's parents are made as needed (in what earlier
+    operations mounted)."""
     mount("tmpfs", new, MS_NOSUID | MS_NODEV, "tmpfs", "mode=0755,size=8m")
     for op in ops:
         kind, target = op[0], new + op[-1]

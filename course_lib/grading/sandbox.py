@@ -529,18 +529,18 @@ def probe(level: str | None = None, require_sandbox: bool = False, sandbox_user=
             iso.notes.append("cannot build a private filesystem for the kernel here (no mount namespace): it can "
                              "read world-readable files, e.g. a world-readable repository and its solutions/")
             # the Python installation may sit where the sandbox user cannot enter (/root/.pyenv): bound
-            # there in a mount namespace of its own where one can be made (see jail.expose)
-            spec = {"uid": iso.uid, "gid": iso.gid, "env": {**env, "PYTHONPATH": str(course_lib_root())}}
+            # there in a mount namespace of its own where one can be made (see jail.expose); the kernel
+            # imports the scratch's copy of course_lib, which that user can enter (RunScratch)
+            spec = {"uid": iso.uid, "gid": iso.gid, "env": {"PATH": PATH}}
+            runs = (sys.executable, "-c", "import json")
             iso.expose = exposed_paths(iso.uid, iso.gid)
-            if iso.expose and not _jail_ok({**spec, "expose": iso.expose},
-                                           (sys.executable, "-c", "import course_lib.grading.guard")):
+            if iso.expose and not _jail_ok({**spec, "expose": iso.expose}, runs):
                 iso.expose = []
-            if not _jail_ok({**spec, "expose": iso.expose}, (sys.executable, "-c", "import course_lib.grading.guard")):
+            if not _jail_ok({**spec, "expose": iso.expose}, runs):
                 raise SandboxUnavailable(
-                    f"--isolation user: the sandbox user {iso.user} cannot run {sys.executable} and import "
-                    f"course_lib (from {course_lib_root()}), and no private filesystem can be built here to "
-                    "show them to it; install bubblewrap, or put the course and its Python where that user can "
-                    "read them")
+                    f"--isolation user: the sandbox user {iso.user} cannot run {sys.executable}, and no private "
+                    "filesystem can be built here to show it to that user; install bubblewrap, or install "
+                    "Python where that user can run it")
     if level in ("user", "process") and not iso.private:
         base = {"uid": iso.uid, "gid": iso.gid}
         iso.unshare_net = _jail_ok({**base, "unshare_net": True})
