@@ -108,8 +108,10 @@ def test_bwrap_command_line(tmp_path):
     argv = sandbox.bwrap_argv("/usr/bin/bwrap", work, run, pkg, marker="m1")
     joined = " ".join(argv)
     assert argv[0] == "/usr/bin/bwrap" and argv[-1] == "--"
-    for flag in ("--die-with-parent", "--unshare-all", "--clearenv", "--new-session"):
+    for flag in ("--die-with-parent", "--unshare-all", "--clearenv"):
         assert flag in argv
+    # the kernel must stay in the jail's process group, or the grader's interrupts (SIGINT) miss it
+    assert "--new-session" not in argv
     assert "--share-net" not in argv  # no network
     # writable: the scratch only; the course package read-only at a neutral path, not the repository
     binds = [(argv[k + 1], argv[k + 2]) for k, a in enumerate(argv) if a == "--bind"]
@@ -120,9 +122,11 @@ def test_bwrap_command_line(tmp_path):
     assert ("/", "/") not in ro
     assert f"--chdir {work}" in joined and "PYTHONPATH /opt/course" in joined
     assert "COURSE_GRADE_KERNEL m1" in joined
+    assert "JPY_PARENT_PID 1" in joined  # ipykernel's "parent is init": no parent polling in the PID namespace
     # the spec the jail gets at this level runs bwrap in front of the kernel command
     iso = sandbox.Isolation("bwrap", bwrap="/usr/bin/bwrap")
-    spec = sandbox.kernel_spec(iso, work, run, run / "kernel.json", "m1", 100)
+    ks = sandbox.KernelScratch("s1", tmp_path, work, run, tmp_path / "tmp", tmp_path / "shm", tmp_path / "r.txt")
+    spec = sandbox.kernel_spec(iso, ks, run / "kernel.json", "m1", 100, pkg)
     assert spec["bwrap"][:2] == ["/usr/bin/bwrap", "--die-with-parent"] and spec["rlimits"]["cpu"] == 100
     assert "as" in spec["rlimits"] and "fsize" in spec["rlimits"]
 

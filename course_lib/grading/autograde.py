@@ -54,7 +54,7 @@ from .collect import collect
 from .nbgrader_env import CourseDir, find_config, result_log
 from .references import answer_table, reference_imports
 from .repair import repair
-from .sandbox import DEFAULT_MEMORY_GB, Isolation, kernel_spec, kill_leftovers, make_scratch, probe
+from .sandbox import DEFAULT_MEMORY_GB, Isolation, RunScratch, kernel_spec, kill_leftovers, probe
 
 MAX_CELLS = 3000
 WORKDIR_MARKER = ".course-grade-workdir"
@@ -179,7 +179,7 @@ class _Context:
     cfg: Path | None
     timeout: float | None
     iso: Isolation
-    scratch: Path                     # per-submission scratch copies live under here
+    scratch: RunScratch               # per-submission scratch copies and kernel folders live under here
     budget: float
     answers: dict                     # lab -> AnswerTable
     release_keys: dict                # lab -> (grade_ids, sources), for "is this the wrong lab?"
@@ -189,7 +189,7 @@ class _Context:
 
 REVIEW_FLAGS = {"timeout", "needs_manual_grading", "several_files", "assignment_from_content", "wrong_lab",
                 "kernel_died", "time_budget", "tamper", "reference_import", "processes_left_behind",
-                "feedback_failed"}
+                "feedback_failed", "memory_limit"}
 
 
 def default_budget(timeout: float | None) -> float:
@@ -260,10 +260,13 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
     if out_dir is not None:
         _prepare_out(out_dir)
     results: list[Result] = []
-    scratch = Path(tempfile.mkdtemp(prefix="cg-"))  # short: Unix socket paths are limited to 107 bytes
-    if iso.uid is not None:
-        os.chmod(scratch, 0o711)
+    scratch = None
     try:
+        # the kernels' scratch (modes the sandbox user needs, whatever TMPDIR is), then one real kernel
+        # started at the chosen level: a level that cannot start a kernel stops here, with the reason
+        scratch = RunScratch(iso)
+        from .execute import check_kernel
+        check_kernel(iso, scratch)
         needed = sorted({s.assignment for s in coll.submissions})
         ready, answers = {}, {}
         for lab in needed:
@@ -279,9 +282,10 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 ready[lab] = ""
             except (LabBuildError, OSError, ValueError) as e:
                 ready[lab] = str(e)
-        template_db = scratch / "template-gradebook.db"
+        template_db = scratch.private / "template-gradebook.db"  # holds every hidden test: the grader's only
         if (root / "gradebook.db").exists():
             shutil.copyfile(root / "gradebook.db", template_db)
+            os.chmod(template_db, 0o600)
         ctx = _Context(course, cfg, timeout, iso, scratch, budget or default_budget(course.timeout), answers,
                        all_keys, template_db)
         students = sorted({s.student for s in coll.submissions})
@@ -310,7 +314,8 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 r.log = (r.log or "") + traceback.format_exc()
             results.append(r)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            scratch.close()
         if tmp is not None:
             tmp.cleanup()
     report = GradeReport(results, [(str(p), why) for p, why in coll.unattributed],
@@ -430,23 +435,23 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
                 r.messages.append(f"{gid}: the answer imports course_lib's reference ({'; '.join(where)})")
     # 3. autograde in a scratch copy: its own course folder and gradebook (grader only), and a kernel
     #    folder (the sandbox user's) holding only this notebook
-    sc_course = ctx.scratch / "courses" / sid
-    (ctx.scratch / "courses").mkdir(exist_ok=True, mode=0o700)
-    os.chmod(ctx.scratch / "courses", 0o700)
+    sc_course = ctx.scratch.private / "courses" / sid
+    (ctx.scratch.private / "courses").mkdir(exist_ok=True, mode=0o700)
     if sc_course.exists():
         shutil.rmtree(sc_course)
     reports = sc_course / "reports"
     reports.mkdir(parents=True)
-    (ctx.scratch / "kernels").mkdir(exist_ok=True)
-    kwork, krun = make_scratch(ctx.scratch / "kernels", sid, ctx.iso)
+    ks = ctx.scratch.kernel(sid)
+    kwork = ks.work
+    usage = {}
     try:
         if ctx.template_db.exists():
             shutil.copyfile(ctx.template_db, sc_course / "gradebook.db")
         secret = secrets.token_hex(16)
         marker = secrets.token_hex(8)
-        conn = krun / "kernel.json"
+        conn = ks.run / "kernel.json"
         cpu = int(ctx.budget * 2 + 60)
-        spec = kernel_spec(ctx.iso, kwork, krun, conn, marker, cpu)
+        spec = kernel_spec(ctx.iso, ks, conn, marker, cpu, ctx.scratch.lib)
         scourse = CourseDir(sc_course, ctx.cfg, ctx.timeout, _sub_config(ctx, secret, spec, conn, reports, lab))
         dest = scourse.submitted(sid, lab)
         dest.parent.mkdir(parents=True)
@@ -468,6 +473,9 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
             logfile.write_text(log, encoding="utf-8")
             r.log = str(logfile)
         graded = scourse.autograded(sid, lab)
+        jail = _read_text(ks.report)
+        if jail:  # the jail could not start the kernel: its reason, not just "Kernel died"
+            r.messages.append("the kernel could not start: " + jail[-500:])
         if not res.get("success") or not graded.exists():
             r.status = "error"
             r.flags.setdefault("autograde_failed", [])
@@ -490,7 +498,12 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
         _merge(course, sid, lab, scores)
     finally:
         shutil.rmtree(sc_course, ignore_errors=True)
-        shutil.rmtree(kwork.parent, ignore_errors=True)
+        usage = ctx.scratch.release(ks)  # kills what is left, removes its folders, tmpfs and cgroups
+    if usage.get("oom_kill"):
+        r.flags["memory_limit"] = [f"{ctx.iso.memory_gb:g}GiB"]
+        peak = f", peak {usage['peak'] / 2**20:.0f} MiB" if usage.get("peak") else ""
+        r.messages.append(f"the notebook reached its memory limit of {ctx.iso.memory_gb:g} GiB: "
+                          f"{usage['oom_kill']} process(es) killed{peak}")
     score, max_score, manual, cells = _scores(course, sid, lab)
     timeouts, errors = _execution_problems(final)
     for c in cells:
@@ -552,6 +565,13 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
         r.status = "repaired"
     else:
         r.status = "ok"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _read_json(path: Path) -> dict:

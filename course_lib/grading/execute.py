@@ -13,9 +13,14 @@
 
 What they find goes to JSON files the grader reads (in the per-submission course folder, which the
 kernel cannot reach at the ``user`` and ``bwrap`` levels).
+
+    check_kernel     before grading: starts a real kernel at the chosen isolation level and checks what it
+                     sees (its user, its course_lib, no repository), so that a kernel that cannot start
+                     stops `course grade` with the reason instead of failing every submission.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import json
@@ -31,7 +36,8 @@ from traitlets import Dict, Float, List, Unicode
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
 from .guard import MIME
-from .sandbox import SandboxKernelManager
+from .sandbox import (LIB_MOUNT, USERNS_HELP, Isolation, RunScratch, SandboxKernelManager, SandboxUnavailable,
+                      course_lib_root, kernel_spec)
 
 GUARD_META = "course_guard"
 DEAD_ENAME = "DeadKernelError"
@@ -172,6 +178,16 @@ class CollectGuard(NbGraderPreprocessor):
         return nb, resources
 
 
+def _sandboxed(km, spec: dict | None, connection_file: str):
+    """The kernel manager set up to start its kernel through the jail, over Unix sockets in the scratch."""
+    if spec:
+        km.transport = "ipc"
+        km.connection_file = connection_file
+        km.ip = os.path.splitext(connection_file)[0] + "-ipc"
+        km.sandbox_spec = spec
+    return km
+
+
 class SandboxExecute(Execute):
     """nbgrader's Execute with the jailed kernel, a notebook time budget and dead-kernel handling."""
     sandbox_spec = Dict(allow_none=True, default_value=None).tag(config=True)
@@ -186,13 +202,7 @@ class SandboxExecute(Execute):
         super().__init__(*args, **kwargs)
 
     def create_kernel_manager(self):
-        km = super().create_kernel_manager()
-        if self.sandbox_spec:
-            km.transport = "ipc"
-            km.connection_file = self.connection_file
-            km.ip = os.path.splitext(self.connection_file)[0] + "-ipc"
-            km.sandbox_spec = self.sandbox_spec
-        return km
+        return _sandboxed(super().create_kernel_manager(), self.sandbox_spec, self.connection_file)
 
     def _remaining(self) -> float | None:
         if not self.budget:
@@ -269,3 +279,78 @@ class SandboxExecute(Execute):
             if self.report_path:
                 Path(self.report_path).write_text(json.dumps(self._state), encoding="utf-8")
         return nb, resources
+
+
+CHECK_MARK = "course-grade-check:"
+
+
+def _tail(path: Path, n: int = 800) -> str:
+    try:
+        return path.read_text(errors="replace").strip()[-n:]
+    except OSError:
+        return ""
+
+
+def check_kernel(iso: Isolation, scratch: RunScratch, timeout: float = 120.0) -> dict:
+    """Start a real kernel at `iso`'s level, as a submission's would be started, run one cell and check
+    what it sees; raise SandboxUnavailable with the reason (the jail's own words where it failed) when it
+    does not start or sees more than it should. Returns what the kernel reported."""
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_notebook
+    from traitlets import Unicode as TUnicode
+
+    class _Client(NotebookClient):
+        connection_file = TUnicode("")
+        sandbox_spec = Dict(allow_none=True, default_value=None)
+
+        def create_kernel_manager(self):
+            return _sandboxed(super().create_kernel_manager(), self.sandbox_spec, self.connection_file)
+
+    ks = scratch.kernel("check")
+    conn = ks.run / "kernel.json"
+    spec = kernel_spec(iso, ks, conn, "check", None, scratch.lib)
+    repo = str(course_lib_root())
+    code = ("import json, os, course_lib, course_lib.grading.guard\n"
+            f"print({CHECK_MARK!r} + json.dumps({{'uid': os.getuid(), "
+            "'lib': os.path.dirname(os.path.dirname(os.path.abspath(course_lib.__file__))), "
+            f"'repo': os.path.exists({repo!r})}}))")
+    nb = new_notebook(cells=[new_code_cell(code)])
+    client = _Client(nb, timeout=int(timeout), startup_timeout=int(timeout), kernel_name="python3",
+                     kernel_manager_class=SandboxKernelManager, sandbox_spec=spec, connection_file=str(conn),
+                     extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    error, seen = None, None
+    errfile = scratch.private / "check-stderr.txt"  # what the jail, bubblewrap or the kernel said
+    try:
+        with open(errfile, "w") as fh:
+            client.execute(stderr=fh)
+    except Exception as e:  # noqa: BLE001 - any failure to start or run is the answer
+        error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    finally:
+        atexit.unregister(client._cleanup_kernel)  # nbclient leaves it registered after a failed start
+        jail = "\n".join(t for t in (_tail(ks.report), _tail(errfile)) if t)
+        scratch.release(ks)
+    for out in nb.cells[0].get("outputs", []):
+        for line in str(out.get("text", "")).splitlines():
+            if line.startswith(CHECK_MARK):
+                seen = json.loads(line[len(CHECK_MARK):])
+    where = f"isolation level {iso.level}"
+    if seen is None:
+        why = "; ".join(t for t in (error, jail) if t) or "its check cell printed nothing"
+        hint = ""
+        if iso.level == "bwrap":
+            hint = ("\nbubblewrap may be unable to create its namespaces here"
+                    + (f" as user {iso.user}" if iso.user else "") + ".\n" + USERNS_HELP
+                    + ("\nAs root, --isolation user builds the same private filesystem without bubblewrap."
+                       if iso.uid is not None else ""))
+        raise SandboxUnavailable(f"the grading kernel does not start at {where}: {why}{hint}")
+    problems = []
+    if iso.uid is not None and seen["uid"] != iso.uid:
+        problems.append(f"it runs as uid {seen['uid']}, not the sandbox user's {iso.uid}")
+    if iso.private and seen["repo"]:
+        problems.append(f"it can see the repository ({repo})")
+    if iso.private and seen["lib"] != LIB_MOUNT:
+        problems.append(f"it imports course_lib from {seen['lib']}, not its private copy")
+    if problems:
+        raise SandboxUnavailable(f"the grading kernel at {where} is not isolated as it should be: "
+                                 + "; ".join(problems))
+    return seen

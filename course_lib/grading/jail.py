@@ -5,24 +5,32 @@
 The grader (jupyter_client) launches this script instead of the kernel; it applies the spec, in this
 order, and then runs the kernel command:
 
-1. ``chown``: hand the kernel's scratch folders and connection file to the sandbox user;
-   ``expose`` (root only): in a private mount namespace, make the Python installation reachable for
-   the sandbox user when it sits in a folder that user cannot enter (``/root/.pyenv``);
-2. ``unshare``: new network namespace (no network; its own loopback interface is brought up, as
-   bubblewrap does, so that programs talking to 127.0.0.1, like torch.distributed's gloo, work inside
-   it) and new PID namespace
-   (the kernel is its init: when it dies, every process it started dies with it, whatever it did to
-   escape its process group); as root directly, otherwise inside a new user namespace when the system
-   allows one;
+1. ``cgroup``: join the submission's cgroups (memory and process count of the whole submission: every
+   process the kernel starts inherits them); ``chown``: hand the connection file to the sandbox user;
+2. ``root`` (root only; the ``user`` level): new mount, PID, network, IPC and UTS namespaces, and in
+   them a private filesystem built from the spec's operations on an empty tmpfs: read-only binds of the
+   system, the Python installation and the course package, the submission's writable folders, a
+   minimal /dev, a /proc of the new PID namespace only; then pivot_root into it. Nothing else of the
+   machine exists for the kernel (no repository, no home folders, no other submission, no /run, and
+   /tmp, /var/tmp, /dev/shm are the submission's own);
+   ``expose`` (root only; the ``bwrap`` level): in a private mount namespace, make the Python
+   installation reachable for the sandbox user when it sits in a folder that user cannot enter
+   (``/root/.pyenv``), for bubblewrap to bind it;
+   ``unshare_net``/``unshare_pid`` (without ``root``): new network namespace (no network; its own
+   loopback interface is brought up, as bubblewrap does, so that programs talking to 127.0.0.1, like
+   torch.distributed's gloo, work inside it) and new PID namespace, as root directly, otherwise inside
+   a new user namespace when the system allows one;
 3. ``rlimits``: address space, processes, CPU seconds, file size, open files, no core dumps;
-4. drop privileges (``uid``/``gid``, no supplementary groups) when started as root;
+4. drop privileges (``uid``/``gid``, no supplementary groups, no_new_privs) when started as root;
 5. ``cwd`` and a clean environment (``env``: nothing of the grader's is inherited);
 6. ``bwrap``: when given, exec bubblewrap with that argument list in front of the kernel command.
 
-With a PID namespace this process stays as the namespace's parent: it forwards SIGINT (interrupts) and
-SIGTERM to the kernel, kills it when it is itself terminated, and exits with the kernel's status.
-Every step that is asked for and fails stops the launch (exit status 70, the reason on stderr): the
-grader probes what works once, up front, and only asks for that (`probe`).
+With a PID namespace this process stays as the namespace's parent: the kernel is the namespace's init
+(when it dies, every process it started dies with it, whatever it did to escape its process group);
+this process forwards SIGTERM to it, kills it when it is itself terminated, and exits with the
+kernel's status. Every step that is asked for and fails stops the launch (exit status 70, the reason
+on stderr and in the ``report`` file): the grader probes what works once, up front, and only asks for
+that (`sandbox.probe`).
 """
 import ctypes
 import json
@@ -32,15 +40,23 @@ import signal
 import sys
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 FAIL = 70
 
 RLIMITS = {"as": resource.RLIMIT_AS, "nproc": resource.RLIMIT_NPROC, "cpu": resource.RLIMIT_CPU,
            "fsize": resource.RLIMIT_FSIZE, "nofile": resource.RLIMIT_NOFILE, "core": resource.RLIMIT_CORE}
+
+_report = None  # the spec's report file: where a failure is written for the grader
 
 
 def _libc():
@@ -48,15 +64,26 @@ def _libc():
 
 
 def _die(msg: str) -> None:
-    sys.stderr.write(f"course grade jail: {msg}\n")
+    text = f"course grade jail: {msg}\n"
+    sys.stderr.write(text)
     sys.stderr.flush()
+    if _report:
+        try:
+            with open(_report, "a") as fh:
+                fh.write(text)
+        except OSError:
+            pass
     os._exit(FAIL)
 
 
-def unshare(flags: int) -> None:
-    if _libc().unshare(flags) != 0:
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
         e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc().unshare(flags), "unshare")
 
 
 def _write(path: str, text: str) -> None:
@@ -79,8 +106,8 @@ def loopback_up() -> None:
         sys.stderr.write(f"course grade jail: loopback not up in the network namespace: {e}\n")
 
 
-def enter_namespaces(net: bool, pid: bool) -> None:
-    flags = (CLONE_NEWNET if net else 0) | (CLONE_NEWPID if pid else 0)
+def enter_namespaces(net: bool, pid: bool, extra: int = 0) -> None:
+    flags = (CLONE_NEWNET if net else 0) | (CLONE_NEWPID if pid else 0) | extra
     if not flags:
         return
     if os.geteuid() == 0:
@@ -95,11 +122,16 @@ def enter_namespaces(net: bool, pid: bool) -> None:
         loopback_up()  # still privileged in the new namespaces (before dropping privileges and exec)
 
 
-def mount(source, target, flags: int) -> None:
-    src = source.encode() if source else None
-    if _libc().mount(src, target.encode(), None, flags, None) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"mount {source} -> {target}: {os.strerror(e)}")
+def mount(source, target, flags: int, fstype=None, data=None) -> None:
+    enc = (lambda s: s.encode() if s is not None else None)
+    _check(_libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {source} -> {target}")
+
+
+def join_cgroups(dirs: list) -> None:
+    """Put this process (and so everything it starts) into each cgroup of the submission."""
+    for d in dirs:
+        _write(os.path.join(d, "cgroup.procs"), str(os.getpid()))
 
 
 def expose(pairs: list, stage: str) -> None:
@@ -126,6 +158,96 @@ def expose(pairs: list, stage: str) -> None:
         mount(top, a, MS_BIND | MS_REC)
 
 
+# ---------------------------------------------------------------------------------------------------
+# the private filesystem of the `user` level
+
+def _makedirs(path: str) -> None:
+    """Create `path` and its missing parents, each 0755 (the new root's folders, owned by root)."""
+    missing = []
+    p = path
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        os.mkdir(d)
+        os.chmod(d, 0o755)
+
+
+def _mountpoint(src: str, target: str) -> None:
+    if os.path.isdir(src):
+        _makedirs(target)
+    else:
+        _makedirs(os.path.dirname(target))
+        if not os.path.lexists(target):
+            with open(target, "w"):
+                pass
+
+
+def _bind(src: str, target: str, readonly: bool) -> None:
+    _mountpoint(src, target)
+    mount(src, target, MS_BIND | MS_REC)
+    # a bind mount takes new flags only on a remount; no set-user-ID programs, no device files
+    mount(None, target, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (MS_RDONLY if readonly else 0))
+
+
+def build_root(new: str, ops: list) -> None:
+    """An empty tmpfs at `new`, then the operations in order (each target is a path inside `new`):
+    ["ro"|"ro-try"|"rw", src, dst], ["tmpfs", size_bytes, mode, dst], ["proc", dst], ["dev", dst],
+    ["symlink", text, dst] (the target last). A target's parents are made as needed (in what earlier
+    operations mounted)."""
+    mount("tmpfs", new, MS_NOSUID | MS_NODEV, "tmpfs", "mode=0755,size=8m")
+    for op in ops:
+        kind, target = op[0], new + op[-1]
+        if kind in ("ro", "ro-try", "rw"):
+            src = op[1]
+            if not os.path.lexists(src):
+                if kind == "ro-try":
+                    continue
+                raise FileNotFoundError(f"{src} (to bind at {op[-1]}) does not exist")
+            if kind == "ro-try" and os.path.islink(src):  # /bin -> usr/bin on a merged-/usr system
+                _makedirs(os.path.dirname(target))
+                os.symlink(os.readlink(src), target)
+                continue
+            _bind(src, target, readonly=kind != "rw")
+        elif kind == "tmpfs":
+            _makedirs(target)
+            mount("tmpfs", target, MS_NOSUID | MS_NODEV, "tmpfs", f"size={int(op[1])},mode={op[2]}")
+        elif kind == "proc":  # after the fork: the PID namespace's own processes only
+            _makedirs(target)
+            mount("proc", target, MS_NOSUID | MS_NODEV | MS_NOEXEC, "proc")
+        elif kind == "dev":
+            _makedirs(target)
+            mount("tmpfs", target, MS_NOSUID | MS_NOEXEC, "tmpfs", "mode=0755,size=64k")
+            for n in DEV_NODES:
+                if os.path.exists(f"/dev/{n}"):
+                    _mountpoint(f"/dev/{n}", f"{target}/{n}")
+                    mount(f"/dev/{n}", f"{target}/{n}", MS_BIND)
+            for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+                os.symlink(to, f"{target}/{name}")
+        elif kind == "symlink":
+            _makedirs(os.path.dirname(target))
+            os.symlink(op[1], target)
+        else:
+            raise ValueError(f"unknown root operation {kind!r}")
+    mount(None, new, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)  # the root itself: read-only
+
+
+def pivot_into(new: str) -> None:
+    """Make `new` the root of this mount namespace and drop the old root entirely (pivot_root(".", ".")
+    and a lazy unmount of the old root stacked beneath); chroot where pivot_root is not available."""
+    os.chdir(new)
+    nr = SYS_PIVOT_ROOT.get(os.uname().machine)
+    libc = _libc()
+    if nr is not None and libc.syscall(nr, b".", b".") == 0:
+        _check(libc.umount2(b".", MNT_DETACH), "umount the old root")
+    else:  # e.g. a root file system that is the initramfs: pivot_root refuses it
+        os.chroot(".")
+    os.chdir("/")
+
+
+# ---------------------------------------------------------------------------------------------------
+
 def set_rlimits(limits: dict) -> None:
     for name, value in limits.items():
         if value is None:
@@ -150,12 +272,25 @@ def drop_privileges(uid, gid) -> None:
 
 def _child(spec: dict, cmd: list) -> None:
     try:
+        root = spec.get("root")
+        if root:
+            build_root(root["stage"], root["ops"])
+            pivot_into(root["stage"])
+            _libc().sethostname(b"sandbox", 7)
         set_rlimits(spec.get("rlimits") or {})
         drop_privileges(spec.get("uid"), spec.get("gid"))
-        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
+        libc = _libc()
+        if spec.get("uid") is not None:  # no set-user-ID program gives the kernel's user privileges back
+            _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
         os.chdir(spec["cwd"])
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
             signal.signal(s, signal.SIG_DFL)
+        if spec.get("bwrap"):
+            # the grader interrupts a cell with SIGINT to the process group: bubblewrap's own processes
+            # are in it and would die of it (and the kernel with them); ignored, the disposition is
+            # inherited through them, and ipykernel installs its own handler while it runs a cell
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         argv = list(spec.get("bwrap") or []) + list(cmd)
         os.execve(argv[0], argv, dict(spec.get("env") or {}))
     except Exception as e:  # noqa: BLE001 - report any failure to start
@@ -163,19 +298,30 @@ def _child(spec: dict, cmd: list) -> None:
 
 
 def main(argv: list) -> None:
+    global _report
     if len(argv) < 4 or argv[2] != "--":
         _die("usage: jail.py SPEC_JSON -- CMD ...")
     spec, cmd = json.loads(argv[1]), argv[3:]
+    _report = spec.get("report")
+    root = spec.get("root")
+    if root and os.geteuid() != 0:
+        _die("a private filesystem (the 'user' level) needs root")
+    pidns = bool(spec.get("unshare_pid") or root)
     try:
+        join_cgroups(spec.get("cgroup") or [])
         for p in spec.get("chown") or []:
             if os.geteuid() == 0 and spec.get("uid") is not None:
                 os.chown(p, int(spec["uid"]), int(spec["gid"]))
-        if spec.get("expose") and os.geteuid() == 0:
-            expose(spec["expose"], spec["stage"])
-        enter_namespaces(bool(spec.get("unshare_net")), bool(spec.get("unshare_pid")))
+        if root:
+            enter_namespaces(True, True, CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
+            mount(None, "/", MS_REC | MS_PRIVATE)  # nothing mounted here shows outside, and back
+        else:
+            if spec.get("expose") and os.geteuid() == 0:
+                expose(spec["expose"], spec["stage"])
+            enter_namespaces(bool(spec.get("unshare_net")), bool(spec.get("unshare_pid")))
     except Exception as e:  # noqa: BLE001
         _die(f"{type(e).__name__}: {e}")
-    if not spec.get("unshare_pid"):
+    if not pidns:
         _child(spec, cmd)
     # PID namespace: the first child is the namespace's init; stay as its parent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel gets the process group's SIGINT itself

@@ -1,41 +1,49 @@
 """How `course grade` runs a student's code: one scratch copy and one least-privileged kernel per submission.
 
-Isolation levels (the strongest one available is used; `course grade` prints which):
+Isolation levels (the strongest one available is used; `course grade` prints which, first):
 
-``bwrap``    bubblewrap is installed: on top of everything in ``user``, the kernel runs in its own
-             mount namespace with a read-only view of the system (/usr, /etc, /lib*, the Python
-             installation, the course library) and a writable scratch folder only; nothing else of the
-             machine exists in it (no home folders, no repository, no other submissions, no
-             instructor sources, no gradebook). ``--require-sandbox`` refuses to grade without it.
-``user``     the grader runs as root: the kernel runs as an unprivileged user (``--sandbox-user``,
-             default ``nobody``) that owns only its scratch folder; it cannot write the submissions,
-             the release, the gradebook, the outputs or any file of the grader, cannot read
-             anything private to the grader (the per-submission course folder, gradebook and
-             autograded notebooks are root-only), has no network, runs in its own PID namespace (all
-             its processes die with it) under resource limits. It can still *read* world-readable
-             files (for instance the repository, when the course lives in a world-readable folder).
-``process``  the grader is not root and bubblewrap is missing: the kernel runs as the grader's own
-             user, in a scratch folder, with resource limits, in its own process group, and (where the
-             system allows unprivileged user namespaces) without network and in its own PID namespace.
-             It can read and write whatever the grader's user can: use this level only for trusted
-             notebooks, or run `course grade` as root or install bubblewrap.
+``bwrap``    bubblewrap is installed: the kernel runs in bubblewrap's namespaces (user, mount, PID,
+             network, IPC, UTS, cgroup) with a read-only view of the system (/usr, /etc's basics,
+             /lib*, the Python installation), a private copy of the `course_lib` package and its
+             writable scratch folders only; /proc shows its own processes, /tmp, /var/tmp and
+             /dev/shm are its own. Nothing else of the machine exists in it (no home folders, no
+             repository, no other submissions, no instructor sources, no gradebook, no /run and its
+             sockets). As root, bubblewrap runs as the unprivileged ``--sandbox-user``.
+             ``--require-sandbox`` refuses to grade without it.
+``user``     the grader runs as root: the same private filesystem, built by the jail itself (`jail.py`:
+             mount, PID, network, IPC and UTS namespaces and pivot_root), and the kernel runs as an
+             unprivileged user (``--sandbox-user``, default ``nobody``) with no_new_privs. Where root
+             cannot make a mount namespace (a container without CAP_SYS_ADMIN), the filesystem is not
+             private: the kernel can then read world-readable files; `course grade` says so.
+``process``  the grader's own user, in a scratch folder with resource limits (and no network and its
+             own PID namespace where unprivileged user namespaces are allowed). It can read and write
+             whatever the grader's user can: only on request (``--isolation process``), for trusted
+             notebooks; without bubblewrap or root `course grade` stops and says what to install.
 
 Every level grades each submission in its own scratch copy (its own nbgrader course folder and
-gradebook; the grader merges the scores into the instructor's gradebook afterwards, computing them
-itself from the executed notebook), gives the kernel a working folder holding only that notebook,
-limits the time of each cell and of the whole notebook, and kills every process of the kernel at the
-end.
+gradebook in a folder only the grader can enter; the grader merges the scores into the instructor's
+gradebook afterwards, computing them itself from the executed notebook), gives the kernel a working
+folder holding only that notebook and a clean environment, limits the time of each cell and of the
+whole notebook, and kills every process of the kernel at the end. Where the grader is root and the
+machine allows it, a submission also gets its own cgroup (memory and process count of the whole
+submission: all its processes together, its tmpfs files included) and its own size-bounded tmpfs for
+its files (working folder, /tmp, /var/tmp, /dev/shm), removed after it; otherwise the limits are per
+process and `course grade`'s first line says so.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,12 +56,278 @@ DEFAULT_MEMORY_GB = 8.0
 DEFAULT_NPROC = 256
 DEFAULT_FSIZE = 512 * 2**20
 DEFAULT_NOFILE = 1024
+DEFAULT_DISK = 1 * 2**30          # a submission's files in all (working folder, /tmp, /dev/shm), when on tmpfs;
+                                  # at most a quarter of the memory limit (tmpfs files are memory)
 PATH = "/usr/local/bin:/usr/bin:/bin"
+LIB_MOUNT = "/opt/course"         # where the kernel finds its copy of course_lib at the bwrap and user levels
+BWRAP_LIB = LIB_MOUNT
+SCRATCH_PATH_MAX = 60             # the scratch folder's path length: Unix socket paths end at 107 bytes
+SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/alternatives",
+             "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ssl", "/etc/localtime",
+             "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/matplotlibrc")
+
+USERNS_HELP = """\
+Where unprivileged user namespaces are restricted, bubblewrap needs them allowed for itself: on Ubuntu
+23.10 and later (AppArmor, kernel.apparmor_restrict_unprivileged_userns = 1) add a profile that lets
+/usr/bin/bwrap create them, e.g. /etc/apparmor.d/bwrap with
+    abi <abi/4.0>,
+    include <tunables/global>
+    profile bwrap /usr/bin/bwrap flags=(unconfined) {
+      userns,
+    }
+and load it with `sudo apparmor_parser -r /etc/apparmor.d/bwrap`; on Debian before 11, `sudo sysctl
+kernel.unprivileged_userns_clone=1`; elsewhere check `sysctl user.max_user_namespaces` (> 0)."""
+INSTALL_BWRAP = """\
+Install bubblewrap:
+  Debian, Ubuntu:  sudo apt-get install bubblewrap
+  Fedora, RHEL:    sudo dnf install bubblewrap
+  Arch:            sudo pacman -S bubblewrap
+  openSUSE:        sudo zypper install bubblewrap
+""" + USERNS_HELP + "\nOr run `course grade` as root (isolation level 'user')."
+
+NO_SANDBOX = ("refusing to grade: students' code would run as you (isolation level 'process': it could read "
+              "and write everything you can, your keys and the solutions included), because bubblewrap is "
+              "not installed and `course grade` is not running as root.\n" + INSTALL_BWRAP + "\n"
+              "To grade trusted notebooks as yourself anyway, pass --isolation process.")
 
 
 class SandboxUnavailable(RuntimeError):
-    """The isolation asked for (``--require-sandbox``, ``--isolation``) is not available here."""
+    """The isolation asked for (``--require-sandbox``, ``--isolation``) is not available here, or the
+    grading kernel cannot start at the chosen level."""
 
+
+# ---------------------------------------------------------------------------------------------------
+# cgroups: one per submission, bounding the memory and the process count of all its processes together
+
+def _write(path: Path | str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def _read(path: Path | str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _cgroup_mounts() -> list[tuple[str, str, set, str]]:
+    """(mount point, fstype, super options, root of the mount) of every cgroup file system."""
+    out = []
+    for line in _read("/proc/self/mountinfo").splitlines():
+        parts = line.split()
+        if "-" not in parts:
+            continue
+        sep = parts.index("-")
+        fstype = parts[sep + 1]
+        if fstype in ("cgroup", "cgroup2"):
+            out.append((parts[4], fstype, set(parts[sep + 3].split(",")), parts[3]))
+    return out
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller (or "" for cgroup v2) -> this process's cgroup path, from /proc/self/cgroup."""
+    out = {}
+    for line in _read("/proc/self/cgroup").splitlines():
+        _, ctrls, path = line.split(":", 2)
+        for c in (ctrls.split(",") if ctrls else [""]):
+            out[c] = path
+    return out
+
+
+def _under(mount: str, root: str, path: str) -> Path:
+    rel = path[len(root):] if root != "/" and path.startswith(root) else path
+    return Path(mount + rel.rstrip("/")) if rel not in ("", "/") else Path(mount)
+
+
+@dataclass
+class Cgroups:
+    """Where this run makes its per-submission cgroups: ``v2`` (memory.max, pids.max) or ``v1`` (the
+    memory controller's memory.limit_in_bytes, and the pids controller's pids.max where mounted)."""
+    version: str
+    parents: dict                     # "memory"/"pids" (v1) or "unified" (v2) -> parent folder
+    pids: bool = False
+    run: dict = field(default_factory=dict)   # the same keys -> this run's folder
+
+    @classmethod
+    def find(cls) -> tuple[Cgroups | None, str]:
+        """The cgroups this machine lets the grader make, checked by making and removing one; (None, why)
+        when there are none."""
+        if os.geteuid() != 0:
+            return None, "not root"
+        mounts, own = _cgroup_mounts(), _own_cgroups()
+        why = []
+        for mnt, fstype, opts, root in mounts:
+            if fstype != "cgroup2":
+                continue
+            for parent in dict.fromkeys([_under(mnt, root, own.get("", "/")), Path(mnt)]):
+                enabled = _read(parent / "cgroup.subtree_control").split()
+                if "memory" not in enabled:
+                    why.append(f"{parent}: the memory controller is not enabled for its children")
+                    continue
+                cg = cls("v2", {"unified": parent}, pids="pids" in enabled)
+                err = cg._try()
+                if err is None:
+                    return cg, ""
+                why.append(err)
+        v1 = {}
+        for mnt, fstype, opts, root in mounts:
+            for c in ("memory", "pids"):
+                if fstype == "cgroup" and c in opts and c in own:
+                    v1[c] = _under(mnt, root, own[c])
+        if "memory" in v1:
+            cg = cls("v1", v1, pids="pids" in v1)
+            err = cg._try()
+            if err is None:
+                return cg, ""
+            why.append(err)
+        elif not why:
+            why.append("no cgroup v2 with the memory controller and no cgroup v1 memory controller is mounted")
+        return None, "; ".join(why)
+
+    def _try(self) -> str | None:
+        try:
+            self.start()
+            dirs = self.make("probe", 64 * 2**20, 8)
+            self.remove(dirs)
+            self.close()
+            return None
+        except OSError as e:
+            self.close()
+            return f"cannot make a cgroup ({self.version}): {e}"
+
+    def start(self) -> None:
+        tag = f"course-grade-{os.getpid()}-{secrets.token_hex(3)}"
+        for k, parent in self.parents.items():
+            d = parent / tag
+            d.mkdir()
+            self.run[k] = d
+            if self.version == "v2":
+                _write(d / "cgroup.subtree_control", " ".join("+" + c for c in ("memory", "pids")
+                                                               if c == "memory" or self.pids))
+
+    def make(self, key: str, memory: int | None, pids: int | None) -> list[Path]:
+        """A cgroup per controller hierarchy for one submission, its limits set; the jail joins them."""
+        dirs = []
+        for k, run in self.run.items():
+            d = run / key
+            if d.exists():
+                self.remove([d])
+            d.mkdir()
+            dirs.append(d)
+            if k in ("unified", "memory") and memory:
+                if self.version == "v2":
+                    _write(d / "memory.max", str(int(memory)))
+                    if (d / "memory.swap.max").exists():
+                        _write(d / "memory.swap.max", "0")
+                else:
+                    _write(d / "memory.limit_in_bytes", str(int(memory)))
+                    if (d / "memory.memsw.limit_in_bytes").exists():  # memory + swap: no swapping around it
+                        try:
+                            _write(d / "memory.memsw.limit_in_bytes", str(int(memory)))
+                        except OSError:
+                            pass
+            if k in ("unified", "pids") and pids and self.pids:
+                _write(d / "pids.max", str(int(pids)))
+        return dirs
+
+    def usage(self, dirs: list[Path]) -> dict:
+        """{"peak": bytes or None, "oom_kill": processes killed for memory} of one submission."""
+        out = {"peak": None, "oom_kill": 0}
+        for d in dirs:
+            for name in ("memory.peak", "memory.max_usage_in_bytes"):
+                t = _read(d / name).strip()
+                if t.isdigit():
+                    out["peak"] = int(t)
+            for name in ("memory.events", "memory.oom_control"):
+                for line in _read(d / name).splitlines():
+                    k, _, v = line.partition(" ")
+                    if k == "oom_kill" and v.strip().isdigit():
+                        out["oom_kill"] = max(out["oom_kill"], int(v))
+        return out
+
+    @staticmethod
+    def kill(dirs: list[Path], wait: float = 10.0) -> int:
+        """SIGKILL every process in the cgroups until none is left; returns how many were killed."""
+        killed = set()
+        for d in dirs:
+            if (d / "cgroup.kill").exists():
+                try:
+                    _write(d / "cgroup.kill", "1")
+                except OSError:
+                    pass
+        t0 = time.monotonic()
+        while True:
+            pids = {int(p) for d in dirs for p in _read(d / "cgroup.procs").split() if p.isdigit()}
+            if not pids or time.monotonic() - t0 > wait:
+                return len(killed | pids)
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                    killed.add(p)
+                except OSError:
+                    pass
+            time.sleep(0.02)
+
+    def remove(self, dirs: list[Path]) -> None:
+        self.kill(dirs)
+        for d in dirs:
+            for _ in range(100):  # a killed process leaves its cgroup a moment after it is gone
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+    def close(self) -> None:
+        for d in self.run.values():
+            if d.exists():
+                self.remove([c for c in d.iterdir() if c.is_dir()])
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+        self.run = {}
+
+
+# ---------------------------------------------------------------------------------------------------
+# mounts made by the grader itself (root only): one tmpfs per submission
+
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
+
+
+def mount_tmpfs(path: Path, size: int, mode: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"tmpfs", str(path).encode(), b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV),
+                  f"size={int(size)},mode={mode}".encode()) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount tmpfs on {path}: {os.strerror(e)}")
+
+
+def umount(path: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.umount2(str(path).encode(), MNT_DETACH)
+
+
+def _can_mount() -> bool:
+    if os.geteuid() != 0:
+        return False
+    d = tempfile.mkdtemp(prefix="cg-probe-")
+    try:
+        mount_tmpfs(Path(d), 2**20, "0700")
+        umount(Path(d))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.rmdir(d)
+
+
+# ---------------------------------------------------------------------------------------------------
+# what the grader can do here
 
 @dataclass
 class Isolation:
@@ -68,27 +342,69 @@ class Isolation:
     memory_gb: float | None = DEFAULT_MEMORY_GB
     notes: list = field(default_factory=list)
     expose: list = field(default_factory=list)  # [ancestor, path]: see jail.expose
+    private_fs: bool = False         # level user: the jail builds a private filesystem
+    cgroup: Cgroups | None = None    # per-submission cgroups (root, where the machine allows one)
+    tmpfs: bool = False              # per-submission tmpfs for the kernel's files (root)
+    disk: int = DEFAULT_DISK
+
+    @property
+    def private(self) -> bool:
+        """Does the kernel see only its own filesystem (no repository, no /tmp or /run of the machine)?"""
+        return self.level == "bwrap" or (self.level == "user" and self.private_fs)
+
+    def memory_text(self) -> str:
+        if not self.memory_gb:
+            return "no memory limit"
+        if self.cgroup is not None:
+            return (f"memory <= {self.memory_gb:g} GiB for the whole submission (all its processes and files "
+                    f"together: cgroup {self.cgroup.version})")
+        return (f"memory <= {self.memory_gb:g} GiB per process, NOT for the whole submission (no cgroup here: "
+                f"a notebook's processes together can use more)")
 
     def describe(self) -> str:
-        what = {"bwrap": "bubblewrap sandbox (read-only system, writable scratch only)",
-                "user": f"unprivileged user {self.user} (uid {self.uid})",
+        who = f"user {self.user} (uid {self.uid})" if self.uid is not None else "your own user"
+        what = {"bwrap": f"bubblewrap sandbox as {who}",
+                "user": f"unprivileged {who}",
                 "process": "the grader's own user (no sandbox: use for trusted notebooks only)"}[self.level]
         extra = []
-        extra.append("no network" if self.unshare_net or self.level == "bwrap" else "network NOT isolated")
-        extra.append("own PID namespace" if self.unshare_pid or self.level == "bwrap" else "process group only")
-        extra.append(f"address space <= {self.memory_gb:g} GiB" if self.memory_gb else "no memory limit")
-        return f"isolation: {self.level}: {what}; " + ", ".join(extra)
+        if self.private:
+            extra.append("private filesystem (read-only system and Python, a copy of course_lib, its scratch "
+                         "folder; own /proc, /tmp, /var/tmp, /dev/shm; no /run, repository or home folders)")
+        elif self.level == "user":
+            extra.append("filesystem NOT private (it can read world-readable files and use the machine's /tmp)")
+        extra.append("no network" if self.unshare_net or self.private else "network NOT isolated")
+        extra.append("own PID namespace" if self.unshare_pid or self.private else "process group only")
+        extra.append(self.memory_text())
+        if self.tmpfs:
+            extra.append(f"its files <= {self.disk / 2**30:g} GiB (tmpfs, removed after it)")
+        return f"isolation: {self.level}: {what}; " + "; ".join(extra)
 
 
 def find_bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
+_BWRAP_SIZE: dict = {}
+
+
+def bwrap_has_size(bwrap: str) -> bool:
+    """Does this bubblewrap know ``--size`` (0.8.0 and later) for its tmpfs mounts?"""
+    if bwrap not in _BWRAP_SIZE:
+        try:
+            out = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        _BWRAP_SIZE[bwrap] = "--size" in out
+    return _BWRAP_SIZE[bwrap]
+
+
 def _jail_ok(spec: dict, cmd=("/bin/true",)) -> bool:
     """Can the jail start `cmd` with this spec? (Run once per grade run, per option.)"""
-    import tempfile
     with tempfile.TemporaryDirectory(prefix="cg-probe-") as stage:
         spec = {"cwd": "/", "env": {"PATH": PATH}, **spec, "stage": stage}
+        if "root" in spec:
+            os.mkdir(Path(stage) / "root", 0o700)
+            spec["root"] = {**spec["root"], "stage": str(Path(stage) / "root")}
         try:
             r = subprocess.run([sys.executable, "-I", "-S", JAIL, json.dumps(spec), "--", *cmd],
                                capture_output=True, timeout=60)
@@ -116,14 +432,24 @@ def _blocked_ancestor(path: str, uid: int, gid: int) -> str | None:
     return None
 
 
-def exposed_paths(uid: int, gid: int) -> list[list[str]]:
-    """[ancestor, path] pairs the jail must bind for the sandbox user to run Python and import
-    course_lib (see jail.expose); empty when everything is reachable."""
-    paths = {str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix,
-                                              sysconfig.get_paths()["purelib"], str(course_lib_root()))}
+def python_paths() -> list[str]:
+    """The folders of the Python installation the kernel runs (outside the system's /usr, /lib...)."""
+    paths = {str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix,
+                                              sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])}
     paths.add(str(Path(sys.executable).resolve().parent))
     out = []
     for p in sorted(paths):
+        if any(p == q or p.startswith(q + "/") for q in out + list(SYSTEM_RO)):
+            continue
+        out.append(p)
+    return out
+
+
+def exposed_paths(uid: int, gid: int, extra=()) -> list[list[str]]:
+    """[ancestor, path] pairs the jail must bind for the sandbox user to run Python (see jail.expose),
+    for bubblewrap run as that user; empty when everything is reachable."""
+    out = []
+    for p in sorted(set(python_paths()) | {str(Path(e).resolve()) for e in extra}):
         a = _blocked_ancestor(p, uid, gid)
         if a is not None and [a, p] not in out and not any(p.startswith(q + "/") for _, q in out):
             out.append([a, p])
@@ -154,38 +480,68 @@ def resolve_user(name: str | int | None) -> tuple[int, int, str]:
 def probe(level: str | None = None, require_sandbox: bool = False, sandbox_user=None,
           memory_gb: float | None = DEFAULT_MEMORY_GB) -> Isolation:
     """The isolation to use: `level` (or the strongest available); raises SandboxUnavailable when
-    `require_sandbox` (bubblewrap) or the level asked for cannot be had."""
+    `require_sandbox` (bubblewrap) or the level asked for cannot be had, and when nothing but the
+    grader's own user is available and ``process`` was not asked for. What this checks is what the jail
+    can set up; `execute.check_kernel` then starts a real kernel at that level."""
     if level is not None and level not in LEVELS:
         raise ValueError(f"isolation level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if memory_gb is not None and memory_gb < 0:
+        raise ValueError(f"memory limit must be >= 0 GiB (0: none), got {memory_gb}")
     bwrap = find_bwrap()
     root = os.geteuid() == 0
     if require_sandbox and not bwrap:
-        raise SandboxUnavailable("--require-sandbox: bubblewrap (bwrap) is not installed; install it (e.g. "
-                                 "`apt-get install bubblewrap`) or grade without --require-sandbox")
+        raise SandboxUnavailable("--require-sandbox: bubblewrap (bwrap) is not installed.\n" + INSTALL_BWRAP)
     if require_sandbox and level not in (None, "bwrap"):
         raise SandboxUnavailable(f"--require-sandbox and --isolation {level} contradict each other")
     explicit = level is not None
     if level is None:
-        level = "bwrap" if bwrap else ("user" if root else "process")
+        level = "bwrap" if bwrap else ("user" if root else None)
+        if level is None:
+            raise SandboxUnavailable(NO_SANDBOX)
     if level == "bwrap" and not bwrap:
-        raise SandboxUnavailable("--isolation bwrap: bubblewrap (bwrap) is not installed")
+        raise SandboxUnavailable("--isolation bwrap: bubblewrap (bwrap) is not installed.\n" + INSTALL_BWRAP)
     if level == "user" and not root:
         raise SandboxUnavailable("--isolation user: needs `course grade` to run as root (to switch to an "
                                  "unprivileged user); run as root, install bubblewrap, or use --isolation process")
     iso = Isolation(level, bwrap=bwrap, memory_gb=memory_gb or None)
+    if iso.memory_gb:
+        iso.disk = min(DEFAULT_DISK, int(iso.memory_gb * 2**30 / 4))
+    if root:
+        iso.tmpfs = _can_mount()
+        if iso.memory_gb:
+            iso.cgroup, why = Cgroups.find()
+            if iso.cgroup is None:
+                iso.notes.append(f"no cgroup for the submissions ({why}): the memory limit is per process")
+        if not iso.tmpfs:
+            iso.notes.append("cannot mount a tmpfs here: a submission's files are on disk (each file <= "
+                             f"{DEFAULT_FSIZE // 2**20} MiB), removed after it")
     if root and level in ("bwrap", "user"):
         iso.uid, iso.gid, iso.user = resolve_user(sandbox_user)
+    if level == "bwrap" and root:
         iso.expose = exposed_paths(iso.uid, iso.gid)
-        spec = {"uid": iso.uid, "gid": iso.gid, "expose": iso.expose,
-                "env": {"PATH": PATH, "PYTHONPATH": str(course_lib_root()), "PYTHONDONTWRITEBYTECODE": "1"}}
-        if not _jail_ok(spec, (sys.executable, "-c", "import course_lib.grading.guard"),):
-            why = (f"the sandbox user {iso.user} cannot run {sys.executable} and import course_lib "
-                   f"(from {course_lib_root()})")
-            if explicit:
-                raise SandboxUnavailable(f"--isolation {level}: {why}")
-            iso = Isolation("process", bwrap=bwrap, memory_gb=memory_gb or None,
-                            notes=[f"{why}: fell back to isolation level 'process'"])
-    if iso.level != "bwrap":  # bubblewrap makes its own namespaces
+    if level == "user":
+        lib = course_lib_root() / "course_lib"
+        env = {"PATH": PATH, "PYTHONPATH": LIB_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"}
+        spec = {"uid": iso.uid, "gid": iso.gid, "env": env,
+                "root": {"ops": root_ops(None, lib)}}
+        iso.private_fs = _jail_ok(spec, (sys.executable, "-c", "import course_lib.grading.guard"))
+        if not iso.private_fs:
+            iso.notes.append("cannot build a private filesystem for the kernel here (no mount namespace): it can "
+                             "read world-readable files, e.g. a world-readable repository and its solutions/")
+            # the Python installation may sit where the sandbox user cannot enter (/root/.pyenv): bound
+            # there in a mount namespace of its own where one can be made (see jail.expose); the kernel
+            # imports the scratch's copy of course_lib, which that user can enter (RunScratch)
+            spec = {"uid": iso.uid, "gid": iso.gid, "env": {"PATH": PATH}}
+            runs = (sys.executable, "-c", "import json")
+            iso.expose = exposed_paths(iso.uid, iso.gid)
+            if iso.expose and not _jail_ok({**spec, "expose": iso.expose}, runs):
+                iso.expose = []
+            if not _jail_ok({**spec, "expose": iso.expose}, runs):
+                raise SandboxUnavailable(
+                    f"--isolation user: the sandbox user {iso.user} cannot run {sys.executable}, and no private "
+                    "filesystem can be built here to show it to that user; install bubblewrap, or install "
+                    "Python where that user can run it")
+    if level in ("user", "process") and not iso.private:
         base = {"uid": iso.uid, "gid": iso.gid}
         iso.unshare_net = _jail_ok({**base, "unshare_net": True})
         iso.unshare_pid = _jail_ok({**base, "unshare_pid": True})
@@ -194,43 +550,162 @@ def probe(level: str | None = None, require_sandbox: bool = False, sandbox_user=
         if not iso.unshare_pid:
             iso.notes.append("cannot make a PID namespace here: leftover processes are killed by process "
                              "group and marker instead")
+    if level == "process" and explicit:
+        iso.notes.append("isolation level 'process' (asked for): students' code runs as you and can read and "
+                         "write what you can")
     return iso
 
 
-BWRAP_LIB = "/opt/course"
+# ---------------------------------------------------------------------------------------------------
+# the scratch folders
+
+def scratch_parent(iso: Isolation) -> str:
+    """Where this run's scratch goes: TMPDIR if the kernel's user can enter it (a `mktemp -d` TMPDIR is
+    0700: the sandbox user cannot) and its path is short enough for Unix sockets, else /tmp, /var/tmp,
+    /dev/shm."""
+    tried = []
+    for c in dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"]):
+        why = None
+        if not os.path.isdir(c) or not os.access(c, os.W_OK | os.X_OK):
+            why = "not a writable folder"
+        elif len(c) > SCRATCH_PATH_MAX - 12:
+            why = "path too long for the kernel's Unix sockets"
+        elif iso.uid is not None and _blocked_ancestor(os.path.join(c, "x"), iso.uid, iso.gid):
+            why = f"{iso.user} cannot enter {_blocked_ancestor(os.path.join(c, 'x'), iso.uid, iso.gid)}"
+        if why is None:
+            return c
+        tried.append(f"{c}: {why}")
+    raise SandboxUnavailable("no folder for the grading scratch: " + "; ".join(tried))
 
 
-def bwrap_argv(bwrap: str, work: Path, run: Path, package: Path, marker: str = "") -> list[str]:
-    """bubblewrap's arguments: a read-only system, the Python installation and the course library,
-    the scratch folders `work` (the kernel's home and working folder) and `run` (its connection
-    file and sockets) writable, no network, own PID/IPC/UTS namespaces, dies with the grader."""
-    argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL",
-            "--clearenv", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    ro = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/alternatives",
-          "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ssl", "/etc/localtime",
-          "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/matplotlibrc"]
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    for p in ro:
-        argv += ["--ro-bind-try", p, p]
-    for p in sorted(prefixes):
-        if not any(p.startswith(r + "/") for r in ro if r.startswith("/usr")):
-            argv += ["--ro-bind", p, p]
-    argv += ["--ro-bind", str(package), f"{BWRAP_LIB}/course_lib"]  # the package only, not the repository
-    argv += ["--bind", str(work), str(work), "--bind", str(run), str(run), "--chdir", str(work)]
-    for k, v in sorted(kernel_env(work, BWRAP_LIB, marker).items()):
-        argv += ["--setenv", k, v]
-    argv.append("--")
-    return argv
+@dataclass
+class KernelScratch:
+    """One submission's kernel folders: `work` (its home and working folder), `run` (connection file and
+    sockets), `tmp` and `shm` (its /tmp and /var/tmp, its /dev/shm), all under `top`, and its cgroups."""
+    key: str
+    top: Path
+    work: Path
+    run: Path
+    tmp: Path
+    shm: Path
+    report: Path                     # the jail writes why it could not start the kernel here
+    mounted: bool = False
+    cgroups: list = field(default_factory=list)
 
 
-def kernel_env(work: Path, pythonpath: str | Path | None, marker: str = "") -> dict:
-    """The kernel's whole environment (nothing of the grader's is inherited)."""
-    env = {"PATH": PATH, "HOME": str(work), "TMPDIR": str(work / "tmp"), "USER": "student",
+class RunScratch:
+    """One grade run's scratch folder (made by the grader, whatever TMPDIR's modes are):
+
+        <base>/        0711  (0700 at level process)
+          p/           0700  the grader's only: the gradebook copy, the per-submission course folders
+          lib/course_lib     a copy of the course package (the kernel imports this, not the repository)
+          k/<key>/     0711  one submission's kernel folders (a tmpfs where the grader can mount one)
+    """
+
+    def __init__(self, iso: Isolation):
+        self.iso = iso
+        self.base = Path(tempfile.mkdtemp(prefix="cg-", dir=scratch_parent(iso)))
+        self.kernels_open: dict[str, KernelScratch] = {}
+        self.cgroups = None
+        try:
+            os.chmod(self.base, 0o711 if iso.uid is not None else 0o700)
+            self.private = self.base / "p"
+            self.private.mkdir(mode=0o700)
+            self.lib = self.base / "lib" / "course_lib"
+            copy_package(course_lib_root() / "course_lib", self.lib)
+            self.kernels = self.base / "k"
+            self.kernels.mkdir(mode=0o711)
+            if iso.cgroup is not None:
+                self.cgroups = Cgroups(iso.cgroup.version, iso.cgroup.parents, iso.cgroup.pids)
+                self.cgroups.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def kernel(self, key: str) -> KernelScratch:
+        iso = self.iso
+        top = self.kernels / key
+        if key in self.kernels_open:
+            self.release(self.kernels_open[key])
+        elif top.exists():
+            shutil.rmtree(top)
+        top.mkdir(mode=0o711)
+        ks = KernelScratch(key, top, top / "work", top / "run", top / "tmp", top / "shm",
+                           self.private / f"jail-{key}.txt")
+        self.kernels_open[key] = ks
+        if iso.tmpfs:
+            mount_tmpfs(top, iso.disk, "0711")
+            ks.mounted = True
+        for d, mode in ((ks.work, 0o700), (ks.run, 0o700), (ks.tmp, 0o1777), (ks.shm, 0o1777)):
+            d.mkdir()
+            if iso.uid is not None:
+                os.chown(d, iso.uid, iso.gid)
+            os.chmod(d, mode)
+        (ks.work / "tmp").mkdir()  # the kernel's TMPDIR where it has no /tmp of its own
+        if iso.uid is not None:
+            os.chown(ks.work / "tmp", iso.uid, iso.gid)
+        (top / "root").mkdir(mode=0o700)
+        if self.cgroups is not None:
+            mem = int(iso.memory_gb * 2**30) if iso.memory_gb else None
+            ks.cgroups = self.cgroups.make(key, mem, DEFAULT_NPROC)
+        return ks
+
+    def release(self, ks: KernelScratch) -> dict:
+        """Kill what is left of the kernel, remove its folders and cgroups; its memory use (see
+        Cgroups.usage: empty without cgroups)."""
+        usage = {}
+        if ks.cgroups and self.cgroups is not None:
+            self.cgroups.kill(ks.cgroups)
+            usage = self.cgroups.usage(ks.cgroups)
+        if ks.mounted:
+            umount(ks.top)
+            ks.mounted = False
+        shutil.rmtree(ks.top, ignore_errors=True)
+        if ks.cgroups and self.cgroups is not None:
+            self.cgroups.remove(ks.cgroups)
+        try:
+            ks.report.unlink()
+        except OSError:
+            pass
+        self.kernels_open.pop(ks.key, None)
+        return usage
+
+    def close(self) -> None:
+        for ks in list(self.kernels_open.values()):
+            self.release(ks)
+        if self.cgroups is not None:
+            self.cgroups.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def copy_package(src: Path, dst: Path) -> None:
+    """A readable copy of the course package, compiled (the kernel writes no bytecode, and compiling what
+    a lab imports from course_lib costs each kernel about a second), folders 0755 and files 0644 whatever
+    the modes in the checkout (safetensors writes 0600)."""
+    import compileall
+    shutil.copytree(src, dst)  # with __pycache__: copy2 keeps the sources' times, so those stay valid
+    compileall.compile_dir(str(dst), quiet=2)
+    os.chmod(dst.parent, 0o755)
+    for d, dirs, files in os.walk(dst):
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the kernel's launch
+
+def kernel_env(work: Path, pythonpath: str | Path | None, marker: str = "", tmpdir: str | Path | None = None) -> dict:
+    """The kernel's whole environment (nothing of the grader's is inherited). JPY_PARENT_PID is 1,
+    ipykernel's "my parent is init" (no polling, no banner on the terminal): in a PID namespace the
+    kernel's parent is pid 1, and with the grader's pid ipykernel takes that for its parent having exited
+    and shuts down ("Kernel died before replying to kernel_info"). The jail and bubblewrap kill the
+    kernel when the grader goes."""
+    env = {"PATH": PATH, "HOME": str(work), "TMPDIR": str(tmpdir or work / "tmp"), "USER": "student",
            "LOGNAME": "student", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "IPYTHONDIR": str(work / ".ipython"),
            "MPLCONFIGDIR": str(work / ".matplotlib"), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
            "COURSE_OFFLINE": "1", "COURSE_QUICK": "1", "NBGRADER_EXECUTION": "autograde",
-           "OMP_NUM_THREADS": "2", "JPY_PARENT_PID": str(os.getpid())}
+           "OMP_NUM_THREADS": "2", "JPY_PARENT_PID": "1"}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     if marker:
@@ -238,45 +713,83 @@ def kernel_env(work: Path, pythonpath: str | Path | None, marker: str = "") -> d
     return env
 
 
-def course_lib_root() -> Path:
-    """The folder holding the `course_lib` package the grader runs (what the kernel imports)."""
-    return Path(__file__).resolve().parents[2]
+def bwrap_argv(bwrap: str, work: Path, run: Path, package: Path, marker: str = "", tmp: Path | None = None,
+               shm: Path | None = None, size: int | None = DEFAULT_DISK) -> list[str]:
+    """bubblewrap's arguments: a read-only system, the Python installation and the course package
+    (`package`, a copy: not the repository), the scratch folders `work` (the kernel's home and working
+    folder) and `run` (its connection file and sockets) writable, /tmp and /var/tmp (`tmp`) and /dev/shm
+    (`shm`) its own (the submission's folders where given, else tmpfs of `size` bytes), no network, its
+    own PID/IPC/UTS/cgroup namespaces, dies with its parent. No --new-session: the kernel must stay in
+    the jail's process group to get the grader's interrupts, and that group is already a session of its
+    own without a terminal (jupyter_client starts it with start_new_session)."""
+    argv = [bwrap, "--die-with-parent", "--unshare-all", "--cap-drop", "ALL", "--clearenv",
+            "--proc", "/proc", "--dev", "/dev"]
+    sized = ["--size", str(int(size))] if size and bwrap_has_size(bwrap) else []
+    for p, to in ((tmp, "/tmp"), (tmp, "/var/tmp"), (shm, "/dev/shm")):
+        argv += ["--bind", str(p), to] if p is not None else sized + ["--tmpfs", to]
+    for p in SYSTEM_RO:
+        argv += ["--ro-bind-try", p, p]
+    for p in python_paths():
+        argv += ["--ro-bind", p, p]
+    argv += ["--ro-bind", str(package), f"{LIB_MOUNT}/course_lib"]
+    argv += ["--bind", str(work), str(work), "--bind", str(run), str(run), "--chdir", str(work)]
+    for k, v in sorted(kernel_env(work, LIB_MOUNT, marker, "/tmp").items()):
+        argv += ["--setenv", k, v]
+    argv.append("--")
+    return argv
 
 
-def make_scratch(base: Path, key: str, iso: Isolation) -> tuple[Path, Path]:
-    """(work, run) folders of one kernel, owned by the sandbox user; `base` stays the grader's."""
-    top = base / key
-    if top.exists():
-        shutil.rmtree(top)
-    work, run = top / "work", top / "run"
-    for d in (top, work, run, work / "tmp"):
-        d.mkdir(parents=True)
-    if iso.uid is not None:
-        os.chmod(top, 0o711)
-        for d in (work, run, work / "tmp"):
-            os.chown(d, iso.uid, iso.gid)
-            os.chmod(d, 0o700)
-    return work, run
+def root_ops(ks: KernelScratch | None, package: Path) -> list[list]:
+    """The jail's operations that build the kernel's private filesystem at level user (see
+    jail.build_root): the same view as bubblewrap's. Targets deeper in the tree come after the mounts
+    they sit in (the scratch may live in /tmp)."""
+    ops = []
+    if ks is not None:
+        ops += [["rw", str(ks.tmp), "/tmp"], ["rw", str(ks.tmp), "/var/tmp"]]
+    else:
+        ops += [["tmpfs", 2**20, "1777", "/tmp"]]
+    ops += [["ro-try", p, p] for p in SYSTEM_RO]
+    ops += [["ro", p, p] for p in python_paths()]
+    ops += [["ro", str(package), f"{LIB_MOUNT}/course_lib"], ["dev", "/dev"], ["proc", "/proc"]]
+    if ks is not None:
+        ops += [["rw", str(ks.shm), "/dev/shm"], ["rw", str(ks.work), str(ks.work)], ["rw", str(ks.run), str(ks.run)]]
+    return ops
 
 
-def kernel_spec(iso: Isolation, work: Path, run: Path, connection_file: Path, marker: str,
-                cpu_seconds: int | None) -> dict:
-    lib = course_lib_root()
+def kernel_spec(iso: Isolation, ks: KernelScratch, connection_file: Path, marker: str, cpu_seconds: int | None,
+                package: Path) -> dict:
+    """The jail's spec for one submission's kernel (see jail.py); `package` is the course_lib copy."""
     rl = {"core": 0, "fsize": DEFAULT_FSIZE, "nofile": DEFAULT_NOFILE}
-    if iso.memory_gb:
+    if iso.memory_gb and iso.cgroup is None:
+        # the fallback: address space per process (with a cgroup it is not needed, and it is not memory:
+        # torch alone reserves 1.5 GB of it)
         rl["as"] = int(iso.memory_gb * 2**30)
     if cpu_seconds:
         rl["cpu"] = int(cpu_seconds)
-    if iso.uid is not None:
-        rl["nproc"] = DEFAULT_NPROC  # per user: only meaningful for a dedicated user
-    spec = {"uid": iso.uid, "gid": iso.gid, "cwd": str(work), "rlimits": rl,
-            "env": kernel_env(work, lib, marker), "chown": [str(connection_file)] if iso.uid is not None else [],
-            "unshare_net": iso.unshare_net, "unshare_pid": iso.unshare_pid,
-            "expose": iso.expose, "stage": str(run.parent / "mnt")}
+    if iso.uid is not None and not (ks.cgroups and iso.cgroup is not None and iso.cgroup.pids):
+        rl["nproc"] = DEFAULT_NPROC  # per user, not per submission: the fallback without a pids cgroup
+    env = kernel_env(ks.work, LIB_MOUNT if iso.private else package.parent, marker,
+                     "/tmp" if iso.private else None)
+    spec = {"uid": iso.uid, "gid": iso.gid, "cwd": str(ks.work), "rlimits": rl, "env": env,
+            "chown": [str(connection_file)] if iso.uid is not None else [],
+            "cgroup": [str(d) for d in ks.cgroups], "report": str(ks.report)}
     if iso.level == "bwrap":
-        spec["bwrap"] = bwrap_argv(iso.bwrap, work, run, lib / "course_lib", marker)
-        spec["unshare_net"] = spec["unshare_pid"] = False
+        spec["bwrap"] = bwrap_argv(iso.bwrap, ks.work, ks.run, package, marker,
+                                   tmp=ks.tmp if ks.mounted else None, shm=ks.shm if ks.mounted else None,
+                                   size=iso.disk)
+        spec["expose"], spec["stage"] = iso.expose, str(ks.top / "mnt")
+    elif iso.private:
+        spec["root"] = {"stage": str(ks.top / "root"), "ops": root_ops(ks, package)}
+    else:
+        spec["unshare_net"], spec["unshare_pid"] = iso.unshare_net, iso.unshare_pid
+        if iso.expose:
+            spec["expose"], spec["stage"] = iso.expose, str(ks.top / "mnt")
     return spec
+
+
+def course_lib_root() -> Path:
+    """The folder holding the `course_lib` package the grader runs (the kernel gets a copy of it)."""
+    return Path(__file__).resolve().parents[2]
 
 
 def jail_command(spec: dict, cmd: list[str]) -> list[str]:
@@ -285,7 +798,10 @@ def jail_command(spec: dict, cmd: list[str]) -> list[str]:
 
 class SandboxKernelManager(AsyncKernelManager):
     """A kernel manager whose kernel starts through the jail (`jail.py`) with `sandbox_spec`, talking
-    over Unix sockets in the scratch (TCP would not cross the network namespace)."""
+    over Unix sockets in the scratch (TCP would not cross the network namespace). The kernel's stdout
+    and stderr go to /dev/null unless the caller gives them: inherited, they would be the grader's
+    terminal, where a student's code could print fake progress lines or terminal escape sequences
+    (what a kernel says to the grader goes over its sockets)."""
     sandbox_spec = TDict(allow_none=True, default_value=None).tag(config=True)
 
     def format_kernel_cmd(self, extra_arguments=None):
@@ -294,11 +810,18 @@ class SandboxKernelManager(AsyncKernelManager):
             return cmd
         return jail_command(self.sandbox_spec, cmd)
 
+    async def _async_pre_start_kernel(self, **kw):
+        cmd, kw = await super()._async_pre_start_kernel(**kw)
+        if self.sandbox_spec:
+            kw.setdefault("stdout", subprocess.DEVNULL)
+            kw.setdefault("stderr", subprocess.DEVNULL)
+        return cmd, kw
+
 
 def kill_leftovers(marker: str, uid: int | None = None, pgids=()) -> list[int]:
     """Kill what is left of one kernel: processes in its process groups, and processes whose
     environment carries `marker` (root can read every environment; a user its own). Returns the pids
-    killed. With a PID namespace nothing should be left; this is the fallback."""
+    killed. With a PID namespace or a cgroup nothing should be left; this is the fallback."""
     killed = []
     for pg in pgids:
         try:
