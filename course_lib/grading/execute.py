@@ -37,7 +37,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 
 from .guard import MIME
 from .sandbox import (LIB_MOUNT, USERNS_HELP, Isolation, RunScratch, SandboxKernelManager, SandboxUnavailable,
-                      course_lib_root, kernel_spec)
+                      course_lib_root, kernel_spec, python_paths)
 
 GUARD_META = "course_guard"
 DEAD_ENAME = "DeadKernelError"
@@ -309,11 +309,11 @@ def check_kernel(iso: Isolation, scratch: RunScratch, timeout: float = 120.0) ->
     ks = scratch.kernel("check")
     conn = ks.run / "kernel.json"
     spec = kernel_spec(iso, ks, conn, "check", None, scratch.lib)
-    repo = str(course_lib_root())
+    repo = str(course_lib_root().resolve())
     code = ("import json, os, course_lib, course_lib.grading.guard\n"
             f"print({CHECK_MARK!r} + json.dumps({{'uid': os.getuid(), "
             "'lib': os.path.dirname(os.path.dirname(os.path.abspath(course_lib.__file__))), "
-            f"'repo': os.path.exists({repo!r})}}))")
+            f"'repo': sorted(os.listdir({repo!r})) if os.path.isdir({repo!r}) else []}}))")
     nb = new_notebook(cells=[new_code_cell(code)])
     client = _Client(nb, timeout=int(timeout), startup_timeout=int(timeout), kernel_name="python3",
                      kernel_manager_class=SandboxKernelManager, sandbox_spec=spec, connection_file=str(conn),
@@ -346,8 +346,12 @@ def check_kernel(iso: Isolation, scratch: RunScratch, timeout: float = 120.0) ->
     problems = []
     if iso.uid is not None and seen["uid"] != iso.uid:
         problems.append(f"it runs as uid {seen['uid']}, not the sandbox user's {iso.uid}")
-    if iso.private and seen["repo"]:
-        problems.append(f"it can see the repository ({repo})")
+    # A Python installation inside the repository (the venv of a clone, as `make` and CI make it) is bound at
+    # its own path, so the repository's folder exists in the jail holding only that; nothing else of it
+    # (solutions/, course_lib/, ...) may be in reach.
+    bound = {Path(p).relative_to(repo).parts[0] for p in python_paths() if p.startswith(repo + "/")}
+    if iso.private and set(seen["repo"]) - bound:
+        problems.append(f"it can see the repository ({repo}: {', '.join(sorted(set(seen['repo']) - bound))})")
     if iso.private and seen["lib"] != LIB_MOUNT:
         problems.append(f"it imports course_lib from {seen['lib']}, not its private copy")
     if problems:
