@@ -176,7 +176,9 @@ def test_collect_layouts_and_reports(tmp_path):
     assert [p.name for p in gina.superseded] == ["lab01.ipynb"]
     not_graded = {p.name for p, _ in coll.unattributed}
     assert not_graded == {"Copy of lab01.ipynb", "frank_lab09.ipynb"}
-    assert {p.name for p, _ in coll.ignored} == {"notes.txt", "readme.md"}
+    # nothing is dropped silently: the checkpoint folder is listed (once, not looked into) with its reason
+    assert {p.name: why for p, why in coll.ignored}.keys() == {"notes.txt", "readme.md", ".ipynb_checkpoints"}
+    assert "checkpoints" in dict((p.name, w) for p, w in coll.ignored)[".ipynb_checkpoints"]
     only2 = collect(sub, RELEASED, assignment="lab02")
     assert {s.student for s in only2.submissions} == {"bob", "erin"}
     assert any("lab01, not lab02" in why for _, why in only2.ignored)
