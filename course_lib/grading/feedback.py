@@ -140,6 +140,26 @@ def shown_output(out, in_test: bool, limit: int = MAX_OUTPUT_CHARS):
     return None
 
 
+def output_text(out) -> str:
+    """Everything of an output the kernel chose, as one text (its structure's names left out, so that
+    text printed in pieces over several outputs joins up): stream text, error name, value and
+    traceback, every value of every MIME type (JSON values walked), and metadata (keys too)."""
+    kind = out.get("output_type")
+    if kind == "stream":
+        parts = [_text(out.get("text", ""))]
+    elif kind == "error":
+        parts = [str(out.get("ename", "")), str(out.get("evalue", ""))] + [_text(t) for t in out.get("traceback") or []]
+    else:
+        parts = [x for v in (out.get("data") or {}).values() for x in string_leaves(v)]
+    for key in ("metadata", "transient"):
+        if out.get(key):
+            parts += string_leaves(out.get(key))
+    parts += [x for k, v in out.items() if k not in ("output_type", "name", "text", "ename", "evalue", "traceback",
+                                                     "data", "metadata", "transient", "execution_count")
+              for x in string_leaves({k: v})]
+    return "".join(parts)
+
+
 def withheld_output(kinds) -> dict:
     what = " and ".join(sorted({"hidden tests" if k == "hidden test" else k + "s" for k in kinds})) or "tests"
     return nbformat.v4.new_output("stream", name="stdout", text=WITHHELD.format(what=what) + "\n")
@@ -196,8 +216,8 @@ def feedback_notebook(executed_nb, submitted_nb, release_nb, source_nb, scanner:
             # rest of everything the kernel produced, shown or not (an attempt is flagged either way)
             scanned = shown if in_test and out.get("output_type") == "error" and shown is not None else out
             plan.append((k, j, scanned, shown))
-    parts = ["\n".join(string_leaves(dict(o))) for _, _, o, _ in plan]
-    shown_parts = ["\n".join(string_leaves(dict(s))) if s is not None else "" for *_, s in plan]
+    parts = [output_text(o) for _, _, o, _ in plan]
+    shown_parts = [output_text(s) if s is not None else "" for *_, s in plan]
     hits = scanner.find_in_parts(parts)
     for i, h in scanner.find_in_parts(shown_parts).items():
         hits.setdefault(i, []).extend(h)

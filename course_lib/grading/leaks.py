@@ -254,10 +254,15 @@ class Scanner:
                 pass
         dense = _WS_RE.sub("", raw)  # base64 wrapped over lines, or printed in pieces
         spans = _dense_spans(raw)
+        seen = set()
         for rx, dec, how in ((_B64_RE, _b64, "base64"), (_B32_RE, _b32, "base32"), (_HEX_RE, _hex, "hex")):
-            for m in rx.finditer(dense):
-                s, e = spans(m.start()), spans(m.end() - 1) + 1
-                for data in dec(m.group(0)):
+            runs = [(m.start(), m.end(), m.group(0)) for m in rx.finditer(raw)]  # runs as printed
+            runs += [(spans(m.start()), spans(m.end() - 1) + 1, m.group(0)) for m in rx.finditer(dense)]
+            for s, e, run in runs:
+                if (how, run) in seen:
+                    continue
+                seen.add((how, run))
+                for data in dec(run):
                     for blob, how2 in _unpacked(data, how):
                         out.append((s, e, blob, how2))
         for m in _CODES_RE.finditer(raw):
@@ -314,12 +319,39 @@ class Scanner:
         if len(parts) > 1:
             for s, e, text, how in self._decoded(joined_raw, 0):
                 sub = self._find(text, 1, how)
-                if sub:
-                    for i in _covering(rstarts, [len(t) for t in raws], s, e):
-                        if s == 0 and e == len(joined_raw) and not _changes(raws[i], how):
-                            continue
-                        out.setdefault(i, []).append(_with(sub[0][2], "split across outputs"))
+                if not sub:
+                    continue
+                idx = [i for i in _covering(rstarts, [len(t) for t in raws], s, e)
+                       if not (s == 0 and e == len(joined_raw)) or _changes(raws[i], how)]
+                for i in self._narrowed(raws, idx):
+                    out.setdefault(i, []).append(_with(sub[0][2], "split across outputs"))
         return out
+
+    def _narrowed(self, raws: list[str], idx: list[int]) -> list[int]:
+        """The parts of `idx` that add to the hit: an end part is dropped while the joined rest shows as
+        much secret text (an encoded run glued to a neighbour's text does not mark the neighbour; a
+        part holding a piece of the secret stays marked)."""
+        if len(idx) <= 1:
+            return idx
+        lo, hi = 0, len(idx)
+
+        def score(a, b):
+            return self._score("".join(raws[i] for i in idx[a:b]), 0)
+
+        full = score(lo, hi)
+        while hi - lo > 1 and score(lo + 1, hi) >= full:
+            lo += 1
+        while hi - lo > 1 and score(lo, hi - 1) >= full:
+            hi -= 1
+        return idx[lo:hi]
+
+    def _score(self, raw: str, depth: int) -> int:
+        """How many secret windows the best reading of `raw` shows."""
+        best = len(self._spans(normalize(raw[:MAX_SCAN])))
+        if depth < MAX_DEPTH:
+            for _s, _e, text, _how in self._decoded(raw[:MAX_SCAN], depth):
+                best = max(best, self._score(text, depth + 1))
+        return best
 
     def scrub(self, text: str, note: str) -> tuple[str, list[Hit]]:
         """`text` with every line that carries secret text (alone or with its neighbours) replaced by
@@ -385,17 +417,37 @@ def _hex(s: str) -> list[bytes]:
     return [bytes.fromhex(s[k: len(s) - (len(s) - k) % 2]) for k in (0, 1)]
 
 
+_MAGIC = ((b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda"), (b"\x1f\x8b",), (b"BZh",),
+          (b"\xfd7zXZ\x00",), (b"\x89PNG\r\n\x1a\n",))
+
+
 def _unpacked(data: bytes, how: str) -> list[tuple[str, str]]:
-    """Text views of decoded bytes: as UTF-8, decompressed, and a PNG's text chunks."""
+    """Text views of decoded bytes: as UTF-8, decompressed (zlib, gzip, bz2, lzma, wherever their header
+    sits: the run may have started with other text), and a PNG's text chunks."""
     out = [(data.decode("utf-8", errors="ignore"), how)]
-    for name, fn in (("zlib", zlib.decompress), ("gzip", gzip.decompress), ("bz2", bz2.decompress),
-                     ("lzma", lzma.decompress)):
-        try:
-            out.append((fn(data)[:MAX_SCAN].decode("utf-8", errors="ignore"), f"{name} in {how}"))
-        except Exception:  # noqa: BLE001 - not that format
-            continue
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        out += [(t, f"PNG text in {how}") for t in png_texts(data)]
+    names = ("zlib", "gzip", "bz2", "lzma", "PNG text")
+    for name, magics in zip(names, _MAGIC):
+        starts = sorted({i for m in magics for i in _find_all(data, m)})[:8]
+        for k in starts:
+            try:
+                if name == "PNG text":
+                    out += [(t, f"PNG text in {how}") for t in png_texts(data[k:])]
+                    continue
+                if name == "zlib":
+                    blob = zlib.decompressobj().decompress(data[k:], MAX_SCAN)
+                else:
+                    blob = {"gzip": gzip.decompress, "bz2": bz2.decompress, "lzma": lzma.decompress}[name](data[k:])
+                out.append((blob[:MAX_SCAN].decode("utf-8", errors="ignore"), f"{name} in {how}"))
+            except Exception:  # noqa: BLE001 - not that format after all
+                continue
+    return out
+
+
+def _find_all(data: bytes, magic: bytes) -> list[int]:
+    out, k = [], data.find(magic)
+    while k >= 0 and len(out) < 8:
+        out.append(k)
+        k = data.find(magic, k + 1)
     return out
 
 
