@@ -605,8 +605,9 @@ def real_graded(tmp_path_factory):
                 write_nb(sub / f"mutant{k}" / f"{lab}.ipynb", fill_answers(release, {**answers, **cells}))
     if not sub.exists():
         return None
+    # with feedback: a solution, a blank lab and a planted mistake must not trip the hidden-test scan
     report = grade(sub, labs_release=ROOT / "labs", solutions=ROOT / "solutions", out=base / "grades",
-                   feedback=False, workdir=base / "work")
+                   workdir=base / "work")
     report.workdir = base / "work"   # the autograded notebooks, for test_blank_lab_runs_without_tracebacks
     return report
 
@@ -627,6 +628,8 @@ def test_lab_round_trip(real_graded, lab):
         m = res.get(f"mutant{k}")
         assert m is not None, f"{lab} mutant {what!r} was not graded"
         assert 0 < m.score < auto_max, f"{lab} mutant {what!r} scores {m.score}/{auto_max}: {m.cells}"
+    for who, x in res.items():  # no honest output is withheld from the feedback
+        assert "feedback_withheld" not in x.flags and x.feedback, (lab, who, x.messages)
 
 
 @slow

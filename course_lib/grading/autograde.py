@@ -366,7 +366,7 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         shutil.rmtree(scratch, ignore_errors=True)
         if tmp is not None:
             tmp.cleanup()
-    scanner = Scanner({w: v for sec in lab_secrets.values() for w, v in sec.windows.items()})
+    scanner = Scanner.of(*(sec.scanner() for sec in lab_secrets.values())) if lab_secrets else None
     report = GradeReport(results, [(str(p), why) for p, why in coll.unattributed],
                          [(str(p), why) for p, why in coll.ignored], notes, out_dir, iso.describe(), scanner)
     if out_dir is not None:

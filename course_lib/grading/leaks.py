@@ -74,11 +74,6 @@ def normalize(text: str) -> str:
     return _WS_RE.sub("", text).casefold()
 
 
-def _rot(s: str, n: int) -> str:
-    lo = "abcdefghijklmnopqrstuvwxyz"
-    return s.translate(str.maketrans(lo, lo[n:] + lo[:n]))
-
-
 @dataclass(frozen=True)
 class Hit:
     kind: str        # "hidden test" | "solution" | "mark scheme"
@@ -194,47 +189,72 @@ class LabSecrets:
                     windows[w] = (kind, where)
         self.windows = windows
         self.kinds = sorted({k for k, _ in windows.values()})
+        self.index = build_index(windows)  # once per lab; each student's scanner shares it
 
     def scanner(self, *public_nbs, public_texts: list[str] = ()) -> "Scanner":
         """A scanner for one student: `public_nbs` (the student's submission) and `public_texts` are
         text the student has anyway, so they are not secret for that student."""
         texts = [t for nb in public_nbs for t in notebook_sources(nb)] + list(public_texts)
         blob = "\0".join(normalize(t) for t in texts)
-        kept = {w: v for w, v in self.windows.items() if w not in blob} if blob else self.windows
-        return Scanner(kept)
+        public = frozenset(w for w in self.windows if w in blob) if blob else frozenset()
+        return Scanner(self.index, public)
+
+
+_ROT = [None] + [str.maketrans("abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyz"[n:] + "abcdefghijklmnopqrstuvwxyz"[:n])
+                 for n in range(1, 26)]
+
+
+def build_index(windows: dict[str, tuple[str, str]]) -> dict[str, list[tuple[str, str, Hit]]]:
+    """prefix -> [(variant, window, hit)] for every window and its variants: as is, reversed, and
+    Caesar-shifted by 1 to 25 letters (rot13 among them)."""
+    index: dict[str, list] = {}
+    hits: dict[tuple, Hit] = {}
+    names = ["plain", "reversed"] + ["rot13" if n == 13 else f"rot{n}" for n in range(1, 26)]
+    for w, (kind, where) in windows.items():
+        variants = [w, w[::-1]] + [w.translate(_ROT[n]) for n in range(1, 26)]
+        for name, v in zip(names, variants):
+            h = hits.get((kind, where, name))
+            if h is None:
+                h = hits[(kind, where, name)] = Hit(kind, where, name)
+            index.setdefault(v[:KEY], []).append((v, w, h))
+    return index
 
 
 # ---------------------------------------------------------------------------------------------------
 # matching
 
 class Scanner:
-    """Matches normalized text against secret windows, in every encoding listed in the module docstring."""
+    """Matches normalized text against secret windows (`build_index`), less the `public` ones, in every
+    encoding listed in the module docstring."""
 
-    def __init__(self, windows: dict[str, tuple[str, str]]):
-        self.index: dict[str, list[tuple[str, Hit]]] = {}
-        for w, (kind, where) in windows.items():
-            variants = {"plain": w, "reversed": w[::-1]}
-            for n in range(1, 26):
-                name = "rot13" if n == 13 else f"rot{n}"
-                variants[name] = _rot(w, n)
-                variants[f"reversed {name}"] = _rot(w[::-1], n)
-            for enc, v in variants.items():
-                self.index.setdefault(v[:KEY], []).append((v, Hit(kind, where, enc)))
+    def __init__(self, index: dict, public: frozenset = frozenset()):
+        self.index, self.public = index, public
+
+    @classmethod
+    def of(cls, *scanners: "Scanner") -> "Scanner":
+        """One scanner for several labs (the files that name every student: grades.csv, report.json)."""
+        if len(scanners) == 1:
+            return scanners[0]
+        index: dict[str, list] = {}
+        for sc in scanners:
+            for k, lst in sc.index.items():
+                index.setdefault(k, []).extend(x for x in lst if x[1] not in sc.public)
+        return cls(index)
 
     def __bool__(self):
         return bool(self.index)
 
     # the core: spans of secret windows in a normalized text
     def _spans(self, norm: str) -> list[tuple[int, int, Hit]]:
-        out, index = [], self.index
+        out, index, public = [], self.index, self.public
         if not index:
             return out
         get = index.get
         for p in range(len(norm) - KEY + 1):
             cands = get(norm[p:p + KEY])
             if cands:
-                for full, hit in cands:
-                    if norm.startswith(full, p):
+                for full, base, hit in cands:
+                    if norm.startswith(full, p) and base not in public:
                         out.append((p, p + len(full), hit))
         return out
 
