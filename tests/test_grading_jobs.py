@@ -76,6 +76,25 @@ def test_progress_lines():
     assert lines[1].startswith("[2/2] lab99 bo: - error")
 
 
+def test_progress_bar():
+    import io
+    stream = io.StringIO()
+    bar = jobs.BarProgress(2, stream=stream)
+
+    @dataclasses.dataclass
+    class R:
+        student: str = "ann"
+        assignment: str = "lab99"
+        score: float | None = 5.0
+        max_score: float | None = 5.0
+        status: str = "ok"
+    bar.advance(R())
+    bar.advance(R(student="bo"))
+    bar.close()
+    text = stream.getvalue()
+    assert "2/2" in text and "lab99 bo: 5/5 ok" in text
+
+
 def test_cli_refuses_bad_jobs(tmp_path, capsys):
     rc = grade_main([str(tmp_path), "--labs-release", str(tmp_path), "--solutions", str(DATA), "--jobs", "0", "-q"])
     assert rc == 2 and "--jobs must be a positive number" in capsys.readouterr().err
@@ -135,7 +154,7 @@ def _files(out: Path) -> dict:
 def _report(out: Path) -> list:
     data = json.loads(_mask((out / "report.json").read_text()))
     for r in data["results"]:
-        r["messages"] = [re.sub(r"autograded in [\d.]+ s", "autograded in T s", m) for m in r["messages"]]
+        r["messages"] = [re.sub(r"autograded in [\d.]+ s(, kernel as .*)?", "autograded in T s", m) for m in r["messages"]]
         for k in ("log", "feedback"):
             r[k] = r[k] and str(Path(r[k]).relative_to(out))
     return data
@@ -177,10 +196,15 @@ def test_two_jobs_run_as_two_users(two_runs):
         assert len(allowed) == 2
         first = {int(re.search(r"uid (\d+)", two_runs[1]["report"].isolation).group(1))}
     for n, want in ((1, first), (2, allowed)):
+        used = set()
         for r in two_runs[n]["report"].results:
+            said = [int(u) for m in r.messages for u in re.findall(r"kernel as .*\(uid (\d+)\)", m)]
+            used |= set(said)
             if r.student.startswith("who"):
                 uids = {int(u) for u in re.findall(r"uid=(\d+)", Path(r.feedback).read_text())}
-                assert uids and uids <= want, (n, r.student, uids, want)
+                assert uids and uids <= want and (not said or uids == set(said)), (n, r.student, uids, want, said)
+        if os.geteuid() == 0:  # each job's kernels ran as its own user (6 submissions, 2 workers: both used)
+            assert used == want, (n, used, want)
     # progress: one line per submission, the last one says nothing is left
     progress = [ln for ln in lines if ln.startswith("[")]
     assert len(progress) == 6 and progress[-1].startswith("[6/6]") and "about 0s left" in progress[-1]

@@ -129,6 +129,10 @@ def multiply(a, b):
     return _Sly()
 '''
 
+# An audit hook (it would see every compiled source), then IPython's copies of the cells run so far.
+AUDIT = ADD + "import sys\nsys.addaudithook(lambda event, args: None)\n"
+HISTORY = CLAMP + "print('\\n'.join(In))\nprint('\\n'.join(get_ipython().history_manager.input_hist_raw))\n"
+
 # The solutions, readable where the repository is world-readable (level user reads them, README says):
 # a copy is planted where the kernel's user can read it.
 SOLUTIONS = r'''
@@ -427,6 +431,8 @@ def leaked(fixture, tmp_path_factory):
     write_nb(sub / "repr" / "lab99.ipynb", fill_answers(release, {**a, "multiply_answer": REPR}))
     write_nb(sub / "solreader" / "lab99.ipynb", fill_answers(release, {
         **a, "clamp_answer": CLAMP + SOLUTIONS.format(path=str(readable))}))
+    write_nb(sub / "history" / "lab99.ipynb", fill_answers(release, {**a, "add_answer": AUDIT,
+                                                                    "clamp_answer": HISTORY}))
     victim = write_nb(sub / "zoe" / "lab99.ipynb", fill_answers(release, a))
     before = victim.read_bytes()
     out = base / "out"
@@ -437,7 +443,7 @@ def leaked(fixture, tmp_path_factory):
     finally:
         shutil.rmtree(public_dir, ignore_errors=True)
     subs = {s: read_notebook(sub / s / "lab99.ipynb") for s in ("alice", "bob", "peggy", "hook", "mallory", "repr",
-                                                                "solreader", "zoe")}
+                                                                "solreader", "history", "zoe")}
     return {**fixture, **dict(report=report, out=out, base=base, lines=lines, subs=subs, victim=victim,
                               before=before, workdir=base / "work")}
 
@@ -504,6 +510,21 @@ def test_attackers_are_flagged_and_scored_as_usual(leaked, student, score, flags
 def test_solution_reader_is_named(leaked):
     r = res(leaked, "solreader")
     assert any("solutions of" in m for m in r.messages), r.messages
+
+
+@slow
+def test_audit_hook_refused_and_history_forgotten(leaked):
+    """The guard refuses a second audit hook (flag: tamper) and leaves no hidden test in ``In`` or the
+    history: the cell that prints them shows the release's test cells only, so nothing is withheld."""
+    r = res(leaked, "history")
+    assert r.status == "review" and set(r.flags) == {"tamper"}, (r.flags, r.messages)
+    assert any("audit hook" in m for m in r.messages) and r.score == FULL
+    ex = leaked["workdir"] / "autograded" / r.internal_id / FIX / f"{FIX}.ipynb"
+    cell = next(c for c in read_notebook(ex).cells if grade_id(c) == "clamp_answer")
+    printed = "".join(o.get("text", "") for o in cell.outputs)
+    assert "add(2, 3) == 5" in printed and "verify(" in printed   # it did print the test cells run so far
+    lines = secret_only_lines(leaked["source"], leaked["release"], leaked["subs"]["history"])
+    assert not leaks_in(printed, lines, hidden_blocks(leaked["source"])), printed
 
 
 @slow

@@ -465,10 +465,11 @@ def _read_submission(path: Path):
         data = json.loads(text)
     except ValueError as e:
         raise ValueError(f"not valid JSON (line {getattr(e, 'lineno', '?')}, column {getattr(e, 'colno', '?')})") from None
+    del data
     with warnings.catch_warnings():  # nbformat fixes duplicated cell ids of copied cells in memory
         warnings.simplefilter("ignore")
         try:
-            nb = nbformat.reads(json.dumps(data), as_version=4)
+            nb = nbformat.reads(text, as_version=4)
         except Exception as e:  # noqa: BLE001 - nbformat's messages quote the content
             raise ValueError(f"not a notebook nbformat can read ({type(e).__name__})") from None
     if not isinstance(nb.get("cells"), list):
@@ -567,6 +568,7 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb) -> dict | None:
         shutil.rmtree(sc_course, ignore_errors=True)
         shutil.rmtree(kwork.parent, ignore_errors=True)
     return {"ex": ex, "guard": guard, "scores": scores, "elapsed": time.time() - t0,
+            "user": f"{ctx.iso.user} (uid {ctx.iso.uid})" if ctx.iso.uid is not None else "",
             "needs_review": findings.needs_review, "repaired": findings.repaired}
 
 
@@ -634,7 +636,7 @@ def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: P
             r.messages.append(f"tampering detected in {gid}: " + "; ".join(sorted(set(probs))))
     if manual:
         r.flags.setdefault("needs_manual_grading", [c["grade_id"] for c in cells if c["needs_manual_grade"]])
-    r.messages.append(f"autograded in {carry['elapsed']:.1f} s")
+    r.messages.append(f"autograded in {carry['elapsed']:.1f} s" + (f", kernel as {carry['user']}" if carry["user"] else ""))
     # 5. feedback, built by the grader (feedback.py): sources from the release and the student's own
     #    cells, outputs only where they carry no hidden-test or solution text
     if feedback and secrets_ is not None:
