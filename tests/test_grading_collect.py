@@ -61,7 +61,8 @@ EXPECTED_NOT_GRADED = {  # relative path -> a word the reason must contain
     ".carl/lab99.ipynb": "hidden folder", "dora/.hidden/lab99.ipynb": "hidden folder", "fifo_lab99.ipynb": "FIFO",
 }
 EXPECTED_SKIPPED = {
-    "zoe/._lab99.ipynb": "resource-fork", ".DS_Store": "macOS", "__MACOSX": "macOS", "zoe/.ipynb_checkpoints": "checkpoints",
+    "zoe/._lab99.ipynb": "resource-fork", ".DS_Store": "macOS", "__MACOSX": "macOS",
+    "zoe/.ipynb_checkpoints": "checkpoints",
     "dora/.notes.txt": "hidden file",
 }
 

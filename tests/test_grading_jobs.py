@@ -119,7 +119,8 @@ def two_runs(tmp_path_factory):
             "peggy": fill_answers(lab, {**a, "multiply_answer": "def multiply(a, b):\n    return a + b"}),
             "hook": fill_answers(lab, {**a, "add_answer": a["add_answer"] + "\nget_ipython().events.register("
                                        "'post_run_cell', lambda r: print(r.info.raw_cell))"}),
-            "who1": fill_answers(lab, {**a, "add_answer": WHOAMI}), "who2": fill_answers(lab, {**a, "add_answer": WHOAMI})}
+            "who1": fill_answers(lab, {**a, "add_answer": WHOAMI}),
+            "who2": fill_answers(lab, {**a, "add_answer": WHOAMI})}
     sub = base / "subs"
     for name, nb in subs.items():
         (sub / name).mkdir(parents=True)
@@ -154,7 +155,8 @@ def _files(out: Path) -> dict:
 def _report(out: Path) -> list:
     data = json.loads(_mask((out / "report.json").read_text()))
     for r in data["results"]:
-        r["messages"] = [re.sub(r"autograded in [\d.]+ s(, kernel as .*)?", "autograded in T s", m) for m in r["messages"]]
+        r["messages"] = [re.sub(r"autograded in [\d.]+ s(, kernel as .*)?", "autograded in T s", m)
+                         for m in r["messages"]]
         for k in ("log", "feedback"):
             r[k] = r[k] and str(Path(r[k]).relative_to(out))
     return data
@@ -198,7 +200,8 @@ def test_two_jobs_run_as_two_users(two_runs):
     for n, want in ((1, first), (2, allowed)):
         used = set()
         for r in two_runs[n]["report"].results:
-            said = [int(u) for m in r.messages for u in re.findall(r"kernel as .*\(uid (\d+)\)", m)]
+            said = [int(a or b) for m in r.messages
+                    for a, b in re.findall(r"kernel as (?:.*\(uid (\d+)\)|uid (\d+))", m)]
             used |= set(said)
             if r.student.startswith("who"):
                 uids = {int(u) for u in re.findall(r"uid=(\d+)", Path(r.feedback).read_text())}

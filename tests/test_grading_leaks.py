@@ -28,7 +28,7 @@ import nbformat
 import pytest
 
 from course_lib.grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
-from course_lib.grading.feedback import (HIDDEN_NOTE, LeakBlocked, feedback_notebook, scrub_value,
+from course_lib.grading.feedback import (HIDDEN_NOTE, WIDGET_STATE, LeakBlocked, feedback_notebook, scrub_value,
                                          write_checked)
 from course_lib.grading.leaks import LabSecrets, normalize, png_texts
 from course_lib.grading.pipeline import grade
@@ -368,7 +368,7 @@ def test_feedback_notebook_withholds_each_planted_kind(fixture):
     nb, withheld = feedback_notebook(ex, sub, fixture["release"], fixture["source"], scan)
     cells = {grade_id(c): c for c in nb.cells if grade_id(c)}
     texts = {g: json.dumps(c.get("outputs", [])) for g, c in cells.items()}
-    assert set(withheld) == {"add_answer", "multiply_answer", "multiply_tests", "clamp_answer", "notebook metadata"}
+    assert set(withheld) == {"add_answer", "multiply_answer", "multiply_tests", "clamp_answer", WIDGET_STATE}
     assert "my own debugging print" in texts["add_answer"] and "[output withheld" in texts["add_answer"]
     # a failing hidden test shows its message, and nothing of the traceback that quotes its source
     assert "add(1, 2): expected 3, got 4" in texts["add_tests"] and "exec(compile" not in texts["add_tests"]
@@ -502,7 +502,7 @@ def test_attackers_are_flagged_and_scored_as_usual(leaked, student, score, flags
     assert r.status == "review" and flags <= set(r.flags), (r.flags, r.messages)
     assert (r.score, r.max_score) == (score, FULL), r.cells
     if "feedback_withheld" in flags:
-        assert any("was withheld" in m for m in r.messages)
+        assert any("feedback: the output of" in m and "withheld" in m for m in r.messages)
         assert "[output withheld: it carried text of the instructor's" in visible_text(Path(r.feedback))
 
 

@@ -59,9 +59,10 @@ import nbformat
 from .build import (LabBuildError, generate_release, lab_names, nbgrader_meta, normalize_lab, notebook_text,
                     read_notebook, _lab_relpath)
 from .collect import UnsafeSubmission, collect, read_submission
-from .feedback import (OUTPUT_MODES, LeakBlocked, describe_hits, feedback_notebook, render_html, scrub_value, withheld_page,
-                       write_checked)
+from .feedback import (OUTPUT_MODES, LeakBlocked, describe_hits, feedback_notebook, render_html, scrub_value,
+                       withheld_page, write_checked)
 from .jobs import BarProgress, LineProgress, auto_jobs, parse_jobs, run, sandbox_slots
+from .feedback import WIDGET_STATE
 from .leaks import LabSecrets, Scanner
 from .nbgrader_env import CourseDir, find_config, result_log
 from .references import answer_table, reference_imports
@@ -215,6 +216,8 @@ class _Context:
         self.__dict__.update(st)
 
 
+FEEDBACK_PAGE = "the whole feedback page (a page with the score given instead)"
+
 REVIEW_FLAGS = {"timeout", "needs_manual_grading", "several_files", "assignment_from_content", "wrong_lab",
                 "kernel_died", "time_budget", "tamper", "reference_import", "processes_left_behind",
                 "feedback_failed", "feedback_withheld"}
@@ -359,7 +362,7 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 r.log = (r.log or "") + traceback.format_exc()
             _write_log(ctx, r, out_dir)
         try:
-            run(ctx, todo, release_nbs, slots, finish, prog)
+            run(grade_one_safely, ctx, todo, release_nbs, slots, finish, prog)
         finally:
             prog.close()
     finally:
@@ -464,7 +467,8 @@ def _read_submission(path: Path):
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise ValueError(f"not valid JSON (line {getattr(e, 'lineno', '?')}, column {getattr(e, 'colno', '?')})") from None
+        where = f"line {getattr(e, 'lineno', '?')}, column {getattr(e, 'colno', '?')}"
+        raise ValueError(f"not valid JSON ({where})") from None
     del data
     with warnings.catch_warnings():  # nbformat fixes duplicated cell ids of copied cells in memory
         warnings.simplefilter("ignore")
@@ -568,8 +572,34 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb) -> dict | None:
         shutil.rmtree(sc_course, ignore_errors=True)
         shutil.rmtree(kwork.parent, ignore_errors=True)
     return {"ex": ex, "guard": guard, "scores": scores, "elapsed": time.time() - t0,
-            "user": f"{ctx.iso.user} (uid {ctx.iso.uid})" if ctx.iso.uid is not None else "",
+            "user": "" if ctx.iso.uid is None else f"uid {ctx.iso.uid}" if ctx.iso.user == f"uid {ctx.iso.uid}"
+            else f"{ctx.iso.user} (uid {ctx.iso.uid})",
             "needs_review": findings.needs_review, "repaired": findings.repaired}
+
+
+def _feedback(ctx: _Context, r: Result, secrets_: LabSecrets, final: Path, release_nb, out_dir: Path | None,
+              score, max_score) -> None:
+    """The student's feedback page (feedback.py), written through the checked writer; what was withheld
+    is flagged ``feedback_withheld`` and said in the messages."""
+    sid, lab = r.internal_id, r.assignment
+    submitted = read_notebook(ctx.course.submitted(sid, lab))
+    scan = secrets_.scanner(submitted)
+    fb_nb, withheld = feedback_notebook(read_notebook(final), submitted, release_nb, ctx.sources[lab], scan,
+                                        ctx.feedback_outputs)
+    html = render_html(fb_nb, lab, sid, ctx.course.db_url)
+    if out_dir is not None:
+        target = out_dir / "feedback" / (r.file_key or _slug(r.student)) / f"{lab}.html"
+        try:
+            write_checked(target, html, scan)
+        except LeakBlocked as e:  # what the per-output scan missed: the page goes, a page with the score stays
+            withheld[FEEDBACK_PAGE] = e.hits
+            write_checked(target, withheld_page(lab, score, max_score), scan)
+        r.feedback = str(target)
+    if withheld:
+        r.flags["feedback_withheld"] = sorted(withheld)
+        for where, hits in sorted(withheld.items()):
+            what = where if where in (FEEDBACK_PAGE, WIDGET_STATE) else f"the output of {where}"
+            r.messages.append(f"feedback: {what} withheld: it carried text of the {describe_hits(hits)}")
 
 
 def _write_log(ctx: _Context, r: Result, out_dir: Path | None) -> None:
@@ -636,28 +666,16 @@ def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: P
             r.messages.append(f"tampering detected in {gid}: " + "; ".join(sorted(set(probs))))
     if manual:
         r.flags.setdefault("needs_manual_grading", [c["grade_id"] for c in cells if c["needs_manual_grade"]])
-    r.messages.append(f"autograded in {carry['elapsed']:.1f} s" + (f", kernel as {carry['user']}" if carry["user"] else ""))
+    r.messages.append(f"autograded in {carry['elapsed']:.1f} s"
+                      + (f", kernel as {carry['user']}" if carry["user"] else ""))
     # 5. feedback, built by the grader (feedback.py): sources from the release and the student's own
     #    cells, outputs only where they carry no hidden-test or solution text
     if feedback and secrets_ is not None:
-        submitted = read_notebook(course.submitted(sid, lab))
-        scan = secrets_.scanner(submitted)
-        fb_nb, withheld = feedback_notebook(read_notebook(final), submitted, release_nb, ctx.sources[lab], scan,
-                                            ctx.feedback_outputs)
-        html = render_html(fb_nb, lab, sid, course.db_url)
-        if out_dir is not None:
-            target = out_dir / "feedback" / (r.file_key or _slug(r.student)) / f"{lab}.html"
-            try:
-                write_checked(target, html, scan)
-            except LeakBlocked as e:
-                withheld["feedback page"] = e.hits
-                write_checked(target, withheld_page(lab, score, max_score), scan)
-            r.feedback = str(target)
-        if withheld:
-            r.flags["feedback_withheld"] = sorted(withheld)
-            for where, hits in sorted(withheld.items()):
-                r.messages.append(f"feedback: the output of {where} was withheld: it carried text of the "
-                                  f"{describe_hits(hits)}")
+        try:
+            _feedback(ctx, r, secrets_, final, release_nb, out_dir, score, max_score)
+        except Exception as e:  # noqa: BLE001 - the grade stands without its feedback page
+            r.flags.setdefault("feedback_failed", [])
+            r.messages.append(f"the feedback page could not be made: {type(e).__name__}: {str(e)[:300]}")
     if carry["needs_review"] or REVIEW_FLAGS & set(r.flags):
         r.status = "review"
     elif carry["repaired"]:
@@ -732,7 +750,8 @@ SUMMARY_LINES = 40
 def _capped(lines: list[str]) -> list[str]:
     if len(lines) <= SUMMARY_LINES:
         return lines
-    return lines[:SUMMARY_LINES] + [f"  ... and {len(lines) - SUMMARY_LINES} more (all in not_graded.txt and report.json)"]
+    more = len(lines) - SUMMARY_LINES
+    return lines[:SUMMARY_LINES] + [f"  ... and {more} more (all in not_graded.txt and report.json)"]
 
 
 def summary(report: GradeReport) -> str:

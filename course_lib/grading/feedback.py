@@ -41,6 +41,7 @@ HIDDEN_NOTE = "# [hidden tests ran here; they are not shown in feedback]"
 WITHHELD = "[output withheld: it carried text of the instructor's {what}; your instructor will look at it]"
 NONE_NOTE = "[outputs are not shown in feedback]"
 OUTPUT_MODES = ("scanned", "none")
+WIDGET_STATE = "the kernel's widget state (never shown)"
 MAX_OUTPUT_CHARS = 20_000
 SHOWN_MIMES = ("text/plain",)
 NB_META = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
@@ -121,7 +122,8 @@ def shown_output(out, in_test: bool, limit: int = MAX_OUTPUT_CHARS):
             tb = [_text(t) for t in (out.get("traceback") or [])]
             total = sum(len(t) for t in tb)
             if total > limit:
-                tb = tb[:2] + [f"... [{len(tb) - 3} frames cut] ..."] + tb[-1:] if len(tb) > 3 else [_cut("\n".join(tb), limit)]
+                tb = (tb[:2] + [f"... [{len(tb) - 3} frames cut] ..."] + tb[-1:] if len(tb) > 3
+                      else [_cut("\n".join(tb), limit)])
         return nbformat.v4.new_output("error", ename=ename, evalue=_cut(evalue, limit), traceback=tb)
     if kind in ("execute_result", "display_data"):
         data = out.get("data") or {}
@@ -239,7 +241,7 @@ def feedback_notebook(executed_nb, submitted_nb, release_nb, source_nb, scanner:
     # sign of an attempt
     extra = scanner.find("\n".join(string_leaves(dict(executed_nb.metadata))))
     if extra:
-        withheld["notebook metadata"] = extra
+        withheld[WIDGET_STATE] = extra
     nb = nbformat.v4.new_notebook(cells=cells, metadata=copy.deepcopy(NB_META))
     return nb, withheld
 

@@ -190,21 +190,20 @@ def _init_worker(slots) -> None:
     _WORKER["iso"] = slots.get()
 
 
-def _work(ctx, sub, r, release_nb):
-    from .autograde import grade_one_safely
+def _work(grade_one, ctx, sub, r, release_nb):
     if "iso" in _WORKER:
         ctx.iso = _WORKER["iso"]
-    return grade_one_safely(ctx, sub, r, release_nb)
+    return grade_one(ctx, sub, r, release_nb)
 
 
-def run(ctx, todo: list, release_nbs: dict, slots: list, finish, progress) -> None:
-    """Grade `todo` ([(index, Submission, Result)]) with one worker per slot; `finish(index, result,
-    carry)` runs in this process, one at a time, as results come in."""
-    from .autograde import grade_one_safely
+def run(grade_one, ctx, todo: list, release_nbs: dict, slots: list, finish, progress) -> None:
+    """Grade `todo` ([(index, Submission, Result)]) with one worker per slot: `grade_one(ctx, sub, r,
+    release_nb) -> (result, carry)` (a module-level function: a worker process gets it by name) in the
+    worker, `finish(index, result, carry)` in this process, one at a time, as results come in."""
     if len(slots) == 1:
         ctx.iso = slots[0]
         for idx, sub, r in todo:
-            r2, carry = grade_one_safely(ctx, sub, r, release_nbs[sub.assignment])
+            r2, carry = grade_one(ctx, sub, r, release_nbs[sub.assignment])
             finish(idx, r2, carry)
             progress.advance(r2)
         return
@@ -216,7 +215,8 @@ def run(ctx, todo: list, release_nbs: dict, slots: list, finish, progress) -> No
         queue.put(s)
     with ProcessPoolExecutor(max_workers=len(slots), mp_context=mp, initializer=_init_worker,
                              initargs=(queue,)) as pool:
-        futures = {pool.submit(_work, ctx, sub, r, release_nbs[sub.assignment]): (idx, r) for idx, sub, r in todo}
+        futures = {pool.submit(_work, grade_one, ctx, sub, r, release_nbs[sub.assignment]): (idx, r)
+                   for idx, sub, r in todo}
         for fut in as_completed(futures):
             idx, r = futures[fut]
             try:

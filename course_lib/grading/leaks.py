@@ -200,8 +200,8 @@ class LabSecrets:
         return Scanner(self.index, public)
 
 
-_ROT = [None] + [str.maketrans("abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyz"[n:] + "abcdefghijklmnopqrstuvwxyz"[:n])
-                 for n in range(1, 26)]
+_ABC = "abcdefghijklmnopqrstuvwxyz"
+_ROT = [None] + [str.maketrans(_ABC, _ABC[n:] + _ABC[:n]) for n in range(1, 26)]
 
 
 def build_index(windows: dict[str, tuple[str, str]]) -> dict[str, list[tuple[str, str, Hit]]]:
