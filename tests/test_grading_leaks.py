@@ -559,3 +559,14 @@ def test_report_names_the_files_for_students_and_for_the_instructor(leaked):
     # every feedback page sits in its student's own folder
     for r in leaked["report"].results:
         assert Path(r.feedback).parent.name == r.file_key
+
+
+@slow
+def test_report_json_is_scrubbed(leaked):
+    """The hidden test quoted in an assertion message (the repr attack) reaches report.json's per-cell
+    errors only as a withheld note."""
+    data = json.loads((leaked["out"] / "report.json").read_text())
+    r = next(x for x in data["results"] if x["student"] == "repr")
+    errors = {c["grade_id"]: c.get("error") for c in r["cells"]}
+    assert errors["multiply_hidden"] == "[withheld: carried text of the instructor's tests]", errors
+    assert errors["multiply_tests"].startswith("AssertionError: multiply(3, 4): expected 12")
