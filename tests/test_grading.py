@@ -176,7 +176,9 @@ def test_collect_layouts_and_reports(tmp_path):
     assert [p.name for p in gina.superseded] == ["lab01.ipynb"]
     not_graded = {p.name for p, _ in coll.unattributed}
     assert not_graded == {"Copy of lab01.ipynb", "frank_lab09.ipynb"}
-    assert {p.name for p, _ in coll.ignored} == {"notes.txt", "readme.md"}
+    # nothing is dropped silently: the checkpoint folder is listed (once, not looked into) with its reason
+    assert {p.name: why for p, why in coll.ignored}.keys() == {"notes.txt", "readme.md", ".ipynb_checkpoints"}
+    assert "checkpoints" in dict((p.name, w) for p, w in coll.ignored)[".ipynb_checkpoints"]
     only2 = collect(sub, RELEASED, assignment="lab02")
     assert {s.student for s in only2.submissions} == {"bob", "erin"}
     assert any("lab01, not lab02" in why for _, why in only2.ignored)
@@ -603,8 +605,9 @@ def real_graded(tmp_path_factory):
                 write_nb(sub / f"mutant{k}" / f"{lab}.ipynb", fill_answers(release, {**answers, **cells}))
     if not sub.exists():
         return None
+    # with feedback: a solution, a blank lab and a planted mistake must not trip the hidden-test scan
     report = grade(sub, labs_release=ROOT / "labs", solutions=ROOT / "solutions", out=base / "grades",
-                   feedback=False, workdir=base / "work")
+                   workdir=base / "work")
     report.workdir = base / "work"   # the autograded notebooks, for test_blank_lab_runs_without_tracebacks
     return report
 
@@ -625,6 +628,8 @@ def test_lab_round_trip(real_graded, lab):
         m = res.get(f"mutant{k}")
         assert m is not None, f"{lab} mutant {what!r} was not graded"
         assert 0 < m.score < auto_max, f"{lab} mutant {what!r} scores {m.score}/{auto_max}: {m.cells}"
+    for who, x in res.items():  # no honest output is withheld from the feedback
+        assert "feedback_withheld" not in x.flags and x.feedback, (lab, who, x.messages)
 
 
 @slow

@@ -11,13 +11,19 @@ whole notebook a budget, so one bad notebook (syntax error, infinite loop, delet
 huge outputs, a dead kernel) never stops the others; the guard (`execute.py`, `guard.py`) catches
 tampering with the tests inside the kernel.
 
-Outputs, in `out` (default ``grades/``):
-  grades.csv               student, assignment, score, max_score, status, flags, file
-  report.json              everything: per-cell scores and errors, repairs, messages, files not graded
-  feedback/<key>/<labNN>.html   feedback for the student (hidden tests not shown); <key> is the
-                                student id made file-safe, with a short hash where two ids collide
-  logs/<key>_<labNN>.log        nbgrader's log for that submission
-  not_graded.txt           files that could not be attributed to a student and a lab, and why
+Outputs, in `out` (default ``grades/``); every file is written through `feedback.write_checked`, which
+refuses one that carries hidden-test or solution text (`leaks.py`):
+  feedback/<key>/<labNN>.html   for the student: built by the grader from the release, the student's own
+                                cells, the scores and the outputs that carry no hidden-test or solution
+                                text (`feedback.py`); <key> is the student id made file-safe, with a
+                                short hash where two ids collide
+  grades.csv               instructor: student, assignment, score, max_score, status, flags, file
+  report.json              instructor: per-cell scores and errors, repairs, messages, files not graded
+  logs/<key>_<labNN>.log        instructor: nbgrader's log for that submission
+  not_graded.txt           instructor: entries not graded or skipped, and why
+The instructor files name every student and their files; they too are scrubbed of hidden-test and
+solution text (strings replaced), so that one forwarded to a student gives nothing away. ``workdir``
+(nbgrader's course folder: sources, gradebook, executed notebooks) is the instructor's alone.
 
 Status of a submission:
   ok        graded, nothing unusual
@@ -27,13 +33,15 @@ Status of a submission:
             found after metadata loss, a cell that timed out, several files for one lab, cells that
             need manual grading, the lab recognized from content only, the wrong lab handed in, a dead
             kernel (the points before it are kept), the time budget used up, tampering with the tests,
-            an answer that imports the course_lib reference
+            an answer that imports the course_lib reference, outputs withheld from the feedback
+            because they carried hidden-test or solution text (``feedback_withheld``)
   error     not graded (unreadable notebook, nbgrader failure); score left empty, never 0
 """
 from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -50,7 +58,12 @@ import nbformat
 
 from .build import (LabBuildError, generate_release, lab_names, nbgrader_meta, normalize_lab, notebook_text,
                     read_notebook, _lab_relpath)
-from .collect import collect
+from .collect import UnsafeSubmission, collect, read_submission
+from .feedback import (OUTPUT_MODES, LeakBlocked, describe_hits, feedback_notebook, render_html, scrub_value,
+                       withheld_page, write_checked)
+from .jobs import BarProgress, LineProgress, auto_jobs, parse_jobs, run, sandbox_slots
+from .feedback import WIDGET_STATE
+from .leaks import LabSecrets, Scanner
 from .nbgrader_env import CourseDir, find_config, result_log
 from .references import answer_table, reference_imports
 from .repair import repair
@@ -94,6 +107,7 @@ class GradeReport:
     warnings: list
     out: Path | None = None
     isolation: str = ""
+    scanner: object = field(default=None, repr=False, compare=False)  # every lab's secrets, for the outputs
 
     def by_student(self, student: str, assignment: str | None = None) -> Result:
         hits = [r for r in self.results if r.student == student and (assignment is None or r.assignment == assignment)]
@@ -185,11 +199,28 @@ class _Context:
     release_keys: dict                # lab -> (grade_ids, sources), for "is this the wrong lab?"
     template_db: Path
     feedback_extra: object = None
+    secrets: dict = field(default_factory=dict)   # lab -> leaks.LabSecrets (grader's process only)
+    sources: dict = field(default_factory=dict)   # lab -> the instructor's source notebook (grader's only)
+    feedback_outputs: str = "scanned"
 
+    def __getstate__(self):
+        """What a worker process gets (jobs.py): no secrets, no nbgrader API, the course by its folder."""
+        st = dict(self.__dict__)
+        st["course"] = (str(self.course.root), self.cfg, self.timeout)
+        st["secrets"], st["sources"] = {}, {}
+        return st
+
+    def __setstate__(self, st):
+        root, cfg, timeout = st["course"]
+        st["course"] = CourseDir(root, cfg, timeout)
+        self.__dict__.update(st)
+
+
+FEEDBACK_PAGE = "the whole feedback page (a page with the score given instead)"
 
 REVIEW_FLAGS = {"timeout", "needs_manual_grading", "several_files", "assignment_from_content", "wrong_lab",
                 "kernel_died", "time_budget", "tamper", "reference_import", "processes_left_behind",
-                "feedback_failed", "memory_limit"}
+                "feedback_failed", "feedback_withheld", "memory_limit"}
 
 
 def default_budget(timeout: float | None) -> float:
@@ -202,16 +233,27 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
           out: str | Path | None = "grades", timeout: float | None = None, assignment: str | None = None,
           workdir: str | Path | None = None, config_file: str | Path | None = None, feedback: bool = True,
           echo=None, isolation: str | None = None, require_sandbox: bool = False, budget: float | None = None,
-          memory_gb: float | None = DEFAULT_MEMORY_GB, sandbox_user=None) -> GradeReport:
+          memory_gb: float | None = DEFAULT_MEMORY_GB, sandbox_user=None, jobs: int | str = 1,
+          feedback_outputs: str = "scanned", progress: str | None = None) -> GradeReport:
     """Grade every notebook under `submissions`; write the outputs to `out` (None: write nothing).
 
     `timeout` is the per-cell limit in seconds (default: nbgrader_config.py's, else 60); `budget` the
     whole notebook's (default: `default_budget`). `isolation` is ``bwrap``, ``user`` or ``process``
     (default: the strongest available, see `sandbox.py`); `require_sandbox` refuses to grade without
-    bubblewrap (`sandbox.SandboxUnavailable`). `echo(str)` receives progress lines (None: quiet).
+    bubblewrap (`sandbox.SandboxUnavailable`). `sandbox_user`: a user, or a list of users (one per job).
+    `jobs`: submissions graded at a time, or "auto" (`jobs.py`). `feedback_outputs`: "scanned" (outputs
+    without hidden-test or solution text) or "none" (no kernel output in the feedback). `echo(str)`
+    receives progress lines (None: quiet); `progress` is "lines" (the default with `echo`) or "bar"
+    (a tqdm bar on stderr; `echo` then gets the other lines).
     """
     say = echo or (lambda s: None)
-    iso = probe(isolation, require_sandbox, sandbox_user, memory_gb)
+    jobs = parse_jobs(jobs)
+    if feedback_outputs not in OUTPUT_MODES:
+        raise ValueError(f"feedback_outputs must be one of {', '.join(OUTPUT_MODES)}, got {feedback_outputs!r}")
+    if progress not in (None, "lines", "bar"):
+        raise ValueError(f"progress must be 'lines' or 'bar', got {progress!r}")
+    users = [sandbox_user] if isinstance(sandbox_user, (str, int)) or sandbox_user is None else list(sandbox_user)
+    iso = probe(isolation, require_sandbox, users[0] if users else None, memory_gb)
     say(iso.describe())
     labs_release, solutions = Path(labs_release), Path(solutions)
     released, sources = set(lab_names(labs_release)), set(lab_names(solutions))
@@ -249,13 +291,7 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         root.mkdir(parents=True, exist_ok=True)
         (root / WORKDIR_MARKER).write_text("made by `course grade`; it is deleted and remade on the next run\n")
     os.chmod(root, 0o700)  # the instructor's course folder: sources, gradebook; never the kernel's
-    from traitlets.config import Config
-    extra = Config()
-    from nbgrader.preprocessors import GetGrades
-    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-    from .feedback import HideHiddenTests
-    extra.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
-    course = CourseDir(root, cfg, timeout, extra)
+    course = CourseDir(root, cfg, timeout)
     out_dir = Path(out) if out is not None else None
     if out_dir is not None:
         _prepare_out(out_dir)
@@ -268,12 +304,14 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         from .execute import check_kernel
         check_kernel(iso, scratch)
         needed = sorted({s.assignment for s in coll.submissions})
-        ready, answers = {}, {}
+        ready, answers, lab_secrets, sources = {}, {}, {}, {}
         for lab in needed:
             try:
                 source_nb = read_notebook(solutions / f"{lab}.ipynb")
                 generated = generate_release(course, lab, source_nb, solutions / f"{lab}.ipynb")
                 answers[lab] = answer_table(source_nb)
+                sources[lab] = source_nb
+                lab_secrets[lab] = LabSecrets(source_nb, release_nbs[lab])
                 rel_path = labs_release / f"{lab}.ipynb"
                 if notebook_text(normalize_lab(generated, _lab_relpath(rel_path))) != rel_path.read_text(encoding="utf-8"):
                     notes.append(f"{rel_path} is not what {solutions / (lab + '.ipynb')} generates now (run "
@@ -287,12 +325,12 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
             shutil.copyfile(root / "gradebook.db", template_db)
             os.chmod(template_db, 0o600)
         ctx = _Context(course, cfg, timeout, iso, scratch, budget or default_budget(course.timeout), answers,
-                       all_keys, template_db)
+                       all_keys, template_db, secrets=lab_secrets, sources=sources, feedback_outputs=feedback_outputs)
         students = sorted({s.student for s in coll.submissions})
         ids = {st: f"s{k + 1:03d}" for k, st in enumerate(students)}
         fkeys = file_keys(students)
+        todo = []
         for k, sub in enumerate(sorted(coll.submissions, key=lambda s: (s.assignment, s.student))):
-            say(f"[{k + 1}/{len(coll.submissions)}] {sub.assignment} {sub.student}: {sub.path.name}")
             r = Result(sub.student, sub.assignment, str(sub.path), internal_id=ids[sub.student],
                        superseded=[str(p) for p in sub.superseded], file_key=fkeys[sub.student])
             for fl in sub.flags:
@@ -300,26 +338,45 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
             if sub.superseded:
                 r.messages.append("several files for this lab; graded the most recently modified, not: "
                                   + ", ".join(p.name for p in sub.superseded))
+            results.append(r)
             if ready[sub.assignment]:
                 r.messages.append(f"the lab could not be set up for grading: {ready[sub.assignment]}")
                 r.flags.setdefault("lab_setup_failed", [])
-                results.append(r)
                 continue
+            todo.append((k, sub, r))
+        if jobs == "auto":
+            n_jobs, why = auto_jobs(len(todo), iso.memory_gb)
+            say(f"jobs: auto -> {n_jobs} ({why})")
+        else:
+            n_jobs = max(1, min(jobs, len(todo)))
+        slots, who = sandbox_slots(iso, n_jobs, users[1:], explicit_process=isolation == "process")
+        if who:
+            say(who)
+        prog = (BarProgress(len(todo)) if progress == "bar" else
+                LineProgress(say, len(todo)) if echo is not None else LineProgress(lambda s: None, len(todo)))
+
+        def finish(idx, r, carry):
+            results[idx] = r
             try:
-                _grade_one(ctx, sub, r, release_nbs[sub.assignment], out_dir, feedback)
+                _finish(ctx, r, carry, release_nbs[r.assignment], out_dir, feedback)
             except Exception as e:  # never let one submission stop the others
                 r.status, r.score, r.max_score = "error", None, None
                 r.flags.setdefault("grader_crashed", [])
                 r.messages.append(f"the grader failed on this submission: {type(e).__name__}: {e}")
                 r.log = (r.log or "") + traceback.format_exc()
-            results.append(r)
+            _write_log(ctx, r, out_dir)
+        try:
+            run(grade_one_safely, ctx, todo, release_nbs, slots, finish, prog)
+        finally:
+            prog.close()
     finally:
         if scratch is not None:
             scratch.close()
         if tmp is not None:
             tmp.cleanup()
+    scanner = Scanner.of(*(sec.scanner() for sec in lab_secrets.values())) if lab_secrets else None
     report = GradeReport(results, [(str(p), why) for p, why in coll.unattributed],
-                         [(str(p), why) for p, why in coll.ignored], notes, out_dir, iso.describe())
+                         [(str(p), why) for p, why in coll.ignored], notes, out_dir, iso.describe(), scanner)
     if out_dir is not None:
         write_outputs(report, out_dir)
     return report
@@ -397,26 +454,56 @@ def _sub_config(ctx: _Context, secret: str, spec: dict | None, conn: Path, repor
     return c
 
 
-def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, feedback: bool) -> None:
+def grade_one_safely(ctx: _Context, sub, r: Result, release_nb) -> tuple[Result, dict | None]:
+    """`_grade_one`, with any failure of the grader turned into an error result (never raises)."""
+    try:
+        return r, _grade_one(ctx, sub, r, release_nb)
+    except Exception as e:  # never let one submission stop the others
+        r.status, r.score, r.max_score = "error", None, None
+        r.flags.setdefault("grader_crashed", [])
+        r.messages.append(f"the grader failed on this submission: {type(e).__name__}: {e}")
+        r.log = (r.log or "") + traceback.format_exc()
+        return r, None
+
+
+def _read_submission(path: Path):
+    """The submitted notebook, read without following links; errors never quote the file's content."""
+    text = read_submission(path)
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        where = f"line {getattr(e, 'lineno', '?')}, column {getattr(e, 'colno', '?')}"
+        raise ValueError(f"not valid JSON ({where})") from None
+    del data
+    with warnings.catch_warnings():  # nbformat fixes duplicated cell ids of copied cells in memory
+        warnings.simplefilter("ignore")
+        try:
+            nb = nbformat.reads(text, as_version=4)
+        except Exception as e:  # noqa: BLE001 - nbformat's messages quote the content
+            raise ValueError(f"not a notebook nbformat can read ({type(e).__name__})") from None
+    if not isinstance(nb.get("cells"), list):
+        raise ValueError("no list of cells")
+    return nb
+
+
+def _grade_one(ctx: _Context, sub, r: Result, release_nb) -> dict | None:
+    """Read, check and repair, autograde in a scratch copy: what may run in a worker process (jobs.py).
+    Returns what `_finish` needs (None when there is nothing to finish: `r` says why)."""
     course = ctx.course
     sid, lab = r.internal_id, r.assignment
-    # 1. read (the submission is only read)
+    # 1. read (the submission is only read, never through a link)
     try:
-        with warnings.catch_warnings():  # nbformat fixes duplicated cell ids of copied cells in memory
-            warnings.simplefilter("ignore")
-            nb = nbformat.read(str(sub.path), as_version=4)
-        if not isinstance(nb.get("cells"), list):
-            raise ValueError("no list of cells")
-    except Exception as e:
+        nb = _read_submission(sub.path)
+    except (UnsafeSubmission, ValueError) as e:
         r.status = "error"
         r.flags.setdefault("unreadable", [])
-        r.messages.append(f"not a readable notebook: {type(e).__name__}: {str(e)[:300]}")
-        return
+        r.messages.append(f"not a readable notebook: {e}")
+        return None
     if len(nb.cells) > MAX_CELLS:
         r.status = "error"
         r.flags.setdefault("too_many_cells", [str(len(nb.cells))])
         r.messages.append(f"{len(nb.cells)} cells; grade this one by hand")
-        return
+        return None
     other = _wrong_lab(nb, lab, ctx.release_keys)
     if other:
         r.flags["wrong_lab"] = [other]
@@ -441,9 +528,8 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
         shutil.rmtree(sc_course)
     reports = sc_course / "reports"
     reports.mkdir(parents=True)
-    ks = ctx.scratch.kernel(sid)
+    ks = ctx.scratch.kernel(sid, ctx.iso)  # ctx.iso: this job's sandbox user (jobs.py)
     kwork = ks.work
-    usage = {}
     try:
         if ctx.template_db.exists():
             shutil.copyfile(ctx.template_db, sc_course / "gradebook.db")
@@ -465,13 +551,7 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
             r.flags["processes_left_behind"] = [str(len(left))]
             r.messages.append(f"{len(left)} process(es) started by the notebook were still running after it and "
                               "were killed")
-        log = result_log(res)
-        r.log = log
-        if out_dir is not None:
-            (out_dir / "logs").mkdir(parents=True, exist_ok=True)
-            logfile = out_dir / "logs" / f"{r.file_key or _slug(r.student)}_{lab}.log"
-            logfile.write_text(log, encoding="utf-8")
-            r.log = str(logfile)
+        r.log = result_log(res)
         graded = scourse.autograded(sid, lab)
         jail = _read_text(ks.report)
         if jail:  # the jail could not start the kernel: its reason, not just "Kernel died"
@@ -479,11 +559,11 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
         if not res.get("success") or not graded.exists():
             r.status = "error"
             r.flags.setdefault("autograde_failed", [])
-            r.messages.append("nbgrader autograde failed: " + _failure_reason(log))
-            return
+            r.messages.append("nbgrader autograde failed: " + _failure_reason(r.log))
+            return None
         graded_nb = read_notebook(graded)
         guard = _read_json(reports / "guard.json")
-        # 4. the grader computes the scores and merges them into the instructor's gradebook
+        # 4. the grader computes the scores (merged into the instructor's gradebook by `_finish`)
         scores = _trusted_scores(graded_nb)
         for gid in guard.get("missing") or []:  # a test cell that did not run as written earns nothing
             if gid in scores and scores[gid] is not None:
@@ -495,15 +575,68 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
             p.parent.mkdir(parents=True)
         shutil.copyfile(dest, course.submitted(sid, lab))
         shutil.copyfile(graded, final)
-        _merge(course, sid, lab, scores)
     finally:
         shutil.rmtree(sc_course, ignore_errors=True)
         usage = ctx.scratch.release(ks)  # kills what is left, removes its folders, tmpfs and cgroups
-    if usage.get("oom_kill"):
-        r.flags["memory_limit"] = [f"{ctx.iso.memory_gb:g}GiB"]
-        peak = f", peak {usage['peak'] / 2**20:.0f} MiB" if usage.get("peak") else ""
-        r.messages.append(f"the notebook reached its memory limit of {ctx.iso.memory_gb:g} GiB: "
-                          f"{usage['oom_kill']} process(es) killed{peak}")
+        if usage.get("oom_kill"):  # said whatever else happened (an early return included)
+            r.flags["memory_limit"] = [f"{ctx.iso.memory_gb:g}GiB"]
+            peak = f", peak {usage['peak'] / 2**20:.0f} MiB" if usage.get("peak") else ""
+            r.messages.append(f"the notebook reached its memory limit of {ctx.iso.memory_gb:g} GiB: "
+                              f"{usage['oom_kill']} process(es) killed{peak}")
+    return {"ex": ex, "guard": guard, "scores": scores, "elapsed": time.time() - t0,
+            "user": "" if ctx.iso.uid is None else f"uid {ctx.iso.uid}" if ctx.iso.user == f"uid {ctx.iso.uid}"
+            else f"{ctx.iso.user} (uid {ctx.iso.uid})",
+            "needs_review": findings.needs_review, "repaired": findings.repaired}
+
+
+def _feedback(ctx: _Context, r: Result, secrets_: LabSecrets, final: Path, release_nb, out_dir: Path | None,
+              score, max_score) -> None:
+    """The student's feedback page (feedback.py), written through the checked writer; what was withheld
+    is flagged ``feedback_withheld`` and said in the messages."""
+    sid, lab = r.internal_id, r.assignment
+    submitted = read_notebook(ctx.course.submitted(sid, lab))
+    scan = secrets_.scanner(submitted)
+    fb_nb, withheld = feedback_notebook(read_notebook(final), submitted, release_nb, ctx.sources[lab], scan,
+                                        ctx.feedback_outputs)
+    html = render_html(fb_nb, lab, sid, ctx.course.db_url)
+    if out_dir is not None:
+        target = out_dir / "feedback" / (r.file_key or _slug(r.student)) / f"{lab}.html"
+        try:
+            write_checked(target, html, scan)
+        except LeakBlocked as e:  # what the per-output scan missed: the page goes, a page with the score stays
+            withheld[FEEDBACK_PAGE] = e.hits
+            write_checked(target, withheld_page(lab, score, max_score), scan)
+        r.feedback = str(target)
+    if withheld:
+        r.flags["feedback_withheld"] = sorted(withheld)
+        for where, hits in sorted(withheld.items()):
+            what = where if where in (FEEDBACK_PAGE, WIDGET_STATE) else f"the output of {where}"
+            r.messages.append(f"feedback: {what} withheld: it carried text of the {describe_hits(hits)}")
+
+
+def _write_log(ctx: _Context, r: Result, out_dir: Path | None) -> None:
+    """nbgrader's log of one submission to logs/ (instructor's), lines with secret text withheld."""
+    if not r.log or out_dir is None:
+        return
+    sec = ctx.secrets.get(r.assignment)
+    scan = sec.scanner() if sec else None
+    text = scan.scrub(r.log, "[line withheld: it carried text of the instructor's tests]")[0] if scan else r.log
+    logfile = out_dir / "logs" / f"{r.file_key or _slug(r.student)}_{r.assignment}.log"
+    write_checked(logfile, text, scan)
+    r.log = str(logfile)
+
+
+def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: Path | None, feedback: bool) -> None:
+    """The grader's own process, one submission at a time: the instructor's gradebook, flags, feedback
+    and log (every file through `write_checked`)."""
+    course = ctx.course
+    sid, lab = r.internal_id, r.assignment
+    secrets_ = ctx.secrets.get(lab)
+    if carry is None:
+        return
+    ex, guard = carry["ex"], carry["guard"]
+    _merge(course, sid, lab, carry["scores"])
+    final = course.autograded(sid, lab)
     score, max_score, manual, cells = _scores(course, sid, lab)
     timeouts, errors = _execution_problems(final)
     for c in cells:
@@ -545,23 +678,19 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, out_dir: Path | None, 
             r.messages.append(f"tampering detected in {gid}: " + "; ".join(sorted(set(probs))))
     if manual:
         r.flags.setdefault("needs_manual_grading", [c["grade_id"] for c in cells if c["needs_manual_grade"]])
-    r.messages.append(f"autograded in {time.time() - t0:.1f} s")
-    # 5. feedback, from the instructor's course folder (nothing of the kernel's is read but the notebook)
-    if feedback:
-        fres = course.generate_feedback(sid, lab)
-        html = course.feedback(sid, lab)
-        if fres.get("success") and html.exists():
-            if out_dir is not None:
-                target = out_dir / "feedback" / (r.file_key or _slug(r.student)) / f"{lab}.html"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(html, target)
-                r.feedback = str(target)
-        else:
+    r.messages.append(f"autograded in {carry['elapsed']:.1f} s"
+                      + (f", kernel as {carry['user']}" if carry["user"] else ""))
+    # 5. feedback, built by the grader (feedback.py): sources from the release and the student's own
+    #    cells, outputs only where they carry no hidden-test or solution text
+    if feedback and secrets_ is not None:
+        try:
+            _feedback(ctx, r, secrets_, final, release_nb, out_dir, score, max_score)
+        except Exception as e:  # noqa: BLE001 - the grade stands without its feedback page
             r.flags.setdefault("feedback_failed", [])
-            r.messages.append("nbgrader generate_feedback failed: " + result_log(fres)[-300:])
-    if findings.needs_review or REVIEW_FLAGS & set(r.flags):
+            r.messages.append(f"the feedback page could not be made: {type(e).__name__}: {str(e)[:300]}")
+    if carry["needs_review"] or REVIEW_FLAGS & set(r.flags):
         r.status = "review"
-    elif findings.repaired:
+    elif carry["repaired"]:
         r.status = "repaired"
     else:
         r.status = "ok"
@@ -612,21 +741,36 @@ def csv_safe(text: str) -> str:
     return "'" + text if text and text[0] in "=+-@\t\r" else text
 
 
-def write_outputs(report: GradeReport, out: Path) -> None:
+def write_outputs(report: GradeReport, out: Path, scanner: Scanner | None = None) -> None:
+    """grades.csv, report.json and not_graded.txt, each scrubbed of hidden-test and solution text
+    (`scanner`, default the report's) and written through `feedback.write_checked`."""
+    scanner = scanner if scanner is not None else report.scanner
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(CSV_COLUMNS)
-        for r in report.results:
-            w.writerow([csv_safe(r.student), csv_safe(r.assignment), _fmt(r.score), _fmt(r.max_score), r.status,
-                        csv_safe(r.flag_text), csv_safe(r.file)])
+    rows = [CSV_COLUMNS] + [[csv_safe(r.student), csv_safe(r.assignment), _fmt(r.score), _fmt(r.max_score), r.status,
+                             csv_safe(r.flag_text), csv_safe(r.file)] for r in report.results]
+    rows, _ = scrub_value(rows, scanner)
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(rows)
+    write_checked(out / "grades.csv", buf.getvalue(), scanner)
     data = {"results": [asdict(r) for r in report.results],
             "not_graded": [{"file": p, "why": w} for p, w in report.not_graded],
             "ignored": [{"file": p, "why": w} for p, w in report.ignored],
             "warnings": report.warnings, "isolation": report.isolation}
-    (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    lines = [f"{p}\t{w}" for p, w in report.not_graded]
-    (out / "not_graded.txt").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
+    data, _ = scrub_value(data, scanner)
+    write_checked(out / "report.json", json.dumps(data, indent=1, sort_keys=True) + "\n", scanner)
+    lines = [f"{p}\t{w}" for p, w in report.not_graded] + [f"{p}\tskipped: {w}" for p, w in report.ignored]
+    lines, _ = scrub_value(lines, scanner)
+    write_checked(out / "not_graded.txt", "\n".join(lines) + ("\n" if lines else ""), scanner)
+
+
+SUMMARY_LINES = 40
+
+
+def _capped(lines: list[str]) -> list[str]:
+    if len(lines) <= SUMMARY_LINES:
+        return lines
+    more = len(lines) - SUMMARY_LINES
+    return lines[:SUMMARY_LINES] + [f"  ... and {more} more (all in not_graded.txt and report.json)"]
 
 
 def summary(report: GradeReport) -> str:
@@ -645,12 +789,12 @@ def summary(report: GradeReport) -> str:
     lines.append(f"{len(report.results)} submission(s): "
                  + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) if report.results else "no submissions")
     if report.not_graded:
-        lines.append(f"NOT GRADED ({len(report.not_graded)} file(s) not attributed to a student and a lab):")
-        lines += [f"  {p}: {w}" for p, w in report.not_graded]
-    other = [(p, w) for p, w in report.ignored if not w.startswith("not a notebook")]
-    if other:
-        lines.append(f"skipped ({len(other)}):")
-        lines += [f"  {p}: {w}" for p, w in other]
+        lines.append(f"NOT GRADED ({len(report.not_graded)}: not attributed to a student and a lab, or not safe "
+                     "to open):")
+        lines += _capped([f"  {p}: {w}" for p, w in report.not_graded])
+    if report.ignored:
+        lines.append(f"skipped ({len(report.ignored)}):")
+        lines += _capped([f"  {p}: {w}" for p, w in report.ignored])
     for w in report.warnings:
         lines.append(f"warning: {w}")
     if report.isolation:

@@ -25,14 +25,26 @@ file's whole cleaned name is then the student id); notebooks whose token names a
 skipped and listed. Without it, a notebook in a student folder with no lab token is identified by its
 content (the release's grade_ids and locked cells) when exactly one lab matches.
 
-Nothing is dropped silently: notebooks that cannot be attributed are returned in `Collection.unattributed`,
-other files in `Collection.ignored`. When a student has several notebooks for one lab, the most
-recently modified one is graded, the others are listed, and the submission is flagged for review.
+Nothing is dropped silently: notebooks that cannot be attributed are returned in `Collection.unattributed`
+(NOT GRADED), every other entry that is skipped in `Collection.ignored`, each with the reason. When a
+student has several notebooks for one lab, the most recently modified one is graded, the others are
+listed, and the submission is flagged for review.
+
+Links are never followed: a symbolic link anywhere in the tree (to a file or a folder, inside or outside
+SUBMISSIONS) is NOT GRADED with the reason, and neither it nor its target is opened (a link to another
+student's notebook or to /etc/shadow is not read as root). Entries that are not regular files or folders
+(FIFOs, sockets, devices) are listed and never opened. Hidden entries (a name starting with ".") are
+listed too: a notebook inside a hidden folder is NOT GRADED (rename the folder to grade it); the
+folders tools leave behind (``.ipynb_checkpoints``, ``__MACOSX``, ``__pycache__``) and macOS' ``._*``
+and ``.DS_Store`` files are listed once, as skipped. A submission is read with `read_submission`
+(``O_NOFOLLOW``, regular files only), never through a path that could have become a link.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +62,9 @@ _LMS_RES = [
     re.compile(r"^(?P<name>.+?)_\d+_assignsubmission_[a-z]+_?$", re.IGNORECASE),  # Moodle
 ]
 _SEPARATORS = " _-.\t"
-IGNORED_DIRS = {".ipynb_checkpoints", "__MACOSX", "__pycache__"}
+# Folders tools leave in a download; listed once as skipped, never looked into.
+IGNORED_DIRS = {".ipynb_checkpoints": "Jupyter's autosave checkpoints (the notebook beside them is what is graded)",
+                "__MACOSX": "macOS archive metadata", "__pycache__": "Python bytecode cache"}
 
 
 @dataclass
@@ -143,10 +157,46 @@ def parse_name(filename: str, labs: dict[int, str], assignment: str | None = Non
     return student, lab, ""
 
 
+class UnsafeSubmission(OSError):
+    """A submission path that is not a regular file (a link, a FIFO, a device ...): never read."""
+
+
+def read_submission(path: str | Path, limit: int | None = None) -> str:
+    """The text of a submitted file, opened without following a link (``O_NOFOLLOW``) and only when it
+    is a regular file (``O_NONBLOCK``: a FIFO does not hang the grader). Raises `UnsafeSubmission`
+    otherwise; the file's content is never part of an error message. `limit`: read at most that many
+    bytes."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if Path(path).is_symlink():
+            raise UnsafeSubmission(f"{path} is a symbolic link; links are never followed") from None
+        raise UnsafeSubmission(f"{path} cannot be opened: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeSubmission(f"{path} is not a regular file ({_kind(st.st_mode)})")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read() if limit is None else fh.read(limit)
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def identify_by_content(path: Path, release_keys: dict[str, tuple[set, set]]) -> str | None:
     """The one assignment whose release this notebook resembles (grade_ids or locked cell sources)."""
     try:
-        nb = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        nb = json.loads(read_submission(path))
         cells = nb.get("cells", [])
     except Exception:
         return None
@@ -177,12 +227,33 @@ def _student_folder_name(name: str) -> str:
     return _clean_student(name) or name
 
 
+def _link_reason(path: Path) -> str:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return f"a symbolic link (to {target}): links are never followed; hand in the file itself"
+
+
+def _skip_reason(name: str, is_dir: bool) -> str | None:
+    """Why a tool's leftover is skipped (None: not a leftover)."""
+    if is_dir and name in IGNORED_DIRS:
+        return IGNORED_DIRS[name]
+    if not is_dir and name.startswith("._"):
+        return "macOS resource-fork file (._*), not a notebook"
+    if not is_dir and name == ".DS_Store":
+        return "macOS folder settings (.DS_Store)"
+    return None
+
+
 def collect(submissions: str | Path, labs: dict[int, str], assignment: str | None = None,
             release_keys: dict[str, tuple[set, set]] | None = None) -> Collection:
-    """Walk `submissions` and attribute every notebook (see the module docstring for the forms)."""
+    """Walk `submissions` and attribute every notebook (see the module docstring for the forms).
+    No link is followed and no file but a regular one is opened."""
     root = Path(submissions)
     if not root.exists():
         raise FileNotFoundError(f"submissions folder {root} does not exist")
+    root = root.resolve()  # the instructor's own argument may be a link; nothing below it is followed
     found: list[Submission] = []
     unattributed: list[tuple[Path, str]] = []
     ignored: list[tuple[Path, str]] = []
@@ -211,26 +282,62 @@ def collect(submissions: str | Path, labs: dict[int, str], assignment: str | Non
             flags.append("late")
         found.append(Submission(path, student, lab, "flat" if flat else "folder", flags))
 
-    def walk(folder: Path):
-        for p in sorted(folder.rglob("*")):
-            rel_parts = p.relative_to(folder).parts
-            if any(part in IGNORED_DIRS or part.startswith(".") for part in rel_parts):
-                continue
-            if p.is_file():
-                yield p
+    def notebooks_below(folder: Path) -> list[Path]:
+        """Notebook-named entries under a hidden folder (links not followed), for the NOT GRADED list."""
+        out = []
+        for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+            out += [Path(dirpath) / f for f in filenames + dirnames if f.lower().endswith(".ipynb")]
+        return sorted(out)
+
+    def visit(path: Path, student: str | None, top: bool):
+        """One entry: `student` is the student folder's id (None at the top level: flat layout)."""
+        try:
+            st = os.lstat(path)
+        except OSError as e:
+            unattributed.append((path, f"cannot be read: {e.strerror}"))
+            return
+        name = path.name
+        if stat.S_ISLNK(st.st_mode):
+            unattributed.append((path, _link_reason(path)))
+            return
+        is_dir = stat.S_ISDIR(st.st_mode)
+        leftover = _skip_reason(name, is_dir)
+        if leftover:
+            ignored.append((path, leftover))
+            return
+        if name.startswith("."):
+            what = "folder" if is_dir else "file"
+            inside = notebooks_below(path) if is_dir else ([path] if name.lower().endswith(".ipynb") else [])
+            for nb in inside:
+                where = "a hidden folder" if is_dir else "a hidden file"
+                unattributed.append((nb, f"in {where} ({name!r} starts with '.'): not graded; rename it to grade it"))
+            if not inside:
+                ignored.append((path, f"hidden {what} ({name!r} starts with '.'), no notebook in it" if is_dir
+                                else f"hidden file ({name!r} starts with '.')"))
+            return
+        if is_dir:
+            sub_student = _student_folder_name(name) if top else student
+            try:
+                children = sorted(os.listdir(path))
+            except OSError as e:
+                unattributed.append((path, f"folder cannot be read: {e.strerror}"))
+                return
+            for child in children:
+                visit(path / child, sub_student, False)
+            return
+        if not stat.S_ISREG(st.st_mode):
+            why = f"{_kind(st.st_mode)}, not a file: never opened"
+            (unattributed if name.lower().endswith(".ipynb") else ignored).append((path, why))
+            return
+        consider(path, student)
 
     if root.is_file():
         consider(root, None)
+    elif not root.is_dir():
+        raise FileNotFoundError(f"submissions {root} is neither a folder nor a notebook")
     else:
-        for entry in sorted(root.iterdir()):
-            if entry.name in IGNORED_DIRS or entry.name.startswith("."):
-                continue
-            if entry.is_dir():
-                student = _student_folder_name(entry.name)
-                for p in walk(entry):
-                    consider(p, student)
-            elif entry.is_file():
-                consider(entry, None)
+        for name in sorted(os.listdir(root)):
+            visit(root / name, None, True)
 
     # one submission per (student, assignment): the newest file wins, the others are listed
     by_key: dict[tuple[str, str], list[Submission]] = {}
@@ -238,7 +345,7 @@ def collect(submissions: str | Path, labs: dict[int, str], assignment: str | Non
         by_key.setdefault((s.student, s.assignment), []).append(s)
     chosen = []
     for key in sorted(by_key):
-        group = sorted(by_key[key], key=lambda s: (s.path.stat().st_mtime, str(s.path)))
+        group = sorted(by_key[key], key=lambda s: (os.lstat(s.path).st_mtime, str(s.path)))
         best = group[-1]
         if len(group) > 1:
             best.superseded = [s.path for s in group[:-1]]

@@ -12,9 +12,17 @@ reference implementation in `course_lib`), and publishes a report as a display o
 MIME type, tagged with the cell's nonce. The grader collects these reports from the executed
 notebook (a test cell without its report was not run as written) and removes them before feedback.
 
+It also makes the hidden tests harder to see from the student's code, and flags what would show them:
+IPython event callbacks of every kind (``post_run_cell`` sees each later cell's source) are compared
+and undone like the transformers; an audit hook set up first refuses any later ``sys.addaudithook``
+(the attempt is reported); and each test cell removes the hidden regions from IPython's copies of the
+cells it has run (``In``, ``_ih``, ``_i*``, the history lists, the cells' entries in `linecache`), and
+the history database is never written while the notebook runs.
+
 This runs in the student's process: a student who attacks the guard itself can defeat it (no check
 inside a process can be safe from code in that process). What keeps one submission from changing
-another's grade is the isolation around the kernel (see `sandbox.py`), not this module.
+another's grade is the isolation around the kernel (see `sandbox.py`), and what keeps hidden tests out
+of the feedback is the grader's scan of every output (`feedback.py`), not this module.
 """
 from __future__ import annotations
 
@@ -27,11 +35,12 @@ CHECK_MODULE = "course_lib.grading.checks"
 CHECK_NAMES = ("check_close", "check_equal", "check_shape", "check_raises")
 BUILTIN_NAMES = ("__import__", "exec", "eval", "compile", "isinstance", "getattr", "abs", "len", "range",
                  "AssertionError", "Exception", "print", "float", "int", "max", "min", "all", "any")
-WATCHED_EVENTS = ("pre_execute", "pre_run_cell")
+HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 SHELL_METHODS = ("run_cell", "run_cell_async", "run_ast_nodes", "run_code", "transform_cell",
                  "transform_ast", "showtraceback", "_showtraceback", "showsyntaxerror", "get_exception_only")
 
 _orig: dict | None = None
+_audit_attempts: list = []
 
 
 def _shell():
@@ -69,7 +78,7 @@ def _state(ip) -> dict:
             "token_transformers": list(getattr(itm, "token_transformers", [])),
             "ast_transformers": list(ip.ast_transformers),
             "custom_exceptions": tuple(ip.custom_exceptions),
-            "events": {k: list(v) for k, v in ip.events.callbacks.items() if k in WATCHED_EVENTS},
+            "events": {k: list(v) for k, v in ip.events.callbacks.items()},
         }
         st["methods"] = {n: getattr(type(ip), n, None) for n in SHELL_METHODS}
         st["instance_methods"] = sorted(n for n in SHELL_METHODS if n in vars(ip))
@@ -89,7 +98,68 @@ def setup(nonce: str) -> None:
     ip = _shell()
     _orig = _state(ip)
     _orig["numpy"] = _numpy_funcs()
+    _install_audit_hook()
+    hm = getattr(ip, "history_manager", None)
+    if hm is not None:
+        hm.db_cache_size = 10**9  # the history database (a file the kernel can read) is not written meanwhile
     _publish({"nonce": nonce, "kind": "setup", "problems": []})
+
+
+def _install_audit_hook() -> None:
+    """An audit hook that refuses every later one (an audit hook sees each exec'd and compiled source:
+    the hidden tests' too) and remembers the attempt. Audit hooks cannot be removed, so this one is set
+    up before any of the student's cells."""
+    attempts = _audit_attempts
+
+    def hook(event, args):
+        if event == "sys.addaudithook":
+            attempts.append(event)
+            raise RuntimeError("course grade: audit hooks are not allowed while grading")
+
+    sys.addaudithook(hook)
+
+
+def _strip_hidden(text: str) -> str:
+    """`text` without its hidden-test regions (marker lines included)."""
+    out, inside = [], False
+    for line in text.split("\n"):
+        if HIDDEN_BEGIN in line:
+            inside = True
+        elif inside and HIDDEN_END in line:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+def forget_hidden(ip) -> None:
+    """Remove the hidden regions from IPython's copies of the cells run so far (this one included)."""
+    import linecache
+
+    def clean(v):
+        return _strip_hidden(v) if isinstance(v, str) and HIDDEN_BEGIN in v else v
+
+    hm = getattr(ip, "history_manager", None) if ip is not None else None
+    if hm is not None:
+        for name in ("input_hist_parsed", "input_hist_raw"):
+            lst = getattr(hm, name, None)
+            if isinstance(lst, list):
+                lst[:] = [clean(v) for v in lst]
+        cache = getattr(hm, "db_input_cache", None)
+        if isinstance(cache, list):
+            cache[:] = [tuple(clean(x) for x in row) if isinstance(row, tuple) else row for row in cache]
+        for name in ("_i", "_ii", "_iii", "_i00"):
+            if isinstance(getattr(hm, name, None), str):
+                setattr(hm, name, clean(getattr(hm, name)))
+    if ip is not None:
+        ns = ip.user_ns
+        for k in [k for k in ns if k.startswith("_i") and isinstance(ns.get(k), str)]:
+            ns[k] = clean(ns[k])
+    for fname, entry in list(linecache.cache.items()):
+        if isinstance(entry, tuple) and len(entry) >= 3 and isinstance(entry[2], list) \
+                and any(HIDDEN_BEGIN in ln for ln in entry[2]):
+            lines = _strip_hidden("".join(entry[2])).splitlines(keepends=True)
+            linecache.cache[fname] = (len("".join(lines)), *entry[1:2], lines, *entry[3:])
 
 
 def _publish(report: dict) -> None:
@@ -137,8 +207,8 @@ def _compare(cur: dict, orig: dict) -> list[str]:
                 problems.append(f"IPython's {k} were changed")
         if a["custom_exceptions"] != b["custom_exceptions"]:
             problems.append("a custom exception handler was installed (set_custom_exc)")
-        for ev, cbs in a["events"].items():
-            old = b["events"].get(ev, [])
+        for ev in sorted(set(a["events"]) | set(b["events"])):
+            cbs, old = a["events"].get(ev, []), b["events"].get(ev, [])
             if len(cbs) != len(old) or any(x is not y for x, y in zip(cbs, old)):
                 problems.append(f"IPython event callbacks {ev!r} were changed")
         for n, f in orig["methods"].items():
@@ -231,8 +301,14 @@ def verify(nonce: str, grade_id: str, answers=()) -> None:
         _publish(report)
         return
     problems += _compare(_state(ip), _orig)
+    if _audit_attempts:
+        problems.append("an audit hook was added (sys.addaudithook; refused)")
     if problems:
         _restore(ip, _orig, ns)
+    try:
+        forget_hidden(ip)
+    except Exception:  # noqa: BLE001 - hardening only; the grader's scan is the defence
+        pass
     for n, f in _orig["checks"].items():
         if n in ns and ns[n] is not f:
             problems.append(f"{n} was rebound in the notebook")

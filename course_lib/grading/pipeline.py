@@ -3,6 +3,7 @@
     course build-labs [--solutions solutions] [--labs labs] [--check] [LAB ...]
     course grade SUBMISSIONS [--labs-release labs] [--solutions solutions] [--out grades]
                  [--timeout 60] [--assignment labNN] [--workdir DIR] [--config nbgrader_config.py]
+                 [--jobs N|auto] [--feedback-outputs scanned|none]
 
 Both drive nbgrader (generate_assignment, autograde, generate_feedback) through its Python API in a
 working nbgrader course directory outside the repository. The pieces, usable from Python:
@@ -11,6 +12,8 @@ working nbgrader course directory outside the repository. The pieces, usable fro
     find_leaks(source_nb, lab_nb)                              -> [lines]          (build.py)
     answer_sources(source_nb), fill_answers(lab_nb, answers)   solved / mutant submissions
     collect(submissions, labs)                                 -> Collection       (collect.py)
+    LabSecrets(source_nb, release_nb).scanner(submission_nb)   -> Scanner          (leaks.py)
+    feedback_notebook(...), write_checked(path, text, scanner)                     (feedback.py)
     repair(submission_nb, release_nb)                          -> (nb, Findings)   (repair.py)
     grade(submissions, labs_release, solutions, out, ...)      -> GradeReport      (autograde.py)
 """
@@ -22,13 +25,16 @@ import sys
 from .autograde import GradeReport, Result, grade, summary, write_outputs
 from .build import (LabBuild, LabBuildError, answer_sources, build_labs, build_ok, fill_answers, find_leaks,
                     lab_names, secret_and_public_lines)
-from .collect import Collection, Submission, collect, parse_name, strip_copy_decorations
+from .collect import Collection, Submission, collect, parse_name, read_submission, strip_copy_decorations
+from .feedback import OUTPUT_MODES, LeakBlocked, feedback_notebook, write_checked
+from .leaks import LabSecrets, Scanner
 from .repair import Findings, repair
 from .sandbox import DEFAULT_MEMORY_GB, LEVELS, Isolation, SandboxUnavailable, bwrap_argv, probe
 
 __all__ = ["build_labs_main", "grade_main", "build_labs", "build_ok", "find_leaks", "secret_and_public_lines",
            "answer_sources", "fill_answers", "lab_names", "LabBuild", "LabBuildError", "collect", "parse_name",
            "strip_copy_decorations", "Collection", "Submission", "repair", "Findings", "grade", "summary",
+           "read_submission", "LabSecrets", "Scanner", "feedback_notebook", "write_checked", "LeakBlocked",
            "write_outputs", "GradeReport", "Result", "Isolation", "SandboxUnavailable", "probe", "bwrap_argv"]
 
 
@@ -87,21 +93,37 @@ accepted submission names (the assignment is the labNN token, e.g. lab01, Lab1, 
   " copy", " copy 2", Canvas's "-1" after the lab token, a doubled ".ipynb".
   With --assignment, notebooks without a lab token count as that lab (a flat file's whole name is then
   the student id). Without it, a token-less notebook in a student folder is recognized by content.
-  Files that cannot be attributed are listed as NOT GRADED (never dropped silently).
+  Files that cannot be attributed are listed as NOT GRADED, every other entry that is skipped as
+  skipped, each with the reason (never dropped silently). Links are never followed: a symbolic link
+  (file or folder, at any depth) is NOT GRADED and never opened; so is a notebook in a hidden folder
+  (name starting with "."). Checkpoint folders, __MACOSX and macOS' ._* files are listed as skipped.
   Several files of one student for one lab: the newest is graded, the submission flagged for review.
 
-isolation (printed first; see README "For instructors"): bwrap (bubblewrap installed: read-only system,
-  writable scratch only) > user (grader is root: kernels run as --sandbox-user, default nobody) > process
-  (grader's own user: resource limits only; for trusted notebooks). Every level: one scratch copy per
-  submission, no network where the system allows it, limits on memory, processes, CPU and file size, every
-  process of the kernel killed at the end. --require-sandbox refuses to grade without bubblewrap.
+isolation (printed first; see README "For instructors"): bwrap (bubblewrap: a private filesystem, read-only
+  system and Python, own /proc /tmp /dev/shm, no network; as --sandbox-user when the grader is root) or user
+  (grader is root, no bubblewrap: the same private filesystem built by the grader, kernels as --sandbox-user,
+  default nobody). Both are refused with the reason when a real kernel cannot start at that level. process
+  (the grader's own user, resource limits only: trusted notebooks) is used only when asked for with
+  --isolation process. Every level: one scratch copy per submission, no network where the system allows
+  it, limits on memory, processes, CPU and file size, every process of the kernel killed at the end; as
+  root, one cgroup and one tmpfs per submission where the machine allows (the memory limit then holds for
+  all its processes and files together). --require-sandbox refuses to grade without bubblewrap.
 
-outputs (in --out): grades.csv (student, assignment, score, max_score, status, flags, file),
-  report.json (per-cell scores, repairs, messages), feedback/<student>/<lab>.html, logs/, not_graded.txt
-  (feedback and logs are named by a file-safe student id, with a short hash added where two ids collide;
-  CSV cells starting with = + - @ get a leading ' so a spreadsheet does not run them)
+outputs (in --out): feedback/<student>/<lab>.html for each student; for you only: grades.csv (student,
+  assignment, score, max_score, status, flags, file), report.json (per-cell scores, repairs, messages),
+  logs/, not_graded.txt (feedback and logs are named by a file-safe student id, with a short hash added
+  where two ids collide; CSV cells starting with = + - @ get a leading ' so a spreadsheet does not run them)
+feedback: built by the grader from the release, the student's own cells and the scores; hidden tests
+  never shown. An output of the student's kernel is shown only as text and only when it carries no text of
+  a hidden test or a solution (plain or encoded); otherwise it is withheld and the submission flagged
+  feedback_withheld. --feedback-outputs none shows no kernel output at all. Every file written to --out is
+  checked for hidden-test and solution text.
+jobs: --jobs N grades N submissions at a time, each in its own sandbox and scratch and, where the grader
+  is root, as its own user (bubblewrap without root: each in its own namespaces); the grades and files are
+  those of --jobs 1. --jobs auto: one per two cores, within
+  memory. Default 1 (time limits are wall-clock: a busy machine could push a slow submission over them).
 status: ok | repaired (safe automatic repair, see flags) | review (a human should look: also wrong_lab,
-  kernel_died, time_budget, tamper, reference_import) |
+  kernel_died, time_budget, memory_limit, tamper, reference_import, feedback_withheld) |
   error (not graded; score left empty, never 0)
 exit status: 0 all graded, 1 some file not graded or some submission in error, 2 usage error
 """
@@ -131,26 +153,39 @@ def grade_main(argv: list[str] | None = None) -> int:
                    help="time limit for a whole notebook, on top of the per-cell one (default: 10 per-cell "
                         "timeouts, at least 600 s); the cells after it score 0 and the submission is flagged")
     p.add_argument("--isolation", choices=LEVELS, default=None,
-                   help="how to run students' code (default: the strongest available): bwrap = bubblewrap "
-                        "sandbox; user = an unprivileged user (grader runs as root); process = the grader's "
-                        "own user with resource limits only")
+                   help="how to run students' code (default: bwrap where bubblewrap is installed, else user as "
+                        "root): bwrap = bubblewrap sandbox; user = an unprivileged user in a private filesystem "
+                        "(grader runs as root); process = the grader's own user with resource limits only "
+                        "(trusted notebooks; never chosen unless asked)")
     p.add_argument("--require-sandbox", action="store_true",
                    help="refuse to grade unless bubblewrap (bwrap) is installed and used")
-    p.add_argument("--sandbox-user", default=None, metavar="USER",
-                   help="the unprivileged user kernels run as when the grader is root (default: nobody)")
+    p.add_argument("--sandbox-user", default=None, metavar="USER[,USER...]",
+                   help="the unprivileged user kernels run as when the grader is root (default: nobody); with "
+                        "--jobs N, one user per job (unnamed ones: user ids with no account, see README)")
+    p.add_argument("--jobs", default="1", metavar="N|auto",
+                   help="submissions graded at a time, each in its own sandbox (default: 1; auto: one per two "
+                        "cores, within memory)")
+    p.add_argument("--feedback-outputs", choices=OUTPUT_MODES, default="scanned",
+                   help="scanned (default): the kernel's text outputs that carry no hidden-test or solution text; "
+                        "none: no output of the kernel in the feedback")
     p.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GB, metavar="GiB",
-                   help=f"address-space limit of a kernel (default: {DEFAULT_MEMORY_GB:g}; 0: none)")
+                   help=f"memory limit of a submission (default: {DEFAULT_MEMORY_GB:g}; 0: none): for all its "
+                        "processes and files together where a cgroup can be made (root), else per process")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
+    users = [u.strip() for u in args.sandbox_user.split(",") if u.strip()] if args.sandbox_user else None
+    bar = not args.quiet and sys.stderr.isatty()  # a progress bar on a terminal, plain lines elsewhere
     try:
         report = grade(args.submissions, args.labs_release, args.solutions, args.out, args.timeout,
                        args.assignment, args.workdir, args.config, feedback=not args.no_feedback,
                        echo=None if args.quiet else (lambda s: print(s, flush=True)), isolation=args.isolation,
                        require_sandbox=args.require_sandbox, budget=args.budget, memory_gb=args.memory_limit,
-                       sandbox_user=args.sandbox_user)
+                       sandbox_user=users, jobs=args.jobs, feedback_outputs=args.feedback_outputs,
+                       progress="bar" if bar else None)
     except (FileNotFoundError, FileExistsError, ValueError, SandboxUnavailable) as e:
         print(f"course grade: {e}", file=sys.stderr)
         return 2
     print(summary(report))
-    print(f"\nwrote {report.out}/grades.csv, report.json, feedback/")
+    print(f"\nwrote {report.out}/: feedback/<student>/ for each student; grades.csv, report.json, logs/, "
+          "not_graded.txt for you")
     return 0 if report.ok else 1

@@ -622,8 +622,10 @@ class RunScratch:
             self.close()
             raise
 
-    def kernel(self, key: str) -> KernelScratch:
-        iso = self.iso
+    def kernel(self, key: str, iso: Isolation | None = None) -> KernelScratch:
+        """One submission's kernel folders, owned by `iso`'s sandbox user (default: the run's; with
+        ``--jobs`` each worker passes its own, see jobs.py)."""
+        iso = iso or self.iso
         top = self.kernels / key
         if key in self.kernels_open:
             self.release(self.kernels_open[key])
