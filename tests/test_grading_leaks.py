@@ -323,6 +323,23 @@ def test_literals_of_hidden_tests_are_public():
     assert scan.find("check_close(g(_secret_input_tensor), [0.12345")
 
 
+def test_rendered_markdown_of_the_release_is_public():
+    """The feedback page renders the release's markdown, and the scanner reads a page without its tags:
+    "raise `OutOfBlocks(1, 0)`" reads back as "raise OutOfBlocks(1, 0)", a solution line of lab06 word for
+    word. The student was told that much; the page must not be withheld for it (it was, for 4 real labs)."""
+    meta = {"nbgrader": {"solution": True, "grade": False, "grade_id": "f", "locked": False}}
+    md = nbformat.v4.new_markdown_cell("When no block is free, raise `OutOfBlocks(1, 0)`.")
+    src = nbformat.v4.new_notebook(cells=[md, nbformat.v4.new_code_cell(
+        "def alloc(self):\n    ### BEGIN SOLUTION\n    raise OutOfBlocks(1, 0)\n    ### END SOLUTION", metadata=meta)])
+    rel = nbformat.v4.new_notebook(cells=[md, nbformat.v4.new_code_cell(
+        "def alloc(self):\n    # YOUR CODE HERE\n    raise NotImplementedError()", metadata=meta)])
+    scan = LabSecrets(src, rel).scanner()
+    assert scan.find("<p>When no block is free, raise <code>OutOfBlocks(1, 0)</code>.</p>") == []
+    assert scan.find("<pre>    ### BEGIN SOLUTION</pre>")  # the rest of the solution cell stays secret
+    bare = LabSecrets(src, nbformat.v4.new_notebook(cells=rel.cells[1:])).scanner()
+    assert bare.find("<p>raise <code>OutOfBlocks(1, 0)</code></p>")  # not said in the release: secret
+
+
 def test_png_text_chunks():
     assert png_texts(_png_with_text("hello there")) == ["Comment hello there"]
 
@@ -482,19 +499,23 @@ def test_the_attacks_did_get_the_hidden_tests(leaked):
     """The search above means something: in the instructor's executed notebooks (never given back) the
     attacks' outputs do carry the hidden tests."""
     blocks = hidden_blocks(leaked["source"])
-    for student in ("mallory", "repr", "solreader"):
-        ex = leaked["workdir"] / "autograded" / res(leaked, student).internal_id / FIX / f"{FIX}.ipynb"
-        outputs = json.dumps([c.get("outputs", []) for c in read_notebook(ex).cells])
-        text = outputs.encode().decode("unicode_escape", errors="ignore")
+    for student in ("mallory", "repr"):
+        text = _executed_outputs(leaked, student)
         lines = secret_only_lines(leaked["source"], leaked["release"])
         assert leaks_in(text, lines, blocks), f"{student}'s attack leaked nothing: the test proves nothing"
+
+
+def _executed_outputs(run, student) -> str:
+    """The outputs of a student's executed notebook, in the instructor's folder (never given back)."""
+    ex = run["workdir"] / "autograded" / run["report"].by_student(student, FIX).internal_id / FIX / f"{FIX}.ipynb"
+    outputs = json.dumps([c.get("outputs", []) for c in read_notebook(ex).cells])
+    return outputs.encode().decode("unicode_escape", errors="ignore")
 
 
 @slow
 @pytest.mark.parametrize("student, score, flags", [
     ("mallory", FULL, {"feedback_withheld"}),
     ("repr", 3.0, {"feedback_withheld"}),
-    ("solreader", FULL, {"feedback_withheld"}),
     ("hook", FULL, {"tamper"}),
 ])
 def test_attackers_are_flagged_and_scored_as_usual(leaked, student, score, flags):
@@ -507,9 +528,52 @@ def test_attackers_are_flagged_and_scored_as_usual(leaked, student, score, flags
 
 
 @slow
-def test_solution_reader_is_named(leaked):
+def test_solution_reader_finds_nothing_or_is_withheld(leaked):
+    """The instructor's source, world-readable in /tmp: out of the kernel's reach where its filesystem is
+    private (bwrap; user as root); where it is not, what it prints is withheld from the feedback."""
     r = res(leaked, "solreader")
+    outputs = _executed_outputs(leaked, "solreader")
+    got = "BEGIN SOLUTION" in outputs  # the attack prints the source's solution cells, markers and all
+    if "private filesystem" in leaked["report"].isolation:
+        assert not got and "No such file or directory" in outputs, outputs[-2000:]
+        assert (r.score, "feedback_withheld" in r.flags) == (FULL, False), (r.flags, r.messages)
+    else:
+        assert got and "feedback_withheld" in r.flags and any("solutions of" in m for m in r.messages), r.messages
+
+
+@pytest.fixture(scope="module")
+def solread_process(fixture, tmp_path_factory):
+    """The solution reader at level process (the kernel is the grader's own user and sees its files): its
+    attack works there, so the feedback scan must stop it."""
+    base = tmp_path_factory.mktemp("solread")
+    release, a = fixture["release"], fixture["answers"]
+    sub = base / "submissions"
+    write_nb(sub / "alice" / "lab99.ipynb", fill_answers(release, a))
+    write_nb(sub / "solreader" / "lab99.ipynb", fill_answers(release, {
+        **a, "clamp_answer": CLAMP + SOLUTIONS.format(path=str(fixture["sols"] / f"{FIX}.ipynb"))}))
+    report = grade(sub, labs_release=fixture["labs"], solutions=fixture["sols"], out=base / "out", timeout=30,
+                   workdir=base / "work", isolation="process")
+    subs = {s: read_notebook(sub / s / "lab99.ipynb") for s in ("alice", "solreader")}
+    return {**fixture, "report": report, "out": base / "out", "workdir": base / "work", "subs": subs}
+
+
+@slow
+def test_solution_reader_at_level_process_is_withheld_and_named(solread_process):
+    run = solread_process
+    lines = secret_only_lines(run["source"], run["release"])
+    assert "BEGIN SOLUTION" in _executed_outputs(run, "solreader"), "the attack read nothing: the test proves nothing"
+    r = run["report"].by_student("solreader", FIX)
+    assert r.status == "review" and "feedback_withheld" in r.flags, (r.flags, r.messages)
+    assert (r.score, r.max_score) == (FULL, FULL), r.cells
     assert any("solutions of" in m for m in r.messages), r.messages
+    assert "[output withheld: it carried text of the instructor's" in visible_text(Path(r.feedback))
+    for p in sorted(run["out"].rglob("*")):
+        if p.is_file():
+            own = [x for x in run["report"].results if x.feedback and Path(x.feedback) == p]
+            want = secret_only_lines(run["source"], run["release"], run["subs"][own[0].student]) if own else lines
+            assert not leaks_in(visible_text(p), want, []), p
+    alice = run["report"].by_student("alice", FIX)
+    assert (alice.score, alice.status) == (FULL, "ok"), alice.messages
 
 
 @slow

@@ -172,11 +172,38 @@ def notebook_sources(nb) -> list[str]:
     return out
 
 
+def html_text(raw: str) -> str:
+    """An HTML text as the scanner reads it: tags removed, entities decoded, attribute values kept."""
+    attrs = " ".join(m.group(1)[1:-1] for m in _ATTR_RE.finditer(raw))
+    return html.unescape(_TAG_RE.sub("", raw)) + " " + html.unescape(attrs)
+
+
+def shown_texts(nb) -> list[str]:
+    """What a notebook shows a reader: every cell source, and each markdown cell as the feedback page
+    renders it, read back as `html_text` (the page drops Markdown's markup: "raise `X(1)`" becomes
+    "raise X(1)", which is no more secret than the markdown it came from)."""
+    out = notebook_sources(nb)
+    try:
+        from nbconvert.filters.markdown_mistune import markdown2html_mistune
+    except ImportError:  # no renderer, no rendered forms: the plain sources still count
+        return out
+    for c in (nb.get("cells") or []) if isinstance(nb, dict) else []:
+        if isinstance(c, dict) and c.get("cell_type") == "markdown":
+            src = c.get("source", "")
+            src = "".join(src) if isinstance(src, list) else str(src)
+            if src.strip():
+                try:
+                    out.append(html_text(markdown2html_mistune(src)))
+                except Exception:  # noqa: BLE001 - a cell the renderer cannot read shows as its source
+                    continue
+    return out
+
+
 class LabSecrets:
     """The secret windows of one lab (its source), less what its release and literals show anyway."""
 
     def __init__(self, source_nb, release_nb, extra_public: list[str] = ()):
-        public = "\0".join(normalize(t) for t in [*notebook_sources(release_nb), *hidden_literals(source_nb),
+        public = "\0".join(normalize(t) for t in [*shown_texts(release_nb), *hidden_literals(source_nb),
                                                    *STUBS, *extra_public])
         windows: dict[str, tuple[str, str]] = {}
         for line, kind, where in _secret_lines(source_nb):
@@ -194,7 +221,7 @@ class LabSecrets:
     def scanner(self, *public_nbs, public_texts: list[str] = ()) -> "Scanner":
         """A scanner for one student: `public_nbs` (the student's submission) and `public_texts` are
         text the student has anyway, so they are not secret for that student."""
-        texts = [t for nb in public_nbs for t in notebook_sources(nb)] + list(public_texts)
+        texts = [t for nb in public_nbs for t in shown_texts(nb)] + list(public_texts)
         blob = "\0".join(normalize(t) for t in texts)
         public = frozenset(w for w in self.windows if w in blob) if blob else frozenset()
         return Scanner(self.index, public)
@@ -262,8 +289,7 @@ class Scanner:
         """(start, end, decoded text, how) of every decodable piece of `raw` (spans in `raw`)."""
         out = []
         if "<" in raw or "&" in raw:
-            attrs = " ".join(m.group(1)[1:-1] for m in _ATTR_RE.finditer(raw))
-            out.append((0, len(raw), html.unescape(_TAG_RE.sub("", raw)) + " " + html.unescape(attrs), "html"))
+            out.append((0, len(raw), html_text(raw), "html"))
         if "%" in raw:
             out.append((0, len(raw), urllib.parse.unquote(raw), "url-quoted"))
         if "\\" in raw:
