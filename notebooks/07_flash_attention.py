@@ -388,6 +388,11 @@ assert impl == ("flash_attention_2" if usable else "sdpa") and "\n" not in line
 #
 # The merge is exact (it is the online-softmax merge of section 3). The paged decode kernel of Module 06
 # splits the same way and launches **the same reduction** (`course_lib.attention.triton_splitkv`).
+#
+# Lengths: a sequence of length 0 (a padded batch slot) reads no key, every split is empty, and the merge
+# returns a zero row rather than 0/0, the reference's rule for a row with no key. A length outside [0, S]
+# is a `ValueError`; the Triton kernels check it only with `validate=True`, since reading the lengths of a
+# GPU tensor is a host sync in the decode step.
 
 # %% id="c023"
 qd = torch.randn(2, 8, 64, generator=g)
@@ -404,6 +409,13 @@ for ns in (1, 2, 4, 16, 24):                  # row 1 cut in 24 splits of 2 keys
 assert split_rows[-1]["empty splits (row 1)"] == 3
 print(format_records(split_rows, floatfmt=".1e"))
 assert torch.allclose(flash_decode_torch(qd, kd, vd, num_splits=3, lengths=[300, 41]), want, atol=1e-5)
+empty = flash_decode_torch(qd, kd, vd, num_splits=4, lengths=[0, 41])          # row 0: an empty sequence
+assert torch.equal(empty[0], torch.zeros_like(empty[0])) and torch.allclose(empty[1], want[1], atol=1e-5)
+try:
+    flash_decode_torch(qd, kd, vd, lengths=[301, 41])
+    raise AssertionError("expected a length past the 300 cached keys to be refused")
+except ValueError as e:
+    print("ValueError:", e)
 h100_programs = [{"batch": B, "KV heads": 8, "programs (no split)": B * 8,
                   "share of H100 SMs busy": min(1.0, B * 8 / h100.sms)} for B in (1, 4, 16, 64)]
 print(format_records(h100_programs, floatfmt=".2f"))

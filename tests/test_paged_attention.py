@@ -125,8 +125,8 @@ def test_cheap_checks_always_sync_checks_on_request():
         with pytest.raises(ValueError, match="head_dim"):
             paged_attention(q[..., :4], kp, vp, tables, lens, backend=backend)
         # the checks that read the tables on the host: only with validate=True
-        with pytest.raises(ValueError, match="context_lens must be in"):
-            paged_attention(q, kp, vp, tables, torch.tensor([0, 3], dtype=torch.int32), backend=backend,
+        with pytest.raises(ValueError, match=r"context_lens\[0\]=-1 is outside \[0, "):
+            paged_attention(q, kp, vp, tables, torch.tensor([-1, 3], dtype=torch.int32), backend=backend,
                             validate=True)
         with pytest.raises(ValueError, match="outside the pool"):
             paged_attention(q, kp, vp, tables + 100, lens, backend=backend, validate=True)
@@ -145,7 +145,7 @@ def test_contiguous_to_paged_round_trip():
         assert torch.equal(gather_kv(kp, tables[b], n), k[b, :, :n])
         assert torch.equal(gather_kv(vp, tables[b], n), v[b, :, :n])
     with pytest.raises(ValueError, match="lengths"):
-        contiguous_to_paged(k, v, [9, 0, 16], 4)
+        contiguous_to_paged(k, v, [9, -1, 16], 4)
 
 
 def test_blocks_really_are_scattered():
@@ -158,9 +158,9 @@ def test_bad_arguments_raise():
     q, k, v, kp, vp, tables, lens = random_case(2, 4, 2, 8, 4, [5, 3], seed=2)
     with pytest.raises(ValueError, match="q must be"):
         paged_attention_reference(q[0], kp, vp, tables, lens)
-    with pytest.raises(ValueError, match="context_lens"):
-        paged_attention_reference(q, kp, vp, tables, torch.tensor([0, 3]))
-    with pytest.raises(ValueError, match="context_lens"):
+    with pytest.raises(ValueError, match=r"context_lens\[0\]=-1"):
+        paged_attention_reference(q, kp, vp, tables, torch.tensor([-1, 3]))
+    with pytest.raises(ValueError, match=r"context_lens\[0\]=50"):
         paged_attention_reference(q, kp, vp, tables, torch.tensor([50, 3]))
     with pytest.raises(ValueError, match="outside the pool"):
         paged_attention_reference(q, kp, vp, tables + 100, lens)

@@ -76,11 +76,13 @@ def combine_splits(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, base2: b
 
         out = sum_s w_s acc_s / sum_s w_s l_s,   w_s = exp(m_s - max_s m_s)
 
-    An empty split (m_s = -inf, l_s = 0) weighs nothing. ``base2``: scores in log2 units (kernels use
-    exp2), w_s = 2^(m_s - M). The Triton kernels do the same in ``triton_splitkv.combine_splits_triton``."""
+    An empty split (m_s = -inf, l_s = 0) weighs nothing; a row whose splits are all empty (a sequence of
+    no keys) gets zeros, not 0/0. ``base2``: scores in log2 units (kernels use exp2), w_s = 2^(m_s - M).
+    The Triton kernels do the same in ``triton_splitkv.combine_splits_triton``."""
     M = m.max(dim=-1, keepdim=True).values
     w = (torch.exp2 if base2 else torch.exp)(m - _safe(M))                          # [..., S]
-    return (w[..., None] * acc).sum(dim=-2) / (w * l).sum(dim=-1, keepdim=True)
+    den = (w * l).sum(dim=-1, keepdim=True)
+    return (w[..., None] * acc).sum(dim=-2) / torch.where(den > 0, den, 1.0)
 
 
 __all__ = ["softmax_stats_update", "merge_softmax_stats", "split_sizes", "online_softmax_stats", "online_softmax",

@@ -7,7 +7,8 @@ Query head h reads KV head h // G (the Hugging Face layout).
 Masks (True = may attend):
 * ``causal``: query t sits at absolute position S - T + t (the last T of the S keys; T == S without a
   cache) and sees keys j <= S - T + t ("bottom-right" alignment, what a KV cache needs).
-* ``key_padding_mask`` [B, S]: False marks a padding key that no query may read.
+* ``key_padding_mask`` [B, S] bool (or [1, S], one mask for the whole batch): False marks a padding key that
+  no query may read. Nothing else is taken (no [B, 1, T, S] mask, no additive float mask).
 A query row that may read no key at all gets zeros and a log-sum-exp of -inf (not NaN).
 """
 from __future__ import annotations
@@ -40,8 +41,11 @@ def check_qkv(q, k, v, argument_prefix: str = "") -> tuple[int, int, int, int, i
     return B, H, K, T, S, Dh
 
 
-def allowed_mask(T: int, S: int, causal: bool, key_padding_mask=None, device=None) -> torch.Tensor | None:
-    """Boolean [B or 1, 1, T, S] (True = may attend) from the causal rule and a padding mask, or None."""
+def allowed_mask(T: int, S: int, causal: bool, key_padding_mask=None, device=None,
+                 batch: int | None = None) -> torch.Tensor | None:
+    """Boolean (True = may attend) from the causal rule and a padding mask, or None: [1, 1, T, S] causal
+    only, [B or 1, 1, 1, S] padding only (broadcast over the queries: slice its query axis only if it has
+    T entries), [B or 1, 1, T, S] both. ``batch``: the B a [B, S] padding mask must have (1 also taken)."""
     mask = None
     if causal:
         if T > S:
@@ -49,9 +53,13 @@ def allowed_mask(T: int, S: int, causal: bool, key_padding_mask=None, device=Non
         i = torch.arange(T, device=device)[:, None] + (S - T)
         mask = (torch.arange(S, device=device)[None, :] <= i)[None, None]          # [1, 1, T, S]
     if key_padding_mask is not None:
-        if key_padding_mask.dtype != torch.bool or key_padding_mask.dim() != 2 or key_padding_mask.shape[1] != S:
-            raise ValueError(f"key_padding_mask must be a bool tensor [B, S={S}], got "
-                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        if not torch.is_tensor(key_padding_mask) or key_padding_mask.dtype != torch.bool \
+                or key_padding_mask.dim() != 2 or key_padding_mask.shape[1] != S \
+                or (batch is not None and key_padding_mask.shape[0] not in (1, batch)):
+            raise ValueError(f"key_padding_mask must be a bool tensor [B{'' if batch is None else '=' + str(batch)}"
+                             f" or 1, S={S}] (True = a real key), got "
+                             f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)} "
+                             f"{tuple(getattr(key_padding_mask, 'shape', ()))}")
         pad = key_padding_mask.to(device)[:, None, None, :]                         # [B, 1, 1, S]
         mask = pad if mask is None else mask & pad
     return mask
@@ -69,7 +77,7 @@ def reference_attention(q, k, v, causal: bool = False, key_padding_mask=None, sc
     kr = k.float().repeat_interleave(G, dim=1)          # [B, H, S, Dh]: a copy, fine for a reference
     vr = v.float().repeat_interleave(G, dim=1)
     scores = (q.float() @ kr.transpose(-1, -2)) * scale  # [B, H, T, S], the N x N matrix
-    mask = allowed_mask(T, S, causal, key_padding_mask, device=q.device)
+    mask = allowed_mask(T, S, causal, key_padding_mask, device=q.device, batch=B)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)                 # [B, H, T]; -inf for a row with no key

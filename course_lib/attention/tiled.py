@@ -64,7 +64,7 @@ def tiled_attention(q, k, v, causal: bool = False, block_q: int = 64, block_k: i
     block_q, block_k = _check_block("block_q", block_q), _check_block("block_k", block_k)
     G = H // K
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
-    mask = allowed_mask(T, S, causal, key_padding_mask, device=q.device)             # [B|1, 1, T, S] or None
+    mask = allowed_mask(T, S, causal, key_padding_mask, device=q.device, batch=B)    # [B|1, 1, T|1, S] or None
     out = torch.empty(B, H, T, Dh, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     qg = q.view(B, K, G, T, Dh)                                                       # group's heads side by side
@@ -87,8 +87,9 @@ def tiled_attention(q, k, v, causal: bool = False, block_q: int = 64, block_k: i
             kj = k[:, :, None, j0:j1].float()                                          # [B, K, 1, bk, Dh]
             vj = v[:, :, None, j0:j1].float()
             s = (qi @ kj.transpose(-1, -2)) * scale                                    # [B, K, G, bq, bk]
-            if mask is not None:
-                tile_mask = mask[:, :, i0:i1, j0:j1]                                   # [B|1, 1, bq, bk]
+            if mask is not None:          # a padding-only mask has one query row, shared by every query
+                rows = slice(i0, i1) if mask.shape[2] == T else slice(None)
+                tile_mask = mask[:, :, rows, j0:j1]                                    # [B|1, 1, bq|1, bk]
                 s = s.masked_fill(~tile_mask[:, :, None], float("-inf"))
             m_new = torch.maximum(m, s.max(dim=-1).values)
             m_use = torch.where(torch.isinf(m_new), 0.0, m_new)       # a row with nothing seen yet: no NaN

@@ -21,7 +21,9 @@ k/v [B, K, S, Dh] with optional per-sequence lengths: one program per (sequence,
 query heads of a group are the rows of its tile (each K/V byte read once per group), and a third grid
 axis cuts the keys into ``num_splits`` chunks so that a batch of one still fills the GPU. Every split
 writes (m, l, acc) to fp32 scratch and ``triton_splitkv.combine_splits_triton`` (the same reduction
-as the paged decode kernel) merges them with log-sum-exp weights.
+as the paged decode kernel) merges them with log-sum-exp weights. A sequence of length 0 gets a zero row;
+lengths outside [0, S] raise under ``validate=True`` and are clamped into [0, S] without it (see
+``flash_decoding``: checking a GPU tensor's values would be a host sync on the decode path).
 
 Both run on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was
 imported (correctness only: the interpreter is slow).
@@ -36,6 +38,7 @@ import triton.language as tl
 
 from course_lib.env import triton_interpreting, use_triton
 
+from .flash_decoding import check_lengths
 from .reference import check_qkv
 from .triton_splitkv import combine_splits_triton
 
@@ -237,7 +240,7 @@ def _flash_decode_kernel(Q, K, V, LENS, OUT, M_PART, L_PART, ACC_PART, qk_scale,
     q = tl.load(Q + b * s_qb + head[:, None] * s_qh + d[None, :], mask=gmask[:, None] & dmask[None, :],
                 other=0.0)                                     # [BLOCK_G, BLOCK_D]: heads as rows
     if HAS_LENS:
-        L = tl.minimum(tl.load(LENS + b), S)
+        L = tl.maximum(tl.minimum(tl.load(LENS + b), S), 0)      # unvalidated lengths: clamped to [0, S]
     else:
         L = S
     n_tiles = tl.cdiv(L, TILE_N)
@@ -282,11 +285,16 @@ def _flash_decode_kernel(Q, K, V, LENS, OUT, M_PART, L_PART, ACC_PART, qk_scale,
 
 
 def flash_decode_triton(q, k, v, lengths=None, num_splits: int = 1, scale: float | None = None,
-                        tile_n: int | None = None):
+                        tile_n: int | None = None, validate: bool = False):
     """Flash-decoding: one query per sequence, q [B, H, Dh], against a contiguous cache k/v [B, K, S, Dh]
     (sequence b uses its first lengths[b] keys; None: all S) -> [B, H, Dh]. ``num_splits`` chunks of keys
     per (sequence, KV head) run as separate programs and are merged by the shared log-sum-exp reduction.
-    ``tile_n`` fixes the key tile, bypassing the autotuner. Every sequence needs at least one key."""
+    ``tile_n`` fixes the key tile, bypassing the autotuner.
+
+    ``lengths`` [B] integer tensor, each in [0, S]; a length of 0 gives a zero row (as ``reference_attention``
+    for a row with no key). ``validate=True`` reads the lengths on the host (a device sync) and raises a
+    ValueError naming ``lengths[b]`` outside [0, S]; without it the kernel clamps each length into [0, S]
+    (it never reads outside the cache), so check bad lengths upstream or pass ``validate=True``."""
     if not torch.is_tensor(q) or q.dim() != 3:
         raise ValueError(f"q must be a 3-D tensor [B, H, Dh] (one query per sequence), got "
                          f"{tuple(q.shape) if torch.is_tensor(q) else type(q).__name__}")
@@ -295,8 +303,11 @@ def flash_decode_triton(q, k, v, lengths=None, num_splits: int = 1, scale: float
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
     if lengths is not None:
-        if not torch.is_tensor(lengths) or lengths.shape != (B,) or lengths.dtype.is_floating_point:
+        if not torch.is_tensor(lengths) or lengths.shape != (B,) or lengths.dtype.is_floating_point \
+                or lengths.dtype == torch.bool:
             raise ValueError(f"lengths must be an integer tensor [B={B}], got {lengths!r}")
+        if validate:
+            check_lengths(lengths, B, S)
         lengths = lengths.to(device=q.device, dtype=torch.int32)
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
     out = torch.empty(B, H, Dh, dtype=q.dtype, device=q.device)

@@ -9,7 +9,8 @@ laid out as m, l [R, NUM_SPLITS] and acc [R, NUM_SPLITS, Dh] for R = B * H rows.
     out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,   M = max_s m_s
 
 (``online_softmax.combine_splits`` is the PyTorch version). An empty split (m_s = -inf, l_s = 0) weighs
-2^-inf = 0. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
+2^-inf = 0; a row whose splits are all empty (a sequence of length 0) gets zeros, not NaN (M = -inf is
+replaced by 0, the zero sum by 1). Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
 """
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ def _combine_splits_kernel(M_PART, L_PART, ACC_PART, OUT, s_ob, s_oh,
     acc = tl.load(ACC_PART + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + d[None, :],
                   mask=smask[:, None] & dmask[None, :], other=0.0)
     m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)   # every split empty: no -inf - -inf = NaN
     w = tl.exp2(m - m_max)                                 # empty splits: 2^-inf = 0
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_s, axis=0)
+    den = tl.sum(w * l_s, axis=0)
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.where(den > 0, den, 1.0)   # no keys at all: 0, not 0/0
     tl.store(OUT + b * s_ob + h * s_oh + d, out.to(OUT.dtype.element_ty), mask=dmask)
 
 

@@ -7,6 +7,12 @@ Layout of the physical KV memory (one pool per layer, for K and for V):
     context_lens:   [B]                                   tokens of sequence b (the rest of its last
                                                           block, and unused table entries, are ignored)
 
+Lengths, the rule of every backend (as flash-decoding's, ``course_lib.attention.flash_decoding``): 0 <=
+context_lens[b] <= max_blocks * block_size; an empty sequence (0) gets a zero row (a padded batch slot). A
+length outside that range is a ValueError naming ``context_lens[b]``: the reference always checks; the
+torch and Triton backends only with ``validate=True`` (reading the lengths is a host sync on the decode
+path) and otherwise clamp each length into the range (never reading outside the table).
+
 Three implementations of one decode step (one query per sequence), all -> [B, H, Dh]:
 
 * ``paged_attention_reference``: gathers each sequence's blocks into a contiguous [K, L, Dh] tensor and
@@ -45,7 +51,8 @@ def gather_kv(pool: torch.Tensor, table, length: int) -> torch.Tensor:
 
 def paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, scale: float | None = None):
     """Decode attention through block tables: out[b] = softmax(q[b] K_b^T * scale) V_b, [B, H, Dh].
-    One sequence at a time, in fp32, with every argument checked (this reads the lengths on the host)."""
+    One sequence at a time, in fp32, with every argument checked (this reads the lengths on the host).
+    A sequence of length 0 gets a zero row (softmax over no key is taken as zero weights)."""
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens)
     B, H, Dh = q.shape
     K = k_pool.shape[1]
@@ -53,6 +60,9 @@ def paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, sca
     out = torch.empty_like(q)
     for b in range(B):
         n = int(context_lens[b])
+        if n == 0:                                                                # nothing to attend to
+            out[b] = 0
+            continue
         k = gather_kv(k_pool, block_tables[b], n).repeat_interleave(H // K, dim=0)   # [H, n, Dh]
         v = gather_kv(v_pool, block_tables[b], n).repeat_interleave(H // K, dim=0)
         att = (q[b, :, None, :].float() @ k.float().transpose(1, 2)) * scale        # [H, 1, n]
@@ -77,7 +87,8 @@ def paged_attention_torch(q, k_pool, v_pool, block_tables, context_lens, scale: 
     ``gather_blocks`` collects every row's blocks at once -> [B, K, max_blocks * bs, Dh], a length mask
     [B, 1, 1, S] hides the tokens past each row's length, and the course's one attention (GQA without
     repeating K/V) runs the whole batch. Table entries past a row's last used block are ignored (replaced
-    by block 0 before the gather, so they need not point inside the pool)."""
+    by block 0 before the gather, so they need not point inside the pool). Lengths are not checked (no
+    sync): the masks clamp each into [0, max_blocks * bs] (a row of length 0, or less, gets zeros)."""
     B, H, Dh = q.shape
     bs, max_blocks = k_pool.shape[2], block_tables.shape[1]
     lens = context_lens.to(device=q.device, dtype=torch.long)
@@ -86,7 +97,8 @@ def paged_attention_torch(q, k_pool, v_pool, block_tables, context_lens, scale: 
     mask = (torch.arange(max_blocks * bs, device=q.device) < lens[:, None])[:, None, None, :]   # [B, 1, 1, S]
     out = attention(q[:, :, None], gather_blocks(k_pool, tables), gather_blocks(v_pool, tables), mask,
                     scale=scale)                                                      # [B, H, 1, Dh]
-    return out[:, :, 0]
+    # an empty row: zeros whatever SDPA makes of a fully masked row (NaN before torch 2.5's safe softmax)
+    return torch.where((lens > 0)[:, None, None], out[:, :, 0], 0)
 
 
 def paged_attention(q, k_pool, v_pool, block_tables, context_lens, scale=None, backend: str = "auto",
@@ -131,12 +143,12 @@ def contiguous_to_paged(k: torch.Tensor, v: torch.Tensor, lengths, block_size: i
                         generator: torch.Generator | None = None):
     """Scatter contiguous K/V [B, K, S, Dh] (row b valid up to lengths[b]) into pools with shuffled,
     non-contiguous blocks. Returns (k_pool, v_pool, block_tables [B, max_blocks] int32, context_lens
-    int32), all on k's device; the rest of each last block and of the pool is zeros. ``generator`` (on
-    any device) draws the shuffle."""
+    int32), all on k's device; the rest of each last block and of the pool is zeros. A length may be 0 (no
+    block; its table row is padding). ``generator`` (on any device) draws the shuffle."""
     B, K, S, Dh = k.shape
     lengths = [int(x) for x in (lengths.tolist() if torch.is_tensor(lengths) else lengths)]
-    if len(lengths) != B or min(lengths) < 1 or max(lengths) > S:
-        raise ValueError(f"lengths must be {B} values in [1, {S}], got {lengths}")
+    if len(lengths) != B or min(lengths) < 0 or max(lengths) > S:
+        raise ValueError(f"lengths must be {B} values in [0, {S}], got {lengths}")
     need = [-(-n // block_size) for n in lengths]
     total = sum(need)
     num_blocks = num_blocks or total + 3
@@ -149,8 +161,8 @@ def contiguous_to_paged(k: torch.Tensor, v: torch.Tensor, lengths, block_size: i
     rows = []
     for b in range(B):
         blocks = [perm.pop() for _ in range(need[b])]
-        rows.append(blocks + [0] * (max(need) - need[b]))
-        idx = torch.tensor(blocks, device=k.device)
+        rows.append(blocks + [0] * (max(1, max(need)) - need[b]))       # a table has >= 1 column
+        idx = torch.tensor(blocks, dtype=torch.long, device=k.device)
         for src, pool in ((k, k_pool), (v, v_pool)):
             x = src.new_zeros(K, need[b] * block_size, Dh)
             x[:, :lengths[b]] = src[b, :, :lengths[b]]

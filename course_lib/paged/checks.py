@@ -10,7 +10,8 @@ def check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks:
 
     Shapes, dtypes, devices and H % K are always checked (no device work). ``sync_checks`` adds the
     checks that must read the lengths and tables on the host (a device sync): lengths in
-    [1, max_blocks * block_size] and every used table entry inside the pool."""
+    [0, max_blocks * block_size] (0: an empty sequence, whose output row is zeros) and every used table
+    entry inside the pool."""
     for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("block_tables", block_tables),
                     ("context_lens", context_lens)):
         if not torch.is_tensor(t):
@@ -46,11 +47,13 @@ def check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks:
     if not sync_checks:
         return
     lens = context_lens.tolist()
-    if min(lens) < 1 or max(lens) > block_tables.shape[1] * bs:
-        raise ValueError(f"context_lens must be in [1, max_blocks * block_size = {block_tables.shape[1] * bs}], "
-                         f"got {lens}")
+    cap = block_tables.shape[1] * bs
+    for b, n in enumerate(lens):
+        if not 0 <= n <= cap:
+            raise ValueError(f"context_lens[{b}]={n} is outside [0, max_blocks * block_size = {cap}] "
+                             f"(tokens a sequence's table can hold; 0 = empty), got {lens}")
     tables = block_tables.tolist()
     for b, n in enumerate(lens):
         used = tables[b][:-(-n // bs)]
-        if min(used) < 0 or max(used) >= N:
+        if used and (min(used) < 0 or max(used) >= N):
             raise ValueError(f"block_tables[{b}] points outside the pool of {N} blocks: {used}")

@@ -18,7 +18,9 @@ Design (one decode query per sequence, K/V in a pool [N, K, block_size, Dh]):
   when B * K programs cannot fill the GPU (small batches, long contexts); ``num_splits=None`` picks S
   from B * K and the number of SMs.
 * Tokens past a sequence's length (and the rest of its last block) are masked; empty splits write
-  (-inf, 0, 0) and weigh nothing in the combination.
+  (-inf, 0, 0) and weigh nothing in the combination. A sequence of length 0 gets a zero row (no 0/0);
+  lengths are checked only with ``validate=True`` (a host sync) and otherwise clamped into
+  [0, max_blocks * block_size], so the kernel never reads past a table row.
 
 Runs on CUDA, and on CPU tensors under the interpreter (set ``TRITON_INTERPRET=1`` before importing
 triton); any block_size (each token finds its block by a division, a shift for powers of two), any
@@ -123,7 +125,7 @@ def _paged_decode_kernel(Q, KP, VP, TBL, LENS, OUT, M_PART, L_PART, ACC_PART, qk
     head = kvh * GROUP + g                                                   # query heads of this group
     q = tl.load(Q + b * s_qb + head[:, None] * s_qh + d[None, :], mask=gmask[:, None] & dmask[None, :],
                 other=0.0)                                                   # [BLOCK_G, BLOCK_D]
-    L = tl.minimum(tl.load(LENS + b), max_blocks * BLOCK_SIZE)              # never read past the table
+    L = tl.maximum(tl.minimum(tl.load(LENS + b), max_blocks * BLOCK_SIZE), 0)   # never read past the table
     n_tiles = tl.cdiv(L, TILE_N)
     per_split = tl.cdiv(n_tiles, NUM_SPLITS)                                 # tiles of each split
     tile_lo = split * per_split
@@ -145,7 +147,7 @@ def _paged_decode_kernel(Q, KP, VP, TBL, LENS, OUT, M_PART, L_PART, ACC_PART, qk
                                          s_kn, s_ks, s_vn, s_vs, d, dmask, qk_scale,
                                          BLOCK_SIZE, TILE_N, DOT_PRECISION, UPCAST_DOT)
     if NUM_SPLITS == 1:
-        out = acc / l_i[:, None]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                    # length 0: zeros, not 0/0
         tl.store(OUT + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(OUT.dtype.element_ty),
                  mask=gmask[:, None] & dmask[None, :])
     else:                   # partials, [B, H, NUM_SPLITS] and [B, H, NUM_SPLITS, HEAD_DIM], fp32
@@ -190,7 +192,8 @@ def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale:
 
     ``num_splits``: KV chunks per sequence (split-KV, flash-decoding); None = a heuristic (1 under the
     interpreter). ``validate``: also run the checks that read the tables and lengths on the host (a
-    device sync). ``tile_n``: tokens per K/V tile (a power of two >= 16; it need not be a multiple of the
+    device sync; without it a length is clamped into [0, max_blocks * block_size], and 0 gives a zero
+    row). ``tile_n``: tokens per K/V tile (a power of two >= 16; it need not be a multiple of the
     block size, every token finds its own block), bypassing the autotuner (tests, experiments)."""
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)
     B, H, Dh = q.shape
