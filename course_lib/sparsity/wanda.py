@@ -11,6 +11,13 @@ outlier features) can matter more than a large weight on a quiet one: magnitude 
 One calibration pass on the dense model gives every layer's inputs (the paper feeds each layer the outputs
 of the already-pruned layers before it; at 50% the difference is small, and one pass keeps this short).
 
+How many weights a row loses: ``int(sparsity * in_features)``, truncated, as the authors' code does
+(locuslab/wanda, ``prune_wanda`` in lib/prune.py: a stable ascending sort of each row's scores, then
+``indices = sort_res[1][:, :int(W_metric.shape[1] * args.sparsity_ratio)]`` are pruned). So 35% of a
+688-wide row (the ``tiny`` model's down_proj) removes 240 weights, not round(240.8) = 241. (Magnitude
+pruning, ``pruning.magnitude_masks``, counts ``round(sparsity * n)`` instead, as its oracle
+``torch.nn.utils.prune`` does.)
+
 Bad input: weights or norms with NaN/Inf, negative norms, and empty calibration ids are refused (mask
 builders run once, so the values are always read).
 """
@@ -71,8 +78,9 @@ def wanda_scores(weight: torch.Tensor, x_norm: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def wanda_mask(weight: torch.Tensor, x_norm: torch.Tensor, sparsity: float | None = None, n: int | None = None,
                m: int | None = None) -> torch.Tensor:
-    """Bool mask [out, in]: in each output row, the round(sparsity * in) lowest Wanda scores removed, or
-    (n and m given) the n highest of every m consecutive inputs kept (2:4: n=2, m=4)."""
+    """Bool mask [out, in]: in each output row, the int(sparsity * in) lowest Wanda scores removed (truncated,
+    as the authors' code does; ties: the earlier input goes first, a stable sort as theirs), or (n and m
+    given) the n highest of every m consecutive inputs kept (2:4: n=2, m=4)."""
     scores = wanda_scores(weight, x_norm)                                  # [out, in]
     if (n is None) != (m is None):
         raise ValueError("give both n and m (an n:m pattern), or neither")
@@ -81,7 +89,7 @@ def wanda_mask(weight: torch.Tensor, x_norm: torch.Tensor, sparsity: float | Non
             raise ValueError("give sparsity or n:m, not both (n:m fixes the sparsity at 1 - n/m)")
         return nm_mask(scores, n, m)
     sparsity = _check_fraction("sparsity", 0.5 if sparsity is None else sparsity)
-    k = round(sparsity * scores.shape[1])
+    k = int(scores.shape[1] * sparsity)                                    # the authors' count, truncated
     keep = torch.ones_like(scores, dtype=torch.bool)
     if k:
         drop = torch.sort(scores, dim=1, stable=True).indices[:, :k]     # the k lowest of each row
