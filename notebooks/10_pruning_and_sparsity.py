@@ -132,6 +132,11 @@ print(f"global {SPARSITIES[-1]:.0%}: least pruned {lo} ({per_layer[lo]:.0%}), mo
 # |W_ij| · ‖X_j‖₂, the norm of its input feature over a few calibration tokens, and compares weights within
 # each output row. It needs one forward pass, no gradient and no weight update.
 #
+# How many weights a row loses: **int(s · in)**, truncated, as the authors' code does (`prune_wanda` in
+# locuslab/wanda sorts each row's scores and prunes the first `int(W_metric.shape[1] * sparsity_ratio)`).
+# `torch.nn.utils.prune`, and our magnitude pruning with it, rounds instead; the two counts differ whenever
+# s · in rounds up (as for a `down_proj` row at 35%, below).
+#
 # **2:4** keeps exactly 2 of every 4 consecutive weights of a row. NVIDIA's sparse tensor cores (Ampere and
 # later) store the 2 values plus 2-bit positions and run the matmul at up to twice the dense rate.
 
@@ -144,6 +149,11 @@ m_mag = S.magnitude_masks(model, 0.5, "layer")[name]
 m_wanda = S.wanda_mask(w, norms[name], sparsity=0.5)
 print(f"{name}: input norms range {norms[name].min():.2f} .. {norms[name].max():.2f}; Wanda and magnitude "
       f"(50%) disagree on {(m_mag ^ m_wanda).float().mean():.1%} of the weights")
+n_in = w.shape[1]
+per_row = (~S.wanda_mask(w, norms[name], sparsity=0.35)).sum(dim=1)     # weights removed in each row
+assert (per_row == int(0.35 * n_in)).all() and int(0.35 * n_in) != round(0.35 * n_in)   # truncated, not rounded
+print(f"Wanda at 35% removes {int(per_row[0])} of {n_in} weights in every row: int(0.35 * {n_in}) = "
+      f"{int(0.35 * n_in)}, where round would give {round(0.35 * n_in)}")
 wanda24 = S.wanda_masks(model, x_calib, n=2, m=4)
 assert all(S.is_nm(mk, 2, 4, exact=True) for mk in wanda24.values())       # exactly 2 of every 4
 rows = {}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .calibration import ScalingGroup, capture_inputs, fold_scales, scaling_groups
+from .core import check_finite, check_floating, check_tensor, in_layer
 from .linear import dequantize_weight_codes, rtn_quantize_weight, group_index
 
 __all__ = ["awq_scale_candidates", "awq_search_group", "awq_apply", "AWQSearch"]
@@ -47,9 +48,32 @@ class AWQSearch:
 @torch.no_grad()
 def awq_search_group(weights: list, x: torch.Tensor, bits: int = 4, group_size: int | None = 128,
                      sym: bool = False, n_grid: int = 20, name: str = "") -> AWQSearch:
-    """Search alpha for linears that share inputs x [n, in] (weights: list of [out_i, in] tensors)."""
-    if n_grid < 1:
-        raise ValueError(f"n_grid must be >= 1, got {n_grid}")
+    """Search alpha for linears that share inputs x [n, in] (weights: list of [out_i, in] tensors).
+
+    Refused: no weights, weights of different ``in``, x that is empty or whose last dimension is not
+    ``in``, and NaN/Inf in either (every loss would be NaN and the search would silently return scale 1)."""
+    if isinstance(n_grid, bool) or not isinstance(n_grid, int) or n_grid < 1:
+        raise ValueError(f"n_grid must be an int >= 1, got {n_grid!r}")
+    if isinstance(weights, torch.Tensor):
+        raise TypeError("weights must be a list of [out, in] weight tensors, got one tensor: wrap it in a list")
+    if not isinstance(weights, (list, tuple)) or not weights:
+        raise ValueError(f"weights must be a non-empty list of [out, in] weight tensors (the linears that read x), "
+                         f"got {weights!r}")
+    for i, w in enumerate(weights):
+        check_tensor(w.detach() if isinstance(w, torch.Tensor) else w, f"weights[{i}]")
+        if w.dim() != 2 or w.shape[1] != weights[0].shape[-1]:
+            raise ValueError(f"weights[{i}] must be a 2-D [out, in={weights[0].shape[-1]}] tensor (all linears "
+                             f"read the same x), got {tuple(w.shape)}")
+    in_f = weights[0].shape[1]
+    check_floating(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [n_tokens, in_features], got {tuple(x.shape)}")
+    if x.shape[1] != in_f:
+        raise ValueError(f"x's last dimension must be in_features={in_f} (the weights' columns), got "
+                         f"{tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"x is empty (shape {tuple(x.shape)}): the search needs calibration inputs [n >= 1, in]")
+    check_finite(x, "x", why="every trial's loss would be NaN and the search would return scale 1 unsearched")
     x = x.float()
     W = torch.cat([w.detach().float() for w in weights])                     # [sum out, in]
     before = W.clone()
@@ -83,7 +107,8 @@ def awq_apply(model, batches, bits: int = 4, group_size: int | None = 128, sym: 
     found = []
     for g in it:
         x = xs[g.linears[0][0]]
-        r = awq_search_group([lin.weight for _, lin in g.linears], x, bits, group_size, sym, n_grid, g.name)
+        with in_layer(g.name):
+            r = awq_search_group([lin.weight for _, lin in g.linears], x, bits, group_size, sym, n_grid, g.name)
         fold_scales(g, r.scales.to(x.device))
         found.append(r)
     return found

@@ -22,40 +22,82 @@ Conventions (the same in the lab):
 
 Bad input raises: TypeError for a non-tensor or a non-floating dtype (int, bool, complex), ValueError for
 an empty tensor, NaN/Inf values (with a count), bits outside 2..8, a group size that does not divide the
-axis, an axis out of range, or a clip ratio outside (0, 1].
+axis, an axis out of range, or a clip ratio outside (0, 1]. The checks (``check_tensor``, ``check_finite``,
+``check_floating``, ``check_linear``, ``check_linear_input``) are the ones every quantizer, quantized layer
+and pruning mask of the course uses, so one bad input reads the same everywhere.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 __all__ = ["QuantizedTensor", "quantize", "absmax_quantize", "zeropoint_quantize", "dequantize",
-           "dequantize_codes", "fake_quantize", "qrange", "check_tensor", "check_bits", "expand_params",
+           "dequantize_codes", "fake_quantize", "qrange", "check_tensor", "check_finite", "check_floating",
+           "check_linear", "check_linear_input", "in_layer", "check_bits", "expand_params",
            "percentile_clip_ratio", "search_clip_ratio", "group_sum"]
 
 GRANULARITIES = ("tensor", "channel", "group")
 SCHEMES = ("absmax", "zeropoint")
 
 
-# --- validation -------------------------------------------------------------------------------------
-def check_tensor(x, name: str = "x", allow_nonfinite: bool = False) -> None:
-    """Raise a clear TypeError/ValueError unless ``x`` is a non-empty, finite, floating-point tensor."""
+# --- validation (the library's one set of tensor checks: quant and sparsity both use them) --------------
+def check_finite(x: torch.Tensor, name: str = "x",
+                 why: str = "a scale computed from them would be NaN/Inf, so quantization refuses") -> None:
+    """Raise a ValueError naming ``name`` (with a count of each) if ``x`` holds NaN or Inf. It reads one
+    flag on the host: a sync on a GPU, so hot forward paths call it only under ``validate=True``."""
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        n_nan = int(torch.isnan(x).sum())
+        n_inf = int(bad.sum()) - n_nan
+        raise ValueError(f"{name} contains {n_nan} NaN and {n_inf} Inf value(s) out of {x.numel()}: {why}; "
+                         f"clean or mask them first")
+
+
+def check_floating(x, name: str = "x") -> None:
+    """TypeError unless ``x`` is a real floating-point tensor (no host read)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.is_complex() or not x.is_floating_point():
         raise TypeError(f"{name} must be a real floating-point tensor (float32/float16/bfloat16/float64), "
                         f"got dtype {x.dtype}")
+
+
+def check_tensor(x, name: str = "x", allow_nonfinite: bool = False) -> None:
+    """Raise a clear TypeError/ValueError unless ``x`` is a non-empty, finite, floating-point tensor."""
+    check_floating(x, name)
     if x.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): there is nothing to quantize")
     if not allow_nonfinite:
-        bad = ~torch.isfinite(x)
-        if bool(bad.any()):
-            n_nan = int(torch.isnan(x).sum())
-            n_inf = int(bad.sum()) - n_nan
-            raise ValueError(f"{name} contains {n_nan} NaN and {n_inf} Inf value(s) out of {x.numel()}: "
-                             f"a scale computed from them would be NaN/Inf, so quantization refuses; "
-                             f"clean or mask them first")
+        check_finite(x, name)
+
+
+@contextmanager
+def in_layer(name: str):
+    """Put a layer's name in front of a ValueError raised inside, so a model-wide transform's bad input says
+    which layer it came from ("model.layers.1.mlp.up_proj: linear.weight contains 1 NaN ...")."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from e
+
+
+def check_linear(linear, name: str = "linear") -> None:
+    """What every ``from_linear`` checks: an ``nn.Linear`` whose weight (and bias) are finite floats."""
+    if not isinstance(linear, torch.nn.Linear):
+        raise TypeError(f"{name} must be an nn.Linear, got {type(linear).__name__}")
+    check_tensor(linear.weight.detach(), f"{name}.weight")
+    if linear.bias is not None:
+        check_finite(linear.bias.detach(), f"{name}.bias", why="the layer would add them to every output")
+
+
+def check_linear_input(x, in_features: int, name: str = "x") -> None:
+    """What every linear layer's forward checks for free (no host read): a floating-point tensor whose last
+    dimension is ``in_features``. An empty batch [0, in] is fine."""
+    check_floating(x, name)
+    if x.dim() == 0 or x.shape[-1] != in_features:
+        raise ValueError(f"{name}'s last dimension must be in_features={in_features}, got {tuple(x.shape)}")
 
 
 def check_bits(bits, low: int = 2, high: int = 8) -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .core import absmax_quantize, check_tensor
+from .core import absmax_quantize, check_linear, check_linear_input, check_tensor
 
 __all__ = ["FP8_DTYPES", "FP8_MAX", "FP8Tensor", "fp8_quantize", "fp8_dequantize", "FP8Linear",
            "scaled_mm_available", "fp8_error_rows"]
@@ -116,8 +116,7 @@ class FP8Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: str = "e4m3", granularity: str = "row", act: str | None = "row",
                     backend: str = "auto") -> "FP8Linear":
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        check_linear(linear)
         w = linear.weight.detach()
         m = cls(linear.in_features, linear.out_features, linear.bias is not None, fmt, granularity, act, backend,
                 device=w.device)
@@ -137,8 +136,7 @@ class FP8Linear(nn.Module):
         return ok and self.backend != "reference"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x's last dimension must be in_features={self.in_features}, got {tuple(x.shape)}")
+        check_linear_input(x, self.in_features)      # dtype and shape, no host read (fp8_quantize checks values)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)                # [M, K]
         if self.act is None:

@@ -18,12 +18,18 @@ H diagonal to 1; lazy batch updates apply the error of a block of columns to the
 group scales are computed when the loop reaches the group's first column, from the weights with every
 update so far applied (so the result does not depend on the block size); act-order quantizes columns by decreasing diag H and the result is un-permuted, each column
 keeping the group it was quantized in (``g_idx``).
+
+Bad input (one-time transforms, so every value is checked): a weight or H that is not a finite floating-point
+tensor, an empty weight, an H of the wrong shape, an H that is not positive definite even after damping
+(a ValueError naming H instead of torch's LinAlgError), and ``hessian`` of a batch with no rows.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from .core import check_finite, check_floating, check_tensor
 
 from .linear import dequantize_weight_codes, quantize_weight_codes, weight_qparams
 
@@ -41,9 +47,14 @@ class GPTQResult:
 
 
 def hessian(x: torch.Tensor) -> torch.Tensor:
-    """H = 2/n X^T X for inputs x [n, in] (float32)."""
+    """H = 2/n X^T X for inputs x [n, in] (float32); x must be finite, with at least one row."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError("x must be a 2-D [n_tokens, in_features] tensor")
+    if x.shape[0] == 0:
+        raise ValueError(f"x has no rows (shape {tuple(x.shape)}): H = 2/n X^T X averages over n >= 1 "
+                         f"calibration tokens")
+    check_floating(x, "x")
+    check_finite(x, "x", why="H = 2/n X^T X would be NaN/Inf, and GPTQ's Cholesky factorization of it would fail")
     x = x.float()
     return 2 * x.T @ x / x.shape[0]
 
@@ -65,11 +76,14 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, group_si
                   sym: bool = False, blocksize: int = 128, percdamp: float = 0.01, act_order: bool = False,
                   scale_dtype=torch.float16) -> GPTQResult:
     """GPTQ of weight [out, in] given the Hessian H [in, in] of its inputs (see ``hessian``)."""
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError("weight must be a 2-D [out, in] tensor")
+    check_tensor(weight.detach() if isinstance(weight, torch.Tensor) else weight, "weight")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-D [out, in] tensor, got shape {tuple(weight.shape)}")
     if not isinstance(H, torch.Tensor) or H.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(f"H must have shape ({weight.shape[1]}, {weight.shape[1]}), got "
                          f"{tuple(H.shape) if isinstance(H, torch.Tensor) else type(H).__name__}")
+    check_floating(H, "H")
+    check_finite(H, "H", why="GPTQ's Cholesky factorization of H would fail")
     if not 0 <= percdamp < 1 or isinstance(percdamp, bool):
         raise ValueError(f"percdamp must be in [0, 1), got {percdamp!r}")
     if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
@@ -92,7 +106,13 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, group_si
 
     damp = percdamp * torch.mean(torch.diag(H))
     H += damp * torch.eye(in_f, device=H.device)
-    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)   # U, H^-1 = U^T U
+    try:
+        Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)  # U, H^-1 = U^T U
+    except torch.linalg.LinAlgError:
+        raise ValueError(f"H is not positive definite, even with damping percdamp={percdamp} "
+                         f"(lambda = {float(damp):.3g} added to its diagonal): the Hessian 2/n X^T X of real inputs "
+                         f"is positive semi-definite (pass hessian(x) of the layer's inputs), and a larger percdamp "
+                         f"helps one that is nearly singular") from None
 
     Q = torch.zeros_like(W)                                            # codes, quantization order
     n_groups = -(-in_f // gs)

@@ -17,6 +17,10 @@ byte with ``quant.pack_int4``; 8-bit codes are int8. ``state_dict_bytes`` measur
 The forward pass here is the reference: dequantize the whole weight, then one matmul in the input's dtype.
 It shows the numerics and the memory, not the speed (fast int8/int4 kernels do the dequantization inside
 the matmul; see the fast weight-only path).
+
+Bad input: ``from_linear`` refuses a weight or bias with NaN/Inf (a one-time transform, so it always reads
+them); every forward checks for free that x is floating point with ``in_features`` in its last dimension.
+Values of x are read on the host only where asked (``W8A8Linear(validate=True)``; see its docstring).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .core import check_finite, check_floating, check_linear, check_linear_input, check_tensor
 from .packing import pack_int4, unpack_int4
 
 __all__ = ["weight_qparams", "quantize_weight_codes", "dequantize_weight_codes", "rtn_quantize_weight",
@@ -39,9 +44,8 @@ def _check_bits(bits, allowed=tuple(range(2, 9))):
 
 
 def _check_weight(w, name="weight"):
-    if not isinstance(w, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
-    if w.dim() != 2 or not w.is_floating_point():
+    check_tensor(w, name)                                                # floating point, non-empty, finite
+    if w.dim() != 2:
         raise ValueError(f"{name} must be a 2-D floating-point [out, in] tensor, got {w.dtype} {tuple(w.shape)}")
 
 
@@ -170,8 +174,7 @@ class QuantLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, bits: int = 4, group_size: int | None = 128,
                     sym: bool = False) -> "QuantLinear":
         """Round-to-nearest quantization of an ``nn.Linear`` (the RTN baseline)."""
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        check_linear(linear)
         _check_bits(bits, STORED_BITS)
         codes, scales, zeros = rtn_quantize_weight(linear.weight.detach(), bits, group_size, sym)
         return cls.from_codes(codes, scales, zeros, None, linear.bias, bits, group_size)
@@ -195,6 +198,7 @@ class QuantLinear(nn.Module):
         return dequantize_weight_codes(self.codes(), s, z).to(dtype)
 
     def forward(self, x):  # [..., in] -> [..., out]
+        check_linear_input(x, self.in_features)
         return F.linear(x, self.dequantize_weight(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
@@ -202,12 +206,16 @@ class QuantLinear(nn.Module):
                 f"group_size={self.group_size}, sym={self.sym}, act_order={self.g_idx is not None}")
 
 
-def quantize_per_token(x: torch.Tensor, bits: int = 8):
+def quantize_per_token(x: torch.Tensor, bits: int = 8, validate: bool = True):
     """Dynamic symmetric quantization, one scale per token (row of the last dimension):
-    x [..., k] -> codes [..., k] (float tensor of ints), scale [..., 1]."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError("x must be a floating-point torch.Tensor")
+    x [..., k] -> codes [..., k] (float tensor of ints), scale [..., 1].
+
+    ``validate`` (default on, as a reference should be) refuses NaN/Inf in x, which would make that token's
+    scale NaN/Inf; it reads a flag on the host, so ``W8A8Linear`` calls it with its own ``validate``."""
+    check_floating(x, "x")
     _check_bits(bits)
+    if validate:
+        check_finite(x, "x", why="the token's absmax scale would be NaN/Inf and so would its whole output row")
     qmax = 2 ** (bits - 1) - 1
     scale = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / qmax
     return torch.clamp(torch.round(x.float() / scale), -qmax, qmax), scale
@@ -224,21 +232,27 @@ def _int_matmul(a_codes, b_codes):
 class W8A8Linear(nn.Module):
     """int8 weights (one scale per output row) x int8 activations (one scale per token, computed on the
     fly): y = (Xq @ Wq^T) * s_x * s_w. The integer matmul is what an int8 GEMM does; here it runs exactly
-    in floating point (see ``_int_matmul``)."""
+    in floating point (see ``_int_matmul``).
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, act_bits: int = 8, device=None):
+    The forward always checks x's dtype and last dimension (no host read). ``validate=True`` also refuses
+    NaN/Inf in x, which reads a flag on the host (a sync per call on a GPU, so it is off by default in a
+    model's forward, where such a token's row comes out NaN as it would from ``nn.Linear``)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, act_bits: int = 8, device=None,
+                 validate: bool = False):
         super().__init__()
         self.in_features, self.out_features, self.act_bits = in_features, out_features, act_bits
+        self.validate = bool(validate)
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
         self.register_buffer("scales", torch.ones(out_features, 1, dtype=torch.float16, device=device))
         self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, act_bits: int = 8) -> "W8A8Linear":
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+    def from_linear(cls, linear: nn.Linear, act_bits: int = 8, validate: bool = False) -> "W8A8Linear":
+        check_linear(linear)
         w = linear.weight.detach()
-        m = cls(linear.in_features, linear.out_features, linear.bias is not None, act_bits, device=w.device)
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, act_bits, device=w.device,
+                validate=validate)
         s, _ = weight_qparams(w, 8, sym=True)
         m.qweight.copy_(quantize_weight_codes(w, s, None, 8).to(torch.int8))
         m.scales.copy_(s.half())
@@ -247,8 +261,9 @@ class W8A8Linear(nn.Module):
         return m
 
     def forward(self, x):  # [..., in] -> [..., out]
+        check_linear_input(x, self.in_features)
         shape = x.shape
-        xq, sx = quantize_per_token(x.reshape(-1, shape[-1]), self.act_bits)   # [n, in], [n, 1]
+        xq, sx = quantize_per_token(x.reshape(-1, shape[-1]), self.act_bits, self.validate)   # [n, in], [n, 1]
         acc = _int_matmul(xq, self.qweight)                                    # [n, out]
         y = acc.float() * sx * self.scales.float().T
         if self.bias is not None:

@@ -14,6 +14,11 @@ Compared with bitsandbytes 0.50: it quantizes x in fp16 and takes each token's a
 below the threshold, including the non-outlier entries of outlier columns; here the absmax covers exactly
 the columns that take the int8 path. The two agree within one int8 step of x per element (the tolerance
 the tests state and check).
+
+Bad input: x must be floating point with ``in_features`` in its last dimension, and finite. The finiteness
+check costs no extra host read: the outlier columns are read on the host on every call anyway (their
+number sets the shape of the fp part), and that one read carries the NaN/Inf flag too (with
+``threshold=0`` there are no outlier columns, and the read is the check's alone).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .core import check_finite, check_floating, check_linear, check_linear_input
 from .linear import _int_matmul
 
 __all__ = ["LLMInt8Linear", "llm_int8_matmul", "outlier_columns"]
@@ -34,10 +40,22 @@ def outlier_columns(x: torch.Tensor, threshold: float) -> torch.Tensor:
 def llm_int8_matmul(x: torch.Tensor, cb: torch.Tensor, scb: torch.Tensor, threshold: float = 6.0,
                     bias: torch.Tensor | None = None, return_outliers: bool = False):
     """x [n, in] float; cb [out, in] int8 weight codes; scb [out] float absmax of each weight row."""
+    if not isinstance(cb, torch.Tensor) or cb.dim() != 2:
+        raise ValueError(f"cb must be the 2-D [out, in] int8 weight codes, got {getattr(cb, 'shape', type(cb))}")
+    check_floating(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [n_tokens, in_features], got {tuple(x.shape)}")
+    check_linear_input(x, cb.shape[1])
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0 (0 disables the decomposition), got {threshold!r}")
     xf = x.float()
-    cols = outlier_columns(xf, threshold) if threshold > 0 else torch.zeros(0, dtype=torch.long, device=x.device)
+    is_outlier = ((xf.abs() >= threshold).any(dim=0) if threshold > 0      # [in]
+                  else torch.zeros(0, dtype=torch.bool, device=x.device))
+    nonfinite = (~torch.isfinite(xf)).any().reshape(1)                    # [1]
+    flags = torch.cat([nonfinite, is_outlier]).cpu()                       # the call's one host read
+    if flags[0]:
+        check_finite(xf, "x", why="LLM.int8 would return NaN/Inf for those tokens")   # raises, with counts
+    cols = torch.nonzero(flags[1:]).flatten().to(x.device)                 # the outlier columns
     regular = torch.ones(x.shape[-1], dtype=torch.bool, device=x.device)
     regular[cols] = False
     xr = xf * regular                                                      # outlier columns zeroed
@@ -66,8 +84,7 @@ class LLMInt8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, threshold: float = 6.0) -> "LLMInt8Linear":
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        check_linear(linear)
         w = linear.weight.detach().float()
         m = cls(linear.in_features, linear.out_features, linear.bias is not None, threshold, w.device)
         scb = w.abs().amax(dim=1)
@@ -77,7 +94,8 @@ class LLMInt8Linear(nn.Module):
             m.bias.copy_(linear.bias.detach().float())
         return m
 
-    def forward(self, x):
+    def forward(self, x):  # [..., in] -> [..., out]
+        check_linear_input(x, self.in_features)
         shape = x.shape
         y, cols = llm_int8_matmul(x.reshape(-1, shape[-1]), self.cb, self.scb, self.threshold, self.bias,
                                   return_outliers=True)

@@ -11,20 +11,32 @@ Before any quantization the smoothed fp model must equal the original (a test ch
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .calibration import activation_absmax, fold_scales, scaling_groups
+from .core import check_tensor, in_layer
 
 __all__ = ["smooth_scales", "smooth_model"]
 
 
 def smooth_scales(act_absmax: torch.Tensor, weight_absmax: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
-    """s [in] from the activations' per-channel max |x| [in] and the weights' per-input-channel max |w| [in]."""
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    """s [in] from the activations' per-channel max |x| [in] and the weights' per-input-channel max |w| [in].
+
+    Both must be finite and >= 0 (a NaN/Inf max, e.g. from an overflowing calibration run, would give NaN
+    scales that the fold writes into the model); a channel whose max is 0 gets the floor 1e-5."""
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+    for name, t in (("act_absmax", act_absmax), ("weight_absmax", weight_absmax)):
+        check_tensor(t, name)
     if act_absmax.shape != weight_absmax.shape or act_absmax.dim() != 1:
         raise ValueError(f"act_absmax and weight_absmax must be 1-D of the same length (input channels), "
                          f"got {tuple(act_absmax.shape)} and {tuple(weight_absmax.shape)}")
+    for name, t in (("act_absmax", act_absmax), ("weight_absmax", weight_absmax)):
+        if bool((t < 0).any()):
+            raise ValueError(f"{name} must be >= 0 (a max of absolute values per input channel), got a "
+                             f"minimum of {float(t.min()):.4g}")
     a = act_absmax.float().clamp(min=1e-5)
     w = weight_absmax.float().clamp(min=1e-5)
     return (a.pow(alpha) / w.pow(1 - alpha)).clamp(min=1e-5)
@@ -40,7 +52,8 @@ def smooth_model(model, batches, alpha: float = 0.5, groups=None) -> dict[str, t
     for g in groups:
         # the max over every linear reading this input: one column scale must serve all of them
         w_max = torch.stack([lin.weight.detach().abs().amax(dim=0) for _, lin in g.linears]).amax(dim=0)
-        s = smooth_scales(absmax[g.linears[0][0]], w_max, alpha)
+        with in_layer(g.name):
+            s = smooth_scales(absmax[g.linears[0][0]], w_max, alpha)
         fold_scales(g, s.to(w_max.device))
         out[g.name] = s
     return out

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .awq import awq_apply
-from .core import fake_quantize
+from .core import fake_quantize, in_layer
 from .calibration import input_hessians, named_linears
 from .gptq import gptq_quantize
 from .linear import QuantLinear, W8A8Linear
@@ -62,7 +62,8 @@ def gptq_model(model, calib, bits=4, group_size=128, sym=False, act_order=False,
         hs = input_hessians(model, calib, names)
         for n in names:
             lin = lins[n]
-            r = gptq_quantize(lin.weight, hs[n][0], bits, group_size, sym, blocksize, percdamp, act_order)
+            with in_layer(n):
+                r = gptq_quantize(lin.weight, hs[n][0], bits, group_size, sym, blocksize, percdamp, act_order)
             results[n] = r
             g_idx = r.g_idx if act_order else None
             replace_module(model, n, QuantLinear.from_codes(r.codes, r.scales, r.zeros, g_idx, lin.bias,
@@ -96,12 +97,13 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 4, group_s
     if method == "smoothquant":
         smooth_model(m, calib, alpha)
     for name, lin in named_linears(m, skip).items():
-        if method in ("rtn", "awq"):
-            new = QuantLinear.from_linear(lin, bits, group_size, sym)
-        elif method in ("w8a8", "smoothquant"):
-            new = W8A8Linear.from_linear(lin)
-        else:
-            new = LLMInt8Linear.from_linear(lin, threshold)
+        with in_layer(name):
+            if method in ("rtn", "awq"):
+                new = QuantLinear.from_linear(lin, bits, group_size, sym)
+            elif method in ("w8a8", "smoothquant"):
+                new = W8A8Linear.from_linear(lin)
+            else:
+                new = LLMInt8Linear.from_linear(lin, threshold)
         replace_module(m, name, new)
     return m
 

@@ -16,6 +16,10 @@ import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
+# why a mask builder refuses NaN/Inf scores or weights (course_lib.quant.core.check_finite names the tensor)
+RANK_WHY = ("NaN has no rank and Inf (an overflow upstream) ties every other Inf, so which weights the mask "
+            "keeps would be arbitrary")
+
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 

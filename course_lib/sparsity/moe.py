@@ -14,6 +14,10 @@ parameters but a token pays for k of them.
 Priority under capacity (GShard): every token's first choice is placed before any second choice; within
 a choice, tokens in order. An assignment that finds its expert full is dropped: the token gets nothing from
 that expert (its other experts, and the residual stream around the layer, still carry it).
+
+Bad input: expert indices that are not integers or not in [0, E), a capacity that is not None or an int
+>= 0, and an empty batch for the balancing loss (a mean over no tokens). The index range is read on the
+host (one read per call; the dispatch reads its per-expert counts on the host anyway).
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from course_lib.quant.core import check_floating
 
 
 class TopKRouter(nn.Module):
@@ -43,11 +49,35 @@ class TopKRouter(nn.Module):
         return F.softmax(top, dim=-1), experts, F.softmax(logits, dim=-1)
 
 
+def _check_expert_ids(indices: torch.Tensor, num_experts: int, name: str) -> None:
+    """Integer expert numbers in [0, num_experts): the range costs one host read (min and max together)."""
+    if not isinstance(indices, torch.Tensor) or indices.is_floating_point() or indices.is_complex() \
+            or indices.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of expert numbers, got "
+                        f"{getattr(indices, 'dtype', type(indices).__name__)}")
+    if indices.numel():
+        lo, hi = torch.stack(torch.aminmax(indices)).tolist()
+        if lo < 0 or hi >= num_experts:
+            raise ValueError(f"{name} must be expert numbers in [0, {num_experts}), got {lo}..{hi}")
+
+
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
     """E * sum_i f_i * P_i: f_i the share of the N*k assignments that went to expert i (not differentiable),
     P_i the mean router probability of expert i (differentiable). Equals 1 for a perfectly even router and
-    grows to E when one expert takes everything."""
+    grows to E when one expert takes everything.
+
+    probs [N, E] with N >= 1 (the loss is a mean over tokens: an empty batch has none), experts: integer
+    expert numbers in [0, E), any shape (usually [N, k])."""
+    check_floating(probs, "probs")
+    if probs.dim() != 2:
+        raise ValueError(f"probs must be [tokens, num_experts], got {tuple(probs.shape)}")
     N, E = probs.shape
+    if N == 0:
+        raise ValueError(f"probs holds no tokens (shape {tuple(probs.shape)}): the loss is a mean over tokens, "
+                         f"so an empty batch has none (skip the loss for it)")
+    _check_expert_ids(experts, E, "experts")
+    if experts.numel() == 0:
+        raise ValueError(f"experts holds no assignments (shape {tuple(experts.shape)}): f_i is a share of them")
     f = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype) / experts.numel()   # [E]
     return E * (f * probs.mean(0)).sum()
 
@@ -61,14 +91,16 @@ def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: 
     return min(num_tokens, math.ceil(capacity_factor * num_tokens * k / num_experts))
 
 
-def _check_dispatch(x, experts, weights, indices):
+def _check_dispatch(x, experts, weights, indices, capacity):
     if x.dim() != 2:
         raise ValueError(f"x must be [tokens, dim], got {tuple(x.shape)}")
-    if indices.shape != weights.shape or indices.dim() != 2 or indices.shape[0] != x.shape[0]:
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0):
+        raise ValueError(f"capacity must be None or an int >= 0 (assignments each expert keeps), got {capacity!r}")
+    if not isinstance(indices, torch.Tensor) or not isinstance(weights, torch.Tensor) \
+            or indices.shape != weights.shape or indices.dim() != 2 or indices.shape[0] != x.shape[0]:
         raise ValueError(f"indices and weights must both be [tokens={x.shape[0]}, k], got "
-                         f"{tuple(indices.shape)} and {tuple(weights.shape)}")
-    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= len(experts)):
-        raise ValueError(f"indices must be expert numbers in [0, {len(experts)})")
+                         f"{tuple(getattr(indices, 'shape', ()))} and {tuple(getattr(weights, 'shape', ()))}")
+    _check_expert_ids(indices, len(experts), "indices")
 
 
 def dispatch_loop(x: torch.Tensor, experts, weights: torch.Tensor, indices: torch.Tensor,
@@ -77,7 +109,7 @@ def dispatch_loop(x: torch.Tensor, experts, weights: torch.Tensor, indices: torc
 
     Choice 0 of every token first, then choice 1, ...; an expert that already holds `capacity`
     assignments drops the rest. Returns (y, load [E] kept per expert, dropped: number of assignments)."""
-    _check_dispatch(x, experts, weights, indices)
+    _check_dispatch(x, experts, weights, indices, capacity)
     N, k = indices.shape
     cap = N if capacity is None else capacity
     y = torch.zeros_like(x)
@@ -99,7 +131,7 @@ def dispatch(x: torch.Tensor, experts, weights: torch.Tensor, indices: torch.Ten
     expert (a stable sort keeps the priority order inside each expert), keep the first `capacity` of each
     expert, run each expert once on its tokens, and scatter-add the weighted outputs back.
     Returns (y [N, D], load [E], dropped)."""
-    _check_dispatch(x, experts, weights, indices)
+    _check_dispatch(x, experts, weights, indices, capacity)
     N, k = indices.shape
     E = len(experts)
     cap = N if capacity is None else capacity
@@ -155,6 +187,9 @@ class MoEMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])                                       # [N, D]
+        if x.shape[0] == 0:
+            raise ValueError(f"x holds no tokens (shape {tuple(shape)}): the router's balancing loss is a mean "
+                             f"over tokens")
         weights, idx, probs = self.router(x)
         cap = expert_capacity(x.shape[0], len(self.experts), self.router.k, self.capacity_factor)
         y, load, dropped = dispatch(x, self.experts, weights, idx, cap)

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.quant.core import check_finite
+
+from .masks import RANK_WHY
+
 
 def _check_nm(n, m):
     for name, v in (("n", n), ("m", m)):
@@ -23,10 +27,13 @@ def _check_nm(n, m):
 def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     """Bool mask [..., C] keeping the n highest `scores` in each group of m along the last dim (C % m == 0).
 
-    Ties go to the earlier position (a stable sort), so equal scores still give exactly n per group."""
+    Ties go to the earlier position (a stable sort), so equal scores still give exactly n per group.
+    NaN/Inf scores are refused (a one-time mask build, so the values are always read)."""
     _check_nm(n, m)
     if not isinstance(scores, torch.Tensor) or scores.dim() < 1:
         raise TypeError("scores must be a torch.Tensor with at least one dimension")
+    if scores.is_floating_point():
+        check_finite(scores, "scores", why=RANK_WHY)
     C = scores.shape[-1]
     if C % m:
         raise ValueError(f"the last dimension of scores ({C}) must be a multiple of m={m}")

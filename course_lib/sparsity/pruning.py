@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 from course_lib.distill.train import distill
+from course_lib.quant.core import check_finite
 
-from .masks import _check_fraction, apply_masks, prunable_linears
+from .masks import RANK_WHY, _check_fraction, apply_masks, prunable_linears
 
 
 @torch.no_grad()
@@ -35,11 +36,14 @@ def magnitude_masks(model, sparsity: float, scope: str = "global") -> dict[str, 
 
     scope="global": one threshold over all of them (layers with small weights lose more);
     scope="layer": the same `sparsity` in every linear. The weights read are the ones the layers compute
-    with, so on a model that already holds masks the pruned zeros are the first to go (pruning is cumulative)."""
+    with, so on a model that already holds masks the pruned zeros are the first to go (pruning is cumulative).
+    A weight with NaN/Inf is refused, naming its linear."""
     sparsity = _check_fraction("sparsity", sparsity)
     if scope not in ("global", "layer"):
         raise ValueError(f"scope must be 'global' or 'layer', got {scope!r}")
     linears = prunable_linears(model)
+    for name, lin in linears.items():
+        check_finite(lin.weight, f"{name}.weight", why=RANK_WHY)
     if scope == "layer":
         return {name: _smallest_mask(lin.weight.abs(), sparsity) for name, lin in linears.items()}
     flat = torch.cat([lin.weight.abs().reshape(-1) for lin in linears.values()])    # [all prunable weights]
