@@ -266,5 +266,5 @@ class Engine:
 
     def stats(self) -> dict:
         return {"steps": self.num_steps, "forwards": self.num_forwards, "preemptions": self.num_preemptions,
-                "max_running": self.scheduler.max_running_seen, "aborted": self.num_aborted, "blocks_used": self.manager.num_used_blocks,
-                "blocks_free": self.manager.num_free_blocks}
+                "max_running": self.scheduler.max_running_seen, "aborted": self.num_aborted,
+                "blocks_used": self.manager.num_used_blocks, "blocks_free": self.manager.num_free_blocks}
