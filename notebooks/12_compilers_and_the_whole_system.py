@@ -364,6 +364,40 @@ except openai.BadRequestError as e:
 print(f"max_tokens=0 -> HTTP {bad.status_code}: {bad.body['message']}")
 assert bad is not None and bad.status_code == 400
 
+# %% [markdown] id="c020a"
+# ### A client that leaves
+#
+# A user closes the tab in the middle of a long answer. Nothing tells the engine but the connection: the
+# server waits for the ASGI `http.disconnect` message of each request (as vLLM's OpenAI server does) and
+# then **aborts** the request in the engine, whose KV blocks go back to the pool before the next step; a
+# server that did not would generate all the remaining tokens for nobody, holding their blocks. Below, a
+# client asks for 400 tokens, reads three chunks and closes the stream; `/metrics` counts the abort, and
+# the tokens generated stay far below 400. The server also bounds what one client can cost everybody else:
+# a request body over `max_body_bytes` (1 MiB by default) gets a 413 before it is parsed, and prompts are
+# tokenized in a worker thread, not on the event loop that answers every other client.
+
+# %% id="c020b"
+def server_metrics():
+    return parse_metrics(httpx.get(base_url + "/metrics").text)
+
+
+before = server_metrics()
+stream = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=400, temperature=0,
+                                   stream=True)
+first = [next(stream) for _ in range(3)]
+stream.close()                                       # the client leaves: its connection closes
+end = time.monotonic() + 30
+while server_metrics()["course_requests_aborted_total"] == before["course_requests_aborted_total"]:
+    assert time.monotonic() < end, "the server did not abort the request of the client that left"
+    time.sleep(0.01)
+after = server_metrics()
+spent = after["course_generation_tokens_total"] - before["course_generation_tokens_total"]
+print(f"aborted: {after['course_requests_aborted_total'] - before['course_requests_aborted_total']:.0f}; "
+      f"tokens generated for it: {spent:.0f} of the 400 asked; KV blocks in use now: "
+      f"{after['course_kv_blocks_used']:.0f}")
+assert after["course_requests_aborted_total"] - before["course_requests_aborted_total"] == 1
+assert spent < 400 // 2 and after["course_kv_blocks_used"] == 0
+
 # %% [markdown] id="c021"
 # ### A short load test
 #
@@ -389,9 +423,9 @@ assert res.ok, res.problems
 #
 # The server exposes Prometheus' text format, which a Prometheus server scrapes every few seconds and
 # Grafana plots. Gauges say what is happening now (queue length, running requests, KV blocks in use,
-# recent throughput); counters only grow (tokens, finished and rejected requests); histograms count
+# recent throughput); counters only grow (tokens, finished, rejected and aborted requests); histograms count
 # latencies into buckets, from which percentiles are estimated. The rejected counter includes the 400
-# above.
+# above, the aborted one the client that left.
 
 # %% id="c024"
 text = httpx.get(base_url + "/metrics").text

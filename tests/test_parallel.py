@@ -146,6 +146,40 @@ def test_launch_refuses_what_spawn_cannot_import():
         launch(failing_worker, 2, backend="mpi")
 
 
+STDIN_SCRIPT = """
+import sys
+from multiprocessing import forkserver
+from course_lib.parallel import failing_worker, launch
+try:
+    launch(failing_worker, 2, kwargs=dict(bad_rank=-1, hang_rank=None), timeout=30)
+except RuntimeError as e:
+    print("REFUSED:", e)
+    print("fork server started:", forkserver._forkserver._forkserver_pid is not None)
+    sys.exit(3)
+print("NOT REFUSED")
+"""
+
+
+def test_launch_from_a_script_on_standard_input_is_refused_up_front(tmp_path):
+    """``python - < script.py``: the ranks cannot re-import a main module whose file is ``<stdin>`` (they
+    died with "exited ... without reporting"); launch says why and what to do before starting anything.
+    The same check lets a script run from its file through."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-"], input=STDIN_SCRIPT, capture_output=True, text=True, timeout=170,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 3, r.stdout + r.stderr[-3000:]
+    assert "REFUSED: launch cannot start processes here: this script was read from standard input" in r.stdout
+    assert "re-imports the main module from its file" in r.stdout
+    assert "python script.py" in r.stdout and "notebook" in r.stdout
+    assert "fork server started: False" in r.stdout, r.stdout
+    script = tmp_path / "script.py"
+    script.write_text("from course_lib.parallel.launch import _check_main_module_is_a_file\n"
+                      "_check_main_module_is_a_file()\nprint('FILE OK')\n")
+    r = subprocess.run([sys.executable, "script.py"], capture_output=True, text=True, timeout=170, env=env,
+                       cwd=tmp_path)
+    assert r.returncode == 0 and "FILE OK" in r.stdout, r.stderr[-3000:]
+
+
 # --- in process groups -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tp2():

@@ -13,6 +13,9 @@ that bounds every collective, calls ``worker(*args)`` in each and returns what e
 * Both pickle the worker *by reference*: it must be a function of an importable module, not one defined
   in a notebook cell (``launch`` refuses such a function with a clear message). Notebook code calls library
   functions; ``launch_source`` runs a function given as source text (how lab 11 checks a student's function).
+* Both start each rank by re-importing the caller's main module *from its file* (multiprocessing's
+  "prepare" step), so a script read on standard input (``python - < script.py``: its file is ``<stdin>``)
+  cannot launch: every rank would die before running a line. ``launch`` refuses it up front, saying so.
 * A rank that raises: its traceback comes back, the other ranks are killed, and ``RankFailed`` names the
   rank. A rank that dies without a word (killed, out of memory) is reported with its exit code.
 * A rank stuck in a collective: the process group's timeout ends it (gloo raises in the collective), and
@@ -167,6 +170,30 @@ def _check_picklable_by_reference(fn):
         raise ValueError(f"worker {mod}.{qual} cannot be imported by name in a new process") from None
 
 
+def _check_main_module_is_a_file():
+    """Refuse a caller whose main module has a file name that is not a file (``python - < script.py`` gives
+    ``<stdin>``): forkserver and spawn start each rank by running the main module again from that path
+    (``multiprocessing.spawn.prepare``), which fails there, and the rank exits before it can report."""
+    import multiprocessing.process
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None:   # python -m pkg.mod: imported by name
+        return
+    path = getattr(main, "__file__", None)        # None: a notebook, the REPL, python -c: nothing to re-run
+    if path is None:
+        return
+    origin = multiprocessing.process.ORIGINAL_DIR
+    full = path if os.path.isabs(path) or origin is None else os.path.join(origin, path)
+    if os.path.isfile(full):
+        return
+    how = ("this script was read from standard input (python - < script.py)" if path == "<stdin>" else
+           f"this script's file {path!r} does not exist (any more)")
+    raise RuntimeError(
+        f"launch cannot start processes here: {how}. Each rank is a new Python process that first re-imports "
+        f"the main module from its file (multiprocessing's forkserver and spawn both do), so every rank would "
+        f"exit before running the worker. Save the script to a file and run it as `python script.py` (or "
+        f"`python -m package.module`), or run the code in a notebook.")
+
+
 def _stop(procs, grace: float = 3.0):
     """Terminate, then kill, then join every process still alive (no zombies, no orphans)."""
     procs = [p for p in procs if p.pid is not None]           # started ones only
@@ -283,6 +310,8 @@ def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None
     torch._dynamo, the DTensor API and the course's workers); it starts once per session.
     Raises ``RankFailed`` naming the first rank that failed (its traceback included); the other ranks are
     killed. Every process is joined or killed before this returns or raises, KeyboardInterrupt included.
+    RuntimeError, before any process starts, when the caller is a script read on standard input (its ranks
+    could not re-import it) or the machine has no loopback network.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -302,6 +331,7 @@ def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None
     target = _target if _target is not None else worker
     if _target is None:
         _check_picklable_by_reference(worker)
+    _check_main_module_is_a_file()
     if not loopback_ok():
         raise RuntimeError("torch.distributed cannot start here: this machine has no working loopback "
                            "network interface (127.0.0.1), which gloo needs even on one machine (a sandbox "

@@ -7,6 +7,7 @@
         for out in eng.step():          # StepOutput(request_id, token, finished, finish_reason)
             ...
     results = eng.generate([p1, p2, p3], SamplingParams(max_new_tokens=16))   # [RequestOutput] in input order
+    eng.abort_request(rid)              # its client left: blocks freed now, the engine forgets it
 
 The code is split by role, as in nano-vllm: ``request.py`` (SamplingParams, the request state, its output),
 ``scheduler.py`` (admission, decode-slot reservation, preemption, prefill chunks and groups: which requests
@@ -94,6 +95,7 @@ class Engine:
         self._next_id = 0
         self.num_steps = 0
         self.num_forwards = 0
+        self.num_aborted = 0
 
     # --- requests ----------------------------------------------------------------------------------
     def add_request(self, prompt_ids, params: SamplingParams | None = None, arrival_time: float | None = None,
@@ -126,6 +128,24 @@ class Engine:
         self.requests[rid] = req
         self.scheduler.add(req)
         return rid
+
+    def abort_request(self, request_id: int) -> RequestOutput | None:
+        """Stop a request that has not finished (vLLM's ``abort_request``: the server calls it when the
+        client disconnects): it leaves the scheduler, its KV blocks go back to the pool at once, its trace
+        ends with finish_reason "abort" and the engine forgets it (no further token, no callback).
+        Returns its RequestOutput, or None when the id is unknown or the request already finished
+        (nothing changes: an abort racing the last token is harmless). Call it between steps, from the
+        thread that runs them (the engine is not thread-safe)."""
+        if isinstance(request_id, bool) or not isinstance(request_id, numbers.Integral):
+            raise TypeError(f"request_id must be an int, got {request_id!r}")
+        req = self.requests.get(int(request_id))
+        if req is None or req.out.finished:
+            return None
+        self.scheduler.abort(req)
+        req.out.trace.end(time.perf_counter(), "abort")
+        del self.requests[req.id]
+        self.num_aborted += 1
+        return req.out
 
     @property
     def manager(self) -> BlockManager:
@@ -246,5 +266,5 @@ class Engine:
 
     def stats(self) -> dict:
         return {"steps": self.num_steps, "forwards": self.num_forwards, "preemptions": self.num_preemptions,
-                "max_running": self.scheduler.max_running_seen, "blocks_used": self.manager.num_used_blocks,
-                "blocks_free": self.manager.num_free_blocks}
+                "max_running": self.scheduler.max_running_seen, "aborted": self.num_aborted,
+                "blocks_used": self.manager.num_used_blocks, "blocks_free": self.manager.num_free_blocks}

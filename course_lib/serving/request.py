@@ -64,7 +64,7 @@ class StepOutput:
     request_id: int
     token: int
     finished: bool
-    finish_reason: str | None = None     # "length" | "stop" | None
+    finish_reason: str | None = None     # "length" | "stop" | None (an aborted request streams nothing more)
 
 
 @dataclass

@@ -62,6 +62,15 @@ class Scheduler:
         self.cache.free(req.id)
         self.running.remove(req)
 
+    def abort(self, req: EngineRequest):
+        """Drop a request that has not finished (its client left): free its blocks if it holds any (a
+        running one; a waiting one holds none, preempted or not) and forget it."""
+        if req in self.running:
+            self.cache.free(req.id)
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+
     def preempt(self, req: EngineRequest):
         """Free a running request's blocks and put it back at the head of the queue (recompute later)."""
         self.cache.free(req.id)

@@ -18,15 +18,33 @@ How it is wired (one engine, one thread that owns it):
           +---- per-request asyncio.Queue <-- call_soon_threadsafe -+  (each StepOutput via the engine callback)
 
 The engine (``course_lib.serving.engine.Engine``) is not thread-safe, so only the engine thread touches it: it
-drains the submissions, adds them (a ValueError from the engine, e.g. a prompt past the context, goes back to
-the handler as a 400), runs one ``step()`` while anything is unfinished (sleeps on an Event otherwise), and
-forgets finished requests. Tokens stream out through the engine's per-request callback into the request's own
-asyncio.Queue, so streams cannot mix. Each request keeps the engine's record of it, a
-``course_lib.perf.metrics.Trace``; the latency histograms are observed from it when it finishes.
+drains its inbox (submissions to add: a ValueError from the engine goes back to the handler as a 400; aborts),
+runs one ``step()`` while anything is unfinished (sleeps on an Event otherwise), and forgets finished requests.
+Tokens stream out through the engine's per-request callback into the request's own asyncio.Queue, so streams
+cannot mix. Each request keeps the engine's record of it, a ``course_lib.perf.metrics.Trace``; the latency
+histograms are observed from it when it finishes.
+
+Nothing slow runs on the event loop, so one client cannot stall the others (``/health`` included):
+
+* The body is read with a bound (``max_body_bytes``, 1 MiB by default; ``course serve --max-body-bytes``):
+  past it, a 413 naming the limit, before a byte is parsed (from the Content-Length when the client sends
+  one, else as soon as the streamed body passes it).
+* The JSON is parsed and the prompt tokenized in a worker thread (``asyncio.to_thread``): a megabyte of text
+  takes a second to tokenize, and the tokenizer (Rust) releases the GIL meanwhile.
+
+A client that disconnects is cancelled, as vLLM's OpenAI server does (its ``listen_for_disconnect`` waits for
+the ASGI ``http.disconnect`` message; the engine's ``abort`` follows): a task per request waits for that
+message, and the handler's own exit before the last token (Starlette cancels a stream whose client left)
+does the same. Either one puts an abort in the engine thread's inbox; before its next step the engine drops
+the request (``Engine.abort_request``: its KV blocks freed at once, the scheduler forgets it) and
+``course_requests_aborted_total`` counts it. A request whose client left while its prompt was being
+tokenized never reaches the engine (counted as aborted too).
 
 Refused, with a 400 and an OpenAI-style ``{"error": {"message", "type", "param"}}`` body (never silently
-ignored): a missing or empty prompt / messages, ``max_tokens`` < 1 or past the model's context, an unknown model,
-``n`` != 1, stop *strings*, ``logprobs``, ``echo``, non-zero penalties, ``logit_bias``, tools, unknown fields.
+ignored): a missing or empty prompt / messages, a prompt longer than the model's context (``param`` is
+"prompt" or "messages", the message gives its length in tokens), ``max_tokens`` < 1 or past what the context
+leaves after the prompt, an unknown model, ``n`` != 1, stop *strings*, ``logprobs``, ``echo``, non-zero
+penalties, ``logit_bias``, tools, unknown fields; a body over ``max_body_bytes`` with a 413.
 """
 
 
@@ -47,8 +65,8 @@ from .engine import Engine
 from .request import SamplingParams, StepOutput
 from .server_metrics import ServerMetrics
 
-__all__ = ["ServerState", "RequestError", "build_app", "serve_in_thread", "parse_completion_request",
-           "parse_chat_request", "chat_prompt", "main"]
+__all__ = ["ServerState", "RequestError", "build_app", "serve_in_thread", "parse_request", "parse_completion_request",
+           "parse_chat_request", "chat_prompt", "DEFAULT_MAX_BODY_BYTES", "main"]
 
 
 class RequestError(ValueError):
@@ -79,6 +97,7 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"} | {
     "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "logit_bias", "tools", "tool_choice",
     "response_format", "parallel_tool_calls"}
 DEFAULT_MAX_TOKENS = 16
+DEFAULT_MAX_BODY_BYTES = 1 << 20       # 1 MiB: far more than any prompt that fits a small model's context
 
 
 @dataclass
@@ -98,7 +117,8 @@ def _is_num(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def _common(body: dict, fields: set, state: "ServerState", prompt_ids: list, max_tokens) -> ParsedRequest:
+def _check_fields(body: dict, fields: set, state: "ServerState"):
+    """The checks that need no tokens (run before the prompt is tokenized: a bad field costs nothing)."""
     unknown = sorted(set(body) - fields)
     if unknown:
         raise RequestError(f"unsupported field(s) {unknown}: this server implements {sorted(fields)}", unknown[0])
@@ -117,10 +137,19 @@ def _common(body: dict, fields: set, state: "ServerState", prompt_ids: list, max
     stop = body.get("stop")
     if stop not in (None, [], ""):
         raise RequestError("stop strings are not supported (the engine stops on token ids only: end-of-text)", "stop")
+
+
+def _common(body: dict, state: "ServerState", prompt_ids: list, max_tokens, prompt_param: str) -> ParsedRequest:
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if not _is_int(max_tokens) or max_tokens < 1:
         raise RequestError(f"max_tokens must be an integer >= 1, got {max_tokens!r}", "max_tokens")
+    if len(prompt_ids) > state.context:              # even max_tokens=1 needs the prompt's P positions
+        what = ("the prompt is" if prompt_param == "prompt" else
+                "the messages are (as one prompt in the chat template)")
+        raise RequestError(f"{what} {len(prompt_ids)} tokens long, past the model's context of {state.context} "
+                           f"tokens: shorten it to at most {state.context} tokens (fewer, to leave room for "
+                           f"max_tokens)", prompt_param)
     room = state.context - len(prompt_ids) + 1     # positions 0 .. P + N - 2 are fed to the model
     if max_tokens > room:
         raise RequestError(f"the prompt has {len(prompt_ids)} tokens; with max_tokens={max_tokens} it needs "
@@ -152,7 +181,7 @@ def _common(body: dict, fields: set, state: "ServerState", prompt_ids: list, max
     params = SamplingParams(max_new_tokens=int(max_tokens), temperature=float(temperature),
                             top_p=None if top_p is None or top_p == 1 else float(top_p), top_k=top_k, seed=seed,
                             stop_token_ids=state.stop_token_ids)
-    return ParsedRequest(prompt_ids, params, stream, bool(opts.get("include_usage", False)), model)
+    return ParsedRequest(prompt_ids, params, stream, bool(opts.get("include_usage", False)), body["model"])
 
 
 def _tokenize_prompt(prompt, state: "ServerState") -> list:
@@ -179,8 +208,9 @@ def parse_completion_request(body, state: "ServerState") -> ParsedRequest:
         raise RequestError("the request body must be a JSON object")
     if "prompt" not in body or body["prompt"] is None:
         raise RequestError("'prompt' is required", "prompt")
+    _check_fields(body, COMPLETION_FIELDS, state)
     ids = _tokenize_prompt(body["prompt"], state)
-    return _common(body, COMPLETION_FIELDS, state, ids, body.get("max_tokens"))
+    return _common(body, state, ids, body.get("max_tokens"), "prompt")
 
 
 def chat_prompt(messages) -> str:
@@ -213,11 +243,22 @@ def parse_chat_request(body, state: "ServerState") -> ParsedRequest:
         raise RequestError("the request body must be a JSON object")
     if "messages" not in body:
         raise RequestError("'messages' is required", "messages")
-    ids = state.encode(chat_prompt(body["messages"]))
+    _check_fields(body, CHAT_FIELDS, state)
+    text = chat_prompt(body["messages"])
     mt, mct = body.get("max_tokens"), body.get("max_completion_tokens")
     if mt is not None and mct is not None and mt != mct:
         raise RequestError("give max_tokens or max_completion_tokens, not two different values", "max_tokens")
-    return _common(body, CHAT_FIELDS, state, ids, mct if mct is not None else mt)
+    return _common(body, state, state.encode(text), mct if mct is not None else mt, "messages")
+
+
+def parse_request(raw: bytes, chat: bool, state: "ServerState") -> ParsedRequest:
+    """A raw request body: JSON-decoded, checked and its prompt tokenized. The server runs it in a worker
+    thread (a long prompt takes seconds to tokenize, and the event loop must keep serving the others)."""
+    try:
+        body = json.loads(raw)
+    except ValueError as e:                  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
+        raise RequestError(f"the request body is not valid JSON: {e}") from None
+    return (parse_chat_request if chat else parse_completion_request)(body, state)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -228,9 +269,24 @@ class Submission:
     prompt_ids: list
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
-    tokens: asyncio.Queue                          # StepOutputs for this request, in order
+    tokens: asyncio.Queue                          # StepOutputs for this request, in order (or _ABORTED, an error)
     accepted: asyncio.Future                     # request id, or the engine's ValueError
     arrival: float = field(default_factory=time.perf_counter)
+    rid: int | None = None                       # the engine's id (set by the engine thread when it adds it)
+    finished: bool = False                       # the handler has seen its last token
+    aborting: bool = False                       # an abort is on its way to the engine thread
+
+
+@dataclass
+class _Abort:
+    sub: Submission
+
+
+_ABORTED = object()          # put in a request's token queue when the engine dropped it (its client left)
+
+
+class _ClientGone(Exception):
+    """The client of this request disconnected: stop serving it."""
 
 
 class ServerState:
@@ -280,30 +336,58 @@ class ServerState:
         self._inbox.put(sub)
         self._wake.set()
 
+    def abort(self, sub: Submission):
+        """Stop serving `sub` (its client left): the engine thread drops it before its next step. Called on
+        the event loop; a request that already finished, or is already being aborted, is left alone."""
+        if sub.finished or sub.aborting:
+            return
+        sub.aborting = True
+        self._inbox.put(_Abort(sub))       # after the submission itself: one FIFO queue
+        self._wake.set()
+
     def _deliver(self, sub: Submission, item):
         sub.loop.call_soon_threadsafe(sub.tokens.put_nowait, item)
 
-    def _admit(self):
+    def _drain_inbox(self):
+        """Add the new submissions and carry out the aborts, in the order they came."""
         while True:
             try:
-                sub = self._inbox.get_nowait()
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            try:
-                rid = self.engine.add_request(sub.prompt_ids, sub.params, arrival_time=sub.arrival,
-                                              callback=lambda so, s=sub: self._deliver(s, so))
-            except (ValueError, TypeError) as e:
-                sub.loop.call_soon_threadsafe(_set_result, sub.accepted, RequestError(str(e)))
-                continue
-            self._subs[rid] = sub
-            self.metrics.on_admit(len(sub.prompt_ids))
-            sub.loop.call_soon_threadsafe(_set_result, sub.accepted, rid)
+            if isinstance(item, _Abort):
+                self._abort(item.sub)
+            else:
+                self._add(item)
+
+    def _add(self, sub: Submission):
+        try:
+            rid = self.engine.add_request(sub.prompt_ids, sub.params, arrival_time=sub.arrival,
+                                          callback=lambda so, s=sub: self._deliver(s, so))
+        except (ValueError, TypeError) as e:
+            sub.loop.call_soon_threadsafe(_set_result, sub.accepted, RequestError(str(e)))
+            return
+        sub.rid = rid
+        self._subs[rid] = sub
+        self.metrics.on_admit(len(sub.prompt_ids))
+        sub.loop.call_soon_threadsafe(_set_result, sub.accepted, rid)
+
+    def _abort(self, sub: Submission):
+        if sub.rid is None:                   # the engine refused it: nothing runs
+            return
+        out = self.engine.abort_request(sub.rid)
+        if out is None:                       # it finished before the abort came
+            return
+        self._subs.pop(sub.rid, None)
+        self.metrics.observe_engine(self.engine)      # the gauges first: whoever sees the count sees them
+        self.metrics.on_abort(out.trace)
+        self._deliver(sub, _ABORTED)
 
     def _run(self):
         eng = self.engine
         try:
             while not self._stop.is_set():
-                self._admit()
+                self._drain_inbox()
                 if not eng.has_unfinished():
                     self.metrics.observe_engine(eng)
                     self._wake.wait(0.05)
@@ -331,12 +415,17 @@ def _set_result(fut, value):
 # The app
 # --------------------------------------------------------------------------------------------------
 def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
-              max_prefill_tokens: int = 512, start_engine: bool = True):
+              max_prefill_tokens: int = 512, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              start_engine: bool = True):
     """A FastAPI app serving `model` (a name for ``course_lib.models.load``, or a (model, tokenizer) pair).
     The engine thread starts with the app (its lifespan) and stops with it; ``app.state.server`` is the
-    ServerState."""
+    ServerState. max_body_bytes: the largest request body accepted (a larger one gets a 413 before it is
+    parsed)."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, numbers.Integral) or max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be an int >= 1 (bytes), got {max_body_bytes!r}")
 
     if isinstance(model, tuple):
         mdl, tok = model
@@ -360,27 +449,48 @@ def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: i
     def error(e: RequestError):
         return JSONResponse(e.body(), status_code=e.status)
 
-    async def read_json(request: Request):
-        try:
-            return json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(f"the request body is not valid JSON: {e}") from None
+    def too_large(size: int | None) -> RequestError:
+        got = f"{size} bytes" if size is not None else f"more than {max_body_bytes} bytes"
+        return RequestError(f"the request body is {got}, past this server's limit of {max_body_bytes} bytes "
+                            f"(max_body_bytes; course serve --max-body-bytes)", status=413)
 
-    async def enqueue(parsed: ParsedRequest) -> Submission:
+    async def read_body(request: Request) -> bytes:
+        """The body, refused (413) as soon as it is known to pass max_body_bytes: from its Content-Length
+        before a byte is read, else while it streams in. Nothing of it is parsed here."""
+        declared = request.headers.get("content-length", "").strip()
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise too_large(int(declared))
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise too_large(None)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def enqueue(parsed: ParsedRequest, watch: "_DisconnectWatch") -> Submission:
+        if watch.gone:                        # the client left while its prompt was tokenized
+            raise _ClientGone
         loop = asyncio.get_running_loop()
         sub = Submission(parsed.prompt_ids, parsed.params, loop, asyncio.Queue(), loop.create_future())
         state.submit(sub)
+        watch.attach(sub)
         rid = await sub.accepted
         if isinstance(rid, RequestError):
+            sub.finished = True               # refused by the engine: nothing to abort
             raise rid
         return sub
 
     async def tokens_of(sub: Submission):
-        """The request's StepOutputs as they arrive, until the finished one."""
+        """The request's StepOutputs as they arrive, until the finished one (_ClientGone if it was aborted)."""
         while True:
             item = await sub.tokens.get()
+            if item is _ABORTED:
+                raise _ClientGone
             if isinstance(item, BaseException):
                 raise RuntimeError(f"the engine failed: {item!r}")
+            if item.finished:
+                sub.finished = True
             yield item
             if item.finished:
                 return
@@ -391,12 +501,25 @@ def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: i
 
     async def handle(request: Request, chat: bool):
         try:
-            body = await read_json(request)
-            parsed = (parse_chat_request if chat else parse_completion_request)(body, state)
-            sub = await enqueue(parsed)
+            raw = await read_body(request)
         except RequestError as e:
             state.metrics.on_rejected(e.status)
             return error(e)
+        watch = _DisconnectWatch(request, state)          # from here on, a client that leaves is cancelled
+        try:
+            parsed = await asyncio.to_thread(parse_request, raw, chat, state)    # off the event loop
+            sub = await enqueue(parsed, watch)
+        except RequestError as e:
+            watch.close()
+            state.metrics.on_rejected(e.status)
+            return error(e)
+        except _ClientGone:
+            watch.close()
+            state.metrics.on_abort()
+            return Response(status_code=499)       # nginx's "client closed request": nobody reads it
+        except BaseException:
+            watch.close()
+            raise
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -410,35 +533,45 @@ def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: i
 
         if not parsed.stream:
             ids, reason = [], None
-            async for so in tokens_of(sub):
-                ids.append(so.token)
-                reason = so.finish_reason
+            try:
+                async for so in tokens_of(sub):
+                    ids.append(so.token)
+                    reason = so.finish_reason
+            except _ClientGone:
+                return Response(status_code=499)
+            finally:
+                watch.close()                  # aborts the request if this handler ends before its last token
             return JSONResponse({"id": rid, "object": obj, "created": created, "model": state.model_name,
                                  "choices": [choice(state.decode(ids), reason)], "usage": usage(sub, len(ids))})
 
         async def events():
             head = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
                     "model": state.model_name}
-            if chat:      # OpenAI's first chunk carries the role
-                yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                 "finish_reason": None, "logprobs": None}]})
-            ids, sent = [], ""
-            async for so in tokens_of(sub):
-                ids.append(so.token)
-                text = state.decode(ids)
-                # hold back an incomplete multi-byte character (decodes as U+FFFD) until it is complete
-                if so.finished:
-                    delta = text[len(sent):] if text.startswith(sent) else text
-                elif text.startswith(sent) and not text.endswith("\ufffd"):
-                    delta = text[len(sent):]
-                else:
-                    delta = ""
-                sent += delta
-                if delta or so.finished:
-                    yield _sse({**head, "choices": [choice(delta, so.finish_reason, delta=True)]})
-            if parsed.include_usage:
-                yield _sse({**head, "choices": [], "usage": usage(sub, len(ids))})
-            yield "data: [DONE]\n\n"
+            try:
+                if chat:      # OpenAI's first chunk carries the role
+                    yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                     "finish_reason": None, "logprobs": None}]})
+                ids, sent = [], ""
+                async for so in tokens_of(sub):
+                    ids.append(so.token)
+                    text = state.decode(ids)
+                    # hold back an incomplete multi-byte character (decodes as U+FFFD) until it is complete
+                    if so.finished:
+                        delta = text[len(sent):] if text.startswith(sent) else text
+                    elif text.startswith(sent) and not text.endswith("\ufffd"):
+                        delta = text[len(sent):]
+                    else:
+                        delta = ""
+                    sent += delta
+                    if delta or so.finished:
+                        yield _sse({**head, "choices": [choice(delta, so.finish_reason, delta=True)]})
+                if parsed.include_usage:
+                    yield _sse({**head, "choices": [], "usage": usage(sub, len(ids))})
+                yield "data: [DONE]\n\n"
+            except _ClientGone:
+                return
+            finally:        # cancelled or closed (the client left: Starlette stops the stream) -> abort
+                watch.close()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -472,6 +605,35 @@ def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: i
 
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
+
+
+class _DisconnectWatch:
+    """Notice a client that leaves, as vLLM's OpenAI server does (``listen_for_disconnect``): a task waits
+    for the ASGI ``http.disconnect`` message (the server sends it when the connection is lost) and aborts the
+    request. ``close()`` (the handler is done with the request, one way or another) stops the task and aborts
+    the request unless its last token was seen: a handler cancelled or closed early (Starlette stops a
+    stream whose client left) does not leave it running."""
+
+    def __init__(self, request, state: ServerState):
+        self.state, self.sub, self.gone = state, None, False
+        self.task = asyncio.get_running_loop().create_task(self._listen(request.receive))
+
+    async def _listen(self, receive):
+        while (await receive())["type"] != "http.disconnect":
+            pass                               # the body was read before this task started: nothing else comes
+        self.gone = True
+        if self.sub is not None:
+            self.state.abort(self.sub)
+
+    def attach(self, sub: Submission):
+        self.sub = sub
+        if self.gone:
+            self.state.abort(sub)
+
+    def close(self):
+        self.task.cancel()
+        if self.sub is not None:
+            self.state.abort(self.sub)         # a no-op once its last token was seen
 
 
 @contextlib.contextmanager
@@ -515,6 +677,8 @@ def main(argv=None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--max-prefill-tokens", type=int, default=512)
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help=f"largest request body accepted; larger ones get a 413 (default: {DEFAULT_MAX_BODY_BYTES})")
     a = p.parse_args(argv)
     try:
         import uvicorn
@@ -522,7 +686,7 @@ def main(argv=None) -> int:
         print("course serve needs the serve extra: pip install 'course_lib[serve]'")
         return 1
     app = build_app(a.model, device=a.device, num_blocks=a.num_blocks, block_size=a.block_size,
-                    max_batch=a.max_batch, max_prefill_tokens=a.max_prefill_tokens)
+                    max_batch=a.max_batch, max_prefill_tokens=a.max_prefill_tokens, max_body_bytes=a.max_body_bytes)
     print(f"serving {a.model!r} on http://{a.host}:{a.port}/v1 (metrics at /metrics)")
     uvicorn.run(app, host=a.host, port=a.port, log_level="info")
     return 0

@@ -9,7 +9,9 @@ Each ServerMetrics has its own CollectorRegistry (two servers in one process do 
     course_prompt_tokens_total          counter    prompt tokens admitted
     course_generation_tokens_total      counter    tokens generated (rate() of it is the throughput too)
     course_requests_finished_total      counter    by finish_reason (length | stop)
-    course_requests_rejected_total      counter    by HTTP status (400, 404, ...)
+    course_requests_rejected_total      counter    by HTTP status (400, 404, 413, ...)
+    course_requests_aborted_total       counter    requests stopped because their client disconnected
+                                                   (not in finished_total nor in the latency histograms)
     course_time_to_first_token_seconds  histogram  TTFT per request (arrival -> first token)
     course_time_per_output_token_seconds histogram TPOT per request (requests with >= 2 tokens)
     course_e2e_request_latency_seconds  histogram  arrival -> finish
@@ -46,6 +48,8 @@ class ServerMetrics:
         self.gen_tokens = Counter("course_generation_tokens", "Tokens generated", registry=r)
         self.finished = Counter("course_requests_finished", "Requests finished", ["finish_reason"], registry=r)
         self.rejected = Counter("course_requests_rejected", "Requests refused", ["status"], registry=r)
+        self.aborted = Counter("course_requests_aborted", "Requests aborted before they finished (the client "
+                               "disconnected)", registry=r)
         self.ttft = Histogram("course_time_to_first_token_seconds", "Time to first token", buckets=_LAT_BUCKETS,
                               registry=r)
         self.tpot = Histogram("course_time_per_output_token_seconds", "Time per output token (after the first)",
@@ -74,6 +78,11 @@ class ServerMetrics:
 
     def on_rejected(self, status: int):
         self.rejected.labels(str(status)).inc()
+
+    def on_abort(self, trace=None):
+        """A request whose client left: in the engine (its `trace` ended "abort"), or before it got there
+        (no trace)."""
+        self.aborted.inc()
 
     def observe_engine(self, engine):
         self.queue.set(len(engine.waiting))
