@@ -175,7 +175,7 @@ class Trace:
     """The timeline of one request, whoever served it (``generation.generate``, the serving engine, the
     serving simulator): ``start`` (its arrival: when it was submitted), one TokenEvent per generated token,
     ``prompt_tokens``, and, when a server tracks them, its id ``rid``, the ``max_new_tokens`` it asked for,
-    ``finish`` (when it ended; None while it runs), ``finish_reason`` ("length" | "stop") and how many
+    ``finish`` (when it ended; None while it runs), ``finish_reason`` ("length" | "stop" | "abort") and how many
     times it was ``preemptions`` preempted.
 
     Metrics are properties computed by the functions above: ``ttft`` = first token - start; ``tpot`` =
@@ -201,7 +201,8 @@ class Trace:
         return event
 
     def end(self, time: float, reason: str | None = "length"):
-        """Mark the request finished at `time` ("length": it reached its limit, "stop": a stop token)."""
+        """Mark the request finished at `time` ("length": it reached its limit, "stop": a stop token,
+        "abort": the serving engine dropped it, its client having left)."""
         self.finish, self.finish_reason = time, reason
 
     @property
