@@ -2,9 +2,9 @@
 round trip, by their error against the 32-value formats, and by the layout rules.
 
 The installed gguf package (0.19) has k-quant *decoders* only (``gguf.quants.quantize`` raises
-NotImplementedError for Q4_K / Q6_K), so there is no outside encoder to compare bytes with: our encoders
-follow ggml's ``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref``, and every byte string they write is
-decoded by gguf's decoder to exactly what ours decodes.
+NotImplementedError for Q4_K / Q6_K): every byte string our encoders write is decoded by gguf's decoder to
+exactly what ours decodes. The encoders' bytes themselves are compared with ggml's reference algorithm
+(``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref``) compiled from C in tests/test_quant_gguf_c_reference.py.
 """
 import numpy as np
 import pytest

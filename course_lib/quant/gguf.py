@@ -71,6 +71,17 @@ def _roundf(v: torch.Tensor) -> torch.Tensor:
     return torch.sign(v) * (fl + torch.floor(2 * (a - fl)))
 
 
+def _fdiv(num, den) -> torch.Tensor:
+    """C's float ``num / den``, one rounding, where one side may be a Python number. torch computes
+    ``c / t`` as ``t.reciprocal() * c`` (two roundings), and on CUDA ``t / c`` as ``t * (1 / c)``;
+    tensor / tensor is a true division everywhere."""
+    if not isinstance(num, torch.Tensor):
+        num = torch.full_like(den, num)
+    if not isinstance(den, torch.Tensor):
+        den = torch.full_like(num, den)
+    return num / den
+
+
 def _rows_shape(shape, bytes_per_block, qk: int = QK):
     return (*shape[:-1], shape[-1] // qk * bytes_per_block)
 
@@ -88,7 +99,7 @@ def _byte_blocks(data: torch.Tensor, fmt: str) -> torch.Tensor:
 def quantize_q8_0(x: torch.Tensor) -> torch.Tensor:
     """[..., 32k] float -> [..., 34k] uint8 Q8_0 blocks (the layout ``gguf.quants.quantize`` returns)."""
     b = _blocks(x)
-    d = b.abs().amax(dim=1, keepdim=True) / 127
+    d = _fdiv(b.abs().amax(dim=1, keepdim=True), 127.0)   # one rounding on every device (see _fdiv)
     inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
     q = _roundf(b * inv).to(torch.int8)
     out = torch.cat([_fp16_bytes(d, "Q8_0"), q.view(torch.uint8)], dim=1)
@@ -146,18 +157,46 @@ def dequantize_q4_0(data: torch.Tensor) -> torch.Tensor:
 # in ggml-quants.c, the path llama.cpp takes without an importance matrix): per sub-block, a small search
 # over the inverse scale for the (scale, min) or scale with the least weighted squared error, then the
 # sub-block scales quantized to 6 (Q4_K) or 8 (Q6_K) bits relative to the largest one, then the codes
-# recomputed with the quantized scales. Sums run in float32 in element order, as the C loops do, so the
-# bytes match a C build without fused multiply-add. The ``gguf`` package (0.19) has decoders for these
-# types but no encoders: our decoders are bit-exact against its decoders; our encoders are checked by
-# round trip and by their error (see tests/test_quant_gguf_kquants.py).
+# recomputed with the quantized scales.
+#
+# The bytes are those of the reference C, compiled as plain IEEE float32 without fusing a*b + c into one
+# rounding (gcc/clang -ffp-contract=off; x86-64's baseline target has no FMA, so a default build is the
+# same). tests/test_quant_gguf_c_reference.py checks it: it compiles a C file of its own, written from
+# the published algorithm, and compares every byte on random tensors (outliers, all-zero and negative-only
+# blocks, tiny and huge magnitudes). What it takes to match, beyond the algorithm itself:
+#   * Q4_K's search moves ``min`` to each better fit and starts every later trial from it (codes from
+#     x - min, range max - min); a search that keeps the first min writes other bytes in most tensors;
+#   * float32 in C's order: sums left to right, (w*l)*l, the divisions as divisions. torch computes
+#     ``c / t`` as ``t.reciprocal() * c`` (two roundings) and its float32 CPU sqrt is off by one ulp on
+#     about 1 value in 6 (``_fdiv``, ``_sqrtf``); a 1-ulp weight is enough to flip a search step;
+#   * ggml's ``nearest_int`` (round half to even through a float32 add), and the running maxima of the
+#     sub-block scales and mins starting at +0.0 (a super-block without negative values stores dmin +0).
+# A build that fuses multiply-adds (-march=native on an FMA CPU; aarch64 by default) writes different
+# bytes in a few blocks (we measured 71 of 1024 Q4_K and 6 of 1024 Q6_K super-blocks of randn, x86-64).
+# The ``gguf`` package (0.19) has decoders for these types but no encoders: our decoders are bit-exact
+# against its decoders (tests/test_quant_gguf_kquants.py).
 # --------------------------------------------------------------------------------------------------------
 
 GROUP_MAX_EPS = 1e-15
 
 
 def _nearest_int(v: torch.Tensor) -> torch.Tensor:
-    """ggml's nearest_int (adds 1.5 * 2**23 in float32): round half to even, as an int32 tensor."""
-    return torch.round(v).to(torch.int32)
+    """ggml's nearest_int, bit for bit: add 1.5 * 2**23 in float32 and read the low 23 bits of the sum.
+
+    For |v| < 2**22 this is round half to even; beyond it (and for inf/NaN) it returns what the C trick
+    returns, not the rounded value, so the clamps that follow see the int C's clamps see.
+    """
+    t = v.to(torch.float32) + 12582912.0                 # float32 + float32: one rounding, as in C
+    return (t.view(torch.int32) & 0x007FFFFF) - 0x00400000
+
+
+def _sqrtf(v: torch.Tensor) -> torch.Tensor:
+    """C's sqrtf, correctly rounded. torch's float32 CPU sqrt is not (one ulp off on about 1 value in 6 here).
+    The float64 root, even one float64 ulp off, rounds to the right float32: the root of a float32 lies more
+    than a float64 ulp away from every midpoint between two float32s."""
+    if v.device.type == "mps":                           # no float64 there: round on the host (an offline encoder)
+        return torch.sqrt(v.to("cpu", torch.float64)).to(v.device, torch.float32)
+    return torch.sqrt(v.to(torch.float64)).to(torch.float32)
 
 
 def _seq_sum(terms) -> torch.Tensor:
@@ -170,18 +209,24 @@ def _seq_sum(terms) -> torch.Tensor:
 
 def _make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: float = -1.0, rdelta: float = 0.1,
                       nstep: int = 20):
-    """Affine (scale, min) search for each row of x [n, 32] with weights w: -> (scale [n], -min [n], L [n, 32])."""
+    """Affine (scale, min) search for each row of x [n, 32] with weights w: -> (scale [n], -min [n], L [n, 32]).
+
+    ggml's make_qkx2_quants: start from the min/max fit, then try nstep + 1 inverse scales
+    (nmax + rmin + rdelta * step) / (max - min), each followed by a weighted least-squares fit of (scale, min)
+    to its codes; keep a fit when its weighted squared error is lower. ``min`` is the best fit *so far*: each
+    kept fit moves the origin (x - min) and the range (max - min) of every later trial, so the trials depend on
+    the order they run in (a search that keeps the first min for all trials writes different bytes).
+    """
     n, k = x.shape
+    f = torch.float32
     mn = torch.clamp(x.amin(dim=1), max=0.0)             # the min is never above 0
     mx = x.amax(dim=1)
-    flat = mx == mn
+    flat = mx == mn                                      # all equal (after clamping min to 0): scale 0, codes 0
     sum_w = _seq_sum([w[:, i] for i in range(k)])
     sum_x = _seq_sum([w[:, i] * x[:, i] for i in range(k)])
-    rng = torch.where(flat, torch.ones_like(mx), mx - mn)
-    f = torch.float32
 
-    def codes(iscale):
-        return torch.clamp(_nearest_int(iscale[:, None] * (x - mn[:, None])), 0, nmax)
+    def codes(iscale, origin):                          # [n] x [n] -> [n, k] int32 in 0..nmax
+        return torch.clamp(_nearest_int(iscale[:, None] * (x - origin[:, None])), 0, nmax)
 
     def werr(scale, minv, L):
         terms = []
@@ -190,15 +235,15 @@ def _make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: fl
             terms.append(w[:, i] * (diff * diff))
         return _seq_sum(terms)
 
-    iscale = torch.tensor(float(nmax), dtype=f, device=x.device) / rng
+    minv = mn.clone()                                    # the current best min: it moves as fits are kept
+    iscale = torch.tensor(float(nmax), dtype=f, device=x.device) / (mx - minv)
     scale = 1 / iscale
-    minv = mn.clone()
-    L = codes(iscale)
+    L = codes(iscale, minv)
     best = werr(scale, minv, L)
     for step in range(nstep + 1):
         factor = (torch.tensor(rmin, dtype=f, device=x.device) + torch.tensor(rdelta, dtype=f, device=x.device) * step
-                  + nmax)
-        La = codes(factor / rng)
+                  + nmax)                                # float32, in C's order: (rmin + rdelta*step) + nmax
+        La = codes(factor / (mx - minv), minv)          # from the current min, not the first one
         Lf = La.to(f)
         sum_l = _seq_sum([w[:, i] * Lf[:, i] for i in range(k)])
         sum_l2 = _seq_sum([w[:, i] * Lf[:, i] * Lf[:, i] for i in range(k)])
@@ -210,17 +255,16 @@ def _make_qkx2_quants(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: fl
         this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Ds
         pos = this_min > 0
         this_min = torch.where(pos, torch.zeros_like(this_min), this_min)
-        l2 = torch.where(sum_l2 > 0, sum_l2, torch.ones_like(sum_l2))
+        l2 = torch.where(sum_l2 > 0, sum_l2, torch.ones_like(sum_l2))   # D > 0 implies sum_l2 > 0
         this_scale = torch.where(pos, sum_xl / l2, this_scale)
         cur = werr(this_scale, this_min, La)
-        better = ok & (cur < best)
+        better = ok & (cur < best) & ~flat
         L = torch.where(better[:, None], La, L)
         best = torch.where(better, cur, best)
         scale = torch.where(better, this_scale, scale)
         minv = torch.where(better, this_min, minv)
     scale = torch.where(flat, torch.zeros_like(scale), scale)
     L = torch.where(flat[:, None], torch.zeros_like(L), L)
-    minv = torch.where(flat, mn, minv)
     return scale, -minv, L
 
 
@@ -242,24 +286,33 @@ def _unpack_k4_scales(s: torch.Tensor):
     return sc, m
 
 
+def _k4_scale_codes(scales: torch.Tensor, mins: torch.Tensor):
+    """Q4_K's second level: the 8 sub-block scales and 8 mins of each super-block [nb, 8] float32 -> 6-bit
+    codes ls, lm [nb, 8] int32 and the fp16 d, dmin bytes [nb, 2] (d = max scale / 63, dmin = max min / 63)."""
+    # C starts the running maxima at +0.0 and replaces them only by larger values: a super-block whose mins
+    # are all -0.0 (no sub-block below 0) keeps +0.0, so dmin is stored as +0 (clamp would keep the -0.0)
+    max_scale, max_min = scales.amax(dim=1), mins.amax(dim=1)   # [nb]
+    max_scale = torch.where(max_scale > 0, max_scale, 0.0)
+    max_min = torch.where(max_min > 0, max_min, 0.0)
+    inv_scale = torch.where(max_scale > 0, _fdiv(63.0, torch.where(max_scale > 0, max_scale, 1.0)), 0.0)
+    inv_min = torch.where(max_min > 0, _fdiv(63.0, torch.where(max_min > 0, max_min, 1.0)), 0.0)
+    ls = torch.clamp(_nearest_int(inv_scale[:, None] * scales) & 0xFF, max=63)   # uint8_t, then MIN(63, .)
+    lm = torch.clamp(_nearest_int(inv_min[:, None] * mins) & 0xFF, max=63)
+    d_bytes = _fp16_bytes(_fdiv(max_scale, 63.0)[:, None], "Q4_K")
+    return ls, lm, d_bytes, _fp16_bytes(_fdiv(max_min, 63.0)[:, None], "Q4_K")
+
+
 def quantize_q4_k(x: torch.Tensor) -> torch.Tensor:
     """[..., 256k] float -> [..., 144k] uint8 Q4_K super-blocks (llama.cpp's layout and reference algorithm)."""
     xb = _blocks(x, qk=QK_K)                              # [nb, 256]
     nb = xb.shape[0]
     sub = xb.reshape(nb * 8, 32)                          # [nb*8, 32] sub-blocks
     sum_x2 = _seq_sum([sub[:, i] * sub[:, i] for i in range(32)])
-    av_x = torch.sqrt(sum_x2 / 32)
+    av_x = _sqrtf(sum_x2 / 32)
     w = av_x[:, None] + sub.abs()                         # ggml's weights: rms of the sub-block + |x|
     scales, mins, L = _make_qkx2_quants(sub, w)
     scales, mins, L = scales.reshape(nb, 8), mins.reshape(nb, 8), L.reshape(nb, 8, 32)
-    max_scale = torch.clamp(scales.amax(dim=1), min=0.0)  # [nb]
-    max_min = torch.clamp(mins.amax(dim=1), min=0.0)
-    inv_scale = torch.where(max_scale > 0, 63.0 / torch.where(max_scale > 0, max_scale, 1.0), 0.0)
-    inv_min = torch.where(max_min > 0, 63.0 / torch.where(max_min > 0, max_min, 1.0), 0.0)
-    ls = torch.clamp(_nearest_int(inv_scale[:, None] * scales) & 0xFF, max=63)   # uint8_t, then MIN(63, .)
-    lm = torch.clamp(_nearest_int(inv_min[:, None] * mins) & 0xFF, max=63)
-    d_bytes = _fp16_bytes((max_scale / 63)[:, None], "Q4_K")
-    dmin_bytes = _fp16_bytes((max_min / 63)[:, None], "Q4_K")
+    ls, lm, d_bytes, dmin_bytes = _k4_scale_codes(scales, mins)
     d = _fp16_from_bytes(d_bytes)                         # [nb, 1], the stored (fp16-rounded) values
     dmin = _fp16_from_bytes(dmin_bytes)
     dj = d * ls.to(torch.float32)                         # [nb, 8] effective sub-block scales
@@ -329,7 +382,7 @@ def quantize_q6_k(x: torch.Tensor) -> torch.Tensor:
     max_scale = scales.gather(1, amax_idx)[:, 0]          # [nb], with its sign
     empty = max_scale.abs() < GROUP_MAX_EPS
     ms = torch.where(empty, torch.ones_like(max_scale), max_scale)
-    iscale = -128.0 / ms
+    iscale = _fdiv(-128.0, ms)
     d_bytes = _fp16_bytes((1 / iscale)[:, None], "Q6_K")
     d = _fp16_from_bytes(d_bytes)                         # [nb, 1]
     sc = torch.clamp(_nearest_int(iscale[:, None] * scales), max=127)      # [nb, 16] int8 range

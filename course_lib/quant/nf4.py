@@ -33,6 +33,10 @@ packed bytes, the absmax values and the dequantized tensor are identical. With d
 always return the nearest entry of the dynamic code (about 0.1% of the scales land 1-2 entries away);
 this module takes the exact nearest entry, so its scales are never further from the true absmax, and
 the dequantized tensors agree to about 0.1% of the tensor's absmax (the tests allow 0.5%).
+Degenerate blocks store what bitsandbytes stores, so a state passes through its dequantizer unchanged: an
+all-zero block an absmax of 0.0 (1e-38 if it is the partial last block); under double quantization a block of
+256 scales with no spread (an all-zero tensor, or equal absmax everywhere) absmax2 0.0 and index 0, the C
+kernel's result for 0/0, and a subnormal absmax2 scales its block by itself, unclamped, as the kernel does.
 """
 from __future__ import annotations
 
@@ -84,20 +88,30 @@ def nearest_code(v: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     return torch.bucketize(v, mid.to(v.dtype))
 
 
-def _blockwise_absmax_codes(flat: torch.Tensor, blocksize: int, code: torch.Tensor, divide_partial: bool):
-    """flat [n] float32 -> (indices [n] int64, absmax [ceil(n/blocksize)] float32).
+def _blockwise_absmax_codes(flat: torch.Tensor, blocksize: int, code: torch.Tensor, step: str):
+    """flat [n] float32 -> (indices [n] int64, absmax [ceil(n/blocksize)] float32), as bitsandbytes' CPU path.
 
-    Each block is scaled by x * (1/absmax). With ``divide_partial`` a partial last block is scaled by
-    x / absmax instead, with its absmax clamped to 1e-38 (and stored clamped): that is bitsandbytes'
-    quantize_4bit on CPU (backends/default/ops.py), and x * (1/a) and x / a can differ by 1 ulp, which
-    flips the code of a value on a codebook midpoint. Its CPU 8-bit step (double quantization) is a C
-    kernel that stores 0 for an all-zero block, so that step multiplies throughout."""
+    ``step="4bit"`` is its 4-bit step (quantize_4bit, backends/default/ops.py): full blocks are scaled
+    by x * (1/absmax), with absmax clamped to 1e-38 only inside the reciprocal (an all-zero full block stores
+    0.0); a partial last block is scaled by x / absmax with its absmax clamped to 1e-38 *and stored clamped*.
+    x * (1/a) and x / a can differ by 1 ulp, which flips the code of a value on a codebook midpoint.
+
+    ``step="8bit"`` is its 8-bit step (double quantization), a C kernel: every block is scaled by
+    x / absmax and stores its absmax as it is (no clamp, so a subnormal absmax scales its block to +-1). An
+    all-zero block divides 0 by 0; the kernel's search maps the NaNs to index 0 (its most negative code, which
+    times the stored absmax 0 decodes to 0), and we store index 0 too, so the state is the one bitsandbytes
+    writes. (A nearest-entry search would pick 0.0's index, 127: same decoded value, different bytes.)"""
     n = flat.numel()
-    full = n - n % blocksize if divide_partial else n
+    full = n - n % blocksize if step == "4bit" else n   # the 8-bit step pads its last block
     n_blocks = -(-full // blocksize)
     padded = torch.nn.functional.pad(flat[:full], (0, n_blocks * blocksize - full))  # zeros keep absmax
     blocks = padded.reshape(n_blocks, blocksize)
     absmax = blocks.abs().amax(dim=1)
+    if step == "8bit":
+        empty = (absmax == 0).unsqueeze(1)                                        # [n_blocks, 1]
+        scaled = blocks / torch.where(empty, torch.ones_like(blocks), absmax.unsqueeze(1))
+        idx = nearest_code(torch.clamp(scaled, -1, 1), code)                      # [n_blocks, blocksize]
+        return torch.where(empty, torch.zeros_like(idx), idx).reshape(-1)[:full], absmax
     scaled = (blocks * (1.0 / absmax.clamp(min=1e-38)).unsqueeze(1)).reshape(-1)[:full]
     if full < n:
         am = flat[full:].abs().max().clamp(min=1e-38)
@@ -173,7 +187,7 @@ def nf4_quantize(x: torch.Tensor, blocksize: int = 64, double_quant: bool = Fals
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     code = nf4_codebook().to(x.device)
     flat = x.detach().reshape(-1).to(torch.float32)
-    idx, absmax = _blockwise_absmax_codes(flat, blocksize, code, divide_partial=True)
+    idx, absmax = _blockwise_absmax_codes(flat, blocksize, code, step="4bit")
     if idx.numel() % 2:                                   # pad with the index of 0.0 (as bitsandbytes does)
         idx = torch.cat([idx, torch.full((1,), 7, dtype=idx.dtype, device=idx.device)])
     idx8 = idx.to(torch.uint8)
@@ -182,7 +196,7 @@ def nf4_quantize(x: torch.Tensor, blocksize: int = 64, double_quant: bool = Fals
     if double_quant:
         offset = absmax.mean()
         code2 = dynamic_map().to(x.device)
-        a_idx, absmax2 = _blockwise_absmax_codes(absmax - offset, dq_blocksize, code2, divide_partial=False)
+        a_idx, absmax2 = _blockwise_absmax_codes(absmax - offset, dq_blocksize, code2, step="8bit")
         q.absmax, q.absmax_codes, q.absmax2 = None, a_idx.to(torch.uint8), absmax2
         q.offset, q.code2, q.dq_blocksize = float(offset), code2, dq_blocksize
     return q
