@@ -218,7 +218,7 @@ def decode_step(model, device, dtype="fp16", batch: int = 1, context: int = 0, g
     A step of `batch` sequences, each attending to `context` cached tokens, reads every weight once and
     each sequence's KV cache once, and does 2 x params FLOPs per sequence (one multiply-add per weight).
     Attention's own FLOPs (4 x heads x head_dim x context per layer) are left out: they come to about
-    heads / kv_heads FLOP per byte of KV read, far below any ridge point, so their time is the KV bytes'.
+    heads / kv_heads FLOP per byte of fp16 KV read, far below any ridge point: their time is the KV bytes'.
     Split over `gpus` GPUs working as one (no communication: a bound):
 
         time = max((weights + KV) / (bandwidth x gpus), 2 x params x batch / (peak x gpus))
