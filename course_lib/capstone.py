@@ -38,8 +38,10 @@ import torch
 
 from course_lib.generation import generate
 from course_lib.models import as_config
-from course_lib.perf.hardware import bytes_per_element, get_gpu
+from course_lib.paged import blocks_needed
+from course_lib.perf.hardware import get_gpu
 from course_lib.perf.metrics import cost_per_million_tokens
+from course_lib.perf.roofline import MEMORY_BOUND, decode_step
 from course_lib.serving import Engine, SamplingParams
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
@@ -134,8 +136,8 @@ def run_capstone(model, draft, prompts, max_new_tokens: int = 32, steps=STEP_NAM
             tokens, secs, outs = _sequential(model, prompts, n, cache="contiguous", draft=draft)
             note = "draft= runs eager, contiguous cache"
         else:  # continuous batching
-            eng = Engine(model, num_blocks=max(64, len(prompts) * (-(-(max(map(len, prompts)) + n) // 16) + 1)),
-                         block_size=16, max_batch=max_batch)
+            per_prompt = blocks_needed(max(map(len, prompts)) + n, 16) + 1
+            eng = Engine(model, num_blocks=max(64, len(prompts) * per_prompt), block_size=16, max_batch=max_batch)
             eng.generate(prompts[:1], SamplingParams(max_new_tokens=2))     # warm-up
             eng = Engine(model, num_blocks=eng.num_blocks, block_size=16, max_batch=max_batch)
             outs_b, secs = _timed(lambda: eng.generate(prompts, SamplingParams(max_new_tokens=n)))
@@ -215,33 +217,24 @@ def hardware_choice(models=("llama-2-7b", "llama-2-70b"), gpus=tuple(GPU_PRICES)
     (times `memory_headroom`) holds weights + the KV cache of `batch` sequences of `context` tokens; the GPUs
     work as one (tensor parallel with no communication cost: an upper bound); a decode step takes
     max(bytes moved / bandwidth, FLOPs / peak) with bytes = weights + KV cache read once and FLOPs =
-    2 x params x batch; `batch` tokens per step. Price: `prices` (default GPU_PRICES) x GPUs."""
+    2 x params x batch (``course_lib.perf.decode_step``, the course's one decode-step model); `batch` tokens
+    per step. Price: `prices` (default GPU_PRICES) x GPUs."""
     prices = dict(GPU_PRICES if prices is None else prices)
     if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
     rows = []
     for m in models:
         cfg = as_config(m)
-        params = cfg.num_parameters()
-        wbytes = params * bytes_per_element(dtype)
-        kv_per_tok = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * bytes_per_element(dtype)
-        kv = kv_per_tok * context * batch
         for g in gpus:
             d = get_gpu(g)
             if d.name not in prices:
                 raise ValueError(f"no price for {d.name}: give prices={{{d.name!r}: $/hour}}")
-            n_gpu = max(1, math.ceil((wbytes + kv) / (d.memory_gb * 1e9 * memory_headroom)))
-            t_mem = (wbytes + kv) / (d.bandwidth * n_gpu)
-            t_cmp = 2 * params * batch / (d.peak_flops(dtype if canonical(dtype) in d.peak_tflops else "fp16") * n_gpu)
-            step = max(t_mem, t_cmp)
-            tps = batch / step
-            rows.append({"model": m, "gpu": d.name, "gpus": n_gpu, "batch": batch, "step_ms": step * 1e3,
-                         "bound": "memory" if t_mem >= t_cmp else "compute", "tokens_per_s": tps,
+            whole = decode_step(cfg, d, dtype, batch=batch, context=context)            # on one GPU
+            n_gpu = max(1, math.ceil((whole.weight_bytes + whole.kv_bytes) / (d.memory_gb * 1e9 * memory_headroom)))
+            step = decode_step(cfg, d, dtype, batch=batch, context=context, gpus=n_gpu)
+            tps = batch / step.time
+            rows.append({"model": m, "gpu": d.name, "gpus": n_gpu, "batch": batch, "step_ms": step.time * 1e3,
+                         "bound": "memory" if step.bound == MEMORY_BOUND else "compute", "tokens_per_s": tps,
                          "usd_per_hour": prices[d.name] * n_gpu,
                          "usd_per_1M": cost_per_million_tokens(prices[d.name] * n_gpu, tps)})
     return rows
-
-
-def canonical(dtype) -> str:
-    from course_lib.perf.hardware import canonical_dtype
-    return canonical_dtype(dtype)

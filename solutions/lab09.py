@@ -43,8 +43,8 @@ def _own_work(fn, name):
     for ref in fn.__code__.co_names:
         val = fn.__globals__.get(ref)
         mod = getattr(val, "__module__", None) or ""
-        if isinstance(mod, str) and mod.startswith("course_lib.serving") and ref in ("fcfs_schedule", "blocks_needed",
-                                                                                   "_blocks"):
+        if isinstance(mod, str) and mod.startswith(("course_lib.serving", "course_lib.paged")) \
+                and ref in ("fcfs_schedule", "blocks_needed"):
             raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
 
 # %% [markdown] id="c004"

@@ -22,9 +22,26 @@ A sequence's KV lives in blocks of ``block_size`` token slots; its **block table
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 from .allocator import BlockAllocator, OutOfBlocks, PagingError
+
+
+def blocks_needed(tokens: int, block_size: int) -> int:
+    """Blocks that hold ``tokens`` tokens of KV: ceil(tokens / block_size), 0 for 0 tokens.
+
+    The course's one block count: the block manager, the engine (its admission and its scheduler), the
+    serving simulator's policies and the capstone all ask it. Integer arithmetic (a float ceil is wrong for
+    huge counts); plain ints take the first line, cheap enough for the simulator's inner loop.
+    """
+    if type(tokens) is int and type(block_size) is int and tokens >= 0 and block_size >= 1:
+        return -(-tokens // block_size)
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Integral) or tokens < 0:
+        raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
+    return -(-int(tokens) // int(block_size))
 
 
 def default_hash(prev, tokens: tuple) -> int:
@@ -95,7 +112,7 @@ class BlockManager:
             raise PagingError(f"num_new must be an int >= 0, got {num_new!r}")
         seq, bs = self._seq(seq_id), self.block_size
         n = len(seq.tokens)
-        new = -(-(n + num_new) // bs) - (-(-n // bs))
+        new = blocks_needed(n + num_new, bs) - blocks_needed(n, bs)
         cow = int(num_new > 0 and n % bs != 0 and self.allocator.refcount[seq.table[-1]] > 1)
         return new + cow
 
@@ -154,7 +171,7 @@ class BlockManager:
                     hits.append(b)
                     prev_b = b
             prev_h = h
-        need_new = -(-n // bs) - len(hits)
+        need_new = blocks_needed(n, bs) - len(hits)
         revive = sum(1 for b in hits if self.allocator.refcount[b] == 0)
         if need_new + revive > self.num_free_blocks:
             raise OutOfBlocks(need_new + revive, self.num_free_blocks, f"prompt of sequence {seq_id!r}")
@@ -236,7 +253,7 @@ class BlockManager:
                 "logical_tokens": logical,
                 "utilization": filled / (used * bs) if used else 1.0,
                 "internal_waste": (used * bs - filled) / (used * bs) if used else 0.0,
-                "sharing_saves_blocks": sum(-(-len(s.tokens) // bs) for s in self.seqs.values()) - used,
+                "sharing_saves_blocks": sum(blocks_needed(len(s.tokens), bs) for s in self.seqs.values()) - used,
                 "prefix_hits": self.prefix_hits, "cow_copies": self.cow_copies,
                 "cached_blocks": len(self.block_key)}
 
@@ -245,7 +262,7 @@ class BlockManager:
         bs, alloc = self.block_size, self.allocator
         refs = [0] * self.num_blocks
         for sid, s in self.seqs.items():
-            assert len(s.table) == -(-len(s.tokens) // bs), f"seq {sid}: {len(s.table)} blocks for {len(s.tokens)} tokens"
+            assert len(s.table) == blocks_needed(len(s.tokens), bs), f"seq {sid}: {len(s.table)} blocks for {len(s.tokens)} tokens"
             assert len(s.hashes) == len(s.tokens) // bs, f"seq {sid}: {len(s.hashes)} hashes"
             for i, b in enumerate(s.table):
                 refs[b] += 1

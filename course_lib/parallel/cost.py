@@ -19,7 +19,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from course_lib.models.config import LlamaConfig
+from course_lib.models.config import LlamaConfig, kv_cache_bytes
+from course_lib.perf.roofline import DecodeStep
 
 
 def _pos_int(v, name):
@@ -113,17 +114,20 @@ def per_gpu_memory(cfg: LlamaConfig, tp: int = 1, pp: int = 1, context: int = 0,
     else:            # the last stage needs the head (a copy of the embedding when tied) and the final norm
         ends = emb + cfg.hidden_size
     weights = (layers * ((lp["attention"] + lp["mlp"]) / tp + lp["norms"]) + ends) * bpe
-    kv = 2 * layers * (cfg.num_key_value_heads // tp) * cfg.head_dim * context * batch * kv_bpe
+    kv = kv_cache_bytes(layers, cfg.num_key_value_heads // tp, cfg.head_dim, context, batch, kv_bpe)
     return {"weights": weights, "kv": kv, "total": weights + kv, "layers_per_stage": layers}
 
 
 def tp_step_time(cfg: LlamaConfig, p: int, link, hbm_bandwidth: float, context: int = 0, batch: int = 1,
                  bpe: float = 2) -> dict:
     """Modelled seconds per decode step at tensor parallelism p, memory-bound: each GPU reads its weights
-    and KV (``per_gpu_memory``) at ``hbm_bandwidth`` bytes/s, then 2 L all-reduces of [batch, D] over
-    ``link``. Returns compute_s, comm_s, total_s."""
+    and KV (``per_gpu_memory``) at ``hbm_bandwidth`` bytes/s (``course_lib.perf.DecodeStep`` with no compute
+    floor: at a small batch decode is far below it), then 2 L all-reduces of [batch, D] over ``link``.
+    Returns compute_s, comm_s, total_s."""
     mem = per_gpu_memory(cfg, tp=p, context=context, batch=batch, bpe=bpe)
-    compute = mem["total"] / hbm_bandwidth
+    # the one decode-step model on this GPU's bytes; no peak given, so no compute floor (FLOPs not modelled)
+    compute = DecodeStep(weight_bytes=mem["weights"], kv_bytes=mem["kv"], flops=0.0, bandwidth=hbm_bandwidth,
+                         peak=None).time
     comm = tp_comm_per_token(cfg, p, bpe, tokens=batch)
     comm_s = comm["allreduces"] * allreduce_time(comm["message_bytes"], p, link)
     return {"compute_s": compute, "comm_s": comm_s, "total_s": compute + comm_s}
@@ -157,7 +161,7 @@ def notes_example(gpus: int = 16, bpe: float = 2, batch: int = 8, context: int =
     the all-reduce traffic and latency per token (TP=16 spans two 8-GPU machines: their link decides)."""
     n = gpt3_parameters()
     d, L = 12288, 96
-    kv_total = 2 * L * d * context * batch * bpe                   # K and V, every layer, every token
+    kv_total = gpt3_175b().kv_cache_bytes(context, batch, bpe)      # K and V, every layer, every token
     comm = 2 * L                                                   # all-reduces per token
     msg = d * bpe
     return {"parameters": n, "params_per_gpu": n / gpus, "weight_bytes_per_gpu": n * bpe / gpus,

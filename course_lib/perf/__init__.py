@@ -10,7 +10,7 @@ from .memory import format_bytes, model_weight_bytes, parameter_bytes, peak_memo
 from .metrics import (Trace, TokenEvent, cost_per_million_tokens, e2e_latency, format_summary, goodput, makespan,
                       percentile, percentiles, request_metrics, summarize, tokens_per_second, tpot, ttft)
 from .quality import LMScore, bits_per_byte, perplexity, score_texts
-from .roofline import (analyze, attainable_flops, classify, critical_batch, decode_critical_batch,
-                       min_decode_latency, predict_time, ridge_point)
+from .roofline import (DecodeStep, analyze, attainable_flops, classify, critical_batch, decode_critical_batch,
+                       decode_step, min_decode_latency, predict_time, ridge_point)
 from .tables import format_records, format_table
 from .timing import Comparison, Timing, benchmark, compare

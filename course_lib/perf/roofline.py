@@ -175,19 +175,97 @@ def predict_time(model, device, phase: str, seq_len: int, batch: int = 1, dtype=
     return analyze(intensity_table(model, phase, seq_len, batch, dtype, **kw), device).time
 
 
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decode step on the roofline, per GPU: the bytes it reads, the FLOPs it does, and its best time.
+
+    time = max(memory_s, compute_s) with memory_s = (weight_bytes + kv_bytes) / bandwidth and compute_s =
+    flops / peak; peak None leaves the compute floor out (a memory-only model, compute_s = 0).
+    """
+    weight_bytes: float     # bytes of weights read in the step
+    kv_bytes: float         # bytes of KV cache read in the step
+    flops: float            # FLOPs of the step
+    bandwidth: float        # bytes/s
+    peak: float | None      # FLOP/s, or None
+
+    @property
+    def memory_s(self) -> float:
+        return (self.weight_bytes + self.kv_bytes) / self.bandwidth
+
+    @property
+    def compute_s(self) -> float:
+        return 0.0 if self.peak is None else self.flops / self.peak
+
+    @property
+    def time(self) -> float:
+        return max(self.memory_s, self.compute_s)
+
+    @property
+    def bound(self) -> str:
+        return MEMORY_BOUND if self.memory_s >= self.compute_s else COMPUTE_BOUND
+
+
+def _count(x, name, minimum):
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {x!r}")
+    return int(x)
+
+
+def decode_step(model, device, dtype="fp16", batch: int = 1, context: int = 0, gpus: int = 1,
+                kv_bytes: float | None = None) -> DecodeStep:
+    """The course's one model of a decode step's time (Module 01's roofline applied to a whole step).
+
+    A step of `batch` sequences, each attending to `context` cached tokens, reads every weight once and
+    each sequence's KV cache once, and does 2 x params FLOPs per sequence (one multiply-add per weight).
+    Attention's own FLOPs (4 x heads x head_dim x context per layer) are left out: they come to about
+    heads / kv_heads FLOP per byte of fp16 KV read, far below any ridge point: their time is the KV bytes'.
+    Split over `gpus` GPUs working as one (no communication: a bound):
+
+        time = max((weights + KV) / (bandwidth x gpus), 2 x params x batch / (peak x gpus))
+
+    model: a parameter count, or anything as_config takes (a LlamaConfig, a preset name, a course model).
+    dtype: the weights' and the KV cache's number format (a name, or a number of bytes); the peak rate is
+    the device's for `dtype`, or its default rate when it has none for it (int4 weights compute in fp16).
+    kv_bytes: the KV bytes read, given directly (default: the config's KV cache of batch x context tokens,
+    ``LlamaConfig.kv_cache_bytes``, the one KV formula; a bare parameter count needs kv_bytes or context=0).
+    Callers: ``min_decode_latency`` (its memory side), ``serving.StepCostModel.from_roofline`` (its
+    coefficients), ``capstone.hardware_choice``, ``parallel.cost.tp_step_time`` (per-GPU bytes, memory only).
+    """
+    batch, context, gpus = _count(batch, "batch", 1), _count(context, "context", 0), _count(gpus, "gpus", 1)
+    d = _device(device)
+    bpe = bytes_per_element(dtype)
+    if isinstance(model, numbers.Real) and not isinstance(model, bool):
+        params, cfg = _positive(model, "model (a parameter count)"), None
+    else:
+        cfg = as_config(model)
+        params = cfg.num_parameters()
+    if kv_bytes is None:
+        if cfg is None and context:
+            raise ValueError("context > 0 needs a model config for the KV formula, or kv_bytes given directly; "
+                             f"got a bare parameter count {model!r}")
+        kv_bytes = 0 if cfg is None else cfg.kv_cache_bytes(context, batch, bpe)
+    elif isinstance(kv_bytes, bool) or not isinstance(kv_bytes, numbers.Real) or not kv_bytes >= 0:
+        raise ValueError(f"kv_bytes must be a number >= 0, got {kv_bytes!r}")
+    peak_dtype = _peak_dtype_of(device, dtype, None)
+    if not d.supports(peak_dtype):
+        peak_dtype = d.default_dtype
+    return DecodeStep(weight_bytes=params * bpe / gpus, kv_bytes=kv_bytes / gpus, flops=2 * params * batch / gpus,
+                      bandwidth=d.bandwidth, peak=d.peak_flops(peak_dtype))
+
+
 def min_decode_latency(num_params, device, dtype="fp16", kv_cache_bytes: float = 0) -> float:
     """Seconds per decode step at best: every weight is read once per step (plus the KV cache).
 
+    The memory side of ``decode_step`` (at batch 1 the compute side is far below it).
     num_params: a parameter count, or a model (anything as_config takes: LlamaConfig, name) to count them from.
     dtype: bytes per weight, as a dtype name or a number.
     E.g. a 7B model in fp16 on an A100 80 GB: 6.74e9 * 2 bytes / 2.039e12 B/s = 6.6 ms.
     """
-    if not isinstance(num_params, numbers.Real):
-        num_params = as_config(num_params).num_parameters()
-    _positive(num_params, "num_params")
-    if kv_cache_bytes < 0:
+    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, numbers.Real) or kv_cache_bytes < 0:
         raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes!r}")
-    return (num_params * bytes_per_element(dtype) + kv_cache_bytes) / _device(device).bandwidth
+    if isinstance(num_params, numbers.Real):
+        _positive(num_params, "num_params")
+    return decode_step(num_params, device, dtype, kv_bytes=kv_cache_bytes).memory_s
 
 
 def matmul_intensity(batch, d_in: int, d_out: int, dtype="fp16", weight_dtype=None):
@@ -252,5 +330,6 @@ def decode_matmul_sums(model, dtype="fp16", weight_dtype=None):
 
 
 __all__ = ["MEMORY_BOUND", "COMPUTE_BOUND", "ridge_point", "attainable_flops", "classify", "roofline_time",
-           "RooflineRow", "RooflineAnalysis", "analyze", "predict_time", "min_decode_latency",
+           "RooflineRow", "RooflineAnalysis", "analyze", "predict_time", "DecodeStep", "decode_step",
+           "min_decode_latency",
            "matmul_intensity", "critical_batch", "decode_critical_batch"]

@@ -43,7 +43,7 @@ import time
 import torch
 
 from course_lib.generation import sample as _sample
-from course_lib.paged import BlockManager, KVPool, PagedCache
+from course_lib.paged import BlockManager, KVPool, PagedCache, blocks_needed
 
 from .request import EngineRequest, RequestOutput, SamplingParams, StepOutput, as_token_list
 from .scheduler import Scheduler
@@ -117,7 +117,7 @@ class Engine:
         if span > self.context:
             raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens={params.max_new_tokens} needs {span} "
                              f"positions, past the model's context of {self.context}")
-        blocks = -(-span // self.block_size)
+        blocks = blocks_needed(span, self.block_size)
         if blocks > self.num_blocks:
             raise ValueError(f"the request needs {blocks} KV blocks of {self.block_size} tokens but the whole pool "
                              f"has {self.num_blocks}: it could never finish")

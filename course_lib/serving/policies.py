@@ -30,6 +30,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
+from course_lib.paged.manager import blocks_needed   # the one block count (re-exported by serving)
+
 
 @dataclass(frozen=True)
 class SeqView:
@@ -45,19 +47,6 @@ class SeqView:
 class Decision:
     preempt: list = field(default_factory=list)   # rids of running requests to preempt (blocks freed)
     admit: list = field(default_factory=list)     # rids of waiting requests to start (a prefix of waiting)
-
-
-def blocks_needed(tokens: int, block_size: int) -> int:
-    """Blocks to hold `tokens` tokens of KV: ceil(tokens / block_size) (0 tokens: 0 blocks)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Integral) or tokens < 0:
-        raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
-    return -(-int(tokens) // int(block_size))
-
-
-def _blocks(tokens, block_size):
-    return -(-tokens // block_size)         # blocks_needed without the argument checks (hot loop)
 
 
 def fcfs_schedule(waiting, running, free_blocks, block_size, max_batch) -> Decision:
@@ -76,7 +65,7 @@ def fcfs_schedule(waiting, running, free_blocks, block_size, max_batch) -> Decis
     i = 0
     while i < len(run):
         r = run[i]
-        extra = max(0, _blocks(r.need, block_size) - r.blocks)
+        extra = max(0, blocks_needed(r.need, block_size) - r.blocks)
         while extra > free and len(run) > i + 1:
             victim = run.pop()
             preempt.append(victim.rid)
@@ -93,7 +82,7 @@ def fcfs_schedule(waiting, running, free_blocks, block_size, max_batch) -> Decis
         for w in waiting:
             if len(run) + len(admit) >= max_batch:
                 break
-            nb = _blocks(w.need, block_size)
+            nb = blocks_needed(w.need, block_size)
             if nb > free:
                 break
             admit.append(w.rid)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from course_lib.paged import PagedCache
+from course_lib.paged import PagedCache, blocks_needed
 
 from .request import EngineRequest
 
@@ -96,7 +96,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_batch:
             req = self.waiting[0]
             toks = req.tokens
-            need = -(-len(toks) // bs)
+            need = blocks_needed(len(toks), bs)
             reserve = self.watermark_blocks if self.running else 0    # alone, it only needs to fit
             if self.manager.num_free_blocks - need < reserve:
                 break

@@ -32,10 +32,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from course_lib.models.config import as_config
+from course_lib.perf.hardware import get_gpu
 from course_lib.perf.metrics import Trace, summarize
+from course_lib.perf.roofline import decode_step
 from course_lib.perf.workload import Request
 from course_lib.serving.policies import (ContinuousBatching, Decision, Disaggregated, DynamicBatching, SeqView,
-                                         StaticBatching, _blocks, blocks_needed)
+                                         StaticBatching, blocks_needed)
 
 
 class SchedulingError(RuntimeError):
@@ -89,7 +92,8 @@ class StepCostModel:
 
     @classmethod
     def from_roofline(cls, gpu_name, model_config, dtype="fp16", overhead_s: float = 1e-3) -> "StepCostModel":
-        """Predict the costs from Module 01's hardware table and roofline.
+        """Predict the costs from Module 01's hardware table and roofline: the coefficients of the course's
+        one decode-step model, ``course_lib.perf.decode_step``.
 
         A step reads every weight once (fixed_s = weight bytes / bandwidth) and each sequence's KV cache
         (per_context_token_s = KV bytes per token / bandwidth); it computes 2 * params FLOPs per token
@@ -98,16 +102,13 @@ class StepCostModel:
         gpu_name: a name of `course_lib.perf.gpu_names()` or a DeviceSpec; model_config: a LlamaConfig, a
         model, or a preset name ('llama-2-7b', 'tiny', ...).
         """
-        from course_lib.perf.hardware import bytes_per_element, get_gpu
-        from course_lib.models.config import as_config
         dev = get_gpu(gpu_name)
-        cfg = getattr(model_config, "config", model_config)
-        shape = as_config(cfg)
+        shape = as_config(getattr(model_config, "config", model_config))
+        one = decode_step(shape, dev, dtype, batch=1, context=1)     # one sequence, one token of KV
         params = shape.num_parameters()
-        b = bytes_per_element(dtype)
-        return cls(fixed_s=params * b / dev.bandwidth, per_token_s=0.0, per_seq_s=0.0,
-                   per_context_token_s=shape.kv_cache_bytes(1, 1, b) / dev.bandwidth,
-                   compute_s_per_token=2 * params / dev.peak_flops(dtype), overhead_s=overhead_s,
+        return cls(fixed_s=one.weight_bytes / one.bandwidth, per_token_s=0.0, per_seq_s=0.0,
+                   per_context_token_s=one.kv_bytes / one.bandwidth, compute_s_per_token=one.flops / one.peak,
+                   overhead_s=overhead_s,
                    source=f"roofline: {shape.name or 'model'} ({params / 1e6:.1f}M params, {dtype}) on {dev.name}")
 
     @classmethod
@@ -313,7 +314,7 @@ class _IterWorker:
             self.waiting.appendleft(s)
         # growth of the running requests
         for s in self.running:
-            nb = _blocks(s.need(), bs)
+            nb = blocks_needed(s.need(), bs)
             if nb > s.blocks:
                 self.free -= nb - s.blocks
                 s.blocks = nb
@@ -330,7 +331,7 @@ class _IterWorker:
                 self._violate(f"t={now:.4f}: admitted request {rid} is not waiting")
                 continue
             self.waiting.remove(s)
-            nb = _blocks(s.need(), bs)
+            nb = blocks_needed(s.need(), bs)
             self.free -= nb
             s.blocks = nb
             kind = "transfer" if s.remote_kv else ("resume" if s.rec.preemptions else "new")
