@@ -36,6 +36,7 @@ from course_lib.attention import attention
 from course_lib.env import use_triton
 
 from .checks import check_paged_args
+from .manager import blocks_needed
 
 BACKENDS = ("auto", "torch", "triton", "reference")
 
@@ -43,7 +44,7 @@ BACKENDS = ("auto", "torch", "triton", "reference")
 def gather_kv(pool: torch.Tensor, table, length: int) -> torch.Tensor:
     """Contiguous [K, length, Dh] from a pool [N, K, bs, Dh] and a block table (list or tensor)."""
     bs = pool.shape[2]
-    nb = -(-length // bs)
+    nb = blocks_needed(length, bs)
     idx = torch.as_tensor(table[:nb], device=pool.device).long()
     blocks = pool[idx]                                               # [nb, K, bs, Dh]
     return blocks.permute(1, 0, 2, 3).reshape(pool.shape[1], nb * bs, pool.shape[3])[:, :length]
@@ -149,7 +150,7 @@ def contiguous_to_paged(k: torch.Tensor, v: torch.Tensor, lengths, block_size: i
     lengths = [int(x) for x in (lengths.tolist() if torch.is_tensor(lengths) else lengths)]
     if len(lengths) != B or min(lengths) < 0 or max(lengths) > S:
         raise ValueError(f"lengths must be {B} values in [0, {S}], got {lengths}")
-    need = [-(-n // block_size) for n in lengths]
+    need = [blocks_needed(n, block_size) for n in lengths]
     total = sum(need)
     num_blocks = num_blocks or total + 3
     if num_blocks < total:

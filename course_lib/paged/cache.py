@@ -40,7 +40,7 @@ from course_lib.kvcache.base import KVCache, _check_kv
 
 from . import attention as _paged          # paged_attention, looked up at call time
 from .allocator import OutOfBlocks, PagingError
-from .manager import BlockManager
+from .manager import BlockManager, blocks_needed
 
 class KVPool:
     """The physical KV memory of a model: per layer, K and V pools [num_blocks, K, block_size, Dh]."""
@@ -96,7 +96,7 @@ class _Plan:
             tables.append(mgr.seqs[s].table)
         ends = [s + n for s, n in zip(starts, counts)]
         S = max(ends)
-        nb = -(-S // bs)
+        nb = blocks_needed(S, bs)
         # slot mapping of the real new tokens, and (if some rows are padded) which of the B*T inputs they are
         blk, off, sel = [], [], []
         for b, (table, start, n) in enumerate(zip(tables, starts, counts)):

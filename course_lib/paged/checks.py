@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .manager import blocks_needed
+
 
 def check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks: bool = True):
     """Raise ValueError naming the argument and what was expected.
@@ -54,6 +56,6 @@ def check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks:
                              f"(tokens a sequence's table can hold; 0 = empty), got {lens}")
     tables = block_tables.tolist()
     for b, n in enumerate(lens):
-        used = tables[b][:-(-n // bs)]
+        used = tables[b][:blocks_needed(n, bs)]
         if used and (min(used) < 0 or max(used) >= N):
             raise ValueError(f"block_tables[{b}] points outside the pool of {N} blocks: {used}")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from course_lib.perf.workload import Request
 
 from .allocator import OutOfBlocks
-from .manager import BlockManager
+from .manager import BlockManager, blocks_needed
 
 
 class ContiguousArena:
@@ -190,7 +190,7 @@ def simulate_waste(workload: list[Request], memory_slots: int, allocator: str = 
             length, final = r.prompt_tokens + done, r.prompt_tokens + r.output_tokens
             rep.used += length
             if paged:
-                rep.internal += -(-length // block_size) * block_size - length
+                rep.internal += blocks_needed(length, block_size) * block_size - length
             else:
                 rep.reserved += final - length
                 rep.internal += need(r) - final

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from course_lib.paged.manager import blocks_needed
 from course_lib.perf.metrics import summarize
 
 from .baselines import hf_static_generate, run_static
@@ -112,7 +113,7 @@ def compare_with_static(model, workload, batch_size=8, replay: bool = False, hf:
     mode = "replay" if replay else "offline"
     kw = {"max_batch": 16, "block_size": 16, **engine_kwargs}
     if "num_blocks" not in kw:     # enough for the whole workload at once: no preemption unless asked
-        need = sum(-(-(len(p) + n) // kw["block_size"]) for _, p, n in workload)
+        need = sum(blocks_needed(len(p) + n, kw["block_size"]) for _, p, n in workload)
         kw["num_blocks"] = max(64, min(need, 8192))
     if hf and hf_model is None:
         import transformers
