@@ -16,6 +16,9 @@ Sampling turns the logits of the last position into the next token, in small com
     sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
                                    temperature 0 means greedy (argmax, no randomness)
 
+and when a sequence ends: ``finish_reason(token, count, max_new_tokens, stop_ids)`` ("stop" after a stop
+token, which is kept; "length" at max_new_tokens), the rule of the generate loop and the serving engine.
+
 The acceptance step of speculative decoding (Module 08; the derivation is in
 ``course_lib.speculative.acceptance``): ``accept_step(p, q, draft_tokens, generator)`` keeps draft token
 t_i with probability min(1, p_i(t_i) / q_i(t_i)), draws the first rejected position from
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
-           "StepResult", "accept_step", "probs_from_logits"]
+           "finish_reason", "StepResult", "accept_step", "probs_from_logits"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -151,6 +154,14 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
     idx = torch.multinomial(flat, 1, generator=generator)  # [N, 1]
     return idx.reshape(probs.shape[:-1])
+
+
+def finish_reason(token: int, count: int, max_new_tokens: int, stop_ids) -> str | None:
+    """Why a sequence ends with `token`, its `count`-th new token: "stop" when the token is one of
+    `stop_ids` (an eos; it stays in the output), "length" when count reaches `max_new_tokens`, else None."""
+    if token in stop_ids:
+        return "stop"
+    return "length" if count >= max_new_tokens else None
 
 
 # --------------------------------------------------------------------------------------------------
