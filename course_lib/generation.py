@@ -47,8 +47,8 @@ from course_lib.env import sync
 from course_lib.kvcache import ContiguousCache, KVCache, StaticCache
 from course_lib.perf.metrics import TokenEvent, Trace
 from course_lib.sampling import (_check_temperature, _check_top_k, _check_top_p, accept_step, apply_temperature,
-                                 finish_reason, greedy, probs_from_logits, sample, sampling_probs, top_k_filter,
-                                 top_p_filter)
+                                 finish_reason, greedy, probs_from_logits, sample, sample_rows, sampling_probs,
+                                 top_k_filter, top_p_filter)
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
            "finish_reason", "generate", "decode_step", "GenerateOutput", "SpecStats", "TokenEvent", "Trace",
@@ -71,11 +71,16 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
 
     The default temperature 0 is greedy decoding (like ``model.generate(do_sample=False)``); give
     temperature > 0 (and optionally top_k / top_p, and a seeded ``generator`` on the model's device) to
-    sample. Generation stops after an `eos_token_id` token (included in the output) if one is given; in a
-    batch, a row that produced one repeats it until every row has. ``callback(event)`` runs after each
-    token (each step, for a batch) with a ``TokenEvent(index, token_id, time, start)``
-    (``time.perf_counter()`` seconds, taken once the token is on the host, so device work is finished);
-    if it returns True, generation stops there (streaming UIs, custom stop rules).
+    sample. Generation stops after an `eos_token_id` token (included in the output) if one is given.
+    ``callback(event)`` runs after each token (each step, for a batch) with a ``TokenEvent(index,
+    token_id, time, start)`` (``time.perf_counter()`` seconds, taken once the token is on the host, so
+    device work is finished); if it returns True, generation stops there (streaming UIs, stop rules).
+
+    A batch: [B, T], or a list of B prompts, which may differ in length (left-padded; they need
+    cache="contiguous"). max_new_tokens, temperature, top_k, top_p, generator and eos_token_id may be
+    one for all rows or a list with one per row (each row then samples with its own settings and
+    generator: the static serving baseline). A row that finished (its eos, its max_new_tokens) repeats
+    its last token until every row has; the trace has one event per step (row 0's token).
 
     cache: None (default) is the baseline without a KV cache: each step runs the model over the *whole*
     sequence, so step i costs about as much as a prefill of prompt + i tokens. With a cache (Module 05:
@@ -87,8 +92,7 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
 
     The context: the model sees the prompt and every new token but the last (which is never fed back),
     so prompt + max_new_tokens - 1 must fit in config.max_position_embeddings (the serving engine's
-    rule, and every draft's), unless the cache places positions inside itself (``SinkCache``: generation
-    runs past it).
+    rule, and every draft's), unless the cache places positions inside itself (``SinkCache``).
 
     draft (Module 08): speculative decoding of one request, at most ``draft_length`` proposals per pass
     (a tree: that depth), verified by `model` in one forward. A draft course model with the same
@@ -97,13 +101,14 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
     hidden)`` (prompt lookup, Medusa's tree; see the module docstring), verified greedily (temperature 0).
     The target's cache is `cache` (None or an empty ``ContiguousCache``: the pass crops it). `adaptive`
     (a draft model): None, or a confidence threshold in (0, 1): a pass stops proposing after a token
-    whose draft probability max_x q(x) is below it. ``on_pass(ids [1, n], target_cache, draft_cache)`` runs after every pass (tests, visualizations).
-    The output's ``stats`` holds the run's ``SpecStats``; the trace's tokens of one pass share its time.
+    whose draft probability max_x q(x) is below it. ``on_pass(ids [1, n], target_cache, draft_cache)``
+    runs after every pass (tests, visualizations). The output's ``stats`` holds the run's ``SpecStats``;
+    the trace's tokens of one pass share its time.
     """
-    ids, max_new_tokens, eos, cache = _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p,
-                                                      generator, eos_token_id, callback, cache, compile,
-                                                      return_logits, draft, draft_length, adaptive, on_pass)
-    B, T = ids.shape                                                    # [B, T] prompts
+    ids, pad, limits, eos, draw, cache = _check_generate(model, input_ids, max_new_tokens, temperature, top_k,
+                                                         top_p, generator, eos_token_id, callback, cache, compile,
+                                                         return_logits, draft, draft_length, adaptive, on_pass)
+    B, T = ids.shape                            # [B, T] prompts; pad [B]: left padding of each (or None)
     device = _model_device(model)
     start = time.perf_counter()
     trace = Trace(start=start, events=[], prompt_tokens=T)
@@ -116,16 +121,16 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
         trace.events.append(event)
         rows.append(step_tokens)
         stop = callback(event) if callback is not None else None
-        return stop is True or all(finish_reason(t, len(rows), max_new_tokens, eos) for t in step_tokens)
+        return stop is True or all(finish_reason(t, len(rows), limits[r], eos[r]) for r, t in enumerate(step_tokens))
 
     spec = None
-    if max_new_tokens == 0:
+    if max(limits) == 0:
         pass
     elif draft is not None:                 # speculative: each pass emits 1..g+1 tokens
         if not hasattr(draft, "propose"):   # a draft model: proposes g tokens sampled like the target
             draft = _ModelDraft(draft, (temperature, top_k, top_p), generator, adaptive)
-        spec = _Speculation(model, draft, ids[0], max_new_tokens, draft_length, (temperature, top_k, top_p),
-                            generator, eos, cache, on_pass)
+        spec = _Speculation(model, draft, ids[0], limits[0], draft_length, (temperature, top_k, top_p),
+                            generator, eos[0], cache, on_pass)
         spec.prefill()
         stop = False
         while not stop:
@@ -134,19 +139,20 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
         step = decode_step(model, compile) if cache is not None else None
         seq = ids.to(device)                # [B, T]: everything so far (grows only without a cache)
         x = seq                             # what the model sees first: the prompt
-        pad = [None] * B                    # the eos each finished row repeats
-        for i in range(max_new_tokens):
+        last = [None] * B                   # the last token each finished row repeats
+        for i in range(max(limits)):
             if cache is None:
                 # No cache: the whole sequence again (with a cache only the tokens it has not seen).
                 logits = model_logits(model, seq)[:, -1, :]                 # [B, V] the last position
-            else:
-                logits = _forward(model if i == 0 else step, x, cache)[:, -1, :]  # prefill eager, then steps
-            token = sample(logits, temperature, top_k, top_p, generator)   # [B]
+            else:                           # prefill eager, then steps
+                logits = _forward(model if i == 0 else step, x, cache, pad)[:, -1, :]
+            token = draw(logits)            # [B]: sample(...) with the call's settings, or each row its own
             toks = token.tolist()           # copies to the host: waits for the device, so times are real
-            if any(p is not None for p in pad):
-                toks = [t if p is None else p for t, p in zip(toks, pad)]
+            if any(t is not None for t in last):
+                toks = [t if p is None else p for t, p in zip(toks, last)]
                 token = torch.tensor(toks, dtype=torch.long, device=device)
-            pad = [p if p is not None else (t if t in eos else None) for t, p in zip(toks, pad)]
+            last = [p if p is not None or not finish_reason(t, i + 1, limits[r], eos[r]) else t
+                    for r, (t, p) in enumerate(zip(toks, last))]
             if return_logits:
                 chosen_by.append(logits)
             if emit(toks):
@@ -700,9 +706,18 @@ def decode_step(model, compile: bool | str = True):
     return steps[(backend, mode)]
 
 
-def _forward(fn, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+def _forward(fn, ids: torch.Tensor, cache: KVCache, pad: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [B, T, V] of `ids` [B, T] through `cache`, with the cache's mask when it has one (a sliding
-    window's banded prefill); None means the model's causal mask, and the call stays the plain one."""
+    window's banded prefill); None means the model's causal mask, and the call stays the plain one.
+    Left-padded rows (pad [B] > 0) get their own positions (from 0 at their first real token) and a mask
+    that hides the pads (a pad query sees itself only, which keeps its softmax finite)."""
+    if pad is not None:
+        past, T = cache.get_seq_length(), ids.shape[1]
+        q = torch.arange(past, past + T, device=ids.device)[None, :, None]           # [1, T, 1] query index
+        k = torch.arange(past + T, device=ids.device)[None, None, :]                  # [1, 1, S] key index
+        mask = ((k <= q) & (k >= pad[:, None, None])) | (k == q)                      # [B, T, S]
+        positions = (q[..., 0] - pad[:, None]).clamp(min=0)                           # [B, T]
+        return fn(ids, cache=cache, positions=positions, attn_mask=mask[:, None])
     mask = cache.attn_mask(ids.shape[1], device=ids.device)
     if mask is None:
         return fn(ids, cache=cache)
@@ -774,31 +789,42 @@ def _check_int(x, name: str, low: int) -> int:
 
 def _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id,
                     callback, cache, compile, return_logits, draft, draft_length, adaptive, on_pass):
-    """Every argument of ``generate`` checked (ValueError/TypeError naming it); returns the prompts
-    [B, T], max_new_tokens as an int, the eos set and the cache to decode through (None, or a KVCache)."""
-    ids = _prompt_batch(input_ids)                                      # [B, T] on the host or the device
+    """Every argument of ``generate`` checked (ValueError/TypeError naming it). Returns the prompts [B, T]
+    and their left padding [B] (None when all have the same length), each row's max_new_tokens and stop
+    tokens (a set), ``draw(logits [B, V]) -> [B]`` (the sampling rule, shared or per row) and the cache to
+    decode through (None, or a KVCache)."""
+    ids, pad = _prompts(input_ids)                                      # [B, T]; [B] or None
     B, T = ids.shape
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    max_new_tokens = int(max_new_tokens)
-    _check_temperature(temperature)
-    if top_k is not None:
-        _check_top_k(top_k)
-    if top_p is not None:
-        _check_top_p(top_p)
-    if eos_token_id is None:
-        eos = set()
-    elif isinstance(eos_token_id, numbers.Integral) and not isinstance(eos_token_id, bool):
-        eos = {int(eos_token_id)}
-    elif isinstance(eos_token_id, (list, tuple, set)) and all(isinstance(e, numbers.Integral) for e in eos_token_id):
-        eos = {int(e) for e in eos_token_id}
+    device = _model_device(model)
+    limits, rows_n = _per_row(max_new_tokens, B, "max_new_tokens", lambda v: _check_int(v, "max_new_tokens", 0))
+    temps, rows_t = _per_row(temperature, B, "temperature", _check_temperature)
+    ks, rows_k = _per_row(top_k, B, "top_k", lambda v: v if v is None else _check_top_k(v))
+    ps, rows_p = _per_row(top_p, B, "top_p", lambda v: v if v is None else _check_top_p(v))
+    gens, rows_g = _per_row(generator, B, "generator", lambda v: _check_generator(v, device))
+    eos, rows_e = _eos_rows(eos_token_id, B)
+    per_row = rows_n or rows_t or rows_k or rows_p or rows_g or rows_e
+    max_new_tokens = max(limits)
+    if per_row:          # each row its own settings (a batch of requests; the static serving baseline)
+        def draw(logits):
+            return sample_rows(logits, temps, ks, ps, gens)
     else:
-        raise ValueError(f"eos_token_id must be an int, a list of ints or None, got {eos_token_id!r}")
+        def draw(logits):
+            return sample(logits, temperature, top_k, top_p, generator)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable (it receives a TokenEvent), got {type(callback).__name__}")
     if not isinstance(compile, (bool, str)):
         raise TypeError(f"compile must be True, False or a torch.compile backend name, got {compile!r}")
+    if pad is not None:
+        if cache is None or compile:
+            raise ValueError("input_ids: prompts of different lengths are left-padded and decode through a KV cache "
+                             "that takes their masks: give cache='contiguous' (and compile=False)")
+        if not (cache == "contiguous" or isinstance(cache, ContiguousCache)):
+            raise ValueError(f"input_ids: prompts of different lengths need cache='contiguous' or a ContiguousCache, "
+                             f"got {cache!r}")
     if draft is not None:
+        if per_row:
+            raise ValueError("draft= runs one request: give max_new_tokens, temperature, top_k, top_p, generator "
+                             "and eos_token_id for it alone, not per row")
         if hasattr(draft, "propose"):       # a draft object: proposals verified greedily
             _check_draft_object(model, draft, temperature, adaptive)
         else:
@@ -821,7 +847,8 @@ def _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p,
             raise ValueError(f"input_ids must be token ids in [0, {V}), got values up to {int(ids.max())}")
     elif adaptive is not None or on_pass is not None:
         raise ValueError("adaptive and on_pass belong to speculative decoding: give draft= as well")
-    # The model sees the prompt and every new token but the last (which is never fed back).
+    # The model sees the prompt and every new token but the last (which is never fed back); in a batch
+    # every row runs until the last one ends, so the longest prompt and the largest max_new_tokens count.
     span = T + max(max_new_tokens - 1, 0)
     for name, m in (("model", model), ("draft", draft)):   # a draft object has no context (None)
         ctx = context_length(m) if m is not None else None
@@ -830,12 +857,57 @@ def _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p,
             raise ValueError(f"prompt of {T} tokens + max_new_tokens={max_new_tokens} needs {span} positions "
                              f"(the last new token is never fed back), past the {name}'s context of {ctx} "
                              "tokens (config.max_position_embeddings)")
-    _check_generator(generator, _model_device(model))
     cache = _make_cache(model, cache, compile, B, span)
     if cache is not None and getattr(cache, "max_len", span) < span:
         raise ValueError(f"cache holds max_len={cache.max_len} tokens but this request needs {span}")
-    return ids, max_new_tokens, eos, cache
+    return ids, (pad.to(device) if pad is not None else None), limits, eos, draw, cache
 
+
+def _per_row(value, B: int, name: str, check) -> tuple[list, bool]:
+    """One setting for every row, or a list/tuple of B settings (one per row); each checked."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != B:
+            raise ValueError(f"{name}: got {len(value)} values for a batch of {B} prompts (one per row, or one for all)")
+        for v in value:
+            check(v)
+        return list(value), True
+    check(value)
+    return [value] * B, False
+
+
+def _eos_set(e, name: str = "eos_token_id") -> set:
+    if e is None:
+        return set()
+    if isinstance(e, numbers.Integral) and not isinstance(e, bool):
+        return {int(e)}
+    if isinstance(e, (list, tuple, set, frozenset)) and all(isinstance(x, numbers.Integral) and not isinstance(x, bool)
+                                                            for x in e):
+        return {int(x) for x in e}
+    raise ValueError(f"{name} must be an int, a list of ints or None (or one of those per row), got {e!r}")
+
+
+def _eos_rows(eos_token_id, B: int) -> tuple[list[set], bool]:
+    """The stop tokens of each row: one int / list of ints / None for all rows, or a list of B of those."""
+    if isinstance(eos_token_id, (list, tuple)) and eos_token_id and all(
+            e is None or isinstance(e, (list, tuple, set, frozenset)) for e in eos_token_id):
+        if len(eos_token_id) != B:
+            raise ValueError(f"eos_token_id: got {len(eos_token_id)} stop-token lists for a batch of {B} prompts")
+        return [_eos_set(e) for e in eos_token_id], True
+    return [_eos_set(eos_token_id)] * B, False
+
+
+def _prompts(input_ids) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prompts [B, T] and their left padding [B]: a list of prompts (lists of ids or [T_i] tensors) of
+    different lengths is left-padded with id 0 to the longest (pad[i] = T - T_i); else pad is None."""
+    if not (isinstance(input_ids, (list, tuple)) and input_ids
+            and all(isinstance(p, (list, tuple, torch.Tensor)) for p in input_ids)):
+        return _prompt_batch(input_ids), None
+    rows = [_prompt_tensor(p, "each prompt of a list is one request").to("cpu") for p in input_ids]  # [T_i] each
+    T = max(r.numel() for r in rows)
+    if all(r.numel() == T for r in rows):
+        return torch.stack(rows), None
+    ids = torch.stack([torch.cat([r.new_zeros(T - r.numel()), r]) for r in rows])                    # [B, T]
+    return ids, torch.tensor([T - r.numel() for r in rows], dtype=torch.long, device="cpu")
 
 
 def _check_draft_object(model, draft, temperature, adaptive):
