@@ -22,7 +22,8 @@ with ``verified(n)`` learns after each pass that seq[:n] was kept. The context r
 
 Sampling has one path, ``course_lib.sampling`` (temperature, top-k, top-p, a ``torch.Generator``); its
 functions are re-exported here: apply_temperature, top_k_filter, top_p_filter, sampling_probs, sample,
-greedy; and its stop rule ``finish_reason`` (the serving engine's too).
+greedy, sample_rows (each row its own settings); and its stop rule ``finish_reason`` (the serving engine's
+too).
 
 Why speculative decoding runs here and not in ``course_lib.speculative``: that package (layer 5) builds
 on this one (layer 4: measurement, Medusa, prompt lookup, distillation's teacher), so the loop cannot
@@ -32,7 +33,8 @@ the tree mask, cache compaction) are cache bookkeeping next to the loop they plu
 ``course_lib.speculative`` re-exports them and holds the drafts (``speculative_generate``,
 ``prompt_lookup_generate`` and ``medusa_generate`` are ``generate(..., draft=...)`` returning the full ids).
 
-Shapes: prompt [T] or [B, T]; logits [B, V] per step; new tokens [n] (one request) or [B, n].
+Shapes: prompt [T] or [B, T] (or a list of B prompts of different lengths, left-padded); logits [B, V] per
+step; new tokens [n] (one request) or [B, n]; a tree of N nodes.
 """
 from __future__ import annotations
 
@@ -867,7 +869,8 @@ def _per_row(value, B: int, name: str, check) -> tuple[list, bool]:
     """One setting for every row, or a list/tuple of B settings (one per row); each checked."""
     if isinstance(value, (list, tuple)):
         if len(value) != B:
-            raise ValueError(f"{name}: got {len(value)} values for a batch of {B} prompts (one per row, or one for all)")
+            raise ValueError(f"{name}: got {len(value)} values for a batch of {B} prompts (one per row, or one "
+                             "for all)")
         for v in value:
             check(v)
         return list(value), True

@@ -75,8 +75,9 @@ class Oracle:
 
 
 def random_prompt(gen, T):
+    """T random ids whose first third repeats (so prompt lookup finds n-grams)."""
     base = torch.randint(0, V, (max(T // 3, 1),), generator=gen)
-    return torch.cat([base, base, torch.randint(0, V, (T - 2 * base.numel(),), generator=gen)])[:T]  # repeats: lookup hits
+    return torch.cat([base, base, torch.randint(0, V, (T - 2 * base.numel(),), generator=gen)])[:T]
 
 
 def test_every_draft_through_generate_equals_greedy(target, heads):
@@ -89,7 +90,8 @@ def test_every_draft_through_generate_equals_greedy(target, heads):
         prompt = random_prompt(gen, T)
         want = greedy(target, prompt, n)
         drafts = {"draft model": (draft_model, 3), "prompt lookup": (PromptLookupDraft(3), 5),
-                  "oracle chain": (Oracle(want, T, 3, tree=False), 4), "oracle tree": (Oracle(want, T, 2, tree=True), 3)}
+                  "oracle chain": (Oracle(want, T, 3, tree=False), 4),
+                  "oracle tree": (Oracle(want, T, 2, tree=True), 3)}
         for paths in (None, [], cartesian_paths((2, 2)), chain_paths(3)):
             drafts[f"medusa {paths}"] = (MedusaDraft(target, heads, tree=paths), 3)
         for name, (d, g) in drafts.items():

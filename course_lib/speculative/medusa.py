@@ -13,7 +13,8 @@ target), and at initialization it equals the next-token head, a sensible startin
 Decoding (``MedusaDraft`` in the one generate loop; ``medusa_generate`` returns the full ids, greedy,
 exact): every pass builds a candidate tree from the heads' top-k (``tree.build_tree``); ``generate``
 verifies all of it in one target forward with a tree attention mask (``verify_tree``), keeps the
-accepted path, and hands the hidden state at the path's last node to the next pass. Output = the target's own greedy tokens, whatever the heads say; good heads only make it faster.
+accepted path, and hands the hidden state at the path's last node to the next pass. Output = the
+target's own greedy tokens, whatever the heads say; good heads only make it faster.
 
 Notation as in the rest of ``course_lib.speculative``: p = target probabilities; the heads play the
 draft. Shapes: D hidden size, V vocabulary, Hm number of Medusa heads, N tree nodes.
