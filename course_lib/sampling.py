@@ -16,6 +16,11 @@ Sampling turns the logits of the last position into the next token, in small com
     sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
                                    temperature 0 means greedy (argmax, no randomness)
 
+``sample_rows(logits, temperatures, top_ks, top_ps, generators)`` draws each row with its own settings
+and generator (a batch of requests: the serving engine, a static batch through ``generate``);
+and when a sequence ends: ``finish_reason(token, count, max_new_tokens, stop_ids)`` ("stop" after a stop
+token, which is kept; "length" at max_new_tokens), the rule of the generate loop and the serving engine.
+
 The acceptance step of speculative decoding (Module 08; the derivation is in
 ``course_lib.speculative.acceptance``): ``accept_step(p, q, draft_tokens, generator)`` keeps draft token
 t_i with probability min(1, p_i(t_i) / q_i(t_i)), draws the first rejected position from
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
-           "StepResult", "accept_step", "probs_from_logits"]
+           "sample_rows", "finish_reason", "StepResult", "accept_step", "probs_from_logits"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -151,6 +156,25 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
     idx = torch.multinomial(flat, 1, generator=generator)  # [N, 1]
     return idx.reshape(probs.shape[:-1])
+
+
+def sample_rows(logits: torch.Tensor, temperatures, top_ks, top_ps, generators) -> torch.Tensor:
+    """One token per row of logits [B, V], row i drawn with its own temperature, top-k, top-p and
+    generator (each a sequence of B): greedy rows take the argmax, the others ``sample`` one at a time
+    (in float32), so a seeded row draws the same tokens whatever else shares the batch. Returns [B]."""
+    toks = greedy(logits)                                                     # [B] on the logits' device
+    for i, (t, k, p, g) in enumerate(zip(temperatures, top_ks, top_ps, generators)):
+        if t != 0:
+            toks[i] = sample(logits[i:i + 1].float(), t, k, p, generator=g)[0]
+    return toks
+
+
+def finish_reason(token: int, count: int, max_new_tokens: int, stop_ids) -> str | None:
+    """Why a sequence ends with `token`, its `count`-th new token: "stop" when the token is one of
+    `stop_ids` (an eos; it stays in the output), "length" when count reaches `max_new_tokens`, else None."""
+    if token in stop_ids:
+        return "stop"
+    return "length" if count >= max_new_tokens else None
 
 
 # --------------------------------------------------------------------------------------------------

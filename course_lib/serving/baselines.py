@@ -1,7 +1,8 @@
 """Static batching baselines for the serving engine: a group of requests runs until its longest ends.
 
-``static_batch_generate``: our static batching (fixed groups in arrival order, left padding, a contiguous
-KV cache; rows that finished keep computing, the waste continuous batching removes). ``hf_static_generate``:
+``static_batch_generate``: our static batching (fixed groups in arrival order, each group one call of the
+generate loop: left padding, a contiguous KV cache; rows that finished keep computing, the waste
+continuous batching removes). ``hf_static_generate``:
 transformers' batched ``generate`` on the same workload. Both return ``RequestOutput``s whose traces
 (``course_lib.perf.metrics.Trace``) the comparison (``course_lib.serving.compare``) summarizes like the
 engine's.
@@ -15,9 +16,9 @@ from collections import deque
 
 import torch
 
+from course_lib.generation import generate
 from course_lib.perf.metrics import Trace
 
-from .engine import sample_tokens
 from .request import EngineRequest, RequestOutput, SamplingParams, as_token_list
 
 __all__ = ["static_batch_generate", "hf_static_generate", "run_static"]
@@ -35,41 +36,21 @@ def _params_list(prompts, params):
     return params
 
 
-@torch.inference_mode()
 def _static_group(model, group: list[EngineRequest]):
-    """Run one static batch: left-padded prefill, then decode steps until every row is done.
-    Rows that finished keep computing (the waste of static batching); their extra tokens are dropped."""
-    from course_lib.kvcache import ContiguousCache
-    dev = model.device
-    B = len(group)
-    lens = [len(r.prompt) for r in group]
-    L = max(lens)
-    pad = torch.tensor([L - n for n in lens], dtype=torch.long, device=dev)                 # [B]
-    ids = torch.tensor([[0] * (L - n) + r.prompt for n, r in zip(lens, group)], dtype=torch.long, device=dev)
-    ar = torch.arange(L, device=dev)
-    pos = (ar[None, :] - pad[:, None]).clamp(min=0)                                          # [B, L]
-    i_, j_ = ar[:, None], ar[None, :]
-    # a real query sees real keys up to itself; a pad query sees itself only (keeps it finite)
-    mask = ((j_ <= i_)[None] & (j_[None] >= pad[:, None, None])) | (i_ == j_)[None]          # [B, L, L]
-    cache = ContiguousCache()
-    logits = model(ids, cache=cache, positions=pos, attn_mask=mask[:, None])[:, -1]           # [B, V]
-    steps = max(r.params.max_new_tokens for r in group)
-    done = [False] * B
-    for step in range(steps):
-        toks = sample_tokens(group, logits)                 # every row draws (done rows' tokens are dropped)
-        now = None
-        for i, r in enumerate(group):
-            t = toks[i]
-            if not done[i]:
-                now = now or time.perf_counter()
-                done[i] = r.emit(t, now) is not None
-        if all(done):
-            break
-        S = L + step + 1
-        x = torch.tensor(toks, dtype=torch.long, device=dev)[:, None]                          # [B, 1]
-        keep = torch.arange(S, device=dev)[None, :] >= pad[:, None]                             # [B, S]
-        logits = model(x, cache=cache, positions=(L + step - pad)[:, None],
-                       attn_mask=keep[:, None, None, :])[:, -1]
+    """Run one static batch through the one generate loop: left-padded prompts in a contiguous KV cache,
+    each row with its own SamplingParams and generator, until every request has ended (its stop token or
+    its max_new_tokens). Rows that finished keep computing (the waste of static batching); their extra
+    tokens are dropped. Each token is recorded at the time its step came out."""
+    ps = [r.params for r in group]
+    out = generate(model, [r.prompt for r in group], [p.max_new_tokens for p in ps],
+                   temperature=[p.temperature for p in ps], top_k=[p.top_k for p in ps],
+                   top_p=[p.top_p for p in ps], generator=[r.generator for r in group],
+                   eos_token_id=[list(p.stop_token_ids) for p in ps], cache="contiguous")
+    times = [e.time for e in out.trace.events]                       # one per step
+    for r, toks in zip(group, out.tokens.reshape(len(group), -1).tolist()):
+        for t, now in zip(toks, times):
+            if r.emit(t, now) is not None:
+                break
 
 
 def run_static(model, reqs: list[EngineRequest], batch_size: int):

@@ -42,8 +42,8 @@ import time
 
 import torch
 
-from course_lib.generation import sample as _sample
 from course_lib.paged import BlockManager, KVPool, PagedCache, blocks_needed
+from course_lib.sampling import sample_rows
 
 from .request import EngineRequest, RequestOutput, SamplingParams, StepOutput, as_token_list
 from .scheduler import Scheduler
@@ -52,14 +52,12 @@ __all__ = ["Engine", "sample_tokens"]
 
 
 def sample_tokens(reqs, logits) -> list[int]:
-    """One token per row of logits [B, V] (on the model's device): greedy rows take the argmax, sampled
-    rows draw with their request's own generator (on the same device). One host sync: the tolist()."""
-    toks = logits.argmax(-1)                                                  # [B] on the device
-    for i, r in enumerate(reqs):
-        p = r.params
-        if not p.greedy:
-            toks[i] = _sample(logits[i:i + 1].float(), p.temperature, p.top_k, p.top_p, generator=r.generator)[0]
-    return toks.tolist()
+    """One token per row of logits [B, V] (on the model's device), by the generate loop's rules
+    (``course_lib.sampling.sample_rows``): greedy rows take the argmax, sampled rows draw with their
+    request's own generator (on the same device). One host sync: the tolist()."""
+    ps = [r.params for r in reqs]
+    return sample_rows(logits, [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
+                       [r.generator for r in reqs]).tolist()
 
 
 class Engine:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.perf.metrics import Trace
+from course_lib.sampling import finish_reason
 
 __all__ = ["SamplingParams", "StepOutput", "RequestOutput", "EngineRequest", "as_token_list"]
 
@@ -134,8 +135,7 @@ class EngineRequest:
         """Record a sampled token at `now`; returns the finish reason if this token ends the request."""
         self.generated.append(token)
         self.out.trace.add_token(now, token)
-        reason = "stop" if token in self.params.stop_token_ids else \
-            "length" if len(self.generated) >= self.params.max_new_tokens else None
+        reason = finish_reason(token, len(self.generated), self.params.max_new_tokens, self.params.stop_token_ids)
         if reason is not None:
             self.out.trace.end(now, reason)
         return reason

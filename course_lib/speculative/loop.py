@@ -51,15 +51,6 @@ def check_tokenizers(tok_a, tok_b):
                          "draft and target must share the vocabulary")
 
 
-def kept_length(seq: torch.Tensor, n: int, new: int, eos_token_id: int | None) -> int:
-    """How many of the `new` tokens seq[n:n+new] to keep: all of them, or up to and including an eos."""
-    if eos_token_id is not None:
-        hits = (seq[n:n + new] == eos_token_id).nonzero()
-        if len(hits):
-            return int(hits[0]) + 1
-    return new
-
-
 # --------------------------------------------------------------------------------------------------
 # The loop
 # --------------------------------------------------------------------------------------------------

@@ -10,10 +10,11 @@ With the target frozen and its lm_head shared, a head is only D*D + D parameters
 target), and at initialization it equals the next-token head, a sensible starting guess. Training
 (``train_medusa``, Medusa-1) only needs the target's hidden states, computed once.
 
-Decoding (``medusa_generate``, greedy, exact): every pass builds a candidate tree from the heads' top-k
-(``tree.build_tree``), verifies all of it in one target forward with a tree attention mask
-(``tree.verify_tree``), keeps the accepted path, and reads the next pass's hidden state at the path's last
-node. Output = the target's own greedy tokens, whatever the heads say; good heads only make it faster.
+Decoding (``MedusaDraft`` in the one generate loop; ``medusa_generate`` returns the full ids, greedy,
+exact): every pass builds a candidate tree from the heads' top-k (``tree.build_tree``); ``generate``
+verifies all of it in one target forward with a tree attention mask (``verify_tree``), keeps the
+accepted path, and hands the hidden state at the path's last node to the next pass. Output = the
+target's own greedy tokens, whatever the heads say; good heads only make it faster.
 
 Notation as in the rest of ``course_lib.speculative``: p = target probabilities; the heads play the
 draft. Shapes: D hidden size, V vocabulary, Hm number of Medusa heads, N tree nodes.
@@ -30,9 +31,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .tree import DEFAULT_PATHS, _check_paths, build_tree, cartesian_paths, verify_tree
+from course_lib.generation import generate
 
-__all__ = ["MedusaHeads", "train_medusa", "medusa_accuracy", "medusa_generate", "MedusaStats",
+from .tree import DEFAULT_PATHS, _check_paths, build_tree, cartesian_paths
+
+__all__ = ["MedusaHeads", "train_medusa", "medusa_accuracy", "MedusaDraft", "medusa_generate", "MedusaStats",
            "load_medusa_heads", "save_medusa_heads", "BUNDLED_HEADS_ROOT"]
 
 BUNDLED_HEADS_ROOT = Path(__file__).resolve().parents[1] / "models" / "bundled"
@@ -328,58 +331,64 @@ def _resolve_paths(tree, topk, num_heads):
     return DEFAULT_PATHS if tree is None else tree
 
 
-@torch.no_grad()
+class MedusaDraft:
+    """Medusa as a draft for the one generate loop: ``generate(target, ids, n, draft=MedusaDraft(target,
+    heads), draft_length=depth)``. Each pass proposes a candidate tree (``build_tree``) from the heads'
+    top-k at the target's hidden state where it chose the pending token; ``generate`` verifies the tree
+    in one forward with the tree mask (``verify_tree``) and hands back the hidden state at the end of the
+    accepted path (``needs_hidden``). The first pass has no hidden state yet: it proposes nothing, so it
+    is a plain step over the prompt's last token (what the prefill's last position would give).
+
+    tree: a prefix-closed list of top-k paths (default ``tree.DEFAULT_PATHS``; [] = plain decoding);
+    topk: instead, an int or per-depth ints for the full Cartesian tree (int k -> k per head).
+    """
+    needs_hidden = True
+
+    def __init__(self, target, heads: MedusaHeads, tree=None, topk=None):
+        if not isinstance(heads, MedusaHeads):
+            raise TypeError(f"heads must be MedusaHeads, got {type(heads).__name__}")
+        heads.check_target(target, "heads")
+        heads.check_device(target, "heads")
+        self.paths = _check_paths(_resolve_paths(tree, topk, heads.num_heads))
+        self.depth = max((len(p) for p in self.paths), default=0)
+        if self.depth > heads.num_heads:
+            raise ValueError(f"tree: depth {self.depth} needs {self.depth} heads, the heads have {heads.num_heads}")
+        self.widths = [1 + max(p[d] for p in self.paths if len(p) > d) for d in range(self.depth)]  # top-k per depth
+        self.target, self.heads = target, heads
+
+    def propose(self, seq: torch.Tensor, budget: int, hidden: torch.Tensor | None):
+        """seq [n]: the tokens so far (the root is seq[-1]); hidden [D] where the target chose it."""
+        if hidden is None:
+            return seq[:0]
+        # Never speculate past the budget: a pass emits at most depth + 1 tokens.
+        paths = [p for p in self.paths if len(p) <= budget]
+        head_logits = self.heads(hidden, self.target.lm_head)                 # [Hm, V]
+        cands = [head_logits[d].topk(w).indices for d, w in enumerate(self.widths)]
+        return build_tree(cands, paths, int(seq[-1]))
+
+
 def medusa_generate(target, heads: MedusaHeads, input_ids: torch.Tensor, max_new_tokens: int, tree=None,
                     topk=None, eos_token_id: int | None = None):
     """Greedy decoding with Medusa heads and tree verification; returns (ids [1, T + n], MedusaStats).
 
-    tree: a prefix-closed list of top-k paths (default ``tree.DEFAULT_PATHS``; [] = plain decoding);
-    topk: instead, an int or per-depth ints for the full Cartesian tree (int k -> k per head).
-    The output equals the target's greedy decoding (``course_lib.generation.generate``) token for token.
+    It is ``generate(target, input_ids, max_new_tokens, draft=MedusaDraft(target, heads, tree, topk))``
+    returning the prompt too (on its device): the output equals the target's greedy decoding token for
+    token, under generate's context rule. tree / topk: see ``MedusaDraft``.
     """
-    from course_lib.kvcache import ContiguousCache
-    if not isinstance(heads, MedusaHeads):
-        raise TypeError(f"heads must be MedusaHeads, got {type(heads).__name__}")
-    heads.check_target(target, "heads")
-    heads.check_device(target, "heads")
+    draft = MedusaDraft(target, heads, tree, topk)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.long, torch.int32):
         raise TypeError("input_ids must be an integer tensor [1, T] or [T]")
     ids = input_ids[None] if input_ids.dim() == 1 else input_ids
     if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
         raise ValueError(f"input_ids must be one non-empty prompt [1, T], got shape {tuple(input_ids.shape)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    paths = _check_paths(_resolve_paths(tree, topk, heads.num_heads))
-    depth = max((len(p) for p in paths), default=0)
-    if depth > heads.num_heads:
-        raise ValueError(f"tree: depth {depth} needs {depth} heads, the heads have {heads.num_heads}")
-    widths = [1 + max(p[d] for p in paths if len(p) > d) for d in range(depth)]  # top-k per depth
-    stats = MedusaStats(tree_size=1 + len(paths), num_heads=heads.num_heads)
-    if max_new_tokens == 0:
-        return ids, stats
-    t0 = time.perf_counter()
-    cache = ContiguousCache()
-    logits, hidden = target(ids.to(target.device), cache=cache, return_hidden=True)  # prefill
-    out = [int(logits[0, -1].argmax())]           # the root of the first tree: the target's own pick
-    hidden = hidden[0, -1]                        # [D] at the last prompt token
-    while len(out) < max_new_tokens and eos_token_id not in out:
-        remaining = max_new_tokens - len(out)
-        # Never speculate past the budget: a pass emits at most depth + 1 tokens.
-        step_paths = [p for p in paths if len(p) <= remaining - 1]
-        head_logits = heads(hidden, target.lm_head)                  # [Hm, V]
-        cands = [head_logits[d].topk(widths[d]).indices for d in range(len(widths))]
-        tree_ = build_tree(cands, step_paths, out[-1])
-        res = verify_tree(target, cache, tree_)
-        out.extend(res.emitted)
-        hidden = res.hidden
-        stats.passes += 1
-        stats.accepted.append(res.num_accepted)
-    out = out[:max_new_tokens]
-    if eos_token_id is not None and eos_token_id in out:
-        out = out[:out.index(eos_token_id) + 1]
-    stats.emitted = len(out)
-    stats.seconds = time.perf_counter() - t0
-    return torch.cat([ids, torch.tensor([out], dtype=ids.dtype, device=ids.device)], dim=1), stats
+    out = generate(target, ids, max_new_tokens, eos_token_id=eos_token_id, draft=draft,
+                   draft_length=max(draft.depth, 1))
+    # The loop's first pass feeds the prompt's last token (no tree yet): the prefill, not a verification.
+    per_pass = out.stats.per_pass[1:] if out.stats is not None else []
+    stats = MedusaStats(passes=len(per_pass), accepted=list(per_pass), emitted=len(out.tokens),
+                        tree_size=1 + len(draft.paths), num_heads=heads.num_heads,
+                        seconds=out.stats.total_seconds if out.stats is not None else 0.0)
+    return torch.cat([ids, out.tokens[None].to(device=ids.device, dtype=ids.dtype)], dim=1), stats
 
 
 # --------------------------------------------------------------------------------------------------

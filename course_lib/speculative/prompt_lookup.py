@@ -3,25 +3,21 @@
 When the output copies the input (editing code, answering from a document, rewriting a function), the
 next tokens are often already in the text. The "draft" is a search: take the last n tokens, find an
 earlier place where the same n tokens occur, and propose the g tokens that followed there (n from
-`max_ngram` down to 1; the most recent match wins). The target verifies greedily, exactly as in
-``speculative_generate`` at temperature 0, so the output equals the target's greedy output; only the
-number of target forwards changes. The draft costs a search, c ~ 0, so every accepted token is nearly
-free, but a is high only on input-grounded text.
+`max_ngram` down to 1; the most recent match wins). ``PromptLookupDraft`` is that search as a draft for
+the one generate loop, which verifies greedily, exactly as ``speculative_generate`` at temperature 0, so
+the output equals the target's greedy output; only the number of target forwards changes. The draft
+costs a search, c ~ 0, so every accepted token is nearly free, but a is high only on input-grounded text.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
-from course_lib.env import sync
-from course_lib.generation import SpecStats, _check_int, _model_device
-from course_lib.kvcache import ContiguousCache
+from course_lib.generation import SpecStats, _check_int, _model_device, generate
 from course_lib.models.corpus import load_split
 
-from .loop import check_prompt, kept_length
+from .loop import check_prompt
 
-__all__ = ["propose_ngram", "prompt_lookup_generate", "editing_prompts"]
+__all__ = ["propose_ngram", "PromptLookupDraft", "prompt_lookup_generate", "editing_prompts"]
 
 
 def propose_ngram(tokens: torch.Tensor, draft_length: int, max_ngram: int = 3) -> torch.Tensor:
@@ -42,55 +38,36 @@ def propose_ngram(tokens: torch.Tensor, draft_length: int, max_ngram: int = 3) -
     return tokens[:0]
 
 
-@torch.inference_mode()
+class PromptLookupDraft:
+    """Prompt lookup as a draft for the one generate loop: ``generate(target, ids, n,
+    draft=PromptLookupDraft(max_ngram), draft_length=g)``. Each pass proposes ``propose_ngram`` of the
+    sequence so far (at most the pass's budget, possibly nothing); ``generate`` verifies greedily."""
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = _check_int(max_ngram, "max_ngram", 1)
+
+    def propose(self, seq: torch.Tensor, budget: int, hidden=None) -> torch.Tensor:
+        """seq: [n] the tokens so far; returns [k], k <= budget (the search reads no hidden state)."""
+        return propose_ngram(seq, budget, self.max_ngram) if budget > 0 else seq[:0]
+
+
 def prompt_lookup_generate(target, input_ids, max_new_tokens: int, draft_length: int = 8,
                            max_ngram: int = 3, eos_token_id: int | None = None
                            ) -> tuple[torch.Tensor, SpecStats]:
     """Greedy decoding of `target` with n-gram proposals; returns (ids [1, T + N], SpecStats).
 
-    The output equals the target's greedy decoding. Target KV cache invariant as in
-    ``speculative_generate``: len(ids) - 1 tokens after every pass (the last token is pending).
-    SpecStats.draft_seconds is the time spent searching.
+    It is ``generate(target, input_ids, max_new_tokens, draft=PromptLookupDraft(max_ngram),
+    draft_length=draft_length)`` returning the prompt too: the output equals the target's greedy
+    decoding, the context rule and the KV-cache invariant are generate's. SpecStats.draft_seconds is the
+    time spent searching.
     """
     prompt = check_prompt(input_ids)
-    max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 0)
-    g_max = _check_int(draft_length, "draft_length", 1)
-    max_ngram = _check_int(max_ngram, "max_ngram", 1)
-    T = prompt.numel()
-    ctx = target.config.max_position_embeddings
-    if T + max_new_tokens > ctx:
-        raise ValueError(f"prompt of {T} tokens + max_new_tokens={max_new_tokens} is past the target's "
-                         f"context of {ctx} tokens")
+    if eos_token_id is not None:
+        eos_token_id = _check_int(eos_token_id, "eos_token_id", 0)
+    out = generate(target, prompt, max_new_tokens, eos_token_id=eos_token_id, draft=PromptLookupDraft(max_ngram),
+                   draft_length=draft_length)
     device = _model_device(target)
-    seq = torch.empty(T + max_new_tokens, dtype=torch.long, device=device)
-    seq[:T] = prompt.to(device)
-    n, stats, cache = T, SpecStats(), ContiguousCache()
-    start = time.perf_counter()
-    if T > 1:
-        target(seq[None, :T - 1], cache=cache)                     # prefill all but the pending token
-    stats.target_seconds += time.perf_counter() - start
-    while n < T + max_new_tokens:
-        g = min(g_max, T + max_new_tokens - n - 1)
-        t0 = time.perf_counter()
-        proposals = propose_ngram(seq[:n], g, max_ngram) if g > 0 else seq[:0]   # [k], k <= g
-        k = proposals.shape[0]
-        seq[n:n + k] = proposals.clone()
-        t1 = time.perf_counter()
-        logits = target(seq[None, n - 1:n + k], cache=cache)[0]     # [k + 1, V]
-        best = logits.argmax(-1)                                    # the target's greedy choices
-        num_ok = int((best[:k] == seq[n:n + k]).cumprod(0).sum())   # leading matches
-        seq[n + num_ok] = best[num_ok]                              # corrected or bonus token
-        sync(device)
-        stats.draft_seconds += t1 - t0
-        stats.target_seconds += time.perf_counter() - t1
-        stats.record(num_ok, k)
-        n += kept_length(seq, n, num_ok + 1, eos_token_id)
-        cache.crop(n - 1)
-        if eos_token_id is not None and int(seq[n - 1]) == eos_token_id:
-            break
-    stats.emitted = n - T
-    stats.total_seconds = time.perf_counter() - start
-    return seq[None, :n].clone(), stats
+    return torch.cat([prompt.to(device), out.tokens.to(device)])[None], out.stats
 
 
 def editing_prompts(tokenizer, num: int = 4, min_tokens: int = 60, max_tokens: int = 160,
