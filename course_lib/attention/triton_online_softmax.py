@@ -96,6 +96,8 @@ def online_softmax_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, kv_mask, valid, qk_sca
     else:
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     acc = acc * alpha[:, None] + pv
+    # l after acc (the decode kernels' order before this step was shared): l first adds a bar.sync to every
+    # tile of flash-decoding's sm_80/sm_90 build
     l_i = l_i * alpha + tl.sum(p, axis=1)
     return m_new, l_i, acc
 
