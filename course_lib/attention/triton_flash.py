@@ -80,7 +80,7 @@ def _rows_mask(rows, n_rows, dmask, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, lo, hi, S, d, dmask, qk_scale,
+def _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, lo, hi, S, d, dmask, qk_scale,
                BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_LEN: tl.constexpr, EVEN_D: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
     """Fold key tiles [lo, hi) into the running (m_i, l_i, acc) of one Q tile (scores in log2 units); K/V
@@ -96,7 +96,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, lo, hi, S, d
                                             _rows_mask(n, S, dmask, MASK_LEN, EVEN_D), valid, qk_scale,
                                             MASK_LEN or not EVEN_D, MASK_CAUSAL or MASK_LEN, DOT_PRECISION,
                                             UPCAST_DOT)
-    return acc, l_i, m_i
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -126,21 +126,21 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, qk_scale, T, S, n_ctx_bucket,
     offset = S - T                                             # query t sits at position offset + t
     pos_m = offs_m + offset
     if STATIC_TOKENS > 0:      # interpreter: every key tile, every mask (host-known bounds; see triton_online_softmax)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, 0, STATIC_TOKENS, S, d,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, 0, STATIC_TOKENS, S, d,
                                    dmask, qk_scale, BLOCK_N, CAUSAL, True, EVEN_D, DOT_PRECISION, UPCAST_DOT)
     elif CAUSAL:
         # keys < start_m + offset + 1 are visible to every row of the tile: whole tiles there, no mask
         full_hi = ((start_m + offset + 1) // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
                                    qk_scale, BLOCK_N, False, False, EVEN_D, DOT_PRECISION, UPCAST_DOT)
         diag_hi = tl.minimum(S, start_m + BLOCK_M + offset)    # the tile's last position + 1
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, full_hi, diag_hi, S, d,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, full_hi, diag_hi, S, d,
                                    dmask, qk_scale, BLOCK_N, True, True, EVEN_D, DOT_PRECISION, UPCAST_DOT)
     else:
         full_hi = (S // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
                                    qk_scale, BLOCK_N, False, False, EVEN_D, DOT_PRECISION, UPCAST_DOT)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, full_hi, S, S, d, dmask,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, full_hi, S, S, d, dmask,
                                    qk_scale, BLOCK_N, False, True, EVEN_D, DOT_PRECISION, UPCAST_DOT)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
