@@ -247,4 +247,7 @@ for _ in range(12):
 # * `course_lib.attention.tiled_attention` adds batches, GQA, a padding mask and an `IOCounter`; compare
 #   its counted loads with `course_lib.attention.flash_attention_io`.
 # * On a GPU, `course_lib.attention.triton_flash.flash_attention_triton` is the same loop as one Triton
-#   kernel; `bench/attention.py` times it against PyTorch's SDPA backends.
+#   kernel; `bench/attention.py` times it against PyTorch's SDPA backends. The step inside its key loop,
+#   `online_softmax_tile` in `course_lib/attention/triton_online_softmax.py`, is your Part B step in log2
+#   units (`exp2`, with log2(e) folded into the scale), and flash-decoding and Module 06's paged decode
+#   kernel call the same step.

@@ -216,63 +216,78 @@ def test_bad_paged_lengths_raise_or_are_clamped_unvalidated():
 
 # --- the Triton kernels under the interpreter (a fresh process: TRITON_INTERPRET before triton) ---------
 TRITON_SCRIPT = textwrap.dedent("""
-    import sys, torch
+    import sys, torch, triton
     sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
     from test_attention_edges import decode_case, paged_case, sdpa_decode
     from course_lib.attention.triton_flash import flash_decode_triton
     from course_lib.paged import paged_attention
     from course_lib.paged.triton_paged import paged_attention_triton
 
-    def raises(fn, match):
-        import re
-        try:
-            fn()
-        except ValueError as e:
-            assert re.search(match, str(e)), str(e)
-            return
-        raise AssertionError("no ValueError for " + match)
+    from course_lib.attention import triton_online_softmax
 
-    # flash-decoding: 37 keys = 3 tiles of 16, so 2 and 5 splits have full, partial and empty splits
-    S = 37
-    lengths = [0, 1, S, 17, 0]
-    q, k, v = decode_case(len(lengths), 4, 2, S, 16, seed=45)
-    want = sdpa_decode(q, k, v, lengths)
-    lens = torch.tensor(lengths)
-    for ns in (1, 2, 5):
-        for validate in (False, True):
-            got = flash_decode_triton(q, k, v, lengths=lens, num_splits=ns, validate=validate)
-            assert not got.isnan().any(), ("NaN", ns)
-            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
-            assert torch.equal(got[0], torch.zeros_like(got[0])) and torch.equal(got[4], got[0])
-    for bad, row in ((-20, 1), (S + 1, 3)):
-        b = lens.clone()
-        b[row] = bad
-        raises(lambda: flash_decode_triton(q, k, v, lengths=b, num_splits=2, validate=True),
-               rf"lengths\\[{{row}}\\]={{bad}}.*\\[0, {{S}}\\]")
-        clamped = flash_decode_triton(q, k, v, lengths=b.clamp(0, S), num_splits=2)
-        torch.testing.assert_close(flash_decode_triton(q, k, v, lengths=b, num_splits=2), clamped)
+    def check_lengths():
+        def raises(fn, match):
+            import re
+            try:
+                fn()
+            except ValueError as e:
+                assert re.search(match, str(e)), str(e)
+                return
+            raise AssertionError("no ValueError for " + match)
 
-    # paged: block 4, lengths 0, 1, S; 1 and 3 splits
-    S = 21
-    lengths = [0, 1, S, 9]
-    q, k, v, kp, vp, tables, lens = paged_case(lengths, S, 4, seed=46)
-    want = sdpa_decode(q, k, v, lengths)
-    for ns in (1, 3):
-        for got in (paged_attention_triton(q, kp, vp, tables, lens, num_splits=ns),
-                    paged_attention(q, kp, vp, tables, lens, backend="triton", num_splits=ns, validate=True)):
-            assert not got.isnan().any(), ("NaN", ns)
-            torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
-            assert torch.equal(got[0], torch.zeros_like(got[0]))
-    cap = tables.shape[1] * 4
-    for bad, row in ((-2, 1), (cap + 1, 3)):
-        b = lens.clone()
-        b[row] = bad
-        for fn in (lambda: paged_attention_triton(q, kp, vp, tables, b, validate=True),
-                   lambda: paged_attention(q, kp, vp, tables, b, backend="triton", validate=True)):
-            raises(fn, rf"context_lens\\[{{row}}\\]={{bad}}")
+        # flash-decoding: 37 keys = 3 tiles of 16, so 2 and 5 splits have full, partial and empty splits
+        S = 37
+        lengths = [0, 1, S, 17, 0]
+        q, k, v = decode_case(len(lengths), 4, 2, S, 16, seed=45)
+        want = sdpa_decode(q, k, v, lengths)
+        lens = torch.tensor(lengths)
+        for ns in (1, 2, 5):
+            for validate in (False, True):
+                got = flash_decode_triton(q, k, v, lengths=lens, num_splits=ns, validate=validate)
+                assert not got.isnan().any(), ("NaN", ns)
+                torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+                assert torch.equal(got[0], torch.zeros_like(got[0])) and torch.equal(got[4], got[0])
+        for bad, row in ((-20, 1), (S + 1, 3)):
+            b = lens.clone()
+            b[row] = bad
+            raises(lambda: flash_decode_triton(q, k, v, lengths=b, num_splits=2, validate=True),
+                   rf"lengths\\[{{row}}\\]={{bad}}.*\\[0, {{S}}\\]")
+            clamped = flash_decode_triton(q, k, v, lengths=b.clamp(0, S), num_splits=2)
+            torch.testing.assert_close(flash_decode_triton(q, k, v, lengths=b, num_splits=2), clamped)
+
+        # paged: block 4, lengths 0, 1, S; 1 and 3 splits
+        S = 21
+        lengths = [0, 1, S, 9]
+        q, k, v, kp, vp, tables, lens = paged_case(lengths, S, 4, seed=46)
+        want = sdpa_decode(q, k, v, lengths)
         for ns in (1, 3):
-            torch.testing.assert_close(paged_attention_triton(q, kp, vp, tables, b, num_splits=ns),
-                                       paged_attention_triton(q, kp, vp, tables, b.clamp(0, cap), num_splits=ns))
+            for got in (paged_attention_triton(q, kp, vp, tables, lens, num_splits=ns),
+                        paged_attention(q, kp, vp, tables, lens, backend="triton", num_splits=ns, validate=True)):
+                assert not got.isnan().any(), ("NaN", ns)
+                torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+                assert torch.equal(got[0], torch.zeros_like(got[0]))
+        cap = tables.shape[1] * 4
+        for bad, row in ((-2, 1), (cap + 1, 3)):
+            b = lens.clone()
+            b[row] = bad
+            for fn in (lambda: paged_attention_triton(q, kp, vp, tables, b, validate=True),
+                       lambda: paged_attention(q, kp, vp, tables, b, backend="triton", validate=True)):
+                raises(fn, rf"context_lens\\[{{row}}\\]={{bad}}")
+            for ns in (1, 3):
+                torch.testing.assert_close(paged_attention_triton(q, kp, vp, tables, b, num_splits=ns),
+                                           paged_attention_triton(q, kp, vp, tables, b.clamp(0, cap), num_splits=ns))
+
+    check_lengths()          # the interpreter's loops: host-known bounds, every mask (see triton_online_softmax)
+    # the compiled path's loops (runtime bounds: each split's own tiles, a sequence's own length):
+    # interpreters whose scalars convert to int (not triton 3.6 with NumPy >= 2.4) run them too
+    triton_online_softmax.STATIC_LOOP_IN_INTERPRETER = False
+    try:
+        check_lengths()
+        print("RUNTIME_LOOP_OK")
+    except Exception as e:
+        if "0-dimensional" not in str(e):
+            raise
+        print("RUNTIME_LOOP_UNSUPPORTED", triton.__version__)
     print("TRITON_EDGES_OK")
 """)
 
@@ -284,3 +299,7 @@ def test_triton_decode_lengths_under_the_interpreter():
     script = TRITON_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"))
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert "TRITON_EDGES_OK" in res.stdout, res.stdout + res.stderr
+    if "RUNTIME_LOOP_UNSUPPORTED" in res.stdout:
+        import triton
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+        assert version < (3, 9), "only old interpreters may refuse a tensor loop bound"

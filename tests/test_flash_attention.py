@@ -2,6 +2,7 @@
 reference (lengths not tile multiples, causal, GQA, padding); the IO model == the counted loads; the
 Triton forward kernel and flash-decoding == reference (interpreter on CPU, real sizes on a GPU); SDPA
 backends and flash-attn reported."""
+import ast
 import math
 import os
 import subprocess
@@ -266,45 +267,60 @@ def test_flash_backend_reason_and_flash_attn_status():
 
 # --- the Triton kernels under the interpreter (a fresh process: TRITON_INTERPRET before triton) ---------
 TRITON_SCRIPT = textwrap.dedent("""
-    import sys, torch
+    import sys, torch, triton
     sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
     from test_flash_attention import qkv
     from course_lib.attention import reference_attention
     from course_lib.attention.triton_flash import flash_attention_triton, flash_decode_triton
-    TOL = {{torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}}
-    cases = [((2, 4, 2, 37, 37, 64), torch.float16, {{}}),            # GQA 2, Dh 64, not tile multiples
-             ((1, 2, 2, 20, 20, 128), torch.bfloat16, {{}}),          # Dh 128, bf16
-             ((1, 4, 1, 5, 45, 24), torch.float32, {{}}),             # MQA, cache offset, odd Dh
-             ((1, 2, 2, 48, 48, 16), torch.float32, dict(block_m=32, block_n=16)),   # several diagonal tiles
-             ((1, 2, 1, 33, 33, 16), torch.float32, dict(block_m=16, block_n=32))]   # BLOCK_N > BLOCK_M
-    for i, (shape, dtype, kw) in enumerate(cases):
-        q, k, v = qkv(*shape, seed=20 + i, dtype=dtype)
-        for causal in (False, True):
-            want, want_lse = reference_attention(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
-            got, lse = flash_attention_triton(q, k, v, causal=causal, return_lse=True, **kw)
-            assert got.dtype == dtype and got.shape == q.shape
-            torch.testing.assert_close(got.float(), want, rtol=TOL[dtype], atol=TOL[dtype])
-            torch.testing.assert_close(lse, want_lse, rtol=1e-3, atol=1e-3)
-        qd = q[:, :, 0].contiguous()
-        want = reference_attention(qd[:, :, None].float(), k.float(), v.float())[:, :, 0]
-        one = flash_decode_triton(qd, k, v)
-        torch.testing.assert_close(one.float(), want, rtol=TOL[dtype], atol=TOL[dtype])
-        for splits in (2, 5):
-            got = flash_decode_triton(qd, k, v, num_splits=splits)
-            torch.testing.assert_close(got.float(), want, rtol=TOL[dtype], atol=TOL[dtype])
-    # lengths per sequence, more splits than tiles, a fixed tile
-    q, k, v = qkv(3, 8, 2, 1, 50, 32, seed=30)
-    lens = torch.tensor([50, 1, 17])
-    for kw in (dict(num_splits=8), dict(num_splits=2, tile_n=32), dict()):
-        got = flash_decode_triton(q[:, :, 0], k, v, lengths=lens, **kw)
-        for b, n in enumerate(lens.tolist()):
-            want = reference_attention(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n])[0, :, 0]
-            torch.testing.assert_close(got[b], want, rtol=2e-5, atol=2e-5)
+    from course_lib.attention import triton_online_softmax
+
+    def check_kernels():
+        TOL = {{torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}}
+        cases = [((2, 4, 2, 37, 37, 64), torch.float16, {{}}),            # GQA 2, Dh 64, not tile multiples
+                 ((1, 2, 2, 20, 20, 128), torch.bfloat16, {{}}),          # Dh 128, bf16
+                 ((1, 4, 1, 5, 45, 24), torch.float32, {{}}),             # MQA, cache offset, odd Dh
+                 ((1, 2, 2, 48, 48, 16), torch.float32, dict(block_m=32, block_n=16)),   # several diagonal tiles
+                 ((1, 2, 1, 33, 33, 16), torch.float32, dict(block_m=16, block_n=32))]   # BLOCK_N > BLOCK_M
+        for i, (shape, dtype, kw) in enumerate(cases):
+            q, k, v = qkv(*shape, seed=20 + i, dtype=dtype)
+            for causal in (False, True):
+                want, want_lse = reference_attention(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
+                got, lse = flash_attention_triton(q, k, v, causal=causal, return_lse=True, **kw)
+                assert got.dtype == dtype and got.shape == q.shape
+                torch.testing.assert_close(got.float(), want, rtol=TOL[dtype], atol=TOL[dtype])
+                torch.testing.assert_close(lse, want_lse, rtol=1e-3, atol=1e-3)
+            qd = q[:, :, 0].contiguous()
+            want = reference_attention(qd[:, :, None].float(), k.float(), v.float())[:, :, 0]
+            one = flash_decode_triton(qd, k, v)
+            torch.testing.assert_close(one.float(), want, rtol=TOL[dtype], atol=TOL[dtype])
+            for splits in (2, 5):
+                got = flash_decode_triton(qd, k, v, num_splits=splits)
+                torch.testing.assert_close(got.float(), want, rtol=TOL[dtype], atol=TOL[dtype])
+        # lengths per sequence, more splits than tiles, a fixed tile
+        q, k, v = qkv(3, 8, 2, 1, 50, 32, seed=30)
+        lens = torch.tensor([50, 1, 17])
+        for kw in (dict(num_splits=8), dict(num_splits=2, tile_n=32), dict()):
+            got = flash_decode_triton(q[:, :, 0], k, v, lengths=lens, **kw)
+            for b, n in enumerate(lens.tolist()):
+                want = reference_attention(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n])[0, :, 0]
+                torch.testing.assert_close(got[b], want, rtol=2e-5, atol=2e-5)
+        try:
+            flash_attention_triton(q, k, v, block_m=24)
+            raise AssertionError("block_m=24 accepted")
+        except ValueError as e:
+            assert "block_m" in str(e)
+
+    check_kernels()          # the interpreter's loops: host-known bounds, every mask (see triton_online_softmax)
+    # the compiled path's loops (runtime bounds: the causal tile skipping, each split's own tiles):
+    # interpreters whose scalars convert to int (not triton 3.6 with NumPy >= 2.4) run them too
+    triton_online_softmax.STATIC_LOOP_IN_INTERPRETER = False
     try:
-        flash_attention_triton(q, k, v, block_m=24)
-        raise AssertionError("block_m=24 accepted")
-    except ValueError as e:
-        assert "block_m" in str(e)
+        check_kernels()
+        print("RUNTIME_LOOP_OK")
+    except Exception as e:
+        if "0-dimensional" not in str(e):
+            raise
+        print("RUNTIME_LOOP_UNSUPPORTED", triton.__version__)
     print("TRITON_FLASH_OK")
 """)
 
@@ -316,6 +332,10 @@ def test_triton_kernels_under_the_interpreter():
     script = TRITON_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"))
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert "TRITON_FLASH_OK" in res.stdout, res.stdout + res.stderr
+    if "RUNTIME_LOOP_UNSUPPORTED" in res.stdout:
+        import triton
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+        assert version < (3, 9), "only old interpreters may refuse a tensor loop bound"
 
 
 def test_triton_kernels_need_cuda_or_the_interpreter():
@@ -337,6 +357,54 @@ def test_paged_and_flash_decoding_share_one_reduction():
     assert triton_paged.combine_splits_triton is triton_splitkv.combine_splits_triton
     assert triton_flash.combine_splits_triton is triton_splitkv.combine_splits_triton
     assert not hasattr(triton_flash, "_combine_splits_kernel")       # no private copy
+
+
+def _triton_jit_functions() -> dict[str, ast.FunctionDef]:
+    """Every @triton.jit function of course_lib, by name (names are unique: tests/triton_aot.py keys on them)."""
+    found = {}
+    for path in sorted((ROOT / "course_lib").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).startswith("triton.jit")
+                                                         for d in node.decorator_list):
+                found[node.name] = node
+    return found
+
+
+def _calls(fn: ast.FunctionDef) -> set[str]:
+    return {ast.unparse(n.func).rpartition(".")[2] for n in ast.walk(fn) if isinstance(n, ast.Call)}
+
+
+def test_the_three_kernels_share_one_tile_step():
+    """The online-softmax tile step (a tl.dot for the scores, exp2 rescaling) is written once: the forward,
+    flash-decoding and the paged decode kernel reach ``online_softmax_tile``, no other @triton.jit function
+    does both a tl.dot and an exp2, both decode kernels end in ``store_split``, and log2(e) is written once."""
+    jit = _triton_jit_functions()
+
+    def reaches(kernel, target):
+        seen, todo = set(), [kernel]
+        while todo:
+            name = todo.pop()
+            if name == target:
+                return True
+            if name not in seen and name in jit:
+                seen.add(name)
+                todo.extend(_calls(jit[name]))
+        return False
+
+    for kernel in ("_flash_fwd_kernel", "_flash_decode_kernel", "_paged_decode_kernel"):
+        assert reaches(kernel, "online_softmax_tile"), f"{kernel} does not call the shared tile step"
+    for kernel in ("_flash_decode_kernel", "_paged_decode_kernel"):
+        assert reaches(kernel, "store_split"), f"{kernel} does not end in the shared store_split"
+    steps = sorted(name for name, fn in jit.items() if {"dot", "exp2"} <= _calls(fn))
+    assert steps == ["online_softmax_tile"], \
+        f"the tile step written again in {sorted(set(steps) - {'online_softmax_tile'})}: call online_softmax_tile"
+    copies = [str(p.relative_to(ROOT)) for p in (ROOT / "course_lib").rglob("*.py") if "1.442695" in p.read_text()]
+    assert copies == ["course_lib/attention/triton_online_softmax.py"], f"log2(e) written in {copies}"
+    pytest.importorskip("triton")
+    from course_lib.attention import triton_flash, triton_online_softmax
+    from course_lib.paged import triton_paged
+    assert triton_flash.interpreting is triton_paged.interpreting is triton_online_softmax.interpreting
+    assert triton_flash.LOG2E is triton_paged.LOG2E is triton_online_softmax.LOG2E
 
 
 # The ahead-of-time builds of every kernel for sm_75, sm_80 and sm_90: tests/test_triton_targets.py.

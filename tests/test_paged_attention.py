@@ -176,7 +176,7 @@ TRITON_SCRIPT = textwrap.dedent("""
     import sys, torch, triton
     sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
     from test_paged_attention import CASES, random_case, sdpa_decode
-    from course_lib.paged import paged_attention, triton_paged
+    from course_lib.paged import paged_attention
     from course_lib.paged.triton_paged import paged_attention_triton
     TOL = {{torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}}
     extra = [(2, 4, 2, 16, 4, [9, 4], torch.float16),          # 4 blocks per 16-token tile
@@ -205,8 +205,9 @@ TRITON_SCRIPT = textwrap.dedent("""
     torch.testing.assert_close(paged_attention(q, kp, vp, tables, lens, backend="triton", validate=True,
                                                num_splits=2), want, rtol=1e-5, atol=1e-5)
     # the compiled path's runtime trip count: interpreters whose scalars convert to int (not triton 3.6
-    # with NumPy >= 2.4, see triton_paged's docstring) can run it too
-    triton_paged.STATIC_LOOP_IN_INTERPRETER = False
+    # with NumPy >= 2.4, see triton_online_softmax's docstring) can run it too
+    from course_lib.attention import triton_online_softmax
+    triton_online_softmax.STATIC_LOOP_IN_INTERPRETER = False
     try:
         for splits in (1, 3):
             torch.testing.assert_close(paged_attention_triton(q, kp, vp, tables, lens, num_splits=splits), want,

@@ -78,7 +78,7 @@ KERNELS = {
          ("T", _I32), ("S", _I32), ("n_ctx_bucket", _I32))
         + tuple((s, _I32) for s in ("s_qb", "s_qh", "s_qt", "s_kb", "s_kh", "s_ks", "s_vb", "s_vh", "s_vs",
                                     "s_ob", "s_oh", "s_ot")),
-        lambda dt: dict(H=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, CAUSAL=True, STORE_LSE=True,
+        lambda dt: dict(H=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, CAUSAL=True, STORE_LSE=True, STATIC_TOKENS=0,
                         DOT_PRECISION=_dot_precision(dt), UPCAST_DOT=False, BLOCK_M=64, BLOCK_N=32),
         dict(num_warps=4, num_stages=2), dots=True, loops=True),
     "flash-decoding": Kernel(
@@ -87,7 +87,7 @@ KERNELS = {
          ("L_PART", "*fp32"), ("ACC_PART", "*fp32"), ("qk_scale", "fp32"), ("S", _I32))
         + tuple((s, _I32) for s in ("s_qb", "s_qh", "s_kb", "s_kh", "s_ks", "s_vb", "s_vh", "s_vs", "s_ob", "s_oh")),
         lambda dt: dict(GROUP=8, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=4, HAS_LENS=True,
-                        DOT_PRECISION=_dot_precision(dt), UPCAST_DOT=False, TILE_N=64),
+                        STATIC_TOKENS=0, DOT_PRECISION=_dot_precision(dt), UPCAST_DOT=False, TILE_N=64),
         dict(num_warps=4, num_stages=2), dots=True, loops=True),
     # the paged kernel runs in fp32 too: the course model is fp32 by default and the serving engine's
     # decode goes through it; fp32 exercises split-KV, a head dim that is not a power of two and an odd
@@ -116,9 +116,12 @@ KERNELS = {
 # that kernel compiles them (tests/test_triton_targets.py checks that every @triton.jit of the course is
 # in KERNELS or here)
 INLINED = {
-    "_load_rows": "flash forward",
+    "_rows_mask": "flash forward",
     "_fwd_tiles": "flash forward",
-    "_attend_tile": "paged decode",
+    "_contiguous_tile": "flash-decoding",
+    "_paged_tile": "paged decode",
+    "online_softmax_tile": "paged decode",      # shared: flash forward (in _fwd_tiles), flash-decoding, paged decode
+    "store_split": "flash-decoding",            # shared: flash-decoding and paged decode
 }
 
 

@@ -13,8 +13,9 @@ memory. The key loop is cut in two so that the common case pays no masking:
   future of the whole Q tile are never visited (about half the work at T == S).
 
 Tile sizes, warps and pipeline stages are autotuned on a GPU (keyed on head dim, causal and the length
-rounded to a power of two); under the interpreter one small config runs. Head dims need not be powers of
-two (padded and masked); fp16/bf16/fp32 inputs (fp32 dots in IEEE fp32), fp32 accumulation.
+rounded to a power of two); under the interpreter one small config runs, and the key loop is one loop over
+every tile with both masks on (host-known bounds, see ``triton_online_softmax``). Head dims need not be
+powers of two (padded and masked); fp16/bf16/fp32 inputs (fp32 dots in IEEE fp32), fp32 accumulation.
 
 **Flash-decoding** (``flash_decode_triton``), one new query per sequence, q [B, H, Dh], a contiguous cache
 k/v [B, K, S, Dh] with optional per-sequence lengths: one program per (sequence, KV head, split). The G
@@ -24,6 +25,10 @@ writes (m, l, acc) to fp32 scratch and ``triton_splitkv.combine_splits_triton`` 
 as the paged decode kernel) merges them with log-sum-exp weights. A sequence of length 0 gets a zero row;
 lengths outside [0, S] raise under ``validate=True`` and are clamped into [0, S] without it (see
 ``flash_decoding``: checking a GPU tensor's values would be a host sync on the decode path).
+
+The loop body of both, one tile of keys folded into the running (m, l, acc), is
+``triton_online_softmax.online_softmax_tile``, the step the paged decode kernel calls too; the end of a
+decode program (normalize, or store the split's partials) is ``triton_splitkv.store_split``, also shared.
 
 Both run on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was
 imported (correctness only: the interpreter is slow).
@@ -36,19 +41,13 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib.env import triton_interpreting, use_triton
+from course_lib.env import use_triton
 
 from .flash_decoding import check_lengths
 from .reference import check_qkv
-from .triton_splitkv import combine_splits_triton
-
-LOG2E = 1.4426950408889634
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def interpreting() -> bool:
-    """True when triton runs kernels in its interpreter (TRITON_INTERPRET=1 when triton was imported)."""
-    return triton_interpreting()
+from .triton_online_softmax import (LOG2E, SUPPORTED_DTYPES, decode_configs, interpreting, online_softmax_tile,
+                                    static_tokens)
+from .triton_splitkv import combine_splits_triton, store_split
 
 
 def _fwd_configs():
@@ -67,59 +66,46 @@ def _prune(configs, named_args, **kwargs):
 
 
 @triton.jit
-def _load_rows(ptrs, rows, n_rows, dmask, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr):
-    """Load a [rows, BLOCK_D] tile, masking rows >= n_rows (if ROW_MASK) and padded head-dim columns."""
+def _rows_mask(rows, n_rows, dmask, ROW_MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """The load mask of a [rows, BLOCK_D] tile: rows >= n_rows out (if ROW_MASK), padded head-dim columns out
+    (unless EVEN_D). With neither the caller loads without a mask."""
     if ROW_MASK:
         if EVEN_D:
-            x = tl.load(ptrs, mask=(rows < n_rows)[:, None], other=0.0)
+            mask = (rows < n_rows)[:, None]
         else:
-            x = tl.load(ptrs, mask=(rows < n_rows)[:, None] & dmask[None, :], other=0.0)
+            mask = (rows < n_rows)[:, None] & dmask[None, :]
     else:
-        if EVEN_D:
-            x = tl.load(ptrs)
-        else:
-            x = tl.load(ptrs, mask=dmask[None, :], other=0.0)
-    return x
+        mask = dmask[None, :]
+    return mask
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, lo, hi, S, d, dmask, qk_scale,
+def _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, lo, hi, S, d, dmask, qk_scale,
                BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_LEN: tl.constexpr, EVEN_D: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """Fold key tiles [lo, hi) into the running (m_i, l_i, acc) of one Q tile (scores in log2 units)."""
+    """Fold key tiles [lo, hi) into the running (m_i, l_i, acc) of one Q tile (scores in log2 units); K/V
+    rows straight from the caller's tensors, masks only where asked (MASK_LEN: keys >= S, MASK_CAUSAL: keys
+    after a row's position pos_m)."""
     for start_n in range(lo, hi, BLOCK_N):
         n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_base + n[:, None] * s_ks + d[None, :], n, S, dmask, MASK_LEN, EVEN_D)
-        if UPCAST_DOT:      # the interpreter's tl.dot multiplies bf16 bit patterns: do it in fp32
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = s * qk_scale                                                   # [BLOCK_M, BLOCK_N]
+        valid = n[None, :] < S                                             # [1, BLOCK_N]
         if MASK_CAUSAL:
-            s = tl.where(n[None, :] <= pos_m[:, None], s, float("-inf"))
-        if MASK_LEN:
-            s = tl.where(n[None, :] < S, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)              # a row with nothing seen yet
-        alpha = tl.exp2(m_i - m_use)                                       # rescale the old sums
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_rows(v_base + n[:, None] * s_vs + d[None, :], n, S, dmask, MASK_LEN, EVEN_D)
-        if UPCAST_DOT:
-            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    return acc, l_i, m_i
+            valid = valid & (n[None, :] <= pos_m[:, None])                 # [BLOCK_M, BLOCK_N]
+        m_i, l_i, acc = online_softmax_tile(q, m_i, l_i, acc, k_base + n[:, None] * s_ks + d[None, :],
+                                            v_base + n[:, None] * s_vs + d[None, :],
+                                            _rows_mask(n, S, dmask, MASK_LEN, EVEN_D), valid, qk_scale,
+                                            MASK_LEN or not EVEN_D, MASK_CAUSAL or MASK_LEN, DOT_PRECISION,
+                                            UPCAST_DOT)
+    return m_i, l_i, acc
 
 
 @triton.jit
 def _flash_fwd_kernel(Q, K, V, O, LSE, qk_scale, T, S, n_ctx_bucket,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_ot,
                       H: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                      CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      UPCAST_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                      CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, STATIC_TOKENS: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -130,8 +116,8 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, qk_scale, T, S, n_ctx_bucket,
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    q = _load_rows(Q + b.to(tl.int64) * s_qb + h * s_qh + offs_m[:, None] * s_qt + d[None, :], offs_m, T, dmask,
-                   True, EVEN_D)                                # [BLOCK_M, BLOCK_D], read once
+    q = tl.load(Q + b.to(tl.int64) * s_qb + h * s_qh + offs_m[:, None] * s_qt + d[None, :],
+                mask=_rows_mask(offs_m, T, dmask, True, EVEN_D), other=0.0)    # [BLOCK_M, BLOCK_D], read once
     k_base = K + b.to(tl.int64) * s_kb + kvh * s_kh
     v_base = V + b.to(tl.int64) * s_vb + kvh * s_vh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)        # running max (log2 units)
@@ -139,19 +125,22 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, qk_scale, T, S, n_ctx_bucket,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)             # running sum of exp2(score - max) * v
     offset = S - T                                             # query t sits at position offset + t
     pos_m = offs_m + offset
-    if CAUSAL:
+    if STATIC_TOKENS > 0:      # interpreter: every key tile, every mask (host-known bounds; see triton_online_softmax)
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, 0, STATIC_TOKENS, S, d,
+                                   dmask, qk_scale, BLOCK_N, CAUSAL, True, EVEN_D, DOT_PRECISION, UPCAST_DOT)
+    elif CAUSAL:
         # keys < start_m + offset + 1 are visible to every row of the tile: whole tiles there, no mask
         full_hi = ((start_m + offset + 1) // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
                                    qk_scale, BLOCK_N, False, False, EVEN_D, DOT_PRECISION, UPCAST_DOT)
         diag_hi = tl.minimum(S, start_m + BLOCK_M + offset)    # the tile's last position + 1
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, full_hi, diag_hi, S, d,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, full_hi, diag_hi, S, d,
                                    dmask, qk_scale, BLOCK_N, True, True, EVEN_D, DOT_PRECISION, UPCAST_DOT)
     else:
         full_hi = (S // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, 0, full_hi, S, d, dmask,
                                    qk_scale, BLOCK_N, False, False, EVEN_D, DOT_PRECISION, UPCAST_DOT)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, s_ks, s_vs, pos_m, full_hi, S, S, d, dmask,
+        m_i, l_i, acc = _fwd_tiles(q, m_i, l_i, acc, k_base, v_base, s_ks, s_vs, pos_m, full_hi, S, S, d, dmask,
                                    qk_scale, BLOCK_N, False, True, EVEN_D, DOT_PRECISION, UPCAST_DOT)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -159,7 +148,7 @@ def _flash_fwd_kernel(Q, K, V, O, LSE, qk_scale, T, S, n_ctx_bucket,
     tl.store(O + b.to(tl.int64) * s_ob + h * s_oh + offs_m[:, None] * s_ot + d[None, :],
              out.to(O.dtype.element_ty), mask=omask)
     if STORE_LSE:          # natural-log log-sum-exp of each row: (m + log2 l) / log2(e)
-        lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+        lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / LOG2E, float("-inf"))
         tl.store(LSE + bh.to(tl.int64) * T + offs_m, lse, mask=offs_m < T)
 
 
@@ -196,11 +185,12 @@ def flash_attention_triton(q, k, v, causal: bool = False, scale: float | None = 
     out = torch.empty(B, H, T, Dh, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device) if return_lse else out
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
-    args = (q, k, v, out, lse, scale * LOG2E, T, S, triton.next_power_of_2(max(T, S)),
+    args = (q, k, v, out, lse, scale * LOG2E.value, T, S, triton.next_power_of_2(max(T, S)),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2))
     meta = dict(H=H, GROUP=H // K, HEAD_DIM=Dh, BLOCK_D=max(16, triton.next_power_of_2(Dh)), CAUSAL=bool(causal),
-                STORE_LSE=bool(return_lse), DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+                STORE_LSE=bool(return_lse), STATIC_TOKENS=static_tokens(S),
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
                 UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
     if block_m is None and block_n is None:
         grid = lambda cfg: (triton.cdiv(T, cfg["BLOCK_M"]), B * H)  # noqa: E731
@@ -215,20 +205,24 @@ def flash_attention_triton(q, k, v, causal: bool = False, scale: float | None = 
 
 
 # --- flash-decoding ------------------------------------------------------------------------------------
-def _decode_configs():
-    if interpreting():
-        return [triton.Config({"TILE_N": 16}, num_warps=4, num_stages=1)]
-    return [triton.Config({"TILE_N": n}, num_warps=w, num_stages=s)
-            for n, w, s in ((32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2))]
+@triton.jit
+def _contiguous_tile(tile, tok_hi, k_base, v_base, s_ks, s_vs, d, dmask, TILE_N: tl.constexpr):
+    """Where the keys [tile * TILE_N, (tile + 1) * TILE_N) of a contiguous cache are, for
+    ``online_softmax_tile``: K and V pointers [TILE_N, BLOCK_D], their load mask, and which scores count
+    (keys < tok_hi)."""
+    n = tile * TILE_N + tl.arange(0, TILE_N)
+    nmask = n < tok_hi
+    return (k_base + n[:, None] * s_ks + d[None, :], v_base + n[:, None] * s_vs + d[None, :],
+            nmask[:, None] & dmask[None, :], nmask[None, :])
 
 
-@triton.autotune(configs=_decode_configs(), key=["HEAD_DIM", "BLOCK_G", "NUM_SPLITS"])
+@triton.autotune(configs=decode_configs(), key=["HEAD_DIM", "BLOCK_G", "NUM_SPLITS"])
 @triton.jit
 def _flash_decode_kernel(Q, K, V, LENS, OUT, M_PART, L_PART, ACC_PART, qk_scale, S,
                          s_qb, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         NUM_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         UPCAST_DOT: tl.constexpr, TILE_N: tl.constexpr):
+                         NUM_SPLITS: tl.constexpr, HAS_LENS: tl.constexpr, STATIC_TOKENS: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, TILE_N: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -249,39 +243,23 @@ def _flash_decode_kernel(Q, K, V, LENS, OUT, M_PART, L_PART, ACC_PART, qk_scale,
     tile_hi = tl.minimum(tile_lo + per_split, n_tiles)
     k_base = K + b.to(tl.int64) * s_kb + kvh * s_kh
     v_base = V + b.to(tl.int64) * s_vb + kvh * s_vh
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for t in range(tile_lo, tile_hi):
-        n = t * TILE_N + tl.arange(0, TILE_N)
-        kvmask = (n < L)[:, None] & dmask[None, :]
-        k = tl.load(k_base + n[:, None] * s_ks + d[None, :], mask=kvmask, other=0.0)
-        if UPCAST_DOT:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = tl.where((n < L)[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        v = tl.load(v_base + n[:, None] * s_vs + d[None, :], mask=kvmask, other=0.0)
-        if UPCAST_DOT:
-            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
-    if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(OUT + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(OUT.dtype.element_ty),
-                 mask=gmask[:, None] & dmask[None, :])
-    else:                  # partials [B, H, NUM_SPLITS] and [B, H, NUM_SPLITS, HEAD_DIM], fp32, log2 units
-        row = (b * (tl.num_programs(1) * GROUP) + head) * NUM_SPLITS + split
-        tl.store(M_PART + row, m_i, mask=gmask)
-        tl.store(L_PART + row, l_i, mask=gmask)
-        tl.store(ACC_PART + row[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)   # running max of the scores (log2 units)
+    l_i = tl.zeros([BLOCK_G], tl.float32)                  # running sum of exp2(score - max)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)         # running sum of exp2(score - max) * v
+    if STATIC_TOKENS > 0:   # interpreter: host-known trip count (see triton_online_softmax)
+        tok_hi = tl.minimum((tile_lo + per_split) * TILE_N, L)            # this split's keys end
+        for i in range(0, (STATIC_TOKENS + TILE_N * NUM_SPLITS - 1) // (TILE_N * NUM_SPLITS)):
+            k_ptrs, v_ptrs, kv_mask, valid = _contiguous_tile(tile_lo + i, tok_hi, k_base, v_base, s_ks, s_vs, d,
+                                                              dmask, TILE_N)
+            m_i, l_i, acc = online_softmax_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, kv_mask, valid, qk_scale,
+                                                True, True, DOT_PRECISION, UPCAST_DOT)
+    else:                   # compiled: this split's own tiles only, so the length is their only bound
+        for t in range(tile_lo, tile_hi):
+            k_ptrs, v_ptrs, kv_mask, valid = _contiguous_tile(t, L, k_base, v_base, s_ks, s_vs, d, dmask, TILE_N)
+            m_i, l_i, acc = online_softmax_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, kv_mask, valid, qk_scale,
+                                                True, True, DOT_PRECISION, UPCAST_DOT)
+    store_split(OUT, M_PART, L_PART, ACC_PART, m_i, l_i, acc, b, head, split, tl.num_programs(1) * GROUP,
+                s_ob, s_oh, d, gmask, dmask, HEAD_DIM, NUM_SPLITS)
 
 
 def flash_decode_triton(q, k, v, lengths=None, num_splits: int = 1, scale: float | None = None,
@@ -319,11 +297,12 @@ def flash_decode_triton(q, k, v, lengths=None, num_splits: int = 1, scale: float
         m_part = l_part = acc_part = out
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
     G = H // K
-    args = (q, k, v, lengths if lengths is not None else out, out, m_part, l_part, acc_part, scale * LOG2E, S,
+    args = (q, k, v, lengths if lengths is not None else out, out, m_part, l_part, acc_part, scale * LOG2E.value, S,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
             out.stride(0), out.stride(1))
     meta = dict(GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=Dh,
                 BLOCK_D=max(16, triton.next_power_of_2(Dh)), NUM_SPLITS=num_splits, HAS_LENS=lengths is not None,
+                STATIC_TOKENS=static_tokens(S),
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
                 UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
     grid = (B, K, num_splits)

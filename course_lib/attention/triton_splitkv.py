@@ -1,6 +1,7 @@
-"""The log-sum-exp reduction of split-KV attention, in Triton: one kernel that flash-decoding
-(``triton_flash.flash_decode_triton``) and the paged decode kernel (``course_lib.paged.triton_paged``)
-both launch after their split programs.
+"""Split-KV attention's two ends, in Triton, shared by flash-decoding (``triton_flash.flash_decode_triton``)
+and the paged decode kernel (``course_lib.paged.triton_paged``): ``store_split``, the last step of every
+one of their programs, and ``combine_splits_triton``, the log-sum-exp reduction kernel both launch after
+their split programs.
 
 Each split s of a (sequence, query head) wrote its partial result in log2 units (the kernels use exp2):
 m_s (max score), l_s (sum of 2^(score - m_s)), acc_s (sum of 2^(score - m_s) v, unnormalized), fp32,
@@ -11,12 +12,35 @@ laid out as m, l [R, NUM_SPLITS] and acc [R, NUM_SPLITS, Dh] for R = B * H rows.
 (``online_softmax.combine_splits`` is the PyTorch version). An empty split (m_s = -inf, l_s = 0) weighs
 2^-inf = 0; a row whose splits are all empty (a sequence of length 0) gets zeros, not NaN (M = -inf is
 replaced by 0, the zero sum by 1). Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
+
+With one split there is nothing to merge: ``store_split`` writes acc / l directly (l = 0, a sequence of
+length 0: a zero row, not 0/0). The partials' layout is written by ``store_split`` and read by
+``_combine_splits_kernel``, both here.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def store_split(OUT, M_PART, L_PART, ACC_PART, m_i, l_i, acc, b, head, split, n_heads, s_ob, s_oh, d, gmask, dmask,
+                HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """The end of a decode program of sequence b, query heads ``head`` [G] (rows of m_i, l_i [G], acc [G, D]),
+    split ``split``: NUM_SPLITS == 1 writes out = acc / l to OUT [B, H, Dh] (a row with no key: zeros); more
+    splits write the partials to M_PART, L_PART [B, H, NUM_SPLITS] and ACC_PART [B, H, NUM_SPLITS, HEAD_DIM]
+    (fp32, log2 units, n_heads = H) for ``combine_splits_triton``. gmask, dmask: real heads and head-dim
+    columns."""
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                   # length 0: zeros, not 0/0
+        tl.store(OUT + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=gmask[:, None] & dmask[None, :])
+    else:
+        row = (b * n_heads + head) * NUM_SPLITS + split
+        tl.store(M_PART + row, m_i, mask=gmask)
+        tl.store(L_PART + row, l_i, mask=gmask)
+        tl.store(ACC_PART + row[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
 
 
 @triton.jit
@@ -62,4 +86,4 @@ def combine_splits_triton(m_part: torch.Tensor, l_part: torch.Tensor, acc_part: 
     return out
 
 
-__all__ = ["combine_splits_triton"]
+__all__ = ["combine_splits_triton", "store_split"]

@@ -9,14 +9,16 @@ Design (one decode query per sequence, K/V in a pool [N, K, block_size, Dh]):
 * K/V are walked in tiles of TILE_N tokens (several blocks per tile). For each token of the tile the
   kernel loads its physical block id from the table (the repeated entries of one block are the same
   address and come from L1), and the token's address is ``pool + block * s_n + kvh * s_h + (t % bs) *
-  s_s``: no gathered copy is made. Scores ``q @ k^T`` and ``p @ v`` are two ``tl.dot``, the softmax is
+  s_s``: no gathered copy is made. What the kernel does with the tile is the course's one online-softmax
+  tile step, ``course_lib.attention.triton_online_softmax.online_softmax_tile`` (flash-decoding and the
+  FlashAttention forward call it too): scores ``q @ k^T`` and ``p @ v`` are two ``tl.dot``, the softmax is
   online (running max, running sum, weighted V) in fp32, in the log2 domain (``exp2``).
 * Split-KV (flash-decoding): with ``num_splits = S > 1`` a third grid axis cuts each sequence's tiles
   into S chunks; every program writes its partial (max, sum, unnormalised acc) to fp32 scratch, and a
-  second kernel combines the S partials of each (sequence, head) with log-sum-exp weights: the one
-  reduction flash-decoding launches too (``course_lib.attention.triton_splitkv``). It pays
-  when B * K programs cannot fill the GPU (small batches, long contexts); ``num_splits=None`` picks S
-  from B * K and the number of SMs.
+  second kernel combines the S partials of each (sequence, head) with log-sum-exp weights (the end of a
+  program, ``store_split``, and the reduction are flash-decoding's too: ``attention/triton_splitkv.py``).
+  It pays when B * K programs cannot fill the GPU (small batches, long contexts); ``num_splits=None``
+  picks S from B * K and the number of SMs.
 * Tokens past a sequence's length (and the rest of its last block) are masked; empty splits write
   (-inf, 0, 0) and weigh nothing in the combination. A sequence of length 0 gets a zero row (no 0/0);
   lengths are checked only with ``validate=True`` (a host sync) and otherwise clamped into
@@ -27,14 +29,9 @@ triton); any block_size (each token finds its block by a division, a shift for p
 head_dim (padded to a power of two and masked); fp32 (dots in IEEE fp32, not tf32), fp16 and bf16
 (fp32 accumulation).
 
-Why the interpreter path loops a host-known number of times: in triton 3.6's interpreter every scalar
-is a 1-element 1-D numpy array (``program_id`` returns ``np.array([i])``, and every assignment goes
-through ``to_tensor``), and a tensor used as a Python ``range`` bound is converted with
-``int(array)``, which NumPy >= 2.4 refuses for ndim > 0 arrays ("only 0-dimensional arrays can be
-converted to Python scalars"; triton 3.9's interpreter squeezes first). So under the interpreter the
-tile loop's trip count is an inline constexpr expression (the table's width), the same tiles are
-visited and the extra iterations are fully masked; compiled kernels keep the runtime, per-sequence trip
-count (no wasted iterations, and a ``for`` that the software pipeliner can stage).
+Under the interpreter the tile loop runs a host-known number of times (the table's width), as every
+kernel of the course does there (``triton_online_softmax`` says why: triton 3.6's interpreter refuses a
+runtime loop bound under NumPy >= 2.4); compiled kernels keep the runtime, per-sequence trip count.
 """
 from __future__ import annotations
 
@@ -44,70 +41,39 @@ import torch
 import triton
 import triton.language as tl
 
-# the log-sum-exp reduction of the splits, shared with flash-decoding (_combine_splits_kernel: for the tests)
-from course_lib.attention.triton_splitkv import _combine_splits_kernel, combine_splits_triton  # noqa: F401
-from course_lib.env import triton_interpreting, use_triton
+# the tile step, the end of a split and the reduction: shared with flash-decoding (the FlashAttention forward
+# calls the step too); _combine_splits_kernel is imported for the tests
+from course_lib.attention.triton_online_softmax import (LOG2E, SUPPORTED_DTYPES, decode_configs, interpreting,
+                                                        online_softmax_tile, static_tokens)
+from course_lib.attention.triton_splitkv import (_combine_splits_kernel, combine_splits_triton,  # noqa: F401
+                                                 store_split)
+from course_lib.env import use_triton
 
 from .checks import check_paged_args
 
-LOG2E = 1.4426950408889634
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Under the interpreter the tile loop runs a host-known number of times (see the module docstring);
-# tests set this to False to run the compiled path's runtime trip count in an interpreter that allows it.
-STATIC_LOOP_IN_INTERPRETER = True
 
-
-def interpreting() -> bool:
-    """True when triton runs kernels in its interpreter (TRITON_INTERPRET=1 when triton was imported)."""
-    return triton_interpreting()
-
-
-# --- tile configurations ------------------------------------------------------------------------------
 # On a GPU a small autotune (keyed on head_dim, block_size, group rows, splits and the dtypes) picks the
-# tile length, warps and pipeline depth once per shape family; under the interpreter one small config
-# (no benchmarking, and tiles of several blocks even at the small block sizes of the tests). A tile need
-# not hold whole blocks: each token looks up its own block, so any power-of-two TILE_N >= 16 works with
-# any block size (a block larger than the tile is read over several tiles).
-def _configs():
-    if interpreting():
-        return [triton.Config({"TILE_N": 16}, num_warps=4, num_stages=1)]
-    return [triton.Config({"TILE_N": n}, num_warps=w, num_stages=s)
-            for n, w, s in ((32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 4, 2), (128, 8, 2))]
-
-
+# tile length, warps and pipeline depth once per shape family, from the decode kernels' space
+# (``decode_configs``); under the interpreter one small config (tiles of several blocks even at the small
+# block sizes of the tests). A tile need not hold whole blocks: each token looks up its own block, so any
+# power-of-two TILE_N >= 16 works with any block size (a block larger than the tile is read over several
+# tiles).
 @triton.jit
-def _attend_tile(q, m_i, l_i, acc, tile, tok_hi, tbl_row, k_base, v_base, s_kn, s_ks, s_vn, s_vs,
-                 d, dmask, qk_scale,
-                 BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 UPCAST_DOT: tl.constexpr):
-    """Fold the tokens [tile * TILE_N, (tile + 1) * TILE_N) that are < tok_hi into (m_i, l_i, acc)."""
+def _paged_tile(tile, tok_hi, tbl_row, k_base, v_base, s_kn, s_ks, s_vn, s_vs, d, dmask,
+                BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """Where the tokens [tile * TILE_N, (tile + 1) * TILE_N) are, through the block table, for
+    ``online_softmax_tile``: K and V pointers [TILE_N, BLOCK_D], their load mask, and which scores count
+    (tokens < tok_hi)."""
     tok = tile * TILE_N + tl.arange(0, TILE_N)
     tmask = tok < tok_hi
     blk = tl.load(tbl_row + tok // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)   # physical block per token
     slot = tok % BLOCK_SIZE
-    kvmask = tmask[:, None] & dmask[None, :]
-    k = tl.load(k_base + blk[:, None] * s_kn + slot[:, None] * s_ks + d[None, :], mask=kvmask, other=0.0)
-    if UPCAST_DOT:          # the interpreter's tl.dot multiplies bf16 bit patterns: do it in fp32
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    s = s * qk_scale                                                                 # [BLOCK_G, TILE_N], log2
-    s = tl.where(tmask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)      # a row with nothing seen yet: no NaN
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    v = tl.load(v_base + blk[:, None] * s_vn + slot[:, None] * s_vs + d[None, :], mask=kvmask, other=0.0)
-    if UPCAST_DOT:
-        pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    acc = acc * alpha[:, None] + pv
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    return m_new, l_i, acc
+    return (k_base + blk[:, None] * s_kn + slot[:, None] * s_ks + d[None, :],
+            v_base + blk[:, None] * s_vn + slot[:, None] * s_vs + d[None, :],
+            tmask[:, None] & dmask[None, :], tmask[None, :])
 
 
-@triton.autotune(configs=_configs(), key=["HEAD_DIM", "BLOCK_SIZE", "BLOCK_G", "NUM_SPLITS"])
+@triton.autotune(configs=decode_configs(), key=["HEAD_DIM", "BLOCK_SIZE", "BLOCK_G", "NUM_SPLITS"])
 @triton.jit
 def _paged_decode_kernel(Q, KP, VP, TBL, LENS, OUT, M_PART, L_PART, ACC_PART, qk_scale, max_blocks,
                          s_qb, s_qh, s_kn, s_kh, s_ks, s_vn, s_vh, s_vs, s_tb, s_ob, s_oh,
@@ -136,25 +102,20 @@ def _paged_decode_kernel(Q, KP, VP, TBL, LENS, OUT, M_PART, L_PART, ACC_PART, qk
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)   # running max of the scores (log2 units)
     l_i = tl.zeros([BLOCK_G], tl.float32)                  # running sum of exp2(score - max)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)         # running sum of exp2(score - max) * v
-    if STATIC_TOKENS > 0:   # interpreter: host-known trip count (see the module docstring)
+    if STATIC_TOKENS > 0:   # interpreter: host-known trip count (see triton_online_softmax)
         for i in range(0, (STATIC_TOKENS + TILE_N * NUM_SPLITS - 1) // (TILE_N * NUM_SPLITS)):
-            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile_lo + i, tok_hi, tbl_row, k_base, v_base,
-                                         s_kn, s_ks, s_vn, s_vs, d, dmask, qk_scale,
-                                         BLOCK_SIZE, TILE_N, DOT_PRECISION, UPCAST_DOT)
+            k_ptrs, v_ptrs, kv_mask, valid = _paged_tile(tile_lo + i, tok_hi, tbl_row, k_base, v_base, s_kn, s_ks,
+                                                         s_vn, s_vs, d, dmask, BLOCK_SIZE, TILE_N)
+            m_i, l_i, acc = online_softmax_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, kv_mask, valid, qk_scale,
+                                                True, True, DOT_PRECISION, UPCAST_DOT)
     else:                   # compiled: this split's own tiles only
         for i in range(0, tl.maximum(tl.minimum(per_split, n_tiles - tile_lo), 0)):
-            m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, tile_lo + i, tok_hi, tbl_row, k_base, v_base,
-                                         s_kn, s_ks, s_vn, s_vs, d, dmask, qk_scale,
-                                         BLOCK_SIZE, TILE_N, DOT_PRECISION, UPCAST_DOT)
-    if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                    # length 0: zeros, not 0/0
-        tl.store(OUT + b * s_ob + head[:, None] * s_oh + d[None, :], out.to(OUT.dtype.element_ty),
-                 mask=gmask[:, None] & dmask[None, :])
-    else:                   # partials, [B, H, NUM_SPLITS] and [B, H, NUM_SPLITS, HEAD_DIM], fp32
-        row = (b * (tl.num_programs(1) * GROUP) + head) * NUM_SPLITS + split
-        tl.store(M_PART + row, m_i, mask=gmask)
-        tl.store(L_PART + row, l_i, mask=gmask)
-        tl.store(ACC_PART + row[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
+            k_ptrs, v_ptrs, kv_mask, valid = _paged_tile(tile_lo + i, tok_hi, tbl_row, k_base, v_base, s_kn, s_ks,
+                                                         s_vn, s_vs, d, dmask, BLOCK_SIZE, TILE_N)
+            m_i, l_i, acc = online_softmax_tile(q, m_i, l_i, acc, k_ptrs, v_ptrs, kv_mask, valid, qk_scale,
+                                                True, True, DOT_PRECISION, UPCAST_DOT)
+    store_split(OUT, M_PART, L_PART, ACC_PART, m_i, l_i, acc, b, head, split, tl.num_programs(1) * GROUP,
+                s_ob, s_oh, d, gmask, dmask, HEAD_DIM, NUM_SPLITS)
 
 
 _SM_COUNT: dict = {}
@@ -224,12 +185,12 @@ def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale:
         acc_part = torch.empty(B, H, num_splits, Dh, dtype=torch.float32, device=q.device)
     else:
         m_part = l_part = acc_part = out                   # unused (NUM_SPLITS == 1 writes out directly)
-    args = (q, k_pool, v_pool, tables, lens, out, m_part, l_part, acc_part, scale * LOG2E, max_blocks,
+    args = (q, k_pool, v_pool, tables, lens, out, m_part, l_part, acc_part, scale * LOG2E.value, max_blocks,
             q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
             v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), tables.stride(0), out.stride(0), out.stride(1))
     meta = dict(GROUP=G, BLOCK_G=max(16, triton.next_power_of_2(G)), HEAD_DIM=Dh,
                 BLOCK_D=max(16, triton.next_power_of_2(Dh)), BLOCK_SIZE=bs, NUM_SPLITS=num_splits,
-                STATIC_TOKENS=max_blocks * bs if interpreting() and STATIC_LOOP_IN_INTERPRETER else 0,
+                STATIC_TOKENS=static_tokens(max_blocks * bs),
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
                 UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
     grid = (B, K, num_splits)
