@@ -45,8 +45,8 @@ import nbformat
 try:
     import jupytext
     from jupytext.cell_metadata import _JUPYTEXT_CELL_METADATA as LAYOUT_KEYS
-except ImportError:   # pragma: no cover - said, not hidden
-    sys.exit("tools/nb.py needs jupytext (a dev dependency): pip install -e '.[dev]'")
+except ImportError as e:   # an error, not an exit: pytest reports this file and runs the rest
+    raise ImportError(f"tools/nb.py needs jupytext, a dev dependency (pip install -e '.[dev]'): {e}") from e
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
