@@ -14,7 +14,7 @@ TORCH  ?= torch==2.13.0
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: course workdir test site release e2e browser-test colab-test setup setup-dev labs grade doctor bench train clean gpu-check
+.PHONY: course workdir test site release e2e browser-test colab-test setup setup-dev notebooks labs grade doctor bench train clean gpu-check
 
 # $(call make-env,<venv>,<extras>): a venv with torch (only if it has none) and the package with those extras.
 define make-env
@@ -98,8 +98,13 @@ browser-test: site
 colab-test: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest e2e/test_colab_install.py
 
+## Authors: build each notebooks/*.ipynb and solutions/*.ipynb from the .py source beside it (jupytext's
+## percent format, tools/nb.py; commit both). `make test` fails while a notebook is not what its source builds.
+notebooks: setup-dev
+	$(DEV)/bin/python tools/nb.py build
+
 ## Instructors: regenerate labs/ from solutions/ (deterministic; commit the result).
-labs: setup-dev
+labs: notebooks
 	$(DEV)/bin/course build-labs
 
 ## Instructors: grade a folder of downloaded submissions, e.g.  make grade SUBMISSIONS=~/Downloads/lab01

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 # the notebooks' install cells, the site's links and the site's address (GitHub Pages of REPO). Students
 # get the release, never `main`: a badge opens the notebook at the tag RELEASE and its install cell
 # installs the library at the same tag, so a push in mid-term changes nothing they run. To publish a
-# release: set __version__, run `python tools/nb.py sync --from-py` and `course build-labs` (every badge
+# release: set __version__, run `make notebooks` and `course build-labs` (every badge
 # and install cell follows), commit, then tag that commit RELEASE and push the tag (README, "Publishing").
 REPO = "llm-inference-course/course"
 REPO_URL = f"https://github.com/{REPO}"

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Module 00 · Measuring inference
 #
@@ -526,6 +522,7 @@ ratio_ng = times["enable_grad"].median / times["no_grad"].median
 ratio_im = times["enable_grad"].median / times["inference_mode"].median
 print(f"time with the graph / without: {ratio_ng:.2f} (no_grad), {ratio_im:.2f} (inference_mode), {L} tokens, "
       f"on this run ({times.note('median')})")
+
 
 # %% id="c042"
 def activation_bytes_per_token(m, lengths=(GRAD_LENGTHS[0], GRAD_LENGTHS[-1])):

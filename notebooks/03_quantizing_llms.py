@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # 03 · Quantizing LLMs
 #
@@ -307,6 +303,7 @@ plt.show()
 print(f"GPTQ / RTN layer output error: calibration max {max(ratio_cal):.2f} (mean {sum(ratio_cal) / len(ratio_cal):.2f}), "
       f"held-out max {max(ratio_held):.2f} (mean {sum(ratio_held) / len(ratio_held):.2f})")
 assert max(ratio_cal) < 1
+
 
 # %% [markdown] id="c026"
 # On held-out inputs GPTQ stays below RTN at every layer once the calibration set is large and varied

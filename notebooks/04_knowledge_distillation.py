@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Module 04 · Knowledge distillation
 #
@@ -127,6 +123,7 @@ ax.set_yscale("log")   # at T >= 2 the top token falls to a few percent: a log a
 ax.set_ylabel("teacher probability"); ax.set_title(f"the teacher after {tok.decode(ids[0, pos - 6:pos + 1])!r}")
 ax.legend(fontsize=7); plt.tight_layout(); plt.show()
 assert all(a < b for a, b in zip(entropies, entropies[1:])), "a higher temperature flattens the distribution"
+
 
 # %% [markdown] id="c009"
 # **Why T²?** The gradient of the KL with respect to the student's logits is (q_S − p_T) / T. For large T
@@ -277,6 +274,7 @@ for mode, h in hists.items():
     print(f"{mode:9s}: loss {first:.2f} -> {last:.2f} in {h['total_seconds']:.0f} s"
           f" (+{h['generation_seconds']:.0f} s of teacher generation)")
     assert last < first - 0.5, f"{mode} did not learn"
+
 
 # %% [markdown] id="c020"
 # The curves are not comparable with each other: the white-box loss is a KL, which is 0 for a perfect

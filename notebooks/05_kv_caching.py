@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Module 05 · KV caching
 #
@@ -69,6 +65,7 @@ print(f"model {model.name} on {device}: {cfg.num_hidden_layers} layers, {cfg.num
       f"{cfg.num_key_value_heads} KV heads of {cfg.head_dim}, context {cfg.max_position_embeddings}, "
       f"{model.num_parameters() / 1e6:.2f}M parameters")
 
+
 # %% [markdown] id="c005"
 # ## 1. Generation without a cache
 #
@@ -86,6 +83,7 @@ def greedy_recompute(model, ids, n):
         chosen_by.append(logits)
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     return ids, torch.stack(chosen_by, dim=1)
+
 
 # %% [markdown] id="c007"
 # ## 2. A KV cache from scratch
@@ -127,6 +125,7 @@ def greedy_cached(model, ids, n, cache):
         if step < n - 1:
             logits = model(nxt, cache=cache)[:, -1]      # decode: only the new token goes in
     return ids, torch.stack(chosen_by, dim=1)
+
 
 # %% [markdown] id="c009"
 # Cached generation must equal recomputation: the same greedy tokens, and logits equal up to float

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # 08 · Speculative decoding
 #
@@ -86,6 +82,7 @@ def a_tested(st):
     """The acceptance rate of the theory: accepted / tested proposals (after a rejection the rest of a
     pass's proposals are never tested)."""
     return st.accepted / max(st.accepted + st.rejections, 1)
+
 
 # %% [markdown] id="c005"
 # ## 1 · One pass, by hand
@@ -187,6 +184,7 @@ ax.set_xticklabels(labels, rotation=30)
 ax.set_title(f"first emitted token over {N_TRIALS} passes: follows p, not q (chi-square p = {pv:.2f})")
 ax.legend(fontsize=8)
 plt.show()
+
 
 # %% [markdown] id="c009"
 # > **Claim checked: "on rejection, resample from the target; when all drafts pass, we are done."**

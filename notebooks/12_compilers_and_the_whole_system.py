@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Module 12 · Compilers and the whole system
 #
@@ -208,6 +204,7 @@ print("fullgraph=True on the step with a break ->", raised or "ran without an er
 print("so check a step with explain (graph_break_count == 0), as the lab does" if raised is None else
       "fullgraph=True refuses the break; explain still tells you where it is")
 
+
 # %% [markdown] id="c013"
 # ## 3. Recompiles
 #
@@ -363,6 +360,7 @@ except openai.BadRequestError as e:
     bad = e
 print(f"max_tokens=0 -> HTTP {bad.status_code}: {bad.body['message']}")
 assert bad is not None and bad.status_code == 400
+
 
 # %% [markdown] id="c020a"
 # ### A client that leaves

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 00 · Measuring inference: metrics and sampling
 #
@@ -22,7 +18,7 @@
 #   `course_lib.generation`: the hidden tests check that the functions are your own.
 # * Everything runs on a CPU in seconds. Total: 10 points.
 
-# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import time
 
@@ -51,6 +47,7 @@ def _p_off_boundaries(logits, p, gap=1e-4):
     before = probs.cumsum(-1) - probs
     return bool(((before - p).abs() > gap).all())
 
+
 # %% [markdown] id="c004"
 # ## Part A · Metrics of one request (3 points)
 #
@@ -67,7 +64,7 @@ def _p_off_boundaries(logits, p, gap=1e-4):
 # Raise a `ValueError` when `times` is empty (no token: nothing to measure), and in `tpot` when there
 # are fewer than 2 times. `times` may be a list or a numpy array.
 
-# %% id="c005" nbgrader={"grade_id": "metrics", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "metrics", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ttft(start, times):
     """Time to first token (seconds)."""
     ### BEGIN SOLUTION
@@ -101,7 +98,8 @@ def tokens_per_second(start, times):
     return len(times) / e2e_latency(start, times)
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "ttft_e2e_tests", "grade": true, "points": 1}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "ttft_e2e_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 start, times = 100.0, [100.25, 100.30, 100.45, 100.50]
 check_close(ttft(start, times), 0.25, "ttft(100.0, [100.25, 100.30, 100.45, 100.50])")
 check_close(e2e_latency(start, times), 0.50, "e2e_latency(100.0, [100.25, 100.30, 100.45, 100.50])")
@@ -126,7 +124,7 @@ for _ in range(50):
                 "e2e_latency " + _what, rtol=1e-9)
 ### END HIDDEN TESTS
 
-# %% id="c007" nbgrader={"grade_id": "tpot_tps_tests", "grade": true, "points": 2}
+# %% id="c007" nbgrader={"grade": true, "grade_id": "tpot_tps_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 start, times = 100.0, [100.25, 100.30, 100.45, 100.50]
 check_close(tpot(times), 0.25 / 3, "tpot([100.25, 100.30, 100.45, 100.50]) (4 tokens: 3 gaps)")
 check_close(tokens_per_second(start, times), 8.0, "tokens_per_second(100.0, [100.25, 100.30, 100.45, 100.50])")
@@ -168,7 +166,7 @@ for _ in range(50):
 # Raise a `ValueError` for empty `values` or `q` outside `[0, 100]`. Do not call `np.percentile` or
 # `np.quantile` (the tests compare against them).
 
-# %% id="c009" nbgrader={"grade_id": "percentile", "solution": true}
+# %% id="c009" nbgrader={"grade": false, "grade_id": "percentile", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def percentile(values, q):
     """q-th percentile (q in [0, 100]) of values, numpy's linear interpolation."""
     ### BEGIN SOLUTION
@@ -184,7 +182,8 @@ def percentile(values, q):
     return v[i] + (r - i) * (v[i + 1] - v[i])
     ### END SOLUTION
 
-# %% id="c010" nbgrader={"grade_id": "percentile_tests", "grade": true, "points": 2}
+
+# %% id="c010" nbgrader={"grade": true, "grade_id": "percentile_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 v = [15, 20, 35, 40, 50]
 for q, want in [(0, 15), (40, 29.0), (50, 35), (90, 46.0), (99, 49.6), (100, 50)]:
     check_close(percentile(v, q), want, f"percentile([15, 20, 35, 40, 50], {q})")
@@ -224,7 +223,7 @@ for _ in range(200):
 #
 # Hint: `torch.topk(logits, k, dim=-1).values[..., -1:]` is the k-th largest value of each row.
 
-# %% id="c012" nbgrader={"grade_id": "top_k", "solution": true}
+# %% id="c012" nbgrader={"grade": false, "grade_id": "top_k", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def top_k_filter(logits, k):
     """Keep the k largest logits per row (ties with the k-th kept); the others become -inf."""
     ### BEGIN SOLUTION
@@ -235,7 +234,8 @@ def top_k_filter(logits, k):
     return logits.masked_fill(logits < kth, float("-inf"))
     ### END SOLUTION
 
-# %% id="c013" nbgrader={"grade_id": "top_k_tests", "grade": true, "points": 1}
+
+# %% id="c013" nbgrader={"grade": true, "grade_id": "top_k_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 inf = float("inf")
 x = torch.tensor([0.1, 2.0, -1.0, 0.5])
 check_equal(top_k_filter(x, 2), torch.tensor([-inf, 2.0, -inf, 0.5]), "top_k_filter([0.1, 2.0, -1.0, 0.5], k=2)")
@@ -282,7 +282,7 @@ for _ in range(30):
 # Hints: `torch.sort(logits, dim=-1, descending=True)` gives the sorted values and the original
 # positions; `torch.cumsum`; put a boolean mask back in vocabulary order with `Tensor.scatter`.
 
-# %% id="c015" nbgrader={"grade_id": "top_p", "solution": true}
+# %% id="c015" nbgrader={"grade": false, "grade_id": "top_p", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def top_p_filter(logits, p):
     """Keep the smallest set of most likely tokens whose probability reaches p; the others become -inf."""
     ### BEGIN SOLUTION
@@ -299,7 +299,8 @@ def top_p_filter(logits, p):
     return logits.masked_fill(remove, float("-inf"))
     ### END SOLUTION
 
-# %% id="c016" nbgrader={"grade_id": "top_p_tests", "grade": true, "points": 2}
+
+# %% id="c016" nbgrader={"grade": true, "grade_id": "top_p_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 inf = float("inf")
 x = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
 
@@ -360,7 +361,7 @@ for _ in range(40):
 # (`[..., V] -> [...]`, dtype int64) from `sampling_probs`, with `torch.multinomial(..., generator=generator)`;
 # for temperature 0 it returns the argmax.
 
-# %% id="c018" nbgrader={"grade_id": "sampling", "solution": true}
+# %% id="c018" nbgrader={"grade": false, "grade_id": "sampling", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sampling_probs(logits, temperature=1.0, top_k=None, top_p=None):
     """The distribution of the next token: temperature, then top-k, then top-p, then softmax."""
     ### BEGIN SOLUTION
@@ -388,7 +389,8 @@ def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
     ### END SOLUTION
 
-# %% id="c019" nbgrader={"grade_id": "sampling_tests", "grade": true, "points": 2}
+
+# %% id="c019" nbgrader={"grade": true, "grade_id": "sampling_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 x = torch.tensor([2.0, 1.0, 0.5, -1.0])
 check_close(sampling_probs(x), torch.softmax(x, -1), "sampling_probs([2, 1, 0.5, -1]) (temperature 1)", atol=1e-7)
 check_close(sampling_probs(x, temperature=0.0), torch.tensor([1.0, 0, 0, 0]),

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 01 — Where the time goes
 #
@@ -32,6 +28,7 @@ A100_BANDWIDTH = 2039e9        # its HBM2e bandwidth, bytes/s
 H100_FP16_FLOPS = 989.4e12     # NVIDIA H100 SXM
 H100_BANDWIDTH = 3350e9
 
+
 # %% [markdown] id="c004"
 # ## Exercise 1 — FLOPs, bytes and intensity of a matmul (2 points)
 #
@@ -42,7 +39,7 @@ H100_BANDWIDTH = 3350e9
 # Write `matmul_cost(m, n, k, bytes_per_element)` returning the tuple `(flops, nbytes, intensity)`, where
 # `intensity = flops / nbytes` (FLOP per byte).
 
-# %% id="c005" nbgrader={"grade_id": "matmul_cost", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "matmul_cost", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def matmul_cost(m, n, k, bytes_per_element):
     """FLOPs, bytes moved and FLOP/byte of [m, k] x [k, n] -> [m, n]."""
     ### BEGIN SOLUTION
@@ -51,7 +48,8 @@ def matmul_cost(m, n, k, bytes_per_element):
     return flops, nbytes, flops / nbytes
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "matmul_cost_tests", "grade": true, "points": 2}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "matmul_cost_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # A decode step of a 4096-wide projection in fp16: one row times a 4096 x 4096 weight.
 flops, nbytes, intensity = matmul_cost(1, 4096, 4096, 2)
 check_equal(flops, 33_554_432, "matmul_cost(1, 4096, 4096, 2): FLOPs (2 per multiply-add)")
@@ -86,7 +84,7 @@ for _ in range(25):
 # Write `ridge_point(peak_flops, bandwidth)` (FLOP/byte) and `attainable(intensity, peak_flops, bandwidth)`
 # (FLOP/s).
 
-# %% id="c008" nbgrader={"grade_id": "roofline", "solution": true}
+# %% id="c008" nbgrader={"grade": false, "grade_id": "roofline", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ridge_point(peak_flops, bandwidth):
     """Intensity (FLOP/byte) where the roofline bends."""
     ### BEGIN SOLUTION
@@ -100,7 +98,8 @@ def attainable(intensity, peak_flops, bandwidth):
     return min(peak_flops, intensity * bandwidth)
     ### END SOLUTION
 
-# %% id="c009" nbgrader={"grade_id": "roofline_tests", "grade": true, "points": 2}
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "roofline_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_close(ridge_point(A100_FP16_FLOPS, A100_BANDWIDTH), 153.01618, "ridge_point of an A100 80GB in fp16", rtol=1e-6)
 check_close(ridge_point(H100_FP16_FLOPS, H100_BANDWIDTH), 295.34328, "ridge_point of an H100 SXM in fp16", rtol=1e-6)
 check_close(attainable(1.0, A100_FP16_FLOPS, A100_BANDWIDTH), 2.039e12,
@@ -135,7 +134,7 @@ for _ in range(25):
 #   operation: it cannot compute faster than the peak nor move its bytes faster than the bandwidth, so
 #   its time is the larger of the two.
 
-# %% id="c011" nbgrader={"grade_id": "bound_and_time", "solution": true}
+# %% id="c011" nbgrader={"grade": false, "grade_id": "bound_and_time", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def classify(intensity, peak_flops, bandwidth):
     """'memory-bound' or 'compute-bound'."""
     ### BEGIN SOLUTION
@@ -149,7 +148,8 @@ def op_time(flops, nbytes, peak_flops, bandwidth):
     return max(flops / peak_flops, nbytes / bandwidth)
     ### END SOLUTION
 
-# %% id="c012" nbgrader={"grade_id": "bound_and_time_tests", "grade": true, "points": 2}
+
+# %% id="c012" nbgrader={"grade": true, "grade_id": "bound_and_time_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_equal(classify(1.0, A100_FP16_FLOPS, A100_BANDWIDTH), "memory-bound",
             "classify: a decode projection (about 1 FLOP/byte) on an A100")
 check_equal(classify(1024.0, A100_FP16_FLOPS, A100_BANDWIDTH), "compute-bound",
@@ -191,14 +191,15 @@ for _ in range(30):
 #
 # Write `min_decode_latency(num_params, bytes_per_param, bandwidth, kv_cache_bytes=0)`.
 
-# %% id="c014" nbgrader={"grade_id": "decode_latency", "solution": true}
+# %% id="c014" nbgrader={"grade": false, "grade_id": "decode_latency", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def min_decode_latency(num_params, bytes_per_param, bandwidth, kv_cache_bytes=0):
     """Seconds per decode step at best (memory-bound: read every weight and the KV cache once)."""
     ### BEGIN SOLUTION
     return (num_params * bytes_per_param + kv_cache_bytes) / bandwidth
     ### END SOLUTION
 
-# %% id="c015" nbgrader={"grade_id": "decode_latency_tests", "grade": true, "points": 2}
+
+# %% id="c015" nbgrader={"grade": true, "grade_id": "decode_latency_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # A 7B model in fp16 on an A100 80GB: 14 GB / 2.039 TB/s, about 7 ms per token.
 check_close(min_decode_latency(7e9, 2, A100_BANDWIDTH), 6.8661108e-3, "min_decode_latency(7e9, fp16, A100)", rtol=1e-6)
 # Llama-2-7B has 6,738,415,616 parameters.
@@ -235,7 +236,7 @@ for _ in range(25):
 # search. Careful: the intensity cannot exceed `2·d_in·d_out / (bytes_per_element·(d_in + d_out))`, however
 # large the batch.
 
-# %% id="c017" nbgrader={"grade_id": "critical_batch", "solution": true}
+# %% id="c017" nbgrader={"grade": false, "grade_id": "critical_batch", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth):
     """Smallest integer batch at which [B, d_in] x [d_in, d_out] is compute-bound, or None."""
     ### BEGIN SOLUTION
@@ -257,7 +258,8 @@ def critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth):
     return b
     ### END SOLUTION
 
-# %% id="c018" nbgrader={"grade_id": "critical_batch_tests", "grade": true, "points": 2}
+
+# %% id="c018" nbgrader={"grade": true, "grade_id": "critical_batch_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_equal(critical_batch(4096, 4096, 2, A100_FP16_FLOPS, A100_BANDWIDTH), 166,
             "critical_batch(4096, 4096, fp16, A100)")
 check_equal(critical_batch(4096, 11008, 2, H100_FP16_FLOPS, H100_BANDWIDTH), 328,

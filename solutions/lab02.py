@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 02 — Quantization fundamentals
 #
@@ -28,6 +24,7 @@ import torch
 
 from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
 
+
 # %% [markdown] id="c004"
 # ## Exercise 1 — Absmax (symmetric) quantization (3 points)
 #
@@ -43,7 +40,7 @@ from course_lib.grading.checks import check_close, check_equal, check_raises, ch
 #
 # The lecture notes' example: absmax 3.2, 8 bits: 0.1 → round(0.1 · 127 / 3.2) = 4 → 4 · 3.2 / 127 = 0.1008.
 
-# %% id="c005" nbgrader={"grade_id": "absmax", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "absmax", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def absmax_quantize(x, bits=8):
     """Symmetric per-tensor quantization. Returns (codes, scale)."""
     ### BEGIN SOLUTION
@@ -64,7 +61,8 @@ def absmax_dequantize(codes, scale):
     return codes.float() * scale
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "absmax_tests", "grade": true, "points": 3}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "absmax_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _x = torch.tensor([0.1, 3.2, -1.7])
 _codes, _scale = absmax_quantize(_x, 8)
 check_equal(_codes, torch.tensor([4, 127, -67]), "absmax_quantize([0.1, 3.2, -1.7], 8): codes")
@@ -127,7 +125,7 @@ for _ in range(20):
 # The lecture notes' example: max 3.2, min -3.0, 8 bits: 255 / 6.2 = 41.13 steps per unit (our scale is the
 # inverse, 6.2 / 255), zero point -round(41.13 · -3.0) - 128 = -5, and 0.1 → round(41.13 · 0.1 - 5) = -1.
 
-# %% id="c008" nbgrader={"grade_id": "zeropoint", "solution": true}
+# %% id="c008" nbgrader={"grade": false, "grade_id": "zeropoint", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def zeropoint_quantize(x, bits=8):
     """Asymmetric per-tensor quantization. Returns (codes, scale, zero_point)."""
     ### BEGIN SOLUTION
@@ -151,7 +149,8 @@ def zeropoint_dequantize(codes, scale, zero_point):
     return (codes.float() - zero_point) * scale
     ### END SOLUTION
 
-# %% id="c009" nbgrader={"grade_id": "zeropoint_tests", "grade": true, "points": 3}
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "zeropoint_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _codes, _scale, _zp = zeropoint_quantize(torch.tensor([0.1, 3.2, -3.0]), 8)
 check_close(1 / torch.as_tensor(_scale), 41.129, "zeropoint_quantize([0.1, 3.2, -3.0], 8): 1 / scale (steps per unit)",
             rtol=1e-4)
@@ -206,7 +205,7 @@ for _ in range(20):
 # `group_dequantize(codes, scales, group_size)` returns the float tensor `codes * scale` of each element's
 # group. Hint: `w.reshape(rows, cols // group_size, group_size)` puts each group on the last dimension.
 
-# %% id="c011" nbgrader={"grade_id": "group", "solution": true}
+# %% id="c011" nbgrader={"grade": false, "grade_id": "group", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def group_quantize(w, bits, group_size):
     """Absmax quantization with one scale per group of `group_size` consecutive values of each row.
     Returns (codes [rows, cols], scales [rows, cols // group_size])."""
@@ -231,7 +230,8 @@ def group_dequantize(codes, scales, group_size):
     return (groups * scales.unsqueeze(-1)).reshape(rows, cols)
     ### END SOLUTION
 
-# %% id="c012" nbgrader={"grade_id": "group_tests", "grade": true, "points": 3}
+
+# %% id="c012" nbgrader={"grade": true, "grade_id": "group_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _w = torch.tensor([[0.4, -1.0, 0.2, 0.05],
                    [3.0, 0.0, -0.7, 0.7],
                    [0.0, 0.0, 0.0, 0.0]])
@@ -288,7 +288,7 @@ for _ in range(20):
 #
 # Example: codes `[1, -2]` → one byte `0xE1` (low nibble 1, high nibble 14).
 
-# %% id="c014" nbgrader={"grade_id": "packing", "solution": true}
+# %% id="c014" nbgrader={"grade": false, "grade_id": "packing", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def pack_int4(codes):
     """[..., 2n] codes in -8..7 -> [..., n] uint8, element 2j in the low nibble."""
     ### BEGIN SOLUTION
@@ -307,7 +307,8 @@ def unpack_int4(packed):
     return torch.stack([low, high], dim=-1).flatten(-2)
     ### END SOLUTION
 
-# %% id="c015" nbgrader={"grade_id": "packing_tests", "grade": true, "points": 2}
+
+# %% id="c015" nbgrader={"grade": true, "grade_id": "packing_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _p = pack_int4(torch.tensor([1, -2, 7, -8], dtype=torch.int8))
 check_equal(_p.dtype, torch.uint8, "pack_int4(...).dtype")
 check_equal(_p, torch.tensor([0xE1, 0x87]), "pack_int4([1, -2, 7, -8]): bytes")
@@ -341,7 +342,7 @@ for _ in range(20):
 # `SQNR = 10 · log10( sum(x²) / sum((x - x_hat)²) )`. Return a Python float, and `math.inf` when `x_hat`
 # equals `x` exactly (no noise).
 
-# %% id="c017" nbgrader={"grade_id": "sqnr", "solution": true}
+# %% id="c017" nbgrader={"grade": false, "grade_id": "sqnr", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sqnr_db(x, x_hat):
     """Signal-to-quantization-noise ratio in dB."""
     ### BEGIN SOLUTION
@@ -352,7 +353,8 @@ def sqnr_db(x, x_hat):
     return 10 * math.log10(signal / noise)
     ### END SOLUTION
 
-# %% id="c018" nbgrader={"grade_id": "sqnr_tests", "grade": true, "points": 1}
+
+# %% id="c018" nbgrader={"grade": true, "grade_id": "sqnr_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 _x = torch.tensor([1.0, -2.0, 3.0, -4.0], dtype=torch.float64)
 check_close(sqnr_db(_x, _x * 1.1), 20.0, "sqnr_db(x, 1.1 x): the noise is 1% of the signal power", rtol=1e-9)
 check_close(sqnr_db(_x, _x + 1.0), 10 * math.log10(30 / 4), "sqnr_db([1, -2, 3, -4], x + 1)", rtol=1e-9)

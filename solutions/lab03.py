@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 03 — Quantizing LLMs: GPTQ's column loop and SmoothQuant's smoothing
 #
@@ -55,6 +51,7 @@ def output_error(W, W_q, X):
     """||X W^T - X W_q^T||^2 / n: what GPTQ minimizes."""
     return float((X @ (W - W_q).T).pow(2).sum() / X.shape[0])
 
+
 # %% [markdown] id="c004"
 # ## Exercise 1 — GPTQ's column loop (6 points)
 #
@@ -71,7 +68,7 @@ def output_error(W, W_q, X):
 # optimally after column j is fixed: that is why GPTQ uses the Cholesky factor of the **inverse** Hessian.
 # (The full algorithm adds lazy batch updates, groups and act-order: `course_lib.quant.gptq_quantize`.)
 
-# %% id="c005" nbgrader={"grade_id": "gptq_answer", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "gptq_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def gptq_columns(W, U, scale, zero, bits=4):
     """GPTQ's column loop with error feedback. Returns the dequantized weight [out, in]."""
     ### BEGIN SOLUTION
@@ -87,7 +84,8 @@ def gptq_columns(W, U, scale, zero, bits=4):
     return Q
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "gptq_tests", "grade": true, "points": 6}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "gptq_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 _gen = torch.Generator().manual_seed(0)
 _W = torch.randn(6, 12, generator=_gen) * 0.1
 _X = torch.randn(64, 12, generator=_gen) @ torch.randn(12, 12, generator=_gen)   # correlated inputs
@@ -148,7 +146,7 @@ assert sum(_ratios) / len(_ratios) < 1, (f"GPTQ's output error is not below roun
 # input axis, so that `(x / s) @ W_smoothed.T == x @ W.T`. Clamp both maxima to at least `1e-5` before
 # the powers (a dead channel must not divide by zero). Raise `ValueError` if `alpha` is not in [0, 1].
 
-# %% id="c008" nbgrader={"grade_id": "smooth_answer", "solution": true}
+# %% id="c008" nbgrader={"grade": false, "grade_id": "smooth_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def smooth(x_absmax, W, alpha=0.5):
     """SmoothQuant's per-input-channel scales s [in] and the smoothed weight [out, in]."""
     ### BEGIN SOLUTION
@@ -160,7 +158,8 @@ def smooth(x_absmax, W, alpha=0.5):
     return s, W * s[None, :]
     ### END SOLUTION
 
-# %% id="c009" nbgrader={"grade_id": "smooth_tests", "grade": true, "points": 4}
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "smooth_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _W = torch.tensor([[0.5, -0.1, 2.0], [0.25, 0.2, -1.0]])
 _a = torch.tensor([4.0, 100.0, 1.0])
 _s, _Ws = smooth(_a, _W, 0.5)

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 04 · Knowledge distillation
 #
@@ -21,7 +17,7 @@
 #   tests check that the code is your own.
 # * Everything runs on a CPU in seconds. Total: 10 points.
 
-# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import time
 
@@ -42,6 +38,7 @@ def _own_work(fn, name):
         if isinstance(mod, str) and mod.startswith("course_lib.distill"):
             raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
 
+
 # %% [markdown] id="c004"
 # ## Part A · The KD loss (4 points)
 #
@@ -59,7 +56,7 @@ def _own_work(fn, name):
 # elementwise, that is KL(target ‖ input) — mind the order, and mind what its `reduction` divides by.
 # Why T²: the gradient of the KL shrinks like 1/T² as T grows; the factor keeps its size independent of T.
 
-# %% id="c005" nbgrader={"grade_id": "kd_answer", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "kd_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def kd_loss(student_logits, teacher_logits, temperature=2.0):
     """T^2 * mean over positions of KL(softmax(teacher / T) || softmax(student / T))."""
     ### BEGIN SOLUTION
@@ -70,7 +67,8 @@ def kd_loss(student_logits, teacher_logits, temperature=2.0):
     return kl.mean() * T * T
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "kd_t1_tests", "grade": true, "points": 2}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "kd_t1_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _s = torch.tensor([[0.0, 1.0, 2.0]])
 _t = torch.tensor([[2.0, 1.0, 0.0]])
 check_close(kd_loss(_s, _t, 1.0), 1.1504207, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=1)", atol=1e-5)
@@ -101,7 +99,7 @@ for _shape in ((5, 7), (3, 4, 50), (2, 2, 3, 11)):
     check_close(kd_loss(_a, _a, 1.0), 0.0, f"kd_loss(x, x, T=1), random {_shape}", atol=1e-5)
 ### END HIDDEN TESTS
 
-# %% id="c007" nbgrader={"grade_id": "kd_temperature_tests", "grade": true, "points": 2}
+# %% id="c007" nbgrader={"grade": true, "grade_id": "kd_temperature_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_close(kd_loss(_s, _t, 2.0), 1.2806268, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=2)", atol=1e-5)
 check_close(kd_loss(_s, _t, 4.0), 1.3196300, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=4)", atol=1e-5)
 check_close(kd_loss(_s2, _t2, 3.0), 0.3662757, "kd_loss of the [1, 2, 4] batch at T=3", atol=1e-5)
@@ -143,7 +141,7 @@ check_close(max(_ns) / min(_ns), 1.0, f"gradient norms at T = 5, 10, 20 should b
 # the integer labels `[...]` (same leading shape). Raise a `ValueError` when alpha is not in [0, 1].
 # Use your `kd_loss` from Part A.
 
-# %% id="c009" nbgrader={"grade_id": "combined_answer", "solution": true}
+# %% id="c009" nbgrader={"grade": false, "grade_id": "combined_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def combined_loss(student_logits, teacher_logits, labels, alpha=0.5, temperature=2.0):
     """alpha * KD + (1 - alpha) * cross entropy on the labels."""
     ### BEGIN SOLUTION
@@ -154,7 +152,8 @@ def combined_loss(student_logits, teacher_logits, labels, alpha=0.5, temperature
     return alpha * kd_loss(student_logits, teacher_logits, temperature) + (1 - alpha) * ce
     ### END SOLUTION
 
-# %% id="c010" nbgrader={"grade_id": "combined_tests", "grade": true, "points": 3}
+
+# %% id="c010" nbgrader={"grade": true, "grade_id": "combined_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _y = torch.tensor([2])
 check_close(combined_loss(_s, _t, _y, 0.0, 2.0), 0.4076059, "combined_loss(alpha=0) (pure cross entropy)", atol=1e-5)
 check_close(combined_loss(_s, _t, _y, 0.7, 2.0), 1.0187205, "combined_loss([[0, 1, 2]], [[2, 1, 0]], [2], alpha=0.7, T=2)",
@@ -189,7 +188,7 @@ check_raises(lambda: combined_loss(_a, _b, _lab, -0.1, 2.0), ValueError, "combin
 # Implement `acceptance(p, q)` for probability tensors of shape `[..., V]`, returning a tensor `[...]`
 # (one rate per position). Raise a `ValueError` when the shapes differ.
 
-# %% id="c012" nbgrader={"grade_id": "acceptance_answer", "solution": true}
+# %% id="c012" nbgrader={"grade": false, "grade_id": "acceptance_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def acceptance(p, q):
     """sum_x min(p(x), q(x)) over the last dimension."""
     ### BEGIN SOLUTION
@@ -198,7 +197,8 @@ def acceptance(p, q):
     return torch.minimum(p, q).sum(-1)
     ### END SOLUTION
 
-# %% id="c013" nbgrader={"grade_id": "acceptance_tests", "grade": true, "points": 3}
+
+# %% id="c013" nbgrader={"grade": true, "grade_id": "acceptance_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 check_close(acceptance(torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5])), 1.0, "acceptance(p, p)")
 check_close(acceptance(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])), 0.0, "acceptance of disjoint p, q")
 check_close(acceptance(torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.5, 0.1, 0.4])), 0.7,

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 05 · KV caching
 #
@@ -23,7 +19,7 @@
 #   check that the code is your own.
 # * Everything runs on a CPU in seconds. Total: 10 points.
 
-# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import time
 
@@ -52,6 +48,7 @@ def _own_work(obj, name):
     if isinstance(obj, type) and any(b.__module__.startswith("course_lib.kvcache") for b in obj.__mro__):
         raise AssertionError(f"{name} must not inherit from course_lib.kvcache")
 
+
 # %% [markdown] id="c004"
 # ## Part A · The memory formula (3 points)
 #
@@ -71,7 +68,7 @@ def _own_work(obj, name):
 # Example: Llama-2-7B (32 layers, 32 KV heads of 128) in fp16 needs 512 KiB per token, so a 4096-token
 # sequence needs exactly 2 GiB.
 
-# %% id="c005" nbgrader={"grade_id": "memory_answer", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "memory_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, batch=1, bytes_per_element=2):
     """Bytes of the K and V caches of `batch` sequences of `tokens` tokens."""
     ### BEGIN SOLUTION
@@ -93,7 +90,8 @@ def max_sequences(gpu_bytes, weight_bytes, num_layers, num_kv_heads, head_dim, t
     return max(0, int(free // per_seq)) if per_seq else 0
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "memory_tests", "grade": true, "points": 2}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "memory_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_equal(kv_cache_bytes(32, 32, 128, 1), 512 * 1024, "kv_cache_bytes(32, 32, 128, 1) (Llama-2-7B, one token, fp16)")
 check_equal(kv_cache_bytes(32, 32, 128, 4096), 2 * 2**30, "kv_cache_bytes(32, 32, 128, 4096)")
 check_equal(kv_cache_bytes(32, 8, 128, 4096, batch=8), 4 * 2**30, "kv_cache_bytes(32, 8, 128, 4096, batch=8) (Llama-3-8B)")
@@ -125,7 +123,7 @@ for _bad in ((-3, 8, 128, 5), (32, -1, 128, 5), (32, 8, 0, 5), (32, 8, 128, -7))
     check_raises(lambda: kv_cache_bytes(*_bad), ValueError, f"kv_cache_bytes{_bad}")
 ### END HIDDEN TESTS
 
-# %% id="c007" nbgrader={"grade_id": "max_sequences_tests", "grade": true, "points": 1}
+# %% id="c007" nbgrader={"grade": true, "grade_id": "max_sequences_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 # an 80 GB GPU holding Llama-2-7B in fp16 (13.5e9 bytes of weights): 4096-token sequences of 2 GiB each
 check_equal(max_sequences(80e9, 13.5e9, 32, 32, 128, 4096), 30, "max_sequences(80e9, 13.5e9, 32, 32, 128, 4096)")
 check_equal(max_sequences(80e9, 13.5e9, 32, 8, 128, 4096), 123, "max_sequences(80e9, 13.5e9, 32, 8, 128, 4096) (GQA)")
@@ -161,7 +159,7 @@ for _ in range(100):
 # Implement `KVCache` that keeps one key tensor and one value tensor per layer and grows them along the
 # sequence axis. (`torch.cat` is fine.)
 
-# %% id="c009" nbgrader={"grade_id": "cache_answer", "solution": true}
+# %% id="c009" nbgrader={"grade": false, "grade_id": "cache_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class KVCache:
     def __init__(self):
         ### BEGIN SOLUTION
@@ -184,7 +182,8 @@ class KVCache:
         return self.k[0].shape[2] if self.k else 0
         ### END SOLUTION
 
-# %% id="c010" nbgrader={"grade_id": "cache_tests", "grade": true, "points": 2}
+
+# %% id="c010" nbgrader={"grade": true, "grade_id": "cache_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 c = KVCache()
 check_equal(c.get_seq_length(), 0, "get_seq_length() of an empty cache")
 k1, v1 = torch.arange(24.).view(1, 2, 3, 4), -torch.arange(24.).view(1, 2, 3, 4)
@@ -227,7 +226,7 @@ for _trial in range(20):
 # The real test: generating with your cache must give exactly the tokens of recomputation. The loop
 # below prefills the prompt once, then feeds one token per step.
 
-# %% id="c012" nbgrader={"grade_id": "cache_model_tests", "grade": true, "points": 2}
+# %% id="c012" nbgrader={"grade": true, "grade_id": "cache_model_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 @torch.no_grad()
 def greedy_recompute(ids, n):
     for _ in range(n):
@@ -285,7 +284,7 @@ for _B in (1, 2):
 #
 # Raise a `ValueError` if `window` is not an integer >= 1.
 
-# %% id="c014" nbgrader={"grade_id": "window_answer", "solution": true}
+# %% id="c014" nbgrader={"grade": false, "grade_id": "window_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class SlidingWindowKVCache:
     def __init__(self, window):
         ### BEGIN SOLUTION
@@ -322,7 +321,8 @@ class SlidingWindowKVCache:
         return self.k[layer].shape[2] if layer < len(self.k) else 0
         ### END SOLUTION
 
-# %% id="c015" nbgrader={"grade_id": "window_tests", "grade": true, "points": 3}
+
+# %% id="c015" nbgrader={"grade": true, "grade_id": "window_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 def tokens(a, b):
     """Keys whose single channel holds the token's position a..b-1: easy to read back."""
     return torch.arange(a, b, dtype=torch.float32).view(1, 1, b - a, 1)

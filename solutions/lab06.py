@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 06 · Paged KV memory
 #
@@ -23,7 +19,7 @@
 #   anything else from `course_lib.paged`: the hidden tests check that the code is your own.
 # * Everything runs on a CPU in seconds. Total: 10 points.
 
-# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import random
 import time
@@ -50,6 +46,7 @@ def _own_work(cls, name):
                 if isinstance(mod, str) and mod.startswith("course_lib.paged"):
                     raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
 
+
 # %% [markdown] id="c004"
 # ## Part A · The block allocator (3 points)
 #
@@ -67,7 +64,7 @@ def _own_work(cls, name):
 # is not an integer in range ("unknown block"); `free` of a block that is already free ("double free");
 # `incref` of a free block. A `collections.deque` or a plain list is fine for the free list.
 
-# %% id="c005" nbgrader={"grade_id": "allocator_answer", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "allocator_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class BlockAllocator:
     def __init__(self, num_blocks):
         ### BEGIN SOLUTION
@@ -113,7 +110,8 @@ class BlockAllocator:
             self.free_list.append(b)
         ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "allocator_tests", "grade": true, "points": 3}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "allocator_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 a = BlockAllocator(3)
 check_equal(a.num_free, 3, "num_free of a new BlockAllocator(3)")
 check_equal([a.allocate(), a.allocate()], [0, 1], "the first two allocate() calls")
@@ -187,7 +185,7 @@ for _trial in range(40):
 # the allocator's `allocate`, `free`, `incref`, `num_free` and `refcount` (the tests give you the
 # course's allocator, so this part does not depend on Part A).
 
-# %% id="c008" nbgrader={"grade_id": "blocks_answer", "solution": true}
+# %% id="c008" nbgrader={"grade": false, "grade_id": "blocks_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class BlockManager:
     def __init__(self, allocator, block_size):
         ### BEGIN SOLUTION
@@ -244,7 +242,8 @@ class BlockManager:
         return self.lengths[seq_id]
         ### END SOLUTION
 
-# %% id="c009" nbgrader={"grade_id": "blocks_tests", "grade": true, "points": 4}
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "blocks_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 m = BlockManager(CourseAllocator(6), block_size=4)
 m.add_sequence("a", 6)
 check_equal(m.block_table("a"), [0, 1], "block_table('a') after add_sequence('a', 6) with block_size 4")
@@ -333,7 +332,7 @@ for _trial in range(40):
 #   * last block partial and private: return `[]`.
 #   If a needed block cannot be allocated, raise `OutOfBlocks(1, 0)` and change nothing.
 
-# %% id="c011" nbgrader={"grade_id": "cow_answer", "solution": true}
+# %% id="c011" nbgrader={"grade": false, "grade_id": "cow_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class CowBlockManager(BlockManager):
     def fork(self, parent_id, child_id):
         ### BEGIN SOLUTION
@@ -368,7 +367,8 @@ class CowBlockManager(BlockManager):
         return copies
         ### END SOLUTION
 
-# %% id="c012" nbgrader={"grade_id": "cow_tests", "grade": true, "points": 3}
+
+# %% id="c012" nbgrader={"grade": true, "grade_id": "cow_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 m = CowBlockManager(CourseAllocator(8), block_size=4)
 m.add_sequence("p", 6)                               # blocks [0, 1]: one full, one with 2 of 4 tokens
 m.fork("p", "c")

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 07 · Online softmax and tiled attention
 #
@@ -22,7 +18,7 @@
 # * PyTorch only; do not import `course_lib.attention` (the hidden tests check that the code is your own).
 # * Everything runs on a CPU in seconds. Total: 10 points.
 
-# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import time
 
@@ -48,6 +44,7 @@ class _LargestScores(TorchFunctionMode):
             self.widest = max(self.widest, out.shape[-1])
         return out
 
+
 # %% [markdown] id="c004"
 # ## Part A · Online softmax (4 points)
 #
@@ -64,7 +61,7 @@ class _LargestScores(TorchFunctionMode):
 #    pieces of `block_size` columns (the last piece may be shorter) with `online_softmax_update`, then
 #    normalizing: `exp(x - m) / l`. Raise `ValueError` when `block_size < 1`.
 
-# %% id="c005" nbgrader={"grade_id": "online_answer", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "online_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def online_softmax_update(m, l, piece):
     """Fold piece [rows, n] into the running max m [rows] and sum l [rows]; return (m_new, l_new)."""
     ### BEGIN SOLUTION
@@ -87,7 +84,8 @@ def online_softmax(x, block_size):
     return torch.exp(x - m[:, None]) / l[:, None]
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "online_tests", "grade": true, "points": 4}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "online_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _x = torch.tensor([[1.0, 3.0, 0.5, 2.0, 6.0, 1.5, 4.0]])
 _m, _l = online_softmax_update(torch.tensor([-math.inf]), torch.tensor([0.0]), _x[:, :3])
 check_close(_m, [3.0], "online_softmax_update from the start, piece [1, 3, 0.5]: m")
@@ -143,7 +141,7 @@ for _ in range(20):
 # tile that crosses the diagonal needs an element-wise mask (`-inf` where `j > i`); the others are full.
 # Part C's tests check the causal results.
 
-# %% id="c008" nbgrader={"grade_id": "tiled_answer", "solution": true}
+# %% id="c008" nbgrader={"grade": false, "grade_id": "tiled_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def tiled_attention(q, k, v, block_size, causal=False):
     """Exact attention tile by tile: q, k, v [N, d] -> [N, d]."""
     ### BEGIN SOLUTION
@@ -177,7 +175,8 @@ def tiled_attention(q, k, v, block_size, causal=False):
     return out
     ### END SOLUTION
 
-# %% id="c009" nbgrader={"grade_id": "tiled_tests", "grade": true, "points": 3}
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "tiled_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 def _attention(q, k, v, causal):
     """The plain N x N version, for the tests."""
     s = q @ k.T / math.sqrt(q.shape[-1])
@@ -218,7 +217,7 @@ for _ in range(12):
     check_close(_tiled_checked(_q, _k, _v, _bs, False, _what), _want, _what, rtol=1e-4, atol=1e-5)
 ### END HIDDEN TESTS
 
-# %% id="c010" nbgrader={"grade_id": "causal_tests", "grade": true, "points": 3}
+# %% id="c010" nbgrader={"grade": true, "grade_id": "causal_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _q, _k, _v = (torch.randn(37, 8, generator=_gen) for _ in range(3))
 for _bs in (16, 5, 37):
     _what = f"tiled_attention(q, k, v [37, 8], block_size={_bs}, causal=True)"

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 08 · Speculative decoding
 #
@@ -26,7 +22,7 @@
 #   tests check that the code is your own.
 # * Everything runs on a CPU in seconds. Total: 10 points.
 
-# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import time
 
@@ -71,6 +67,7 @@ def first_token_counts(accept, p, q, trials, generator):
         counts[int(out[0])] += 1
     return counts
 
+
 # %% [markdown] id="c004"
 # ## Part A · The acceptance step (6 points)
 #
@@ -93,7 +90,7 @@ def first_token_counts(accept, p, q, trials, generator):
 # Two classic mistakes the tests catch: sampling the replacement from `p[i]` instead of the residual (the
 # output then over-weights the tokens the draft likes), and forgetting the bonus token.
 
-# %% id="c005" nbgrader={"grade_id": "accept_answer", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "accept_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def accept_step(p, q, draft_tokens, generator=None):
     """Verify g drafted tokens against the target; return the emitted tokens (a list of ints)."""
     ### BEGIN SOLUTION
@@ -117,13 +114,14 @@ def accept_step(p, q, draft_tokens, generator=None):
     return out
     ### END SOLUTION
 
+
 # %% [markdown] id="c006"
 # ### The rules on fixed examples (2 points)
 #
 # Cases where the answer does not depend on the random draws: `p == q` (every draft passes), a draft the
 # target gives probability 0 (it never passes), and a rejection whose residual has a single token.
 
-# %% id="c007" nbgrader={"grade_id": "accept_rules_tests", "grade": true, "points": 2}
+# %% id="c007" nbgrader={"grade": true, "grade_id": "accept_rules_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _gen = torch.Generator().manual_seed(0)
 # p == q: min(1, p/q) = 1, every draft passes, and the bonus comes from p[g] (one-hot here: token 3)
 _q = torch.tensor([[0.5, 0.25, 0.25, 0.0], [0.1, 0.2, 0.3, 0.4]])
@@ -190,7 +188,7 @@ for _trial in range(50):           # p = q on the drafts: everything passes; bon
 # a correct function fails that with probability below 1e-10 (even if each test's real level were 3 times
 # the nominal one: C(10,5) 0.003^5 = 6e-11), while the classic mistakes fail it almost surely.
 
-# %% id="c009" nbgrader={"grade_id": "accept_stat_tests", "grade": true, "points": 2}
+# %% id="c009" nbgrader={"grade": true, "grade_id": "accept_stat_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _gen = torch.Generator().manual_seed(8)
 _p = torch.tensor([[0.10, 0.20, 0.30, 0.40], [0.25, 0.25, 0.25, 0.25], [0.4, 0.3, 0.2, 0.1]])
 _q = torch.tensor([[0.40, 0.30, 0.20, 0.10], [0.70, 0.10, 0.10, 0.10]])
@@ -241,7 +239,7 @@ assert _rejections < 5, (f"the first emitted token does not follow p[0] in {_rej
 # tests also use the course's real `tiny` target and `tiny-draft` draft. With the target as its own draft
 # every draft passes, so each pass must emit `g + 1` tokens (that is the bonus token).
 
-# %% id="c011" nbgrader={"grade_id": "accept_greedy_tests", "grade": true, "points": 2}
+# %% id="c011" nbgrader={"grade": true, "grade_id": "accept_greedy_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 def greedy_decode(target_fn, prompt, n):
     """Plain greedy decoding. target_fn(ids: list) -> logits [len(ids), V] for the token after each prefix."""
     ids = list(prompt)
@@ -324,7 +322,7 @@ with torch.no_grad():
 #   g + 1 tokens costs about as much as one). Plain decoding costs 1 per token, so the speed-up is
 #   `expected_tokens_per_pass(a, g) / (g * c + verify_cost)`.
 
-# %% id="c013" nbgrader={"grade_id": "theory_answer", "solution": true}
+# %% id="c013" nbgrader={"grade": false, "grade_id": "theory_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def expected_tokens_per_pass(a, g):
     """Expected tokens emitted by one draft-then-verify pass."""
     ### BEGIN SOLUTION
@@ -344,7 +342,8 @@ def speedup(a, g, c, verify_cost=1.0):
     return expected_tokens_per_pass(a, g) / (g * c + verify_cost)
     ### END SOLUTION
 
-# %% id="c014" nbgrader={"grade_id": "tokens_tests", "grade": true, "points": 2}
+
+# %% id="c014" nbgrader={"grade": true, "grade_id": "tokens_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_close(expected_tokens_per_pass(0.8, 4), (1 - 0.8 ** 5) / 0.2, "expected_tokens_per_pass(0.8, 4)")
 check_close(expected_tokens_per_pass(0.5, 1), 1.5, "expected_tokens_per_pass(0.5, 1)")
 check_close(expected_tokens_per_pass(1.0, 4), 5.0, "expected_tokens_per_pass(1.0, 4) (every draft passes)")
@@ -366,7 +365,7 @@ for _trial in range(200):
                 f"(seed {_seed})", rtol=1e-9)
 ### END HIDDEN TESTS
 
-# %% id="c015" nbgrader={"grade_id": "speedup_tests", "grade": true, "points": 2}
+# %% id="c015" nbgrader={"grade": true, "grade_id": "speedup_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_close(speedup(0.8, 4, 0.05), (1 - 0.8 ** 5) / 0.2 / 1.2, "speedup(0.8, 4, 0.05)")
 check_close(speedup(0.8, 4, 0.05, verify_cost=1.6), (1 - 0.8 ** 5) / 0.2 / 1.8,
             "speedup(0.8, 4, 0.05, verify_cost=1.6) (a CPU, where verifying 5 tokens costs 1.6 decode steps)")

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 09 · A continuous-batching scheduler
 #
@@ -24,7 +20,7 @@
 # * Plain Python only; do not import `fcfs_schedule` or `blocks_needed` from `course_lib`: the hidden tests
 #   check that the code is your own. Everything runs on a CPU in seconds. Total: 10 points.
 
-# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import random
 import time
@@ -46,6 +42,7 @@ def _own_work(fn, name):
         if isinstance(mod, str) and mod.startswith(("course_lib.serving", "course_lib.paged")) \
                 and ref in ("fcfs_schedule", "blocks_needed"):
             raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
+
 
 # %% [markdown] id="c004"
 # ## The simulator and the scheduler hook
@@ -80,7 +77,7 @@ def _own_work(fn, name):
 # positive integer or `tokens` is not an integer >= 0. Use integer arithmetic (no floats: they round
 # wrongly for huge numbers).
 
-# %% id="c005" nbgrader={"grade_id": "blocks_answer", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "blocks_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def blocks_needed(tokens, block_size):
     ### BEGIN SOLUTION
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -90,7 +87,8 @@ def blocks_needed(tokens, block_size):
     return -(-tokens // block_size)
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "blocks_tests", "grade": true, "points": 2}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "blocks_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_equal([blocks_needed(t, 16) for t in (0, 1, 15, 16, 17, 32, 33)], [0, 1, 1, 1, 2, 2, 3],
             "blocks_needed(t, 16) for t = 0, 1, 15, 16, 17, 32, 33")
 check_equal(blocks_needed(10**18 + 1, 10**9), 10**9 + 1, "blocks_needed(10**18 + 1, 10**9) (integer arithmetic)")
@@ -130,7 +128,7 @@ for _ in range(500):
 # Return `Decision(preempt=..., admit=...)` (lists of rids; `admit` in queue order). Never admit more
 # than the free blocks allow: a server that over-subscribes its KV memory crashes or corrupts outputs.
 
-# %% id="c008" nbgrader={"grade_id": "schedule_answer", "solution": true}
+# %% id="c008" nbgrader={"grade": false, "grade_id": "schedule_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def schedule(waiting, running, free_blocks, block_size, max_batch):
     ### BEGIN SOLUTION
     run = list(running)
@@ -162,7 +160,8 @@ def schedule(waiting, running, free_blocks, block_size, max_batch):
     return Decision(preempt=preempt, admit=admit)
     ### END SOLUTION
 
-# %% id="c009" nbgrader={"grade_id": "schedule_tests", "grade": true, "points": 6}
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "schedule_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 V = SeqView   # SeqView(rid, arrival_s, blocks, need)
 # admission: 10 tokens need 1 block, 40 tokens 3; with 3 free blocks 0 is admitted, 1 does not fit, 2 waits behind it
 d = schedule([V(0, 0.0, 0, 10), V(1, 0.1, 0, 40), V(2, 0.2, 0, 5)], [], 3, 16, 8)
@@ -242,7 +241,7 @@ for _trial in range(4):
 # (`<=`), divided by `duration_s`. `ttfts` and `tpots` are equally long lists (one entry per request).
 # Raise `ValueError` if their lengths differ or `duration_s` is not positive.
 
-# %% id="c011" nbgrader={"grade_id": "goodput_answer", "solution": true}
+# %% id="c011" nbgrader={"grade": false, "grade_id": "goodput_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def goodput(ttfts, tpots, ttft_slo, tpot_slo, duration_s):
     ### BEGIN SOLUTION
     if len(ttfts) != len(tpots):
@@ -253,7 +252,8 @@ def goodput(ttfts, tpots, ttft_slo, tpot_slo, duration_s):
     return ok / duration_s
     ### END SOLUTION
 
-# %% id="c012" nbgrader={"grade_id": "goodput_tests", "grade": true, "points": 2}
+
+# %% id="c012" nbgrader={"grade": true, "grade_id": "goodput_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_close(goodput([0.5, 1.0, 2.0, 0.1], [0.01, 0.05, 0.01, 0.2], 1.0, 0.05, 2.0), 1.0,
             "goodput: 2 of 4 requests meet TTFT <= 1 s and TPOT <= 50 ms (limits included), over 2 s")
 for _args in (([1.0], [], 1.0, 1.0, 1.0), ([1.0], [1.0], 1.0, 1.0, 0.0)):

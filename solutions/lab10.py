@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 10 — Wanda with 2:4 sparsity, and mixture-of-experts dispatch
 #
@@ -23,6 +19,7 @@ import torch
 
 from course_lib.grading.checks import check_close, check_equal, check_shape
 
+
 # %% [markdown] id="c004"
 # ## Exercise 1 — Wanda with a 2:4 constraint (4 points)
 #
@@ -36,7 +33,7 @@ from course_lib.grading.checks import check_close, check_equal, check_shape
 # if `in_features` is not a multiple of 4 or if `X` has the wrong number of features. Hint: reshape the
 # scores to `[out, in // 4, 4]` and use `topk` on the last dimension.
 
-# %% id="c005" nbgrader={"grade_id": "wanda", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "wanda", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def wanda_24_mask(W, X):
     """Bool mask [out, in]: the 2 highest |W| * ||X_j|| of every 4 consecutive inputs of each row."""
     ### BEGIN SOLUTION
@@ -52,7 +49,8 @@ def wanda_24_mask(W, X):
     return keep.reshape(out_f, in_f)
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "wanda_tests", "grade": true, "points": 4}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "wanda_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _W = torch.tensor([[0.9, -0.5, 0.1, 0.2, 1.0, 2.0, -3.0, 4.0]])
 _X = torch.tensor([[1.0, 1.0, 10.0, 1.0, 1.0, 1.0, 1.0, 1.0],
                    [1.0, 1.0, 10.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
@@ -94,7 +92,7 @@ for _ in range(10):
 # of `N` tokens that each go to `k` experts (never more than `N`). `capacity_factor=None` means no limit
 # (`N`). Write `expert_capacity(N, E, k, capacity_factor)`.
 
-# %% id="c008" nbgrader={"grade_id": "capacity", "solution": true}
+# %% id="c008" nbgrader={"grade": false, "grade_id": "capacity", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def expert_capacity(N, E, k, capacity_factor):
     ### BEGIN SOLUTION
     if capacity_factor is None:
@@ -102,7 +100,8 @@ def expert_capacity(N, E, k, capacity_factor):
     return min(N, math.ceil(capacity_factor * N * k / E))
     ### END SOLUTION
 
-# %% id="c009" nbgrader={"grade_id": "capacity_tests", "grade": true, "points": 2}
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "capacity_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_equal(expert_capacity(100, 8, 2, 1.0), 25, "expert_capacity(100 tokens, 8 experts, k=2, cf=1.0)")
 check_equal(expert_capacity(100, 8, 2, 1.25), 32, "expert_capacity(100, 8, 2, 1.25): ceil(31.25)")
 check_equal(expert_capacity(10, 2, 2, 4.0), 10, "expert_capacity(10, 2, 2, 4.0): never more than N")
@@ -137,7 +136,7 @@ for _ in range(20):
 # position of an assignment within its expert tells whether it fits), then add the weighted outputs
 # back (`index_add_`).
 
-# %% id="c011" nbgrader={"grade_id": "dispatch", "solution": true}
+# %% id="c011" nbgrader={"grade": false, "grade_id": "dispatch", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def moe_dispatch(x, experts, weights, indices, capacity=None):
     ### BEGIN SOLUTION
     N, k = indices.shape
@@ -162,7 +161,8 @@ def moe_dispatch(x, experts, weights, indices, capacity=None):
     return y, int(k * N - kept_counts.sum())
     ### END SOLUTION
 
-# %% id="c012" nbgrader={"grade_id": "dispatch_tests", "grade": true, "points": 4}
+
+# %% id="c012" nbgrader={"grade": true, "grade_id": "dispatch_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 class _Scale(torch.nn.Module):
     def __init__(self, c):
         super().__init__()

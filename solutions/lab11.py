@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 11 — A tensor-parallel MLP on `torch.distributed`
 #
@@ -28,6 +24,7 @@ from course_lib.grading.checks import check_close, check_equal, check_raises
 
 torch.set_num_threads(1)
 
+
 # %% [markdown] id="c004"
 # ## Exercise 1 — The shards (2 points)
 #
@@ -39,7 +36,7 @@ torch.set_num_threads(1)
 #
 # Both raise `ValueError` when `world_size` does not divide the dimension being split.
 
-# %% id="c005" nbgrader={"grade_id": "shards", "solution": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "shards", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def shard_column(weight, bias, rank, world_size):
     """Rows rank of world_size of weight [out, in], and that slice of bias [out]."""
     ### BEGIN SOLUTION
@@ -61,7 +58,8 @@ def shard_row(weight, rank, world_size):
     return weight[:, rank * s:(rank + 1) * s]
     ### END SOLUTION
 
-# %% id="c006" nbgrader={"grade_id": "shards_tests", "grade": true, "points": 2}
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "shards_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _w = torch.arange(24.0).reshape(4, 6)
 _b = torch.tensor([10.0, 11.0, 12.0, 13.0])
 _ws, _bs = shard_column(_w, _b, 1, 2)
@@ -104,7 +102,7 @@ check_raises(lambda: shard_row(torch.randn(3, 7), 0, 2), ValueError, "shard_row,
 # * `tp_bytes_per_token(hidden, layers, p, bytes_per_element=2)`: bytes each rank sends to generate one
 #   token (one token's activations per all-reduce).
 
-# %% id="c008" nbgrader={"grade_id": "cost", "solution": true}
+# %% id="c008" nbgrader={"grade": false, "grade_id": "cost", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_allreduce_bytes(nbytes, p):
     """Bytes each rank sends in a ring all-reduce of nbytes over p ranks."""
     ### BEGIN SOLUTION
@@ -118,7 +116,8 @@ def tp_bytes_per_token(hidden, layers, p, bytes_per_element=2):
     return 2 * layers * ring_allreduce_bytes(hidden * bytes_per_element, p)
     ### END SOLUTION
 
-# %% id="c009" nbgrader={"grade_id": "cost_tests", "grade": true, "points": 2}
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "cost_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_close(ring_allreduce_bytes(1000, 1), 0.0, "ring_allreduce_bytes(1000, p=1): one rank sends nothing")
 check_close(ring_allreduce_bytes(1000, 2), 1000.0, "ring_allreduce_bytes(1000, p=2)")
 check_close(ring_allreduce_bytes(1000, 8), 1750.0, "ring_allreduce_bytes(1000, p=8)")
@@ -160,7 +159,7 @@ for _ in range(5):
 # So use only those and the helpers from exercise 1. Each check starts two Python processes: it takes a
 # few seconds (the first one longer).
 
-# %% id="c011" nbgrader={"grade_id": "parallel_mlp", "solution": true}
+# %% id="c011" nbgrader={"grade": false, "grade_id": "parallel_mlp", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
     """This rank's part of relu(x w1^T + b1) w2^T + b2, all-reduced: the whole output on every rank."""
     ### BEGIN SOLUTION
@@ -171,7 +170,8 @@ def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
     return y + b2                                     # the bias once, after the sum
     ### END SOLUTION
 
-# %% id="c012" nbgrader={"grade_id": "parallel_mlp_tests", "grade": true, "points": 4}
+
+# %% id="c012" nbgrader={"grade": true, "grade_id": "parallel_mlp_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 from course_lib.parallel.checks import check_parallel_mlp
 
 check_parallel_mlp(parallel_mlp, d=4, f=6, batch=2, world_size=2, seed=0, helpers=[shard_column, shard_row])

@@ -1,7 +1,3 @@
-# Source of the notebook beside this file (same name, .ipynb). After editing it, run
-#     python tools/nb.py sync --from-py
-# (tools/nb.py describes the format; the build adds the Colab badge and install cells).
-
 # %% [markdown] id="c002"
 # # Lab 12 · A graph break, and where the speed-up comes from
 #
@@ -22,7 +18,7 @@
 # * Do not call `course_lib.capstone.attribution_table` in Part B: the hidden tests compare your table with
 #   it and check that the code is your own. Everything runs on a CPU in seconds. Total: 8 points.
 
-# %% id="c003" nbgrader={"grade_id": "setup", "locked": true}
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import random
 import time
@@ -67,6 +63,7 @@ def own_work(fn, name, forbidden=("attribution_table",)):
 
 model = tiny_model()
 
+
 # %% [markdown] id="c004"
 # ## Part A · Remove a graph break (4 points)
 #
@@ -74,7 +71,7 @@ model = tiny_model()
 # `tok` ([B, 1]) and a `StaticCache` holding the sequences so far, runs the model for one position (which
 # also writes the new K/V into the cache), and returns the next token of each sequence, [B, 1], int64:
 
-# %% id="c005" nbgrader={"grade_id": "provided_step", "locked": true}
+# %% id="c005" nbgrader={"grade": false, "grade_id": "provided_step", "locked": true, "schema_version": 3, "solution": false, "task": false}
 def decode_step_with_break(model, tok, cache):
     logits = model(tok, cache=cache)[:, -1, :]            # [B, V]: the logits of the last position
     next_ids = []
@@ -90,6 +87,7 @@ print(f"graphs: {report['graph_count']}, graph breaks: {report['graph_break_coun
 for _r in report["break_reasons"]:
     print("  ", _r)
 
+
 # %% [markdown] id="c006"
 # `torch._dynamo.explain` (wrapped here by `explain_breaks`) ran the step under dynamo and found the
 # break(s) printed above, with the line that causes each. Read the reason: which call needs the tensor's
@@ -101,14 +99,15 @@ for _r in report["break_reasons"]:
 # way (call the model once). Hint: stay in tensors from the logits to the result. Moving the conversion
 # somewhere else in the function (`.tolist()`, `.cpu().numpy()`, `int(...)`) is still a break.
 
-# %% id="c007" nbgrader={"grade_id": "step_answer", "solution": true}
+# %% id="c007" nbgrader={"grade": false, "grade_id": "step_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def decode_step(model, tok, cache):
     ### BEGIN SOLUTION
     logits = model(tok, cache=cache)[:, -1, :]            # [B, V]
     return logits.argmax(dim=-1, keepdim=True)            # [B, 1] int64, stays on the device
     ### END SOLUTION
 
-# %% id="c008" nbgrader={"grade_id": "step_tests", "grade": true, "points": 4}
+
+# %% id="c008" nbgrader={"grade": true, "grade_id": "step_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 def _compare_steps(m, prompts, what):
     with torch.inference_mode():
         tok_a, cache_a = prefilled(m, prompts)
@@ -173,7 +172,7 @@ for _trial in range(3):
 # Raise `ValueError` if `timings` is empty, if a tokens/s is not a positive finite number, or if
 # `price_per_hour` is negative.
 
-# %% id="c010" nbgrader={"grade_id": "attribution_answer", "solution": true}
+# %% id="c010" nbgrader={"grade": false, "grade_id": "attribution_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def attribution(timings, price_per_hour):
     ### BEGIN SOLUTION
     timings = list(timings)
@@ -195,7 +194,8 @@ def attribution(timings, price_per_hour):
     return rows
     ### END SOLUTION
 
-# %% id="c011" nbgrader={"grade_id": "attribution_tests", "grade": true, "points": 4}
+
+# %% id="c011" nbgrader={"grade": true, "grade_id": "attribution_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 _t = [("no cache", 10.0), ("KV cache", 40.0), ("compile", 50.0), ("speculative", 40.0), ("batching", 400.0)]
 _rows = attribution(_t, 2.0)
 if not isinstance(_rows, list) or len(_rows) != 5 or not all(isinstance(r, dict) for r in _rows):

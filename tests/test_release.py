@@ -159,7 +159,7 @@ def test_missing_badges_install_cells_and_site_link_are_named(repo):
     (repo / "README.md").write_text(f"# Course\n\n[![Open In Colab](x.svg)]({colab_url(NOTEBOOKS[0])})\n")
     problems = release.check_links(repo, release.published(repo)).problems
     assert problems == (f"labs/lab00.ipynb: its first cell is not its badge {colab_url(NOTEBOOKS[1])} "
-                        "(python tools/nb.py sync --from-py writes it)",
+                        "(python tools/nb.py build writes it)",
                         f"labs/lab00.ipynb: its second cell is not the install cell of {INSTALL_SPEC!r}",
                         f"README.md: no Colab badge for labs/lab00.ipynb ({colab_url(NOTEBOOKS[1])})",
                         f"README.md: no link to the site, {SITE_URL}")

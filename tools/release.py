@@ -185,7 +185,7 @@ def check_links(root: Path, pub: Published, site: Path | None = None) -> Check:
         cells = _notebook_cells(nb)
         if not cells or not badges(cells[0], rel):
             problems.append(f"{rel}: its first cell is not its badge {pub.colab_url(rel)} "
-                            "(python tools/nb.py sync --from-py writes it)")
+                            "(python tools/nb.py build writes it)")
         if len(cells) < 2 or len(_SPEC.findall(cells[1])) != 1:
             problems.append(f"{rel}: its second cell is not the install cell of {pub.install_spec!r}")
         if nb in students and not badges(readme, rel):
