@@ -28,6 +28,7 @@ from torch import nn
 from course_lib.generation import generate
 from course_lib.models import bundled_path, load
 from course_lib.models.corpus import encode_stream, load_split
+from course_lib.modules import named_linears, replace_module
 from course_lib.perf.quality import bits_per_byte
 from course_lib.perf.tables import format_table
 from course_lib.quant.linear import state_dict_bytes
@@ -337,11 +338,8 @@ def bnb_linear(linear: nn.Linear, mode: str) -> nn.Module:
 def _swap_bnb(model: nn.Module, mode: str) -> nn.Module:
     """What transformers' bitsandbytes integration does: replace each nn.Linear (but lm_head) by
     ``bnb_linear(linear, mode)``."""
-    for n, m in list(model.named_modules()):
-        if not isinstance(m, nn.Linear) or "lm_head" in n:
-            continue
-        parent, _, child = n.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, bnb_linear(m, mode))
+    for n, m in named_linears(model).items():
+        replace_module(model, n, bnb_linear(m, mode))
     return model
 
 

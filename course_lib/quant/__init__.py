@@ -23,16 +23,18 @@ from .nf4 import NF4Tensor, dynamic_map, nf4_codebook, nf4_dequantize, nf4_quant
 from .packing import pack_int4, unpack_int4
 
 # --- module 03: quantizing LLMs (linears, calibration, LLM.int8, SmoothQuant, AWQ, GPTQ, the transform) ---
+from course_lib.modules import named_linears, replace_module   # the one walker and swap (layer 1)
+
 from .awq import AWQSearch, awq_apply, awq_scale_candidates, awq_search_group
 from .calibration import (ScalingGroup, activation_absmax, capture_inputs, fold_scales, input_hessians,
-                          named_linears, outlier_report, scaling_groups)
+                          outlier_report, scaling_groups)
 from .gptq import GPTQResult, gptq_quantize, hessian, hessian_error, layer_output_error
 from .linear import (QuantLinear, W8A8Linear, group_index, quantize_per_token, rtn_quantize_weight,
                      state_dict_bytes, weight_qparams)
 from .llm_int8 import LLMInt8Linear, llm_int8_matmul, outlier_columns
 from .smoothquant import smooth_model, smooth_scales
-from .transform import (METHODS, gptq_model, group_rtn, quantize_model, replace_module, to_fast_weight_only, to_fp8,
-                        to_gguf, to_mixed)
+from .transform import (METHODS, gptq_model, group_rtn, quantize_model, to_fast_weight_only, to_fp8, to_gguf,
+                        to_mixed)
 
 _MODULE_03 = [
     "QuantLinear", "W8A8Linear", "group_index", "quantize_per_token", "rtn_quantize_weight", "state_dict_bytes",

@@ -13,17 +13,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-__all__ = ["named_linears", "capture_inputs", "input_hessians", "activation_absmax", "outlier_report",
+from course_lib.modules import named_linears
+
+__all__ = ["capture_inputs", "input_hessians", "activation_absmax", "outlier_report",
            "ScalingGroup", "scaling_groups", "fold_scales", "run_batches"]
-
-
-def named_linears(model: nn.Module, skip=("lm_head",)) -> dict[str, nn.Linear]:
-    """{qualified name: nn.Linear} of the model, leaving out names that end with one of ``skip``."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    skip = tuple(skip or ())
-    return {n: m for n, m in model.named_modules()
-            if isinstance(m, nn.Linear) and not any(n == s or n.endswith("." + s) for s in skip)}
 
 
 def _check_batches(batches):

@@ -25,10 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_lib.modules import DEFAULT_SKIP, named_linears, replace_module
+
 from .core import check_bits, fake_quantize
 
-__all__ = ["fake_quantize_ste", "QATLinear", "prepare_qat", "convert_qat", "rtn_quantize_linears", "qat_finetune",
-           "linear_names"]
+__all__ = ["fake_quantize_ste", "QATLinear", "prepare_qat", "convert_qat", "rtn_quantize_linears", "qat_finetune"]
 
 
 def fake_quantize_ste(w: torch.Tensor, bits: int = 4, group_size: int | None = 32) -> torch.Tensor:
@@ -54,16 +55,6 @@ class QATLinear(nn.Linear):
         return super().extra_repr() + f", bits={self.bits}, group_size={self.group_size}"
 
 
-def linear_names(model: nn.Module, skip=("lm_head",)) -> list[str]:
-    """Names of the ``nn.Linear`` modules to quantize (``skip``: names containing any of these strings)."""
-    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not any(s in n for s in skip)]
-
-
-def _set(model, name, new):
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
 def _check_group(model, names, group_size):
     for n in names:
         k = model.get_submodule(n).in_features
@@ -71,40 +62,40 @@ def _check_group(model, names, group_size):
             raise ValueError(f"group_size={group_size} does not divide {n}'s in_features={k}")
 
 
-def prepare_qat(model: nn.Module, bits: int = 4, group_size: int | None = 32, skip=("lm_head",)) -> nn.Module:
-    """Swap every ``nn.Linear`` (but ``skip``) for a ``QATLinear`` sharing its parameters, in place."""
+def prepare_qat(model: nn.Module, bits: int = 4, group_size: int | None = 32, skip=DEFAULT_SKIP) -> nn.Module:
+    """Swap every ``nn.Linear`` (but ``skip``, module names matched on dots: ``course_lib.modules``) for a
+    ``QATLinear`` sharing its parameters, in place."""
     check_bits(bits)
-    names = linear_names(model, skip)
+    names = list(named_linears(model, skip))
     _check_group(model, names, group_size)
     for n in names:
         lin = model.get_submodule(n)
         q = QATLinear(lin.in_features, lin.out_features, lin.bias is not None, bits, group_size,
                       device=lin.weight.device, dtype=lin.weight.dtype)
         q.weight, q.bias = lin.weight, lin.bias           # the same Parameters: training moves them
-        _set(model, n, q)
+        replace_module(model, n, q)
     return model
 
 
 def convert_qat(model: nn.Module) -> nn.Module:
     """Replace each ``QATLinear`` by an ``nn.Linear`` holding its rounded weights (the deployed model), in place."""
-    for n, m in list(model.named_modules()):
-        if isinstance(m, QATLinear):
-            lin = nn.Linear(m.in_features, m.out_features, m.bias is not None, device=m.weight.device,
-                            dtype=m.weight.dtype)
-            with torch.no_grad():
-                lin.weight.copy_(fake_quantize_ste(m.weight, m.bits, m.group_size))
-                if m.bias is not None:
-                    lin.bias.copy_(m.bias)
-            _set(model, n, lin)
+    for n, m in named_linears(model, skip=(), types=QATLinear).items():     # the second pass: every QATLinear
+        lin = nn.Linear(m.in_features, m.out_features, m.bias is not None, device=m.weight.device,
+                        dtype=m.weight.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(fake_quantize_ste(m.weight, m.bits, m.group_size))
+            if m.bias is not None:
+                lin.bias.copy_(m.bias)
+        replace_module(model, n, lin)
     return model
 
 
 @torch.no_grad()
-def rtn_quantize_linears(model: nn.Module, bits: int = 4, group_size: int | None = 32, skip=("lm_head",),
+def rtn_quantize_linears(model: nn.Module, bits: int = 4, group_size: int | None = 32, skip=DEFAULT_SKIP,
                          names=None) -> nn.Module:
     """PTQ baseline: round each chosen linear's weight to the same grid as QAT (in place, simulated)."""
     check_bits(bits)
-    names = linear_names(model, skip) if names is None else list(names)
+    names = list(named_linears(model, skip)) if names is None else list(names)
     _check_group(model, names, group_size)
     for n in names:
         w = model.get_submodule(n).weight

@@ -14,27 +14,29 @@
 """
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 import torch
 from torch import nn
 
+from course_lib.modules import DEFAULT_SKIP, layer_index, named_linears
+
 __all__ = ["layer_groups", "sensitivity_scan", "allocate_bits", "allocation_cost", "brute_force_allocation"]
 
 
-def layer_groups(model: nn.Module, by: str = "layer", skip=("lm_head",)) -> dict[str, list[str]]:
-    """Groups of ``nn.Linear`` names: ``by="layer"`` -> {"layers.0": [its 7 linears], ...}; ``by="linear"``
-    -> one group per linear."""
+def layer_groups(model: nn.Module, by: str = "layer", skip=DEFAULT_SKIP) -> dict[str, list[str]]:
+    """Groups of the names ``course_lib.modules.named_linears(model, skip)`` gives: ``by="layer"`` ->
+    {"layers.0": [its 7 linears], ...} (a linear in no decoder layer is its own group); ``by="linear"`` ->
+    one group per linear."""
     if by not in ("layer", "linear"):
         raise ValueError(f"by must be 'layer' or 'linear', got {by!r}")
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not any(s in n for s in skip)]
+    names = list(named_linears(model, skip))
     if by == "linear":
         return {n: [n] for n in names}
     groups = defaultdict(list)
     for n in names:
-        m = re.search(r"layers\.(\d+)", n)
-        groups[f"layers.{m.group(1)}" if m else n].append(n)
+        i = layer_index(n)
+        groups[n if i is None else f"layers.{i}"].append(n)
     return dict(groups)
 
 

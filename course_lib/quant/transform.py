@@ -7,52 +7,43 @@ gpt-fast's quantization handlers do, with every method of module 03 behind one c
 
 methods: "rtn" (weight-only W8A16 / W4A16), "awq" (scale search + RTN), "gptq" (weight-only), "w8a8"
 (int8 weights, dynamic per-token int8 activations), "smoothquant" (smoothing + W8A8), "llm_int8".
-The tied ``lm_head`` (it shares the embedding matrix) stays in full precision by default (``skip``).
+The tied ``lm_head`` (it shares the embedding matrix) stays in full precision by default (``skip``: module
+names matched on dots, the one rule of ``course_lib.modules.named_linears``).
 """
 from __future__ import annotations
 
 import copy
-import re
 
 import torch
 import torch.nn as nn
 
+from course_lib.modules import DEFAULT_SKIP, layer_index, name_matches, named_linears, replace_module
+
 from .awq import awq_apply
 from .core import fake_quantize, in_layer
-from .calibration import input_hessians, named_linears
+from .calibration import input_hessians
 from .gptq import gptq_quantize
 from .linear import QuantLinear, W8A8Linear
 from .llm_int8 import LLMInt8Linear
 from .smoothquant import smooth_model
 
-__all__ = ["METHODS", "quantize_model", "replace_module", "gptq_model", "group_rtn", "to_gguf", "to_fp8",
+__all__ = ["METHODS", "quantize_model", "gptq_model", "group_rtn", "to_gguf", "to_fp8",
            "to_fast_weight_only", "to_mixed"]
 
 METHODS = ("rtn", "awq", "gptq", "w8a8", "smoothquant", "llm_int8")
 _NEEDS_CALIB = ("awq", "gptq", "smoothquant")
 
 
-def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
-def _layer_of(name: str):
-    m = re.search(r"layers\.(\d+)\.", name)
-    return int(m.group(1)) if m else None
-
-
 @torch.no_grad()
 def gptq_model(model, calib, bits=4, group_size=128, sym=False, act_order=False, blocksize=128,
-               percdamp=0.01, skip=("lm_head",), progress=False) -> dict:
+               percdamp=0.01, skip=DEFAULT_SKIP, progress=False) -> dict:
     """GPTQ every linear in place, one decoder layer at a time: the Hessians of layer i are taken with
     layers < i already quantized (the inputs the quantized model will really see). Returns
     {name: GPTQResult}."""
     lins = named_linears(model, skip)
-    order = sorted({_layer_of(n) for n in lins if _layer_of(n) is not None})
-    stages = [[n for n in lins if _layer_of(n) == i] for i in order]
-    rest = [n for n in lins if _layer_of(n) is None]
+    order = sorted({layer_index(n) for n in lins if layer_index(n) is not None})
+    stages = [[n for n in lins if layer_index(n) == i] for i in order]
+    rest = [n for n in lins if layer_index(n) is None]
     stages += [rest] if rest else []
     if progress:
         from tqdm.auto import tqdm
@@ -72,7 +63,7 @@ def gptq_model(model, calib, bits=4, group_size=128, sym=False, act_order=False,
 
 
 def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 4, group_size: int | None = 128,
-                   sym: bool = False, calib=None, skip=("lm_head",), inplace: bool = False,
+                   sym: bool = False, calib=None, skip=DEFAULT_SKIP, inplace: bool = False,
                    alpha: float = 0.5, threshold: float = 6.0, act_order: bool = False, n_grid: int = 20,
                    progress: bool = False) -> nn.Module:
     """A quantized copy of ``model`` (or the model itself with ``inplace=True``); see the module docstring.
@@ -120,13 +111,15 @@ def group_rtn(bits: int, group_size: int = 16):
 @torch.no_grad()
 def to_gguf(model, fmt: str = "q4_k", mix: dict | None = None):
     """Round every linear through a GGUF format (simulated: weights replaced by their decode). ``mix``
-    {substring: fmt} picks another format per tensor (a Q4_K_M-style mix: e.g. {"v_proj": "q6_k",
-    "down_proj": "q6_k"}). A weight whose rows are not a whole number of blocks (the tiny model's
-    down_proj has 688 inputs) is cut into blocks across rows, which llama.cpp would not do (it would fall
-    back to another type); the error is the format's all the same."""
+    {module-name suffix: fmt} picks another format per tensor, the suffix matched on dots as a ``skip`` name
+    is (a Q4_K_M-style mix: e.g. {"v_proj": "q6_k", "down_proj": "q6_k"}). A weight whose rows are not a
+    whole number of blocks (the tiny model's down_proj has 688 inputs) is cut into blocks across rows, which
+    llama.cpp would not do (it would fall back to another type); the error is the format's all the same."""
     from course_lib.quant.gguf import BLOCK_VALUES, gguf_dequantize, gguf_quantize
+    if mix is not None and not (isinstance(mix, dict) and all(isinstance(k, str) for k in mix)):
+        raise TypeError(f"mix must be a dict {{module-name suffix: GGUF format}}, got {mix!r}")
     for n, m in named_linears(model).items():
-        f = next((v for k, v in (mix or {}).items() if k in n), fmt)
+        f = next((v for k, v in (mix or {}).items() if name_matches(n, k)), fmt)
         w = m.weight
         flat = w.reshape(-1) if w.shape[1] % BLOCK_VALUES[f] else w
         m.weight.copy_(gguf_dequantize(gguf_quantize(flat, f), f).reshape(w.shape))

@@ -1,8 +1,8 @@
 """Pruning, sparsity and mixture of experts (Module 10). Each technique is a model transform.
 
-    masks.py      prunable_linears, apply_masks / current_masks / bake_masks (masks held as parametrizations),
-                  sparsity, memory arithmetic (dense_bytes, csr_bytes, csr_break_even_density,
-                  semi_structured_bytes)
+    masks.py      prunable_linears (= course_lib.modules.named_linears: every linear but the LM head),
+                  apply_masks / current_masks / bake_masks (masks held as parametrizations), sparsity,
+                  memory arithmetic (dense_bytes, csr_bytes, csr_break_even_density, semi_structured_bytes)
     pruning.py    magnitude_masks (global / per layer), torch_prune_masks (torch.nn.utils.prune, the oracle),
                   magnitude_prune, finetune, iterative_prune
     wanda.py      input_norms, wanda_scores, wanda_mask (unstructured per row, or n:m), wanda_masks, wanda_prune

@@ -6,9 +6,11 @@ computes with ``weight * mask`` and a training step updates the underlying weigh
 entries stay exactly zero in what the layer uses (fine-tuning cannot revive them). ``bake_masks`` removes
 the parametrizations and leaves plain, zero-filled weights.
 
-What gets pruned (``prunable_linears``): the seven projections of every decoder layer (q, k, v, o, gate,
-up, down). The embedding (tied to the output head in the bundled model) and the norms are kept: they are
-a small share of a large model's weights and pruning them hurts most.
+What gets pruned: what every model transform of the course touches, ``course_lib.modules.named_linears``
+(re-exported here as ``prunable_linears``): every ``nn.Linear`` but the LM head, which in the Llama models is
+the seven projections of every decoder layer (q, k, v, o, gate, up, down). The embedding (tied to the output
+head in the bundled model) and the norms are kept: they are a small share of a large model's weights and
+pruning them hurts most.
 """
 from __future__ import annotations
 
@@ -16,31 +18,19 @@ import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
+from course_lib.modules import named_linears
+
+prunable_linears = named_linears   # the sparsity face's name for the one walker (its rule: course_lib/modules.py)
+
 # why a mask builder refuses NaN/Inf scores or weights (course_lib.quant.core.check_finite names the tensor)
 RANK_WHY = ("NaN has no rank and Inf (an overflow upstream) ties every other Inf, so which weights the mask "
             "keeps would be arbitrary")
-
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-
 
 def _check_fraction(name: str, value, upper_inclusive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             0 <= value <= 1 if upper_inclusive else 0 <= value < 1):
         raise ValueError(f"{name} must be a number in [0, 1{']' if upper_inclusive else ')'}, got {value!r}")
     return float(value)
-
-
-def prunable_linears(model) -> dict[str, nn.Linear]:
-    """name -> nn.Linear for every projection of every decoder layer ('model.layers.0.self_attn.q_proj', ...)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise TypeError(f"model must be a course Llama model (with model.layers), got {type(model).__name__}")
-    out = {}
-    for i, layer in enumerate(layers):
-        for p in PROJECTIONS:
-            out[f"model.layers.{i}.{p}"] = layer.get_submodule(p)
-    return out
 
 
 class _Mask(nn.Module):
@@ -58,7 +48,7 @@ def apply_masks(model, masks: dict[str, torch.Tensor]):
     """Hold `masks` (name -> bool tensor shaped like that linear's weight) on `model`, in place; returns it.
 
     A linear that already holds a mask gets the product of both (pruning only ever removes more)."""
-    linears = prunable_linears(model)
+    linears = named_linears(model)
     for name, mask in masks.items():
         if name not in linears:
             raise ValueError(f"masks: {name!r} is not a prunable linear of the model (names like "
@@ -78,13 +68,13 @@ def apply_masks(model, masks: dict[str, torch.Tensor]):
 
 def current_masks(model) -> dict[str, torch.Tensor]:
     """The masks `apply_masks` holds on `model` (name -> bool tensor); linears without one are left out."""
-    return {name: lin.parametrizations.weight[0].mask.clone() for name, lin in prunable_linears(model).items()
+    return {name: lin.parametrizations.weight[0].mask.clone() for name, lin in named_linears(model).items()
             if parametrize.is_parametrized(lin, "weight")}
 
 
 def bake_masks(model):
     """Remove the parametrizations, keeping the masked (zero-filled) weights as plain parameters; returns model."""
-    for lin in prunable_linears(model).values():
+    for lin in named_linears(model).values():
         if parametrize.is_parametrized(lin, "weight"):
             parametrize.remove_parametrizations(lin, "weight", leave_parametrized=True)
     return model
@@ -95,7 +85,7 @@ def sparsity(model) -> dict:
     """Zeros among the prunable weights: {'overall': fraction, 'per_layer': {name: fraction}, 'zeros', 'total'}.
     Reads the weights the layers compute with (masked, when a mask is held)."""
     per, zeros, total = {}, 0, 0
-    for name, lin in prunable_linears(model).items():
+    for name, lin in named_linears(model).items():
         w = lin.weight
         z = int((w == 0).sum())
         per[name] = z / w.numel()

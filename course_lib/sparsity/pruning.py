@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 
 from course_lib.distill.train import distill
+from course_lib.modules import named_linears
 from course_lib.quant.core import check_finite
 
-from .masks import RANK_WHY, _check_fraction, apply_masks, prunable_linears
+from .masks import RANK_WHY, _check_fraction, apply_masks
 
 
 @torch.no_grad()
@@ -41,7 +42,7 @@ def magnitude_masks(model, sparsity: float, scope: str = "global") -> dict[str, 
     sparsity = _check_fraction("sparsity", sparsity)
     if scope not in ("global", "layer"):
         raise ValueError(f"scope must be 'global' or 'layer', got {scope!r}")
-    linears = prunable_linears(model)
+    linears = named_linears(model)
     for name, lin in linears.items():
         check_finite(lin.weight, f"{name}.weight", why=RANK_WHY)
     if scope == "layer":
@@ -65,7 +66,7 @@ def torch_prune_masks(model, sparsity: float, scope: str = "global") -> dict[str
     sparsity = _check_fraction("sparsity", sparsity)
     if scope not in ("global", "layer"):
         raise ValueError(f"scope must be 'global' or 'layer', got {scope!r}")
-    linears = {n: copy.deepcopy(m) for n, m in prunable_linears(model).items()}
+    linears = {n: copy.deepcopy(m) for n, m in named_linears(model).items()}
     if scope == "layer":
         for lin in linears.values():
             prune.l1_unstructured(lin, name="weight", amount=sparsity)   # the module first, then the name

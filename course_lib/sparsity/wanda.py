@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.modules import named_linears
 from course_lib.quant.core import check_finite, check_floating
 
-from .masks import RANK_WHY, _check_fraction, apply_masks, prunable_linears
+from .masks import RANK_WHY, _check_fraction, apply_masks
 from .nm import nm_mask
 
 
@@ -41,7 +42,7 @@ def input_norms(model, ids: torch.Tensor, batch_size: int = 8) -> dict[str, torc
     if ids.numel() == 0:
         raise ValueError(f"ids is empty (shape {tuple(ids.shape)}): the input norms need at least one calibration "
                          f"window of at least one token")
-    linears = prunable_linears(model)
+    linears = named_linears(model)
     sq = {name: torch.zeros(lin.in_features, device=lin.weight.device) for name, lin in linears.items()}
 
     def hook(name):
@@ -101,7 +102,7 @@ def wanda_masks(model, ids: torch.Tensor, sparsity: float | None = None, n: int 
                 m: int | None = None, batch_size: int = 8) -> dict[str, torch.Tensor]:
     """The Wanda masks of every prunable linear of `model` from calibration windows `ids` [N, T]."""
     norms = input_norms(model, ids, batch_size)
-    return {name: wanda_mask(lin.weight, norms[name], sparsity, n, m) for name, lin in prunable_linears(model).items()}
+    return {name: wanda_mask(lin.weight, norms[name], sparsity, n, m) for name, lin in named_linears(model).items()}
 
 
 def wanda_prune(model, ids: torch.Tensor, sparsity: float | None = None, n: int | None = None,
