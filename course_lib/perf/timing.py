@@ -14,6 +14,12 @@ program holds (for single-threaded work on a quiet machine the two agree).
     cmp = compare({"cached": lambda: step(cache), "recompute": lambda: step(None)}, repeats=5)
     cmp.ratio("recompute", "cached")     # median over the rounds of recompute / cached
     cmp.describe()                       # 'cached 1.20 ms, recompute 5.10 ms; fastest of 5 interleaved runs, spread 3%'
+
+This is the course's one measuring loop (warm-up, a device sync before and after each timed call, repeats,
+min / median and spread); every other timing helper builds its callable and calls one of these:
+``benchmark`` (one callable; ``inner=n`` times n back-to-back calls as one sample, ``after=`` runs untimed
+after every call, e.g. a KV-cache crop), ``interleave`` (one or more callables, as ``compare`` times them),
+``timed_call`` (one call that runs once, and its result).
 """
 from __future__ import annotations
 
