@@ -31,17 +31,17 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-import time
 from dataclasses import dataclass
 
 import torch
 
-from course_lib.generation import generate
+from course_lib.generation import _model_device, generate
 from course_lib.models import as_config
 from course_lib.paged import blocks_needed
 from course_lib.perf.hardware import get_gpu
 from course_lib.perf.metrics import cost_per_million_tokens
 from course_lib.perf.roofline import MEMORY_BOUND, decode_step
+from course_lib.perf.timing import timed_call
 from course_lib.serving import Engine, SamplingParams
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
@@ -75,19 +75,13 @@ class Step:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
 def _sequential(model, prompts, n, **kw):
     """Generate each prompt alone; (tokens, seconds, outputs). The first prompt is run once untimed first
     (warm-up: allocator, lazy init, and for compile=True the compile itself)."""
     generate(model, prompts[0], n, **kw)
     outs, total = [], 0.0
     for p in prompts:
-        out, dt = _timed(lambda: generate(model, p, n, **kw))
+        out, dt = timed_call(lambda: generate(model, p, n, **kw), device=_model_device(model))
         outs.append(out)
         total += dt
     return sum(len(o.tokens) for o in outs), total, outs
@@ -140,7 +134,8 @@ def run_capstone(model, draft, prompts, max_new_tokens: int = 32, steps=STEP_NAM
             eng = Engine(model, num_blocks=max(64, len(prompts) * per_prompt), block_size=16, max_batch=max_batch)
             eng.generate(prompts[:1], SamplingParams(max_new_tokens=2))     # warm-up
             eng = Engine(model, num_blocks=eng.num_blocks, block_size=16, max_batch=max_batch)
-            outs_b, secs = _timed(lambda: eng.generate(prompts, SamplingParams(max_new_tokens=n)))
+            outs_b, secs = timed_call(lambda: eng.generate(prompts, SamplingParams(max_new_tokens=n)),
+                                      device=_model_device(model))
             tokens = sum(len(o.token_ids) for o in outs_b)
             outs = [o.token_ids for o in outs_b]
             note = f"{len(prompts)} prompts at once, max_batch={max_batch} (aggregate tokens/s)"

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import collections
 import re
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from course_lib.env import sync
 from course_lib.generation import decode_step
 from course_lib.kvcache import StaticCache
+from course_lib.perf.timing import benchmark
 
 __all__ = ["KernelCount", "profile_ops", "generated_code", "kernel_calls", "fused_kernels", "count_decode_kernels",
            "explain_breaks", "count_compiles", "launch_overhead", "time_decode_steps", "rms_norm", "silu_gate"]
@@ -228,20 +227,14 @@ def count_compiles(fn, calls, dynamic=None) -> int:
 # Launch overhead and CUDA graphs
 # --------------------------------------------------------------------------------------------------
 def launch_overhead(device="cuda", n: int = 2000) -> float:
-    """Seconds per launch of an (almost) empty kernel: `n` in-place adds on one element, one sync at the
-    end, so the time is the CPU-side launch cost (the GPU finishes each in far less). Needs CUDA."""
+    """Seconds per launch of an (almost) empty kernel: `n` in-place adds on one element back to back, timed
+    as one sample. The GPU finishes each add in far less than the CPU takes to launch the next, so it waits
+    between them and the time is the CPU-side launch cost. Needs CUDA."""
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError(f"launch_overhead measures CUDA kernel launches: device must be cuda, got {device!r}")
     x = torch.zeros(1, device=dev)
-    for _ in range(50):
-        x.add_(1)
-    sync(dev)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        x.add_(1)
-    sync(dev)
-    return (time.perf_counter() - t0) / n
+    return benchmark(x.add_, 1, warmup=50, repeats=1, inner=n, device=dev).min
 
 
 @torch.inference_mode()
@@ -269,14 +262,6 @@ def time_decode_steps(model, modes=("eager", "compiled"), steps: int = 20, max_l
             raise ValueError(f"mode must be eager, compiled or compiled-no-graphs, got {mode!r}")
         cache = _static_cache_after_prompt(model, list(prompt), max_len)
         tok = torch.tensor([[int(prompt[-1])]], device=model.device)
-        for _ in range(3):
-            fn(tok, cache=cache)
-        sync(model.device)
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            fn(tok, cache=cache)
-            sync(model.device)
-            times.append(time.perf_counter() - t0)
-        out[mode] = sorted(times)[len(times) // 2]
+        # each call writes the next position of the static cache: warm-up and timed steps advance it alike
+        out[mode] = benchmark(fn, tok, cache=cache, warmup=3, repeats=steps, device=model.device).median
     return out

@@ -18,7 +18,7 @@ import torch
 
 from course_lib.env import device as best_device
 from course_lib.env import quick as quick_mode
-from course_lib.env import real_bf16, sync
+from course_lib.env import real_bf16
 from course_lib.perf.hardware import DeviceSpec
 from course_lib.perf.timing import benchmark
 
@@ -217,13 +217,8 @@ def op_overhead(device=None, ops: int = 200, repeats: int = 5) -> float:
     dev = torch.device(device) if device is not None else best_device()
     x = torch.ones(16, device=dev)
     out = torch.empty_like(x)
-
-    def many():
-        for _ in range(ops):
-            torch.add(x, x, out=out)
-        sync(dev)
-
-    return benchmark(many, warmup=1, repeats=repeats).median / ops
+    # `ops` back-to-back adds per sample, one sync at its end: the per-op cost, not a sync's
+    return benchmark(torch.add, x, x, out=out, warmup=1, repeats=repeats, inner=ops, device=dev).median
 
 
 __all__ = ["measure_copy_bandwidth", "measure_matmul_tflops", "measure_device", "FixedPrefixCache",

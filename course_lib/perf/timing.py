@@ -14,6 +14,12 @@ program holds (for single-threaded work on a quiet machine the two agree).
     cmp = compare({"cached": lambda: step(cache), "recompute": lambda: step(None)}, repeats=5)
     cmp.ratio("recompute", "cached")     # median over the rounds of recompute / cached
     cmp.describe()                       # 'cached 1.20 ms, recompute 5.10 ms; fastest of 5 interleaved runs, spread 3%'
+
+This is the course's one measuring loop (warm-up, a device sync before and after each timed call, repeats,
+min / median and spread); every other timing helper builds its callable and calls one of these:
+``benchmark`` (one callable; ``inner=n`` times n back-to-back calls as one sample, ``after=`` runs untimed
+after every call, e.g. a KV-cache crop), ``interleave`` (one or more callables, as ``compare`` times them),
+``timed_call`` (one call that runs once, and its result).
 """
 from __future__ import annotations
 
@@ -30,7 +36,9 @@ from course_lib.perf.metrics import percentile
 
 _UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 _STATS = ("min", "median")
-_CLOCKS = ("wall", "cpu")
+# The clocks by name: seconds as a float. Looked up at each measurement, so a test can put a fake clock in
+# (monkeypatch.setitem(timing.CLOCKS, "wall", fake)) and check what a caller computes from it.
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 @dataclass
@@ -70,60 +78,126 @@ class Timing:
                 f"n={len(self.times)}, warmup={self.warmup})")
 
 
-def _timer(device, clock: str = "wall"):
-    """A function that calls fn() once and returns its seconds: CUDA events on a GPU (the work, not the
-    launch), else the wall clock (perf_counter) or the process's CPU time (process_time) around the call
-    and a device sync."""
-    if clock not in _CLOCKS:
-        raise ValueError(f"clock must be one of {_CLOCKS}, got {clock!r}")
+def _timer(device, clock: str = "wall", inner: int = 1):
+    """(device, timed): ``timed(fn)`` waits for the device to be idle, calls fn() `inner` times back to back
+    and returns (the last call's result, seconds per call): CUDA events on a GPU (the work, not the launch),
+    else the clock ``CLOCKS[clock]`` around the calls and a device sync."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {tuple(CLOCKS)}, got {clock!r}")
     dev = torch.device(device) if device is not None else None
     if clock == "cpu" and dev is not None and dev.type != "cpu":
         raise ValueError(f"clock='cpu' times work on the CPU; the device is {dev} (use clock='wall')")
     if dev is not None and dev.type == "cuda":
         def timed(fn):
+            sync(dev)                      # start from an idle device: earlier work is not this call's
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn()
+            for _ in range(inner):
+                out = fn()
             b.record()
             b.synchronize()
-            return a.elapsed_time(b) / 1e3
+            return out, a.elapsed_time(b) / 1e3 / inner
         return dev, timed
 
-    now = time.process_time if clock == "cpu" else time.perf_counter
-
     def timed(fn):
-        t0 = now()
-        fn()
+        now = CLOCKS[clock]
         if dev is not None:
             sync(dev)
-        return now() - t0
+        t0 = now()
+        for _ in range(inner):
+            out = fn()
+        if dev is not None:
+            sync(dev)
+        return out, (now() - t0) / inner
     return dev, timed
 
 
+def _check_count(value, name: str, low: int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
 def _check_counts(warmup, repeats):
-    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, numbers.Integral) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    _check_count(repeats, "repeats", 1)
+    _check_count(warmup, "warmup", 0)
+
+
+def _rounds(fns: dict, warmup: int, repeats: int, device, clock: str, inner: int = 1, after=None,
+            min_time: float = 0.0) -> dict[str, Timing]:
+    """The one measuring loop: `warmup` unmeasured rounds, then rounds (at least `repeats`, more until
+    `min_time` seconds have passed) in which each candidate runs once, the order rotating by one per round;
+    ``after[name]()`` runs untimed after each of name's calls (warm-up ones too)."""
+    _check_counts(warmup, repeats)
+    _check_count(inner, "inner", 1)
+    if isinstance(min_time, bool) or not isinstance(min_time, numbers.Real) or min_time < 0:
+        raise ValueError(f"min_time must be a number of seconds >= 0, got {min_time!r}")
+    after = dict(after or {})
+    if after and inner > 1:
+        raise ValueError("after runs between calls, so it cannot be used with inner > 1 (back-to-back calls)")
+    dev, timed = _timer(device, clock, inner)
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+            if name in after:
+                after[name]()
+    if dev is not None:
+        sync(dev)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    start_all = time.perf_counter()
+    r = 0
+    while r < repeats or time.perf_counter() - start_all < min_time:
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            times[name].append(timed(fns[name])[1])
+            if name in after:
+                after[name]()
+        r += 1
+    return {name: Timing(times[name], warmup) for name in names}
 
 
 def benchmark(fn, *args, warmup: int = 3, repeats: int = 10, device=None, min_time: float = 0.0,
-              clock: str = "wall", **kwargs) -> Timing:
+              clock: str = "wall", inner: int = 1, after: Callable[[], object] | None = None, **kwargs) -> Timing:
     """Time ``fn(*args, **kwargs)``: `warmup` calls first (caches, allocator, lazy init, compilation),
     then at least `repeats` timed calls (more until `min_time` seconds of wall time have passed), each
-    synchronized; `clock` "wall" or "cpu" (see the module's docstring)."""
-    _check_counts(warmup, repeats)
-    dev, timed = _timer(device, clock)
-    for _ in range(warmup):
-        fn(*args, **kwargs)
-    if dev is not None:
-        sync(dev)
+    synchronized; `clock` "wall" or "cpu" (see the module's docstring).
+
+    `inner` > 1 times `inner` back-to-back calls as one sample (seconds per call = their time / inner):
+    for calls too short to time one by one, or whose launches should overlap. `after` (no arguments)
+    runs untimed after every call, e.g. to crop a KV cache back so that every call sees the same length."""
+    if after is not None and not callable(after):
+        raise TypeError(f"after must be callable or None, got {type(after).__name__}")
     call = lambda: fn(*args, **kwargs)  # noqa: E731
-    times: list[float] = []
-    start_all = time.perf_counter()
-    while len(times) < repeats or time.perf_counter() - start_all < min_time:
-        times.append(timed(call))
-    return Timing(times, warmup)
+    return _rounds({"fn": call}, warmup, repeats, device, clock, inner,
+                   None if after is None else {"fn": after}, min_time)["fn"]
+
+
+def timed_call(fn: Callable[[], object], device=None, clock: str = "wall") -> tuple[object, float]:
+    """(fn(), seconds) of one synchronized call, no warm-up: for work that runs once and whose result is
+    needed (a whole generation), after the caller has warmed it up itself."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    return _timer(device, clock)[1](fn)
+
+
+def interleave(fns: Mapping, warmup: int = 1, repeats: int = 5, device=None, clock: str = "wall",
+               after: Mapping | None = None) -> dict:
+    """Time one or more callables (no arguments) interleaved, as ``compare`` does: {name: Timing}.
+    ``after[name]`` (optional, no arguments) runs untimed after each of name's calls. ``compare`` is this
+    for two or more candidates, with their ``Comparison``."""
+    if not isinstance(fns, Mapping) or not fns:
+        raise TypeError(f"fns must be a non-empty mapping of names to callables, got {fns!r}")
+    for kind, d in (("fns", fns), ("after", after or {})):
+        if not isinstance(d, Mapping):
+            raise TypeError(f"{kind} must be a mapping of names to callables, got {d!r}")
+        bad = [name for name, f in d.items() if not callable(f)]
+        if bad:
+            raise TypeError(f"{kind}[{bad[0]!r}] must be callable, got {type(d[bad[0]]).__name__}")
+    unknown = [name for name in (after or {}) if name not in fns]
+    if unknown:
+        raise ValueError(f"after names {unknown} that are not candidates; the candidates are {list(fns)}")
+    return _rounds(dict(fns), warmup, repeats, device, clock, after=after)
 
 
 @dataclass
@@ -138,8 +212,8 @@ class Comparison:
         if len(self.timings) < 2 or len(lengths) != 1 or 0 in lengths:
             raise ValueError(f"timings must hold 2 or more candidates with one call per round each, got "
                              f"{ {k: len(t.times) for k, t in self.timings.items()} }")
-        if self.clock not in _CLOCKS:
-            raise ValueError(f"clock must be one of {_CLOCKS}, got {self.clock!r}")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {tuple(CLOCKS)}, got {self.clock!r}")
 
     def __getitem__(self, name: str) -> Timing:
         try:
@@ -199,20 +273,4 @@ def compare(fns: Mapping[str, Callable[[], object]], warmup: int = 1, repeats: i
     `clock` "wall" or "cpu" (see the module's docstring)."""
     if not isinstance(fns, Mapping) or len(fns) < 2:
         raise TypeError(f"fns must be a mapping of 2 or more names to callables, got {fns!r}")
-    bad = [name for name, fn in fns.items() if not callable(fn)]
-    if bad:
-        raise TypeError(f"fns[{bad[0]!r}] must be callable, got {type(fns[bad[0]]).__name__}")
-    _check_counts(warmup, repeats)
-    dev, timed = _timer(device, clock)
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    if dev is not None:
-        sync(dev)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            times[name].append(timed(fns[name]))
-    return Comparison({name: Timing(times[name], warmup) for name in names}, clock)
+    return Comparison(interleave(fns, warmup, repeats, device, clock), clock)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,6 +35,7 @@ from course_lib.models.config import as_config
 from course_lib.perf.hardware import get_gpu
 from course_lib.perf.metrics import Trace, summarize
 from course_lib.perf.roofline import decode_step
+from course_lib.perf.timing import benchmark
 from course_lib.perf.workload import Request
 from course_lib.serving.policies import (ContinuousBatching, Decision, Disaggregated, DynamicBatching, SeqView,
                                          StaticBatching, blocks_needed)
@@ -124,7 +124,6 @@ class StepCostModel:
         """
         import torch
 
-        from course_lib.env import sync
         from course_lib.kvcache import ContiguousCache
         if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
             raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
@@ -136,15 +135,8 @@ class StepCostModel:
         V = model.config.vocab_size
         g = torch.Generator(device=dev).manual_seed(0)      # the ids are drawn where the model runs
 
-        def timed(fn):
-            ts = []
-            for _ in range(repeats + 1):             # the first call is a warm-up
-                sync(dev)
-                t0 = time.perf_counter()
-                fn()
-                sync(dev)
-                ts.append(time.perf_counter() - t0)
-            return float(np.median(ts[1:]))
+        def timed(fn, after=None):                  # median seconds of `repeats` calls after a warm-up
+            return benchmark(fn, warmup=1, repeats=repeats, device=dev, after=after).median
 
         rows, ys, samples = [], [], []
         with torch.inference_mode():
@@ -158,10 +150,7 @@ class StepCostModel:
                     model(torch.randint(0, V, (B, C), generator=g, device=dev), cache=cache)
                     tok = torch.randint(0, V, (B, 1), generator=g, device=dev)
 
-                    def one():
-                        model(tok, cache=cache)
-                        cache.crop(C)
-                    t = timed(one)
+                    t = timed(lambda: model(tok, cache=cache), after=lambda: cache.crop(C))
                     rows.append([1.0, B, B, B * (C + 1)]); ys.append(t); samples.append(("decode", B, C, t))
         coef = _nnls(np.array(rows, dtype=float), np.array(ys, dtype=float))
         name = getattr(model, "name", None) or type(model).__name__

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.perf.timing import benchmark
 from course_lib.quant.core import check_finite
 
 from .masks import RANK_WHY
@@ -72,17 +73,8 @@ def semi_structured_speed(rows: int = 4096, cols: int = 4096, tokens: int = 4096
     x = torch.randn(tokens, cols, device=dev, dtype=dtype, generator=gen)
     ws = to_sparse_semi_structured(w)
 
-    def timed(fn):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / repeats
+    def timed(fn):                                # ms per call: `repeats` back-to-back calls, CUDA events
+        return benchmark(fn, warmup=5, repeats=1, inner=repeats, device=dev).min * 1e3
 
     dense_ms = timed(lambda: torch.nn.functional.linear(x, w))
     sparse_ms = timed(lambda: torch.nn.functional.linear(x, ws))

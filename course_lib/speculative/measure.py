@@ -4,19 +4,19 @@ predicted and measured speed-ups over plain cached decoding.
 Notation: a = acceptance rate, g = draft length, c = draft step time / target step time (both one token
 with a KV cache), verify_cost = target forward over g+1 tokens / target forward over 1 token.
 
-Every timing is a median of repeats, and the plain and speculative runs are interleaved (plain, g=1,
-g=2, ... prompt by prompt, rotating who goes first) so that a slow spell of a shared machine hits all of them alike.
+Every timing is a median of repeats, taken by ``course_lib.perf.timing.interleave``: the plain and speculative
+runs (each path on each prompt) take turns round by round, rotating who goes first, so that a slow spell of a
+shared machine hits all of them alike.
 """
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
-from course_lib.env import sync
 from course_lib.generation import _check_int, _model_device, check_pair, generate
 from course_lib.kvcache import ContiguousCache
+from course_lib.perf.timing import interleave
 
 from .loop import check_prompt, speculative_generate
 from .prompt_lookup import prompt_lookup_generate
@@ -35,26 +35,21 @@ def step_times(models: dict, context: torch.Tensor, num_tokens: dict, repeats: i
     (name, k) once per round), so a slow spell of a shared machine hits all of them alike.
     """
     ids = check_prompt(context)
-    caches, base = {}, {}
+    devices = {_model_device(model) for model in models.values()}
+    if len(devices) > 1:
+        raise ValueError(f"models must be on one device to be timed together, got {sorted(map(str, devices))}")
+    caches, base, fns, after = {}, {}, {}, {}
     for name, model in models.items():
         x = ids.to(_model_device(model))
         caches[name] = ContiguousCache()
         model(x[None, :-1], cache=caches[name])
         base[name] = caches[name].get_seq_length()
-    jobs = [(name, k) for name in models for k in num_tokens[name]]
-    times = {job: [] for job in jobs}
-    for r in range(repeats + 1):                               # round 0 is a warm-up
-        for name, k in jobs:
-            model, cache = models[name], caches[name]
-            x = ids[-1:].to(_model_device(model)).repeat(k)[None]   # [1, k]: the ids hardly matter here
-            sync(x.device)
-            t0 = time.perf_counter()
-            model(x, cache=cache)
-            sync(x.device)
-            if r:
-                times[(name, k)].append(time.perf_counter() - t0)
-            cache.crop(base[name])
-    return {job: statistics.median(t) for job, t in times.items()}
+        for k in num_tokens[name]:
+            xk = x[-1:].repeat(k)[None]                            # [1, k]: the ids hardly matter here
+            fns[(name, k)] = lambda model=model, xk=xk, cache=caches[name]: model(xk, cache=cache)
+            after[(name, k)] = lambda cache=caches[name], n=base[name]: cache.crop(n)
+    timings = interleave(fns, warmup=1, repeats=repeats, device=devices.pop(), after=after)
+    return {job: t.median for job, t in timings.items()}
 
 
 def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_tokens: int = 64,
@@ -88,30 +83,30 @@ def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_token
     verify = {k - 1: times[("target", k)] / t_step for k in range(1, max(draft_lengths) + 2)}  # by drafts
 
     gen = torch.Generator(device=device)
-    runs = {"plain": [], **{g: [] for g in draft_lengths}}
     stats = {g: [] for g in draft_lengths}
-    for p in prompts[:1]:                                     # warm-up both paths
+    for p in prompts[:1]:                                     # warm-up both paths (short runs)
         generate(target, p, 4, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen, cache="contiguous")
         speculative_generate(target, draft, p, 4, draft_length=2)
-    for r in range(repeats):
-        for key in runs:
-            runs[key].append(0.0)
-        for i, p in enumerate(prompts):
-            order = ["plain", *draft_lengths]
-            k = (r * len(prompts) + i) % len(order)
-            for key in order[k:] + order[:k]:                  # rotate who goes first
-                gen.manual_seed(seed + 1000 * r + i)
-                t0 = time.perf_counter()
-                if key == "plain":
-                    generate(target, p, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             generator=gen, cache="contiguous")
-                else:
-                    _, st = speculative_generate(target, draft, p, max_new_tokens, draft_length=key,
-                                                 temperature=temperature, top_k=top_k, top_p=top_p,
-                                                 generator=gen, adaptive=adaptive)
-                    stats[key].append(st)
-                sync(device)
-                runs[key][-1] += time.perf_counter() - t0
+    calls = {}                                                # (key, prompt i) -> calls so far = the round
+
+    def run(key, i):
+        r = calls[(key, i)] = calls.get((key, i), -1) + 1
+        gen.manual_seed(seed + 1000 * r + i)
+        if key == "plain":
+            generate(target, prompts[i], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                     generator=gen, cache="contiguous")
+        else:
+            _, st = speculative_generate(target, draft, prompts[i], max_new_tokens, draft_length=key,
+                                         temperature=temperature, top_k=top_k, top_p=top_p,
+                                         generator=gen, adaptive=adaptive)
+            stats[key].append(st)
+
+    # one candidate per (path, prompt), interleaved; a path's time in round r is the sum over the prompts
+    jobs = {(key, i): (lambda key=key, i=i: run(key, i)) for i in range(len(prompts))
+            for key in ["plain", *draft_lengths]}
+    timings = interleave(jobs, warmup=0, repeats=repeats, device=device)
+    runs = {key: [sum(timings[(key, i)].times[r] for i in range(len(prompts))) for r in range(repeats)]
+            for key in ["plain", *draft_lengths]}
 
     plain_s = statistics.median(runs["plain"])
     n_tokens = max_new_tokens * len(prompts)
@@ -154,21 +149,23 @@ def measure_prompt_lookup(target, prompts, draft_lengths=(4, 8), max_new_tokens:
     prompts = [check_prompt(p) for p in prompts]
     draft_lengths = [_check_int(g, "draft_lengths[i]", 1) for g in draft_lengths]
     max_new = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
-    runs = {"plain": [], **{g: [] for g in draft_lengths}}
     stats = {g: [] for g in draft_lengths}
-    for r in range(_check_int(repeats, "repeats", 1)):
-        order = ["plain", *draft_lengths]
-        order = order[r % len(order):] + order[:r % len(order)]
-        for key in order:
-            t0 = time.perf_counter()
-            for p, n in zip(prompts, max_new):
-                if key == "plain":
-                    generate(target, p, n, cache="contiguous")
-                else:
-                    _, st = prompt_lookup_generate(target, p, n, draft_length=key, max_ngram=max_ngram)
-                    if r == 0:
-                        stats[key].append(st)
-            runs[key].append(time.perf_counter() - t0)
+    calls = {}
+
+    def run(key):
+        first = key not in calls                              # the statistics of one run suffice
+        calls[key] = True
+        for p, n in zip(prompts, max_new):
+            if key == "plain":
+                generate(target, p, n, cache="contiguous")
+            else:
+                _, st = prompt_lookup_generate(target, p, n, draft_length=key, max_ngram=max_ngram)
+                if first:
+                    stats[key].append(st)
+
+    timings = interleave({key: (lambda key=key: run(key)) for key in ["plain", *draft_lengths]}, warmup=0,
+                         repeats=_check_int(repeats, "repeats", 1), device=_model_device(target))
+    runs = {key: t.times for key, t in timings.items()}
     plain_s = statistics.median(runs["plain"])
     rows = []
     for g in draft_lengths:
