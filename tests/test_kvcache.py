@@ -6,7 +6,7 @@ import torch
 
 from course_lib.attention import apply_rope, rope_cos_sin
 from course_lib.generation import generate
-from course_lib.kvcache import (ContiguousCache, H2OCache, KVCache, QuantizedCache, SinkCache, SlidingWindowCache,
+from course_lib.kvcache import (ContiguousCache, FixedPrefixCache, H2OCache, KVCache, QuantizedCache, SinkCache, SlidingWindowCache,
                                StaticCache, kv_cache_bytes, kv_table, latent_kv_bytes)
 from course_lib.models.config import preset
 from course_lib.models import LlamaConfig, LlamaForCausalLM, load
@@ -325,7 +325,22 @@ def test_compact_refuses_bad_positions(kind):
 
 def test_caches_that_cannot_compact_refuse():
     assert PagedCache.compact is KVCache.compact
-    for cache in (SlidingWindowCache(4), SinkCache(4, sinks=1), H2OCache(2, 4), QuantizedCache(bits=8)):
+    fixed = FixedPrefixCache([torch.randn(1, 1, 3, 2)], [torch.randn(1, 1, 3, 2)])
+    for cache in (SlidingWindowCache(4), SinkCache(4, sinks=1), H2OCache(2, 4), QuantizedCache(bits=8), fixed):
         cache.update(torch.randn(1, 1, 3, 2), torch.randn(1, 1, 3, 2), 0, q=torch.randn(1, 1, 3, 2))
         with pytest.raises(TypeError, match=f"{type(cache).__name__} cannot compact"):
             cache.compact(torch.tensor([0, 2]))
+
+
+def test_fixed_prefix_cache_holds_the_prompt_and_refuses_bad_input():
+    k, v = torch.randn(2, 1, 4, 3), torch.randn(2, 1, 4, 3)
+    cache = FixedPrefixCache([k], [v])
+    k_all, v_all = cache.update(torch.ones(2, 1, 1, 3), torch.zeros(2, 1, 1, 3), 0)
+    assert torch.equal(k_all, torch.cat([k, torch.ones(2, 1, 1, 3)], dim=2)) and v_all.shape == (2, 1, 5, 3)
+    assert cache.get_seq_length() == 4 and cache.nbytes() == 2 * k.numel() * 4   # the new token is not kept
+    with pytest.raises(ValueError, match="layer 1"):
+        cache.update(torch.ones(2, 1, 1, 3), torch.zeros(2, 1, 1, 3), 1)
+    with pytest.raises(ValueError, match="holds"):                   # a different batch than the prompt's
+        cache.update(torch.ones(1, 1, 1, 3), torch.zeros(1, 1, 1, 3), 0)
+    with pytest.raises(ValueError, match="keys and values"):
+        FixedPrefixCache([k], [])
