@@ -122,9 +122,9 @@ bench: setup
 ## there): the target and the scratch draft, the default draft distilled from the target (installed only
 ## if it beats the scratch draft), then the target's Medusa heads.
 train: setup
-	$(VENV)/bin/python -m course_lib.models.train
-	$(VENV)/bin/python -m course_lib.models.distill_draft --continue-from-bundled --steps 250 --lr 1e-3 --warmup 10 --seed 1 --threads 2 --out build/distill
-	$(VENV)/bin/python -m course_lib.models.distill_draft --install-from build/distill
+	$(VENV)/bin/python -m course_lib.training.train
+	$(VENV)/bin/python -m course_lib.training.distill_draft --continue-from-bundled --steps 250 --lr 1e-3 --warmup 10 --seed 1 --threads 2 --out build/distill
+	$(VENV)/bin/python -m course_lib.training.distill_draft --install-from build/distill
 	$(VENV)/bin/python -m course_lib.speculative.medusa --threads 2
 
 ## On a machine with a CUDA GPU: the whole suite, every notebook at full size, the roofline benches.

@@ -44,7 +44,7 @@ def save(name: str, rows: list[dict], **meta) -> Path:
 def memory_bandwidth() -> tuple[float, str]:
     """(bytes/s, where the number comes from) of this device's main memory: the hardware table for a
     known GPU (its HBM datasheet figure), else a measured copy (what a roofline should be drawn against)."""
-    from course_lib.perf.device_bench import measure_copy_bandwidth
+    from course_lib.device_bench import measure_copy_bandwidth
     from course_lib.perf.hardware import get_gpu
     if torch.cuda.is_available():
         try:

@@ -29,7 +29,8 @@ Why speculative decoding runs here and not in ``course_lib.speculative``: that p
 on this one (layer 4: measurement, Medusa, prompt lookup, distillation's teacher), so the loop cannot
 import it. What verification needs is at or below this layer: the acceptance rule is a sampling rule
 (``course_lib.sampling.accept_step``); the pass (``_Speculation``) and tree verification (``verify_tree``,
-the tree mask, cache compaction) are cache bookkeeping next to the loop they plug into.
+the tree mask) are bookkeeping next to the loop they plug into; keeping the accepted path is the cache's own
+``compact``.
 ``course_lib.speculative`` re-exports them and holds the drafts (``speculative_generate``,
 ``prompt_lookup_generate`` and ``medusa_generate`` are ``generate(..., draft=...)`` returning the full ids).
 
@@ -55,7 +56,7 @@ from course_lib.sampling import (_check_temperature, _check_top_k, _check_top_p,
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
            "finish_reason", "generate", "decode_step", "GenerateOutput", "SpecStats", "TokenEvent", "Trace",
            "model_logits", "context_length", "check_pair", "TokenTree", "TreeVerification", "verify_tree",
-           "tree_attention_mask", "tree_positions", "tree_depths", "compact_cache"]
+           "tree_attention_mask", "tree_positions", "tree_depths"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -446,35 +447,6 @@ def tree_positions(parents, start: int, device=None) -> torch.Tensor:
     return torch.tensor(tree_depths(parents), dtype=torch.long, device=device) + start
 
 
-def compact_cache(cache, keep: torch.Tensor):
-    """Keep only the positions `keep` ([M] long, increasing) of every layer, in that order.
-
-    Works on ``ContiguousCache`` (per-layer tensors ``cache.k[l]``, ``cache.v[l]`` [B, K, S, Dh], replaced
-    by an index_select) and ``StaticCache`` (the kept rows are written to the front of the buffer).
-    """
-    if not isinstance(cache, (ContiguousCache, StaticCache)):
-        raise TypeError(f"cache must be a ContiguousCache or StaticCache, got {type(cache).__name__}")
-    keep = keep.long() if isinstance(keep, torch.Tensor) else torch.as_tensor(keep, dtype=torch.long, device="cpu")
-    S = cache.get_seq_length()
-    if keep.dim() != 1 or (keep.numel() and (int(keep.min()) < 0 or int(keep.max()) >= S)):
-        raise ValueError(f"keep must be a 1-D tensor of positions in [0, {S}), got {keep.tolist()}")
-    if keep.numel() > 1 and not bool((keep[1:] > keep[:-1]).all()):
-        raise ValueError("keep must be strictly increasing (the kept tokens stay in sequence order)")
-    M = keep.numel()
-    for layer in range(len(cache.k)):
-        idx = keep.to(cache.k[layer].device)
-        k = cache.k[layer].index_select(2, idx)  # [B, K, M, Dh]
-        v = cache.v[layer].index_select(2, idx)
-        if isinstance(cache, StaticCache):
-            cache.k[layer][:, :, :M] = k
-            cache.v[layer][:, :, :M] = v
-        else:
-            cache.k[layer], cache.v[layer] = k, v
-    if isinstance(cache, StaticCache):
-        cache.crop(M)
-    return cache
-
-
 @dataclass
 class TreeVerification:
     """The outcome of one tree verification.
@@ -544,7 +516,7 @@ def verify_tree(target, cache, tree: TokenTree, compact: bool = True) -> TreeVer
         else:
             keep = torch.cat([torch.arange(past, device=device),
                               past + torch.tensor(path, dtype=torch.long, device=device)])
-            compact_cache(cache, keep)
+            cache.compact(keep)
     return TreeVerification(path=path, tokens=[tokens[i] for i in path[1:]], next_token=greedy[last],
                             hidden=hidden[last], logits=logits)
 

@@ -42,8 +42,8 @@ from IPython.display import Markdown, display
 from course_lib.env import capabilities
 from course_lib.models import LlamaConfig, as_config, load
 from course_lib.perf.claims import timing_claim
-from course_lib.perf.device_bench import (count_ops, decode_step_call, forward_call, measure_device, op_overhead,
-                                          time_decode_step)
+from course_lib.device_bench import (count_ops, decode_step_call, forward_call, measure_device, op_overhead,
+                                     time_decode_step)
 from course_lib.perf.hardware import GPUS, hardware_table
 from course_lib.perf.intensity import intensity_table
 from course_lib.perf.notes_forms import notes_table
@@ -235,7 +235,7 @@ display(tiny_dec)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_lib.perf.device_bench import prefix_cache
+from course_lib.kvcache import FixedPrefixCache
 
 ids = torch.randint(0, cfg.vocab_size, (2, SEQ_LEN), device=dev)
 with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
@@ -244,7 +244,7 @@ table_flops = intensity_table(cfg, "prefill", SEQ_LEN, batch=2).matmul_flops()
 print(f"prefill, batch 2: FlopCounterMode {counter.get_total_flops():,} FLOPs, table {table_flops:,}")
 assert counter.get_total_flops() == table_flops
 
-cache = prefix_cache(model, ids)
+cache = FixedPrefixCache.from_prompt(model, ids)
 with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
     model(ids[:, :1], cache=cache)
 table_flops = intensity_table(cfg, "decode", SEQ_LEN, batch=2).matmul_flops()
@@ -373,7 +373,7 @@ def weight_matmuls_only():
 
 t_mm = benchmark(weight_matmuls_only, repeats=REPEATS, device=dev).median
 new_token = torch.randint(0, cfg.vocab_size, (1, 1), device=dev)
-n_ops = count_ops(model, new_token, cache=prefix_cache(model, ids[:1, :DECODE_CONTEXT]))
+n_ops = count_ops(model, new_token, cache=FixedPrefixCache.from_prompt(model, ids[:1, :DECODE_CONTEXT]))
 per_op = op_overhead(dev)
 
 print(f"prefill of {SEQ_LEN} tokens: predicted {pred_prefill.time * 1e3:8.3f} ms, measured {t_prefill * 1e3:8.3f} ms "

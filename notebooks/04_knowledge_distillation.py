@@ -312,7 +312,7 @@ print(f"white-box minus scratch (seed 0): acceptance T=1 "
 # %% [markdown] id="c023"
 # ## 6. The course's draft: distilled from the target
 #
-# Two longer runs were made offline with `python -m course_lib.models.distill_draft` (CPU, minutes to an
+# Two longer runs were made offline with `python -m course_lib.training.distill_draft` (CPU, minutes to an
 # hour); their reports ship with the models and are read here, and the two bundled drafts are then measured
 # live.
 #

@@ -301,15 +301,15 @@ for _ in range(30):
 # %% [markdown] id="c019"
 # ## Extension (not graded): your own machine
 #
-# `course_lib.perf.measure_device()` measures this machine's copy bandwidth and matmul throughput (a few
-# seconds on a CPU). Use your functions on it: where is its ridge point, and at what batch size would a
+# `course_lib.device_bench.measure_device()` measures this machine's copy bandwidth and matmul throughput (a
+# few seconds on a CPU). Use your functions on it: where is its ridge point, and at what batch size would a
 # 4096 × 4096 fp32 projection become compute-bound here? (Skipped during grading.)
 
 # %% id="c020"
 if os.environ.get("NBGRADER_EXECUTION"):
     print("skipped while grading")
 else:
-    from course_lib.perf import device_bench
+    from course_lib import device_bench
 
     local = device_bench.measure_device(quick=True)
     peak, bw = local.peak_flops(local.default_dtype), local.bandwidth

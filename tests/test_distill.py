@@ -1,5 +1,5 @@
 """Module 04: distillation losses against brute-force definitions and torch's KLDivLoss, the T^2 factor,
-a tutorial's double-softmax bug, acceptance rate, and the training loop (scratch == course_lib.models.train)."""
+a tutorial's double-softmax bug, acceptance rate, and the training loop (scratch == course_lib.training.train)."""
 
 import pytest
 import torch
@@ -181,9 +181,9 @@ def _tiny(d, layers, seed):
 
 
 def test_scratch_mode_is_the_training_script(device):
-    """Same init, data order and schedule as course_lib.models.train: identical weights. On a device too:
+    """Same init, data order and schedule as course_lib.training.train: identical weights. On a device too:
     both draw the windows with a generator on the stream's device and train where the stream is."""
-    from course_lib.models.train import TrainSettings, train_model
+    from course_lib.training.train import TrainSettings, train_model
     stream = torch.randint(0, 64, (3000,), generator=torch.Generator().manual_seed(1)).to(device)
     ref, _ = train_model(_tiny(32, 1, 0).config, stream, TrainSettings(steps=6, batch=3, seq_len=16, warmup=2))
     assert ref.device == stream.device

@@ -6,9 +6,11 @@ import torch
 
 from course_lib.attention import apply_rope, rope_cos_sin
 from course_lib.generation import generate
-from course_lib.kvcache import ContiguousCache, StaticCache, kv_cache_bytes, kv_table, latent_kv_bytes
+from course_lib.kvcache import (ContiguousCache, FixedPrefixCache, H2OCache, KVCache, QuantizedCache, SinkCache, SlidingWindowCache,
+                               StaticCache, kv_cache_bytes, kv_table, latent_kv_bytes)
 from course_lib.models.config import preset
 from course_lib.models import LlamaConfig, LlamaForCausalLM, load
+from course_lib.paged import PagedCache
 from device_tools import assert_greedy_match, tol_for
 
 
@@ -263,3 +265,82 @@ def test_crop_rewinds_the_cache(model, kind, device):
     torch.testing.assert_close(again, first)
     with pytest.raises(ValueError):
         cache.crop(13)
+
+
+# --- compaction (tree verification keeps the accepted path): the cache's own operation -----------------
+def _old_compact_cache(cache, keep):
+    """The free function this replaced (speculative/tree.py, then generation.py), verbatim bar validation:
+    the oracle the caches' ``compact`` is checked against."""
+    keep = torch.as_tensor(keep, dtype=torch.long)
+    M = keep.numel()
+    for layer in range(len(cache.k)):
+        idx = keep.to(cache.k[layer].device)
+        k = cache.k[layer].index_select(2, idx)
+        v = cache.v[layer].index_select(2, idx)
+        if isinstance(cache, StaticCache):
+            cache.k[layer][:, :, :M] = k
+            cache.v[layer][:, :, :M] = v
+        else:
+            cache.k[layer], cache.v[layer] = k, v
+    if isinstance(cache, StaticCache):
+        cache.crop(M)
+    return cache
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "static"])
+@pytest.mark.parametrize("seed", range(6))
+def test_compact_matches_the_old_compact_cache_on_random_inputs(kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, K, Dh, layers = 1 + seed % 2, 2, 4, 3
+    S = int(torch.randint(1, 12, (1,), generator=g))
+    make = ContiguousCache if kind == "contiguous" else (lambda: StaticCache(16))
+    new, old = make(), make()
+    for _ in range(2):                                   # two forwards: the past, then the tree's nodes
+        T = max(1, S // 2)
+        kv = [(torch.randn(B, K, T, Dh, generator=g), torch.randn(B, K, T, Dh, generator=g)) for _ in range(layers)]
+        for cache in (new, old):
+            for layer, (k, v) in enumerate(kv):
+                cache.update(k, v, layer)
+    S = new.get_seq_length()
+    keep = torch.randperm(S, generator=g)[:int(torch.randint(0, S + 1, (1,), generator=g))].sort().values
+    buffers = [k.data_ptr() for k in new.k] if kind == "static" else None
+    assert new.compact(keep) is new
+    _old_compact_cache(old, keep)
+    assert new.get_seq_length() == old.get_seq_length() == keep.numel()
+    for layer in range(layers):
+        assert torch.equal(new.k[layer], old.k[layer]) and torch.equal(new.v[layer], old.v[layer])
+    if buffers is not None:                              # in place: CUDA graphs keep reading the same buffers
+        assert [k.data_ptr() for k in new.k] == buffers
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "static"])
+def test_compact_refuses_bad_positions(kind):
+    c = ContiguousCache() if kind == "contiguous" else StaticCache(8)
+    c.update(torch.randn(1, 1, 5, 2), torch.randn(1, 1, 5, 2), 0)
+    for bad in ([2, 1], [0, 0], [5], [-1], [[0, 1]]):
+        with pytest.raises(ValueError, match="keep"):
+            c.compact(torch.tensor(bad))
+    assert c.get_seq_length() == 5                       # a refused call changes nothing
+
+
+def test_caches_that_cannot_compact_refuse():
+    assert PagedCache.compact is KVCache.compact
+    fixed = FixedPrefixCache([torch.randn(1, 1, 3, 2)], [torch.randn(1, 1, 3, 2)])
+    for cache in (SlidingWindowCache(4), SinkCache(4, sinks=1), H2OCache(2, 4), QuantizedCache(bits=8), fixed):
+        cache.update(torch.randn(1, 1, 3, 2), torch.randn(1, 1, 3, 2), 0, q=torch.randn(1, 1, 3, 2))
+        with pytest.raises(TypeError, match=f"{type(cache).__name__} cannot compact"):
+            cache.compact(torch.tensor([0, 2]))
+
+
+def test_fixed_prefix_cache_holds_the_prompt_and_refuses_bad_input():
+    k, v = torch.randn(2, 1, 4, 3), torch.randn(2, 1, 4, 3)
+    cache = FixedPrefixCache([k], [v])
+    k_all, v_all = cache.update(torch.ones(2, 1, 1, 3), torch.zeros(2, 1, 1, 3), 0)
+    assert torch.equal(k_all, torch.cat([k, torch.ones(2, 1, 1, 3)], dim=2)) and v_all.shape == (2, 1, 5, 3)
+    assert cache.get_seq_length() == 4 and cache.nbytes() == 2 * k.numel() * 4   # the new token is not kept
+    with pytest.raises(ValueError, match="layer 1"):
+        cache.update(torch.ones(2, 1, 1, 3), torch.zeros(2, 1, 1, 3), 1)
+    with pytest.raises(ValueError, match="holds"):                   # a different batch than the prompt's
+        cache.update(torch.ones(1, 1, 1, 3), torch.zeros(1, 1, 1, 3), 0)
+    with pytest.raises(ValueError, match="keys and values"):
+        FixedPrefixCache([k], [])

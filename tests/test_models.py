@@ -82,7 +82,7 @@ def heldout_scores():
     for name in ("tiny", "tiny-draft"):
         model, tok = load(name, device="cpu")
         out[name] = score_texts(model, tok, texts, progress=False).bits_per_byte
-    from course_lib.models.train import unigram_bits_per_byte
+    from course_lib.training.train import unigram_bits_per_byte
     _, tok = load("tiny", device="cpu")
     train = load_split("train", max_files=120)
     stream = torch.tensor([i for t in train for i in tok(t)["input_ids"]])
@@ -219,7 +219,7 @@ def test_custom_mask_and_positions_match_causal_default():
 @pytest.fixture(scope="module")
 def quick_training_run(tmp_path_factory):
     """One seeded quick run of the training script, shared by the tests below (each run is ~40 s on CPU)."""
-    from course_lib.models import train
+    from course_lib.training import train
     out = tmp_path_factory.mktemp("train") / "a"
     train.main(["--quick", "--out", str(out), "--threads", "1"])
     return out
@@ -227,7 +227,7 @@ def quick_training_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_training_script_is_deterministic(quick_training_run, tmp_path):
-    from course_lib.models import train
+    from course_lib.training import train
     train.main(["--quick", "--out", str(tmp_path / "b"), "--threads", "1"])
     a = (quick_training_run / "tiny" / "model.safetensors").read_bytes()
     assert a == (tmp_path / "b" / "tiny" / "model.safetensors").read_bytes(), \
@@ -241,8 +241,8 @@ def test_training_script_resumes_a_stage_and_rewrites_the_card(quick_training_ru
     and --card-only rewrites the card from the report, keeping the distilled draft's section."""
     import shutil
 
-    from course_lib.models import train
-    from course_lib.models.train import CARD_SECTION
+    from course_lib.training import train
+    from course_lib.training.train import CARD_SECTION
     a, b = quick_training_run, tmp_path / "b"
     first = json.loads((a / "training_report.json").read_text())
     b.mkdir()
@@ -270,8 +270,8 @@ def test_distill_draft_installs_only_a_winning_draft_and_its_card_section(tmp_pa
     keeping the rest; the bundled card's section is exactly what the report gives. A losing draft: nothing."""
     import shutil
 
-    from course_lib.models.distill_draft import card_section, install_draft
-    from course_lib.models.train import CARD_SECTION
+    from course_lib.training.distill_draft import card_section, install_draft
+    from course_lib.training.train import CARD_SECTION
     bundled = bundled_path("tiny").parent
     report = json.loads((bundled / "distill_report.json").read_text())
     card = (bundled / "MODEL_CARD.md").read_text()
@@ -297,9 +297,9 @@ def test_distill_draft_installs_only_a_winning_draft_and_its_card_section(tmp_pa
 
 @pytest.mark.slow
 def test_distill_draft_quick_run(tmp_path):
-    """python -m course_lib.models.distill_draft --quick: a distilled and a scratch student of the draft's shape,
+    """python -m course_lib.training.distill_draft --quick: a distilled and a scratch student of the draft's shape,
     saved loadable, and a report with their held-out numbers next to the bundled scratch draft's."""
-    from course_lib.models import distill_draft
+    from course_lib.training import distill_draft
     report = distill_draft.main(["--quick", "--out", str(tmp_path), "--threads", "1"])
     assert (report["steps"], report["batch"], report["seq_len"]) == (20, 4, 64)
     assert json.loads((tmp_path / "distill_report.json").read_text()) == json.loads(json.dumps(report))

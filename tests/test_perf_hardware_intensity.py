@@ -14,7 +14,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib.models.config import PRESETS, as_config
 from course_lib.models.llama import LlamaConfig, LlamaForCausalLM, flops_per_token
-from course_lib.perf.device_bench import (count_ops, measure_device, prefix_cache, time_decode_step)
+from course_lib.device_bench import count_ops, measure_device, time_decode_step
+from course_lib.kvcache import FixedPrefixCache
 from course_lib.perf.hardware import (DTYPE_BYTES, GPUS, DeviceSpec, bytes_per_element, canonical_dtype,
                                       get_gpu, hardware_table)
 from course_lib.perf.intensity import intensity_table
@@ -158,7 +159,7 @@ def test_prefix_cache_decode_step_equals_full_forward():
     torch.manual_seed(0)
     model = LlamaForCausalLM(SMALL).eval()
     ids = torch.randint(0, SMALL.vocab_size, (2, 11))
-    cache = prefix_cache(model, ids[:, :10])
+    cache = FixedPrefixCache.from_prompt(model, ids[:, :10])
     assert cache.get_seq_length() == 10
     step = model(ids[:, 10:], cache=cache)
     full = model(ids)
@@ -284,7 +285,7 @@ def test_decode_flops_match_torch_flop_counter(cfg):
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     B, L = 2, 13
-    cache = prefix_cache(model, torch.randint(0, cfg.vocab_size, (B, L)))
+    cache = FixedPrefixCache.from_prompt(model, torch.randint(0, cfg.vocab_size, (B, L)))
     counted = _counted_flops(model, torch.randint(0, cfg.vocab_size, (B, 1)), cache=cache)
     table = intensity_table(cfg, "decode", L, batch=B)
     assert table.matmul_flops() == counted

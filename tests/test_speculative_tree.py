@@ -9,8 +9,8 @@ from course_lib.models.corpus import load_split
 from course_lib.speculative import medusa as medusa_mod
 from course_lib.speculative.medusa import (MedusaHeads, load_medusa_heads, medusa_accuracy, medusa_generate,
                                            save_medusa_heads, train_medusa)
-from course_lib.speculative.tree import (TokenTree, build_tree, cartesian_paths, chain_paths, compact_cache,
-                                         tree_attention_mask, tree_positions, verify_tree)
+from course_lib.speculative.tree import (TokenTree, build_tree, cartesian_paths, chain_paths, tree_attention_mask,
+                                         tree_positions, verify_tree)
 from device_tools import assert_greedy_match, tol_for
 
 
@@ -154,10 +154,10 @@ def test_compact_cache_index_select():
     c = ContiguousCache()
     k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
     c.update(k, v, 0)
-    compact_cache(c, torch.tensor([0, 1, 4]))
+    c.compact(torch.tensor([0, 1, 4]))
     assert torch.equal(c.k[0], k[:, :, [0, 1, 4]]) and torch.equal(c.v[0], v[:, :, [0, 1, 4]])
     with pytest.raises(ValueError, match="keep"):
-        compact_cache(c, torch.tensor([2, 1]))
+        c.compact(torch.tensor([2, 1]))
 
 
 # -------------------------------------------------------------------------------------------- medusa

@@ -129,7 +129,7 @@ def _model(layers=1, seed=0):
 
 def test_compile_tools_and_device_bench_time_through_perf_timing(tick):
     from course_lib.compile_tools import time_decode_steps
-    from course_lib.perf.device_bench import op_overhead, time_decode_step, time_forward
+    from course_lib.device_bench import op_overhead, time_decode_step, time_forward
     assert time_decode_steps(_model(), modes=("eager",), steps=3, max_len=32) == {"eager": 7.0}
     assert time_decode_step(_model(), context=8, warmup=1, repeats=3).times == [7.0] * 3
     assert time_forward(_model(), seq_len=8, warmup=1, repeats=2).times == [7.0] * 2

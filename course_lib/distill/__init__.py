@@ -8,7 +8,7 @@
                     token_stream, new_student
 
 The command that distils the bundled default draft `tiny-draft` and installs it with its model-card
-section lives with the models' training script: `python -m course_lib.models.distill_draft`.
+section lives with the models' training script: `python -m course_lib.training.distill_draft`.
 """
 from .acceptance import acceptance_rate, acceptance_rates, expected_acceptance
 from .losses import (REDUCTIONS, FeatureProjector, distillation_loss, feature_loss, hard_label_loss, kd_loss,

@@ -6,7 +6,7 @@
     token_stream              the training stream as the bundled models were trained on it
     new_student               a fresh model with another model's shape
 
-The CLI that distils the bundled default draft is `python -m course_lib.models.distill_draft`.
+The CLI that distils the bundled default draft is `python -m course_lib.training.distill_draft`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from .losses import FeatureProjector, feature_loss, hard_label_loss, kd_loss, re
 
 
 def token_stream(tokenizer, texts: list[str]) -> torch.Tensor:
-    """The training stream as course_lib.models.train builds it: EOS, doc, EOS, doc, ... [N] on the host.
+    """The training stream as course_lib.training.train builds it: EOS, doc, EOS, doc, ... [N] on the host.
 
     tokenizer: a transformers fast tokenizer (what `course_lib.models.load` returns)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -105,7 +105,7 @@ def distill(teacher, student, tokenizer=None, steps: int = 100, batch_size: int 
         (`generate_teacher_corpus`, steps x batch_size sequences; the prompt tokens are not targets).
     mode="scratch": plain cross entropy on the training text.
     All three see the same number of token positions and, for white_box and scratch, the same windows in
-    the same order as course_lib.models.train (same seed, same AdamW, warmup and cosine schedule).
+    the same order as course_lib.training.train (same seed, same AdamW, warmup and cosine schedule).
     texts / stream: the training data (default: the whole training split, tokenized with `tokenizer`).
     history: dict with loss (per step), seconds (cumulative wall time per step), total_seconds, tokens,
     and generation_seconds (black_box).
@@ -160,7 +160,7 @@ def distill(teacher, student, tokenizer=None, steps: int = 100, batch_size: int 
         bar = tqdm(bar, desc=f"distill ({mode})", mininterval=2)
     t0 = time.perf_counter()
     for step in bar:
-        # same schedule as course_lib.models.train: linear warmup, cosine decay to 10%
+        # same schedule as course_lib.training.train: linear warmup, cosine decay to 10%
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
         if mode == "black_box":

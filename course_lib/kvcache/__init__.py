@@ -10,13 +10,15 @@ reads q only if its policy needs it, as H2O does) and ``get_seq_length()``; the 
 ``attend(q, k, v, layer, attn_mask)`` (what the model calls), ``positions(T)``, ``attn_mask(T)``,
 ``stored_length()`` and ``nbytes()`` (see ``base``).
 
-Caches: ContiguousCache (torch.cat), StaticCache (preallocated), SlidingWindowCache, SinkCache
+Caches: ContiguousCache (torch.cat), StaticCache (preallocated), FixedPrefixCache (a prompt held fixed, to
+time one decode step again and again), SlidingWindowCache, SinkCache
 (attention sinks, positions inside the cache), H2OCache (heavy hitters), QuantizedCache (int8/int4),
 MultiTierCache (full precision -> int8 -> int4), LatentCache (MLA-style low-rank latent, see fit_latent).
 Model conversion: regroup_kv_heads (GQA/MQA). Memory: kv_cache_bytes (LlamaConfig.kv_cache_bytes on bare
 numbers), kv_table over course_lib.models.config.PRESETS and LATENT_MODELS (MLA).
 """
 from .base import ContiguousCache, KVCache, StaticCache
+from .fixed import FixedPrefixCache
 from .generate import StreamScore, stream_score
 from .gqa import regroup_kv_heads
 from .h2o import H2OCache
@@ -26,7 +28,7 @@ from .quantized import (MultiTierCache, QuantBlock, QuantizedCache, dequantize_m
                         quantize_minmax, unpack_uint4)
 from .window import SinkCache, SlidingWindowCache, rotate_keys
 
-__all__ = ["KVCache", "ContiguousCache", "StaticCache", "stream_score",
+__all__ = ["KVCache", "ContiguousCache", "StaticCache", "FixedPrefixCache", "stream_score",
            "StreamScore", "regroup_kv_heads", "H2OCache", "LatentCache", "LatentProjection", "fit_latent",
            "KV_TABLE_MODELS", "LATENT_MODELS", "kv_cache_bytes", "kv_table", "latent_kv_bytes",
            "MultiTierCache", "QuantBlock", "QuantizedCache", "quantize_minmax", "dequantize_minmax",

@@ -26,6 +26,8 @@ make a difference between ``get_seq_length()`` (where RoPE puts the next token) 
   ``get_seq_length()``. The static cache keeps its position on the device (no host sync).
 * ``attn_mask(T)``: a [T, S] mask for the next forward of T tokens, or None for the causal mask.
 * ``stored_length(layer)``, ``nbytes()`` (bytes of the tensors it holds).
+* ``compact(keep)``: keep only the chosen positions, in order (tree verification keeps the accepted path).
+  The contiguous and static caches do; the base refuses with a ``TypeError``.
 
 The model also takes a Hugging Face-style object that has only ``update(k, v, layer)`` and
 ``get_seq_length()`` (``course_lib.models.llama._as_cache`` wraps it); it is given no queries.
@@ -62,6 +64,16 @@ def _check_same_stream(old_k, k, layer):
         raise ValueError(f"update: layer {layer} holds {old_k.dtype} on {old_k.device}, got {k.dtype} on {k.device}")
 
 
+def _check_keep(keep, length: int) -> torch.Tensor:
+    """`keep` as a 1-D long tensor of strictly increasing positions in [0, length)."""
+    keep = keep.long() if isinstance(keep, torch.Tensor) else torch.as_tensor(keep, dtype=torch.long, device="cpu")
+    if keep.dim() != 1 or (keep.numel() and (int(keep.min()) < 0 or int(keep.max()) >= length)):
+        raise ValueError(f"keep must be a 1-D tensor of positions in [0, {length}), got {keep.tolist()}")
+    if keep.numel() > 1 and not bool((keep[1:] > keep[:-1]).all()):
+        raise ValueError("keep must be strictly increasing (the kept tokens stay in sequence order)")
+    return keep
+
+
 class KVCache:
     """Base class of the caches: subclasses implement ``update`` and ``get_seq_length``; the rest has defaults."""
 
@@ -87,6 +99,13 @@ class KVCache:
     def attn_mask(self, num_new: int, device=None):
         """Mask [T, S] (True = attend) for a forward of `num_new` tokens, or None = the model's causal mask."""
         return None
+
+    def compact(self, keep: torch.Tensor):
+        """Keep only the cached positions `keep` ([M] long, strictly increasing), in that order: what tree
+        verification does with the accepted path. Only caches whose index is the token's position can;
+        the others refuse."""
+        raise TypeError(f"{type(self).__name__} cannot compact (keep chosen positions): its slots are not the "
+                        f"tokens' positions in order; use a ContiguousCache or StaticCache")
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,6 +158,15 @@ class ContiguousCache(KVCache):
             raise ValueError(f"length must be an int in [0, {self.get_seq_length()}], got {length!r}")
         self.k = [k[:, :, :length] for k in self.k]
         self.v = [v[:, :, :length] for v in self.v]
+
+    def compact(self, keep: torch.Tensor):
+        """Keep only the positions `keep` ([M] long, strictly increasing) of every layer, in that order."""
+        keep = _check_keep(keep, self.get_seq_length())
+        for layer in range(len(self.k)):
+            idx = keep.to(self.k[layer].device)
+            self.k[layer] = self.k[layer].index_select(2, idx)  # [B, K, M, Dh]
+            self.v[layer] = self.v[layer].index_select(2, idx)
+        return self
 
     def reset(self):
         self.k, self.v = [], []
@@ -258,6 +286,20 @@ class StaticCache(KVCache):
             raise ValueError(f"length must be an int in [0, {self.get_seq_length()}], got {length!r}")
         for p in self.pos:
             p.fill_(length)
+
+    def compact(self, keep: torch.Tensor):
+        """Keep only the positions `keep` ([M] long, strictly increasing), in that order: the kept rows are
+        written to the front of each layer's buffer (in place: the buffers keep their addresses)."""
+        keep = _check_keep(keep, self.get_seq_length())
+        M = keep.numel()
+        for layer in range(len(self.k)):
+            idx = keep.to(self.k[layer].device)
+            k = self.k[layer].index_select(2, idx)  # [B, K, M, Dh], a copy: the rows may overlap their targets
+            v = self.v[layer].index_select(2, idx)
+            self.k[layer][:, :, :M] = k
+            self.v[layer][:, :, :M] = v
+        self.crop(M)
+        return self
 
     def reset(self):
         for p in self.pos:

@@ -6,9 +6,9 @@
     model, tok = load("smollm2-135m")  # hub model when the network is there, else the bundled one
 
 Names (case-insensitive):
-    tiny, tiny-draft-scratch            bundled, trained from scratch by `python -m course_lib.models.train`
+    tiny, tiny-draft-scratch            bundled, trained from scratch by `python -m course_lib.training.train`
     tiny-draft                          bundled default draft: tiny-draft-scratch distilled from tiny
-                                        (`python -m course_lib.models.distill_draft`, Module 04)
+                                        (`python -m course_lib.training.distill_draft`, Module 04)
     smollm2-135m, smollm2-360m, smollm2-1.7b   HuggingFaceTB/SmolLM2-*, need the network (or the HF cache)
     any local folder                    with config.json + *.safetensors (+ tokenizer files)
 """

@@ -1,7 +1,6 @@
 """Measurement and performance models: timing (and timing claims), latency metrics, memory, quality, hardware,
 roofline."""
 from .claims import timing_claim
-from .device_bench import measure_device, time_decode_step, time_forward
 from .hardware import GPUS, DeviceSpec, bytes_per_element, get_gpu, gpu_names, hardware_table
 from .intensity import intensity_table, prefill_decode_tables
 from .notes_forms import NOTES_CLOSED_FORMS, notes_table

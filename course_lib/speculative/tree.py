@@ -25,10 +25,10 @@ Greedy verification (temperature 0, exact): a node is accepted when its parent w
 token is the target's argmax at its parent. The deepest accepted node ends the accepted path; the
 target's argmax there is one more token for free (the correction, or the bonus when the path reached a
 leaf). Then the KV cache, which now holds the past plus all N nodes, is compacted to the past plus the
-accepted path, in order (``compact_cache``).
+accepted path, in order (the cache's ``compact``, ``course_lib.kvcache``).
 
 Where the code is: building trees (``build_tree``, Medusa's paths) is here; the tree itself, its mask and
-positions, ``verify_tree`` and ``compact_cache`` live beside the one generate loop
+positions and ``verify_tree`` live beside the one generate loop
 (``course_lib.generation``), which verifies a tree that a draft proposes (``generate(..., draft=)``, e.g.
 ``medusa.MedusaDraft``); they are re-exported here.
 """
@@ -38,11 +38,11 @@ import itertools
 
 import torch
 
-from course_lib.generation import (TokenTree, TreeVerification, compact_cache, tree_attention_mask, tree_depths,
-                                   tree_positions, verify_tree)
+from course_lib.generation import (TokenTree, TreeVerification, tree_attention_mask, tree_depths, tree_positions,
+                                   verify_tree)
 
 __all__ = ["TokenTree", "build_tree", "cartesian_paths", "chain_paths", "tree_attention_mask",
-           "tree_positions", "tree_depths", "verify_tree", "TreeVerification", "compact_cache",
+           "tree_positions", "tree_depths", "verify_tree", "TreeVerification",
            "DEFAULT_PATHS"]
 
 # A small sparse tree (4 nodes with the root): top-2 at depth 1, then the top-1 after the favourite. On

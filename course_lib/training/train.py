@@ -1,7 +1,7 @@
 """Train the bundled model pair (target and draft) and their tokenizer from scratch.
 
-    python -m course_lib.models.train                 # full run, writes course_lib/models/bundled/
-    python -m course_lib.models.train --quick --out /tmp/m   # a minute-long smoke run
+    python -m course_lib.training.train                 # full run, writes course_lib/models/bundled/
+    python -m course_lib.training.train --quick --out /tmp/m   # a minute-long smoke run
 
 Deterministic for a given Python stdlib, torch version and thread count: fixed seeds, a fixed data
 order, a fixed number of steps. The tokenizer is a byte-level BPE (2048 tokens) trained with
@@ -12,7 +12,7 @@ Each stage has its own AdamW, warm-up and cosine schedule on random windows of t
 training split. The models are then scored on the held-out split (bits per byte), greedy
 continuations of held-out prompts are recorded, and the model card is written from the measured numbers.
 
-    python -m course_lib.models.train --resume-target course_lib/models/bundled/tiny --resume-stages 1
+    python -m course_lib.training.train --resume-target course_lib/models/bundled/tiny --resume-stages 1
         # start from saved weights that already ran the first stage: run only the later ones
 """
 from __future__ import annotations
@@ -27,12 +27,14 @@ from pathlib import Path
 
 import torch
 
-from .corpus import EOS, encode_stream, load_split
-from .config import LlamaConfig, flops_per_token
-from .llama import LlamaForCausalLM, causal_lm_loss
+from course_lib.generation import generate
+from course_lib.models.config import BUNDLED_ROOT, LlamaConfig, flops_per_token
+from course_lib.models.corpus import EOS, encode_stream, load_split
+from course_lib.models.llama import LlamaForCausalLM, causal_lm_loss
+from course_lib.perf.quality import bits_per_byte
 
-BUNDLED_DIR = Path(__file__).parent / "bundled"
-# The model card's last section, on the distilled default draft: written by `course_lib.models.distill_draft`
+BUNDLED_DIR = BUNDLED_ROOT
+# The model card's last section, on the distilled default draft: written by `course_lib.training.distill_draft`
 # when it installs a draft, kept by `write_card` when this script rewrites the rest of the card.
 CARD_SECTION = "## The default draft `tiny-draft`: distilled from `tiny`"
 
@@ -156,7 +158,7 @@ def write_card(out: Path, report: dict):
     lines = [
         "# The bundled models: `tiny` (target), `tiny-draft-scratch` and `tiny-draft` (drafts)",
         "",
-        "Two Llama-architecture decoders trained from scratch by `python -m course_lib.models.train` on the",
+        "Two Llama-architecture decoders trained from scratch by `python -m course_lib.training.train` on the",
         "Python standard library's own source (read at training time, never committed), sharing one byte-level",
         "BPE tokenizer of 2048 tokens trained on the same training split. Every number below was measured by",
         "that script in the runs that produced these weights (`training_report.json`).",
@@ -195,7 +197,7 @@ def write_card(out: Path, report: dict):
         "- Load: `course_lib.models.load('tiny')`, or `transformers.AutoModelForCausalLM.from_pretrained(path)` and",
         "  `AutoTokenizer.from_pretrained(path)` on the folders `tiny/`, `tiny-draft/` and `tiny-draft-scratch/`.",
         "- The default draft `tiny-draft` has the draft's shape and starts from `tiny-draft-scratch`, then is",
-        "  distilled from the target by `python -m course_lib.models.distill_draft` (its own section below, when",
+        "  distilled from the target by `python -m course_lib.training.distill_draft` (its own section below, when",
         "  installed).",
         "",
         "## Greedy continuations of held-out prompts",
@@ -257,7 +259,6 @@ def greedy_samples(model, tok, texts: list[str], n: int = 4, prompt_tokens: int 
                    new_tokens: int = 64) -> list[dict]:
     """Greedy continuations of `n` held-out prompts (each from the middle of a file): the model card's
     plausibility evidence, each with its repeated 4-gram share (``repeated_ngram_share``)."""
-    from course_lib.generation import generate
     out = []
     for text in texts[:n]:
         prompt = middle_prompt(tok, text, prompt_tokens)
@@ -271,7 +272,6 @@ def repetition(model, tok, texts: list[str], n: int = 12, prompt_tokens: int = 9
                seed: int = 0) -> dict:
     """Mean repeated 4-gram share of 64-token continuations of `n` held-out prompts, greedy and sampled
     (temperature 0.8, top-k 40, one seeded generator): the number behind "sampling repeats less"."""
-    from course_lib.generation import generate
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     greedy, sampled = [], []
     for text in texts[:n]:
@@ -309,7 +309,6 @@ def main(argv=None):
                     help="train nothing: recompute the samples of the models in --out and rewrite the card")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from course_lib.perf.quality import bits_per_byte
     if args.card_only:
         from transformers import PreTrainedTokenizerFast
         report = json.loads((args.out / "training_report.json").read_text())

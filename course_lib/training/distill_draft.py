@@ -1,19 +1,19 @@
 """Distil the bundled default draft `tiny-draft` from the target `tiny` and install it (Module 04).
 
-    python -m course_lib.models.distill_draft --scratch      # distil `tiny` into a `tiny-draft`-shaped student
-                                                             # on the bundled draft's budget, and a scratch twin
-    python -m course_lib.models.distill_draft --steps 150    # the reduced budget measured for the notebook
-                                                             # (~20 min, 1 thread)
-    python -m course_lib.models.distill_draft --quick        # a half-minute smoke run
-    python -m course_lib.models.distill_draft --continue-from-bundled --steps 250 ... --out build/distill
-    python -m course_lib.models.distill_draft --install-from build/distill   # how `make train` makes tiny-draft
+    python -m course_lib.training.distill_draft --scratch      # distil `tiny` into a `tiny-draft`-shaped student
+                                                               # on the bundled draft's budget, and a scratch twin
+    python -m course_lib.training.distill_draft --steps 150    # the reduced budget measured for the notebook
+                                                               # (~20 min, 1 thread)
+    python -m course_lib.training.distill_draft --quick        # a half-minute smoke run
+    python -m course_lib.training.distill_draft --continue-from-bundled --steps 250 ... --out build/distill
+    python -m course_lib.training.distill_draft --install-from build/distill   # how `make train` makes tiny-draft
 
 White-box, T = 1, alpha = 1 by default: the acceptance rate of a draft is measured at T = 1, and the forward
 KL at T = 1 is the divergence whose minimiser is the teacher's own distribution. Writes <out>/tiny-draft
 (loadable by course_lib.models.load and transformers), <out>/tiny-draft-scratch when a scratch twin is
 trained, and <out>/distill_report.json with held-out bits per byte and acceptance rates. `--install-from`
 copies a finished run's draft into the bundled models and writes its model-card section (``CARD_SECTION``,
-which `course_lib.models.train` keeps when it rewrites the rest of the card). The training loop and the
+which `course_lib.training.train` keeps when it rewrites the rest of the card). The training loop and the
 metrics are `course_lib.distill`'s.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ import torch
 from course_lib.distill import acceptance_rates, distill, new_student, token_stream
 from course_lib.models import BUNDLED, bundled_path, load
 from course_lib.models.corpus import load_split
-from course_lib.models.train import CARD_SECTION
 from course_lib.perf.quality import bits_per_byte
+from course_lib.training.train import CARD_SECTION
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,7 +124,7 @@ def main(argv=None):
         report["scratch"] = {"mode": "scratch", "model": str(args.scratch_dir)}
     bundled_key = "scratch" if "scratch" not in students else "bundled_scratch"
     students[bundled_key] = bundled_scratch
-    report[bundled_key] = {"mode": "scratch", "model": f"bundled {scratch_name} (course_lib.models.train)",
+    report[bundled_key] = {"mode": "scratch", "model": f"bundled {scratch_name} (course_lib.training.train)",
                            "steps": base["steps"], "batch": last["batch"], "seq_len": last["seq_len"],
                            "stages": base.get("stages")}
     for name, student in students.items():
@@ -148,7 +148,7 @@ def card_section(report: dict) -> str:
     if report.get("init", "fresh") != "fresh" and "bits_per_byte" in ctl:
         rows.append(("control: scratch + the same extra steps of cross entropy", ctl))
     lines = [CARD_SECTION, "",
-             f"Made by `python -m course_lib.models.distill_draft --continue-from-bundled --steps {report['steps']} "
+             f"Made by `python -m course_lib.training.distill_draft --continue-from-bundled --steps {report['steps']} "
              f"--lr {report['lr']} --warmup {report['warmup']} --seed {report['seed']} --threads {report['threads']}`"
              f" then `--install-from <out>`: the scratch draft, trained {report['steps']} more steps "
              f"({report['steps']} x {report['batch']} x {report['seq_len']} tokens) on forward KL to the target's "
@@ -167,7 +167,7 @@ def install_draft(run_dir: Path, root: Path | None = None) -> dict:
 
     Copies the weights and tokenizer into <root>/tiny-draft (root: the bundled models' folder by default),
     the run's report to <root>/distill_report.json, and (re)writes the distilled-draft section at the end of
-    <root>/MODEL_CARD.md from the report, keeping the rest of the card (`course_lib.models.train` writes it).
+    <root>/MODEL_CARD.md from the report, keeping the rest of the card (`course_lib.training.train` writes it).
     """
     run_dir = Path(run_dir)
     report = json.loads((run_dir / "distill_report.json").read_text())

@@ -1,7 +1,7 @@
 """Measure this machine: achieved copy bandwidth and matmul throughput (CPU or GPU), and the time of
-one decode step of a model.
+one decode step of a model (over a ``kvcache.FixedPrefixCache``, hence this module's layer, above the caches).
 
-    from course_lib.perf import measure_device
+    from course_lib.device_bench import measure_device
     local = measure_device()          # a DeviceSpec with measured=True; a few seconds on a CPU
     local.bandwidth_gbs, local.peak_tflops
 
@@ -19,6 +19,7 @@ import torch
 from course_lib.env import device as best_device
 from course_lib.env import quick as quick_mode
 from course_lib.env import real_bf16
+from course_lib.kvcache import FixedPrefixCache
 from course_lib.perf.hardware import DeviceSpec
 from course_lib.perf.timing import benchmark
 
@@ -103,46 +104,6 @@ def measure_device(device=None, quick: bool | None = None, repeats: int | None =
 
 
 # --- one decode step ------------------------------------------------------------------------------
-class _RecordingCache:
-    """Keeps the K/V of a prompt (the KV-cache contract: update(k, v, layer) -> (k_all, v_all))."""
-
-    def __init__(self):
-        self.k, self.v = {}, {}
-
-    def update(self, k, v, layer):
-        self.k[layer], self.v[layer] = k, v
-        return k, v
-
-    def get_seq_length(self):
-        return self.k[0].shape[2] if self.k else 0
-
-
-class FixedPrefixCache:
-    """A KV cache holding a fixed prompt: update() returns prompt + new K/V *without storing the new
-    ones*, so the same decode step (one token after the prompt) can be run and timed again and again.
-
-    The concatenation copies the prompt's K/V each step (a preallocated cache writes one row instead);
-    for the course's models at short contexts that copy is small next to the weights.
-    """
-
-    def __init__(self, keys: dict, values: dict):
-        self.k, self.v = keys, values
-
-    def update(self, k, v, layer):
-        return torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
-
-    def get_seq_length(self):
-        return self.k[0].shape[2]
-
-
-@torch.no_grad()
-def prefix_cache(model, input_ids: torch.Tensor) -> FixedPrefixCache:
-    """Run the prompt once and keep its K/V in a FixedPrefixCache."""
-    rec = _RecordingCache()
-    model(input_ids, cache=rec)
-    return FixedPrefixCache(rec.k, rec.v)
-
-
 def decode_step_call(model, context: int = 64, batch: int = 1, seed: int = 0):
     """A callable (no arguments) that runs one decode step: a one-token forward per sequence with a KV cache
     of `context` tokens (model(new_ids, cache=...)), the same step at every call. For ``benchmark`` or an
@@ -156,7 +117,7 @@ def decode_step_call(model, context: int = 64, batch: int = 1, seed: int = 0):
     g = torch.Generator(device=dev).manual_seed(seed)
     prompt = torch.randint(0, cfg.vocab_size, (batch, context), generator=g, device=dev)
     new = torch.randint(0, cfg.vocab_size, (batch, 1), generator=g, device=dev)
-    cache = prefix_cache(model, prompt)
+    cache = FixedPrefixCache.from_prompt(model, prompt)
 
     @torch.no_grad()
     def step():
@@ -221,6 +182,5 @@ def op_overhead(device=None, ops: int = 200, repeats: int = 5) -> float:
     return benchmark(torch.add, x, x, out=out, warmup=1, repeats=repeats, inner=ops, device=dev).median
 
 
-__all__ = ["measure_copy_bandwidth", "measure_matmul_tflops", "measure_device", "FixedPrefixCache",
-           "prefix_cache", "decode_step_call", "forward_call", "time_decode_step", "time_forward", "count_ops",
-           "op_overhead"]
+__all__ = ["measure_copy_bandwidth", "measure_matmul_tflops", "measure_device", "decode_step_call", "forward_call",
+           "time_decode_step", "time_forward", "count_ops", "op_overhead"]
