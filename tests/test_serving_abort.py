@@ -60,8 +60,10 @@ def test_abort_a_running_request_frees_its_blocks_and_the_others_run_on(model, r
     assert 0 < made < n and len(seen) == made
     held = len(eng.manager.block_table(victim))
     used = eng.manager.num_used_blocks
+    record = eng.output(victim)                                  # a caller holding the record while it runs
     out = eng.abort_request(victim)
     assert out.finish_reason == "abort" and out.finished and len(out.token_ids) == made
+    assert out is record and record.finish_reason == "abort"     # one record: the holder sees the abort too
     assert eng.manager.num_used_blocks == used - held            # its blocks are back in the pool now
     assert_forgotten(eng, victim)
     assert eng.abort_request(victim) is None                     # twice: nothing more to do
@@ -75,7 +77,7 @@ def test_abort_a_running_request_frees_its_blocks_and_the_others_run_on(model, r
         if rid != victim:
             assert eng.output(rid).token_ids == alone(model, p, n)
     assert eng.abort_request(ids[0]) is None                     # finished: an abort is a no-op
-    assert [o.request_id for o in eng.pop_finished()] == [ids[0], ids[2]]
+    assert [o.rid for o in eng.pop_finished()] == [ids[0], ids[2]]
     assert eng.manager.num_used_blocks == 0 and eng.stats()["aborted"] == 1
 
 

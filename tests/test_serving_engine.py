@@ -20,7 +20,7 @@ from course_lib.kvcache import ContiguousCache
 from course_lib.models import load
 from course_lib.paged import attention as paged_attention_module
 from course_lib.perf.metrics import Trace, summarize
-from course_lib.serving import (Engine, RequestOutput, SamplingParams, compare_with_static, hf_static_generate,
+from course_lib.serving import (Engine, SamplingParams, compare_with_static, hf_static_generate,
                                 static_batch_generate, synthetic_workload)
 
 # decode backends the engine can use on a CPU ("auto" is "torch" there, "triton" on CUDA)
@@ -102,7 +102,7 @@ def test_greedy_equals_alone(model, rng, num_blocks, max_batch, max_prefill, exp
         assert out.finished and out.finish_reason == "length" and len(out.token_ids) == n
         assert_same_greedy(model, out.token_ids, p, n, what=f"request {i} (prompt {len(p)}, {n} tokens)")
         assert streamed[i] == out.token_ids                    # what step() streamed is the result
-        assert out.trace.start <= out.trace.first_token_time <= out.trace.finish_time
+        assert out.start <= out.first_token_time <= out.finish_time
         assert 0 <= out.ttft <= out.e2e
 
 
@@ -220,10 +220,10 @@ def test_static_batching_equals_alone(model, rng):
     prompts = prompts_for(rng, [rng.randrange(1, 40) for _ in range(5)])
     max_new_tokens = [rng.randrange(1, 16) for _ in prompts]
     outs = static_batch_generate(model, prompts, [SamplingParams(max_new_tokens=n) for n in max_new_tokens], batch_size=3)
-    assert all(isinstance(o, RequestOutput) and o.finished for o in outs)
+    assert all(isinstance(o, Trace) and o.finished for o in outs)
     for o, p, n in zip(outs, prompts, max_new_tokens):
         assert_same_greedy(model, o.token_ids, p, n, what="static batching")
-        assert o.trace.start <= o.trace.first_token_time <= o.trace.finish_time
+        assert o.start <= o.first_token_time <= o.finish_time
 
 
 def test_hf_static_equals_alone(model, rng):
@@ -251,20 +251,22 @@ def test_compare_with_static_rows(model, replay):
 
 
 def test_engine_outputs_are_traces_that_summarize_takes(model, rng):
-    """The engine fills the course's one request record (a perf.metrics.Trace), as the simulator does:
-    token ids and times, finish, finish reason, preemptions; summarize reads a list of outputs."""
+    """The engine returns the course's one request record (a perf.metrics.Trace), as the simulator does:
+    token ids and times, finish, finish reason, preemptions; it is the very record the engine and its
+    scheduler updated (no copy that could drift); summarize reads a list of outputs."""
     prompts = prompts_for(rng, [rng.randrange(2, 20) for _ in range(5)])
     eng = Engine(model, num_blocks=12, block_size=4, max_batch=5)
     outs = eng.generate(prompts, [SamplingParams(max_new_tokens=n) for n in (1, 3, 9, 9, 9)])
-    for o, p in zip(outs, prompts):
-        tr = o.trace
-        assert isinstance(tr, Trace) and tr.prompt_tokens == len(p) and tr.rid == o.request_id
-        assert tr.token_ids == o.token_ids and tr.finished and tr.finish == tr.times[-1]
+    for rid, (o, p) in enumerate(zip(outs, prompts)):
+        tr = eng.requests[rid].trace                  # what the engine and its scheduler updated
+        assert isinstance(o, Trace) and o is tr and eng.output(rid) is tr
+        assert tr.prompt_tokens == len(p) and tr.rid == rid
+        assert tr.token_ids == eng.requests[rid].generated and tr.finished and tr.finish == tr.times[-1]
     assert outs[0].tpot is None and outs[1].tpot is not None    # a one-token answer has no TPOT
-    assert sum(o.trace.preemptions for o in outs) == eng.num_preemptions
+    assert sum(o.preemptions for o in outs) == eng.num_preemptions
     s = summarize(outs, qs=(50,))
     assert s["requests"] == 5 and s["output_tokens"] == 1 + 3 + 27
-    assert s["makespan_s"] == max(o.trace.finish for o in outs) - min(o.trace.start for o in outs)
+    assert s["makespan_s"] == max(o.finish for o in outs) - min(o.start for o in outs)
 
 
 def test_everything_lives_on_the_model_device(model, rng):

@@ -275,7 +275,7 @@ class RequestMetrics:
 
 
 def _as_trace(x, i: int = 0) -> Trace:
-    """A Trace from a Trace, anything holding one in ``.trace`` (a serving RequestOutput, a
+    """A Trace from a Trace (what the serving engine returns), anything holding one in ``.trace`` (a
     GenerateOutput) or a (start, times) pair."""
     if isinstance(x, Trace):
         return x

@@ -13,7 +13,8 @@ re-exported here. Simulator: StepCostModel (calibrate_local on this machine, fro
 hardware table), policies (static, dynamic, continuous with KV-block admission and preemption by recompute,
 chunked prefill, prefill/decode disaggregation) with a scheduler hook (fcfs_schedule is the reference),
 simulate / sweep_load, check_invariants.
-Engine (split by role, as nano-vllm): ``request`` (SamplingParams, RequestOutput), ``scheduler`` (admission,
+Engine (split by role, as nano-vllm): ``request`` (SamplingParams, StepOutput, EngineRequest:
+the request's state, whose record ``trace`` is what the engine returns), ``scheduler`` (admission,
 preemption, prefill chunks), ``engine`` (Engine: the loop, forwards, sampling), ``baselines``
 (static_batch_generate / hf_static_generate), ``compare`` (compare_with_static).
 """
@@ -27,7 +28,7 @@ from .engine import Engine
 from .invariants import check_invariants, max_blocks_used
 from .policies import (POLICY_NAMES, ChunkedPrefill, ContinuousBatching, Decision, Disaggregated, DynamicBatching,
                        SeqView, StaticBatching, blocks_needed, fcfs_schedule, make_policy)
-from .request import RequestOutput, SamplingParams, StepOutput
+from .request import SamplingParams, StepOutput
 from .simulator import SchedulingError, SimResult, StepCostModel, StepLog, simulate, sweep_load
 
 __all__ = ["Request", "poisson_arrivals", "bursty_arrivals", "lognormal_lengths", "make_workload", "offered_load",
@@ -35,5 +36,5 @@ __all__ = ["Request", "poisson_arrivals", "bursty_arrivals", "lognormal_lengths"
            "makespan", "StepCostModel", "SchedulingError", "StepLog", "SimResult", "simulate", "sweep_load",
            "SeqView", "Decision", "blocks_needed", "fcfs_schedule", "StaticBatching", "DynamicBatching",
            "ContinuousBatching", "ChunkedPrefill", "Disaggregated", "make_policy", "POLICY_NAMES", "check_invariants",
-           "max_blocks_used", "Engine", "SamplingParams", "StepOutput", "RequestOutput", "static_batch_generate",
+           "max_blocks_used", "Engine", "SamplingParams", "StepOutput", "static_batch_generate",
            "hf_static_generate", "compare_with_static"]

@@ -3,8 +3,8 @@
 ``static_batch_generate``: our static batching (fixed groups in arrival order, each group one call of the
 generate loop: left padding, a contiguous KV cache; rows that finished keep computing, the waste
 continuous batching removes). ``hf_static_generate``:
-transformers' batched ``generate`` on the same workload. Both return ``RequestOutput``s whose traces
-(``course_lib.perf.metrics.Trace``) the comparison (``course_lib.serving.compare``) summarizes like the
+transformers' batched ``generate`` on the same workload. Both return the requests' records
+(``course_lib.perf.metrics.Trace``s) the comparison (``course_lib.serving.compare``) summarizes like the
 engine's.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from course_lib.generation import generate
 from course_lib.perf.metrics import Trace
 
-from .request import EngineRequest, RequestOutput, SamplingParams, as_token_list
+from .request import EngineRequest, SamplingParams, as_token_list
 
 __all__ = ["static_batch_generate", "hf_static_generate", "run_static"]
 
@@ -56,21 +56,21 @@ def _static_group(model, group: list[EngineRequest]):
 def run_static(model, reqs: list[EngineRequest], batch_size: int):
     """Serve requests in arrival order in groups of batch_size: a group starts when the previous one
     has ended, with the requests that have arrived by then (waiting for the first if none has)."""
-    queue = deque(sorted(reqs, key=lambda r: r.out.trace.start))
+    queue = deque(sorted(reqs, key=lambda r: r.trace.start))
     while queue:
         now = time.perf_counter()
-        if queue[0].out.trace.start > now:
-            time.sleep(queue[0].out.trace.start - now)
+        if queue[0].trace.start > now:
+            time.sleep(queue[0].trace.start - now)
             now = time.perf_counter()
         group = []
-        while queue and len(group) < batch_size and queue[0].out.trace.start <= now:
+        while queue and len(group) < batch_size and queue[0].trace.start <= now:
             group.append(queue.popleft())
         _static_group(model, group)
 
 
-def static_batch_generate(model, prompts, params=None, batch_size: int = 8) -> list[RequestOutput]:
+def static_batch_generate(model, prompts, params=None, batch_size: int = 8) -> list[Trace]:
     """Static batching baseline: groups of batch_size in order, left-padded, a contiguous KV cache;
-    a group runs until its longest request ends. RequestOutputs in input order; a request's finish
+    a group runs until its longest request ends. Their Traces in input order; a request's finish
     time is when its own last token came out (the kindest reading for static batching)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -86,11 +86,11 @@ def static_batch_generate(model, prompts, params=None, batch_size: int = 8) -> l
                              f"context {ctx}")
         reqs.append(EngineRequest(i, ids, sp, t0, None, device=model.device))
     run_static(model, reqs, batch_size)
-    return [r.out for r in reqs]
+    return [r.trace for r in reqs]
 
 
 def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None, hf_model=None,
-                       arrivals=None, device=None) -> list[RequestOutput]:
+                       arrivals=None, device=None) -> list[Trace]:
     """Static batching with transformers' batched ``generate`` (left padding, greedy) on the bundled model.
 
     Greedy only (sampling in HF uses its own random stream). arrivals: optional arrival times
@@ -112,7 +112,7 @@ def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None
         hf_model = hf_model.to(best_device() if device is None else torch.device(device))
     t0 = time.perf_counter()
     arrivals = [t0] * len(prompts) if arrivals is None else list(arrivals)
-    outs = [RequestOutput(i, p, Trace(a, prompt_tokens=len(p), rid=i, max_new_tokens=sp.max_new_tokens))
+    outs = [Trace(a, prompt_tokens=len(p), rid=i, max_new_tokens=sp.max_new_tokens)
             for i, (p, a, sp) in enumerate(zip(prompts, arrivals, params))]
     order = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
     dev = hf_model.device
@@ -140,6 +140,6 @@ def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None
         for row, i in enumerate(group):
             o = outs[i]
             for t in gen[row, L:L + params[i].max_new_tokens].tolist():
-                o.trace.add_token(end, t)                 # HF returns the whole group at once
-            o.trace.end(end, "length")
+                o.add_token(end, t)                 # HF returns the whole group at once
+            o.end(end, "length")
     return outs

@@ -4,8 +4,8 @@
     from course_lib.serving import compare_with_static, synthetic_workload
     rows = compare_with_static(model, synthetic_workload(64, vocab_size=2048), batch_size=8, max_batch=16)
 
-Every system's outputs are ``RequestOutput``s whose traces ``course_lib.perf.metrics.summarize`` turns into
-the row (throughput = generated tokens / makespan, latency percentiles over requests).
+Every system's outputs are its requests' records (``Trace``s), which ``course_lib.perf.metrics.summarize``
+turns into the row (throughput = generated tokens / makespan, latency percentiles over requests).
 """
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ import time
 import torch
 
 from course_lib.paged.manager import blocks_needed
-from course_lib.perf.metrics import summarize
+from course_lib.perf.metrics import Trace, summarize
 
 from .baselines import hf_static_generate, run_static
 from .engine import Engine
-from .request import EngineRequest, RequestOutput, SamplingParams
+from .request import EngineRequest, SamplingParams
 
 __all__ = ["as_workload", "run_engine_workload", "compare_with_static"]
 
@@ -53,7 +53,7 @@ def as_workload(workload, vocab_size: int = 2048, seed: int = 0) -> list[tuple[f
     return out
 
 
-def run_engine_workload(engine: Engine, workload, replay: bool = False) -> list[RequestOutput]:
+def run_engine_workload(engine: Engine, workload, replay: bool = False) -> list[Trace]:
     """Serve a workload with the engine. replay=False: everything arrives at once. replay=True: a
     request is added only once its arrival time (seconds after the start) has passed."""
     workload = as_workload(workload, engine.vocab_size)
@@ -75,11 +75,11 @@ def run_engine_workload(engine: Engine, workload, replay: bool = False) -> list[
     return [engine.output(ids[i]) for i in range(len(workload))]
 
 
-def _row(outs: list[RequestOutput], start: float, preemptions: int) -> dict:
+def _row(outs: list[Trace], start: float, preemptions: int) -> dict:
     """A table row from the outputs' traces: throughput over the wall time from `start` (the run's start,
     the first arrival) to the last finish, and the latency percentiles of ``summarize``."""
     s = summarize(outs, qs=(50, 90))
-    wall = max(o.trace.finish_time for o in outs) - start
+    wall = max(o.finish_time for o in outs) - start
     return {"requests": s["requests"], "tokens": s["output_tokens"], "wall_s": round(wall, 3),
             "tokens_per_s": round(s["output_tokens"] / wall, 1), "p50_latency_s": round(s["e2e_p50"], 3),
             "p90_latency_s": round(s["e2e_p90"], 3), "p50_ttft_s": round(s["ttft_p50"], 3),
@@ -136,7 +136,7 @@ def compare_with_static(model, workload, batch_size=8, replay: bool = False, hf:
                               device=model.device)
                 for i, (a, p, n) in enumerate(workload)]
         run_static(model, reqs, bs)
-        o = [r.out for r in reqs]
+        o = [r.trace for r in reqs]
         return o, _row(o, t0, 0)
 
     def hf_run(bs):

@@ -6,7 +6,7 @@
     while eng.has_unfinished():
         for out in eng.step():          # StepOutput(request_id, token, finished, finish_reason)
             ...
-    results = eng.generate([p1, p2, p3], SamplingParams(max_new_tokens=16))   # [RequestOutput] in input order
+    results = eng.generate([p1, p2, p3], SamplingParams(max_new_tokens=16))   # [Trace] in input order
     eng.abort_request(rid)              # its client left: blocks freed now, the engine forgets it
 
 The code is split by role, as in nano-vllm: ``request.py`` (SamplingParams, the request state, its output),
@@ -43,9 +43,10 @@ import time
 import torch
 
 from course_lib.paged import BlockManager, KVPool, PagedCache, blocks_needed
+from course_lib.perf.metrics import Trace
 from course_lib.sampling import sample_rows
 
-from .request import EngineRequest, RequestOutput, SamplingParams, StepOutput, as_token_list
+from .request import EngineRequest, SamplingParams, StepOutput, as_token_list
 from .scheduler import Scheduler
 
 __all__ = ["Engine", "sample_tokens"]
@@ -127,23 +128,23 @@ class Engine:
         self.scheduler.add(req)
         return rid
 
-    def abort_request(self, request_id: int) -> RequestOutput | None:
+    def abort_request(self, request_id: int) -> Trace | None:
         """Stop a request that has not finished (vLLM's ``abort_request``: the server calls it when the
         client disconnects): it leaves the scheduler, its KV blocks go back to the pool at once, its trace
         ends with finish_reason "abort" and the engine forgets it (no further token, no callback).
-        Returns its RequestOutput, or None when the id is unknown or the request already finished
+        Returns its record (its Trace), or None when the id is unknown or the request already finished
         (nothing changes: an abort racing the last token is harmless). Call it between steps, from the
         thread that runs them (the engine is not thread-safe)."""
         if isinstance(request_id, bool) or not isinstance(request_id, numbers.Integral):
             raise TypeError(f"request_id must be an int, got {request_id!r}")
         req = self.requests.get(int(request_id))
-        if req is None or req.out.finished:
+        if req is None or req.trace.finished:
             return None
         self.scheduler.abort(req)
-        req.out.trace.end(time.perf_counter(), "abort")
+        req.trace.end(time.perf_counter(), "abort")
         del self.requests[req.id]
         self.num_aborted += 1
-        return req.out
+        return req.trace
 
     @property
     def manager(self) -> BlockManager:
@@ -174,14 +175,15 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def output(self, request_id: int) -> RequestOutput:
-        return self.requests[request_id].out
+    def output(self, request_id: int) -> Trace:
+        """A request's record (its Trace), the one the scheduler updates as it runs."""
+        return self.requests[request_id].trace
 
-    def pop_finished(self) -> list[RequestOutput]:
-        """Forget finished requests (a long-running server would), returning their outputs."""
-        done = [r.out for r in self.requests.values() if r.out.finished]
-        for o in done:
-            del self.requests[o.request_id]
+    def pop_finished(self) -> list[Trace]:
+        """Forget finished requests (a long-running server would), returning their records."""
+        done = [r.trace for r in self.requests.values() if r.trace.finished]
+        for tr in done:
+            del self.requests[tr.rid]
         return done
 
     # --- forwards ----------------------------------------------------------------------------------
@@ -255,12 +257,13 @@ class Engine:
         while self.has_unfinished():
             yield from self.step()
 
-    def generate(self, prompts, params=None) -> list[RequestOutput]:
-        """Run the prompts (one SamplingParams for all, or one each) to completion; outputs in input order."""
+    def generate(self, prompts, params=None) -> list[Trace]:
+        """Run the prompts (one SamplingParams for all, or one each) to completion; their records (Traces:
+        ``token_ids``, ``finish_reason``, ``ttft``, ...) in input order."""
         ids = self._add_all(prompts, params)
         while self.has_unfinished():
             self.step()
-        return [self.requests[i].out for i in ids]
+        return [self.requests[i].trace for i in ids]
 
     def stats(self) -> dict:
         return {"steps": self.num_steps, "forwards": self.num_forwards, "preemptions": self.num_preemptions,

@@ -1,6 +1,7 @@
-"""A request inside the serving engine: how it is decoded (SamplingParams), what it streams (StepOutput),
-what it returns (RequestOutput, whose timeline is the course's one record, ``course_lib.perf.metrics.Trace``)
-and the engine's state of it (EngineRequest)."""
+"""A request inside the serving engine: how it is decoded (SamplingParams), what it streams (StepOutput)
+and the engine's state of it (EngineRequest, nano-vllm's ``Sequence``). What the engine returns for a
+request is its record, the course's one request timeline ``course_lib.perf.metrics.Trace`` (``req.trace``):
+its id, token ids, finish, finish reason, preemptions and metrics, the same object the scheduler updated."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ import torch
 from course_lib.perf.metrics import Trace
 from course_lib.sampling import finish_reason
 
-__all__ = ["SamplingParams", "StepOutput", "RequestOutput", "EngineRequest", "as_token_list"]
+__all__ = ["SamplingParams", "StepOutput", "EngineRequest", "as_token_list"]
 
 
 @dataclass(kw_only=True)
@@ -68,44 +69,12 @@ class StepOutput:
     finish_reason: str | None = None     # "length" | "stop" | None (an aborted request streams nothing more)
 
 
-@dataclass
-class RequestOutput:
-    """A request's result: its prompt and its timeline ``trace`` (a ``course_lib.perf.metrics.Trace``:
-    arrival = ``trace.start``, one TokenEvent per generated token, finish, finish reason, preemptions;
-    ``time.perf_counter`` seconds). The metrics (ttft, tpot: None for a one-token answer, e2e) are the
-    trace's, and ``course_lib.perf.metrics.summarize`` takes a list of RequestOutputs."""
-    request_id: int
-    prompt_ids: list
-    trace: Trace
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.trace.token_ids
-
-    @property
-    def finished(self) -> bool:
-        return self.trace.finished
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.trace.finish_reason
-
-    @property
-    def ttft(self) -> float:
-        return self.trace.ttft
-
-    @property
-    def tpot(self) -> float | None:
-        return self.trace.tpot
-
-    @property
-    def e2e(self) -> float:
-        return self.trace.e2e
-
-
 class EngineRequest:
-    """The engine's state of one request: its tokens so far, its sampling generator, how much of it is
-    prefilled (the cache counts its computed tokens), and its RequestOutput (``out``)."""
+    """The engine's state of one request (nano-vllm's ``Sequence``): its tokens so far, its sampling
+    generator, how much of it is prefilled (the cache counts its computed tokens), and its record ``trace``
+    (a ``course_lib.perf.metrics.Trace``: what ``Engine.generate`` / ``abort_request`` / ``output`` return;
+    unlike this object it holds no generator, callback or cache, so a caller may keep it after the engine
+    forgets the request)."""
 
     def __init__(self, rid, prompt, params, arrival, callback=None, device="cpu", cache=None):
         self.id, self.prompt, self.params, self.callback = rid, prompt, params, callback
@@ -113,8 +82,7 @@ class EngineRequest:
         # the seed is drawn on the host (no device sync); the generator lives next to the logits
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (), device="cpu"))
         self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(int(seed))
-        self.out = RequestOutput(rid, list(prompt), Trace(arrival, prompt_tokens=len(prompt), rid=rid,
-                                                          max_new_tokens=params.max_new_tokens))
+        self.trace = Trace(arrival, prompt_tokens=len(prompt), rid=rid, max_new_tokens=params.max_new_tokens)
         self.generated: list[int] = []     # the output token ids (the trace holds them too, with their times)
         self.prefill_end = 0       # tokens to prefill at (re)admission: prompt + tokens generated so far
 
@@ -134,10 +102,10 @@ class EngineRequest:
     def emit(self, token: int, now: float) -> str | None:
         """Record a sampled token at `now`; returns the finish reason if this token ends the request."""
         self.generated.append(token)
-        self.out.trace.add_token(now, token)
+        self.trace.add_token(now, token)
         reason = finish_reason(token, len(self.generated), self.params.max_new_tokens, self.params.stop_token_ids)
         if reason is not None:
-            self.out.trace.end(now, reason)
+            self.trace.end(now, reason)
         return reason
 
 

@@ -76,7 +76,7 @@ class Scheduler:
         self.cache.free(req.id)
         self.running.remove(req)
         req.prefill_end = 0
-        req.out.trace.preemptions += 1
+        req.trace.preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 

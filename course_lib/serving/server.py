@@ -380,7 +380,7 @@ class ServerState:
             return
         self._subs.pop(sub.rid, None)
         self.metrics.observe_engine(self.engine)      # the gauges first: whoever sees the count sees them
-        self.metrics.on_abort(out.trace)
+        self.metrics.on_abort(out)
         self._deliver(sub, _ABORTED)
 
     def _run(self):
@@ -395,9 +395,9 @@ class ServerState:
                     continue
                 outs = eng.step()
                 self.metrics.on_tokens(len(outs))
-                for out in eng.pop_finished():
-                    self._subs.pop(out.request_id, None)
-                    self.metrics.on_finish(out.trace)
+                for tr in eng.pop_finished():
+                    self._subs.pop(tr.rid, None)
+                    self.metrics.on_finish(tr)
                 self.metrics.observe_engine(eng)
         except BaseException as e:       # a broken engine: fail every open request instead of hanging them
             self.error = e
