@@ -13,7 +13,7 @@ Events, ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /metrics`` (Prome
 
 How it is wired (one engine, one thread that owns it):
 
-    HTTP handler (asyncio)  --Submission-->  queue.Queue  -->  engine thread: add_request, step(), step() ...
+    HTTP handler (asyncio)  --InFlight-->    queue.Queue  -->  engine thread: add_request, step(), step() ...
           ^                                                        |
           +---- per-request asyncio.Queue <-- call_soon_threadsafe -+  (each StepOutput via the engine callback)
 
@@ -102,6 +102,8 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20       # 1 MiB: far more than any prompt that fi
 
 @dataclass
 class ParsedRequest:
+    """What the client asked for, checked: the prompt's token ids, how to decode them, and how to answer
+    (streamed or not, with a usage chunk or not, under which model name)."""
     prompt_ids: list
     params: SamplingParams
     stream: bool
@@ -265,9 +267,12 @@ def parse_request(raw: bytes, chat: bool, state: "ServerState") -> ParsedRequest
 # The engine thread
 # --------------------------------------------------------------------------------------------------
 @dataclass
-class Submission:
-    prompt_ids: list
-    params: SamplingParams
+class InFlight:
+    """A parsed request on its way between its handler (the event loop) and the engine thread: the request
+    itself (not a copy of its fields), where its tokens go, and what each side knows of it. The engine's
+    own record of it is the engine's (``Engine.output(rid)``, a Trace). Not ``grading``'s Submission (a
+    student's notebook)."""
+    request: ParsedRequest
     loop: asyncio.AbstractEventLoop
     tokens: asyncio.Queue                          # StepOutputs for this request, in order (or _ABORTED, an error)
     accepted: asyncio.Future                     # request id, or the engine's ValueError
@@ -279,7 +284,7 @@ class Submission:
 
 @dataclass
 class _Abort:
-    sub: Submission
+    sub: InFlight
 
 
 _ABORTED = object()          # put in a request's token queue when the engine dropped it (its client left)
@@ -307,7 +312,7 @@ class ServerState:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._subs: dict[int, Submission] = {}
+        self._subs: dict[int, InFlight] = {}
         self.error: BaseException | None = None        # what killed the engine thread, if anything
         self.created = int(time.time())
 
@@ -330,13 +335,13 @@ class ServerState:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def submit(self, sub: Submission):
+    def submit(self, sub: InFlight):
         if self.error is not None:
             raise RequestError(f"the engine stopped: {self.error!r}", status=503, type="server_error")
         self._inbox.put(sub)
         self._wake.set()
 
-    def abort(self, sub: Submission):
+    def abort(self, sub: InFlight):
         """Stop serving `sub` (its client left): the engine thread drops it before its next step. Called on
         the event loop; a request that already finished, or is already being aborted, is left alone."""
         if sub.finished or sub.aborting:
@@ -345,7 +350,7 @@ class ServerState:
         self._inbox.put(_Abort(sub))       # after the submission itself: one FIFO queue
         self._wake.set()
 
-    def _deliver(self, sub: Submission, item):
+    def _deliver(self, sub: InFlight, item):
         sub.loop.call_soon_threadsafe(sub.tokens.put_nowait, item)
 
     def _drain_inbox(self):
@@ -360,19 +365,19 @@ class ServerState:
             else:
                 self._add(item)
 
-    def _add(self, sub: Submission):
+    def _add(self, sub: InFlight):
         try:
-            rid = self.engine.add_request(sub.prompt_ids, sub.params, arrival_time=sub.arrival,
+            rid = self.engine.add_request(sub.request.prompt_ids, sub.request.params, arrival_time=sub.arrival,
                                           callback=lambda so, s=sub: self._deliver(s, so))
         except (ValueError, TypeError) as e:
             sub.loop.call_soon_threadsafe(_set_result, sub.accepted, RequestError(str(e)))
             return
         sub.rid = rid
         self._subs[rid] = sub
-        self.metrics.on_admit(len(sub.prompt_ids))
+        self.metrics.on_admit(len(sub.request.prompt_ids))
         sub.loop.call_soon_threadsafe(_set_result, sub.accepted, rid)
 
-    def _abort(self, sub: Submission):
+    def _abort(self, sub: InFlight):
         if sub.rid is None:                   # the engine refused it: nothing runs
             return
         out = self.engine.abort_request(sub.rid)
@@ -468,11 +473,11 @@ def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: i
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def enqueue(parsed: ParsedRequest, watch: "_DisconnectWatch") -> Submission:
+    async def enqueue(parsed: ParsedRequest, watch: "_DisconnectWatch") -> InFlight:
         if watch.gone:                        # the client left while its prompt was tokenized
             raise _ClientGone
         loop = asyncio.get_running_loop()
-        sub = Submission(parsed.prompt_ids, parsed.params, loop, asyncio.Queue(), loop.create_future())
+        sub = InFlight(parsed, loop, asyncio.Queue(), loop.create_future())
         state.submit(sub)
         watch.attach(sub)
         rid = await sub.accepted
@@ -481,7 +486,7 @@ def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: i
             raise rid
         return sub
 
-    async def tokens_of(sub: Submission):
+    async def tokens_of(sub: InFlight):
         """The request's StepOutputs as they arrive, until the finished one (_ClientGone if it was aborted)."""
         while True:
             item = await sub.tokens.get()
@@ -496,8 +501,8 @@ def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: i
                 return
 
     def usage(sub, n_out):
-        return {"prompt_tokens": len(sub.prompt_ids), "completion_tokens": n_out,
-                "total_tokens": len(sub.prompt_ids) + n_out}
+        n_in = len(sub.request.prompt_ids)
+        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
     async def handle(request: Request, chat: bool):
         try:
@@ -625,7 +630,7 @@ class _DisconnectWatch:
         if self.sub is not None:
             self.state.abort(self.sub)
 
-    def attach(self, sub: Submission):
+    def attach(self, sub: InFlight):
         self.sub = sub
         if self.gone:
             self.state.abort(sub)
