@@ -9,7 +9,7 @@
     results = eng.generate([p1, p2, p3], SamplingParams(max_new_tokens=16))   # [Trace] in input order
     eng.abort_request(rid)              # its client left: blocks freed now, the engine forgets it
 
-The code is split by role, as in nano-vllm: ``request.py`` (SamplingParams, the request state, its output),
+The code is split by role, as in nano-vllm: ``request.py`` (SamplingParams, the request state and its record),
 ``scheduler.py`` (admission, decode-slot reservation, preemption, prefill chunks and groups: which requests
 run), this file (the loop, the forwards, the sampling). One ``step()``:
 
