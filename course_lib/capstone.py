@@ -42,6 +42,7 @@ from course_lib.perf.hardware import get_gpu
 from course_lib.perf.metrics import cost_per_million_tokens
 from course_lib.perf.roofline import MEMORY_BOUND, decode_step
 from course_lib.perf.timing import timed_call
+from course_lib.quant.transform import to_fast_weight_only
 from course_lib.serving import Engine, SamplingParams
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
@@ -55,7 +56,6 @@ def int8_weights(model):
     """A copy of ``model`` whose linears (but the tied lm_head) are torch's fused int8 weight-only linears
     (``quant.fast.Int8WeightOnlyLinear``: per-channel scales, prefills through dequantize + matmul); the
     original stays float for the other steps. Decoded eagerly with a contiguous KV cache."""
-    from course_lib.quant.transform import to_fast_weight_only
     return to_fast_weight_only(copy.deepcopy(model), 8)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sys
 
+from course_lib import bench
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -24,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     elif cmd == "grade":
         from course_lib.grading.pipeline import grade_main as run
     elif cmd == "bench":
-        from course_lib.bench import main as run
+        run = bench.main
     elif cmd == "serve":
         from course_lib.serving.server import main as run
     else:

@@ -5,7 +5,8 @@ The layers (bottom to top) are the ones ARCHITECTURE.md describes; every module 
 placed in one, so a new module is placed deliberately. A folder (a subpackage) sits at the lowest layer of
 its modules, and nothing in it imports from outside it above that layer: a folder is one place on the
 layer ladder, so a reader who knows where a folder sits knows what it may use. Imports inside functions
-count like any other (a lazy import hides a cycle from Python at import time, not from a reader).
+count like any other (a lazy import hides a cycle from Python at import time, not from a reader), and an
+import of a course module sits at the top of its module unless IN_FUNCTION_ALLOWED names it with its reason.
 """
 from __future__ import annotations
 
@@ -47,30 +48,34 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
+def course_targets(node: ast.AST, name: str) -> set[str]:
+    """The course_lib modules one import statement of module ``name`` imports (none for another node)."""
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = package.split(".")[:len(package.split(".")) - node.level + 1]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        # `from pkg import sub` imports the submodule; `from mod import name` imports mod
+        targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module for a in node.names]
+    else:
+        return set()
+    found = set()
+    for t in targets:
+        while t and t not in MODULES:          # `import course_lib.x.y` of a name inside a module
+            t = t.rpartition(".")[0]
+        if t.startswith("course_lib") and t != name:
+            found.add(t)
+    return found
+
+
 def imports_of(name: str) -> set[str]:
     """The course_lib modules that ``name`` imports, anywhere in the file (package faces included)."""
     path = MODULES[name]
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            # `from pkg import sub` imports the submodule; `from mod import name` imports mod
-            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module for a in node.names]
-        else:
-            continue
-        for t in targets:
-            while t and t not in MODULES:          # `import course_lib.x.y` of a name inside a module
-                t = t.rpartition(".")[0]
-            if t.startswith("course_lib") and t != name:
-                found.add(t)
-    return found
+    return {t for node in ast.walk(ast.parse(path.read_text(), str(path))) for t in course_targets(node, name)}
 
 
 GRAPH = {m: imports_of(m) for m in MODULES}
@@ -188,6 +193,78 @@ def test_relative_imports_resolve(name):
     if name not in MODULES:
         pytest.skip(f"{name} does not exist")
     assert all(t in MODULES for t in GRAPH[name])
+
+
+# The in-function imports of course modules that ARCHITECTURE.md allows: (importing module, imported module)
+# -> why it cannot sit at the top. Everything else imports the course at the top of the module.
+IN_FUNCTION_ALLOWED = {
+    ("course_lib.cli", "course_lib.doctor"):
+        "`course` loads the sub-command it runs: `course --help` starts in 0.02 s, not 4.6 s with all loaded",
+    ("course_lib.cli", "course_lib.grading.pipeline"):
+        "`course build-labs` / `grade` need nbgrader (the dev extra), which a student's `course doctor` lacks",
+    ("course_lib.cli", "course_lib.serving.server"):
+        "`course` loads the sub-command it runs (the server brings torch and the engine, ~2 s)",
+    ("course_lib.doctor", "course_lib.quant_eval"):
+        "doctor reports a course module that fails to import as a failed row, never a traceback",
+    ("course_lib.doctor", "course_lib.models"):
+        "doctor reports a course module that fails to import as a failed row, never a traceback",
+    ("course_lib.paged.attention", "course_lib.paged.triton_paged"):
+        "triton_paged imports triton (an optional extra) at its top; the PyTorch path runs without it",
+}
+
+
+def in_function_imports(name: str, source: str | None = None) -> list[tuple[int, str, str]]:
+    """(line, function, imported course module) for each import of the course inside a function of ``name``
+    (its file, or ``source`` in its place)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
+    found = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):      # a nested function's imports are met from each enclosing one: a set
+                found |= {(node.lineno, fn.name, t) for t in course_targets(node, name)}
+    return sorted(found)
+
+
+IN_FUNCTION = {m: in_function_imports(m) for m in MODULES}
+
+
+def unexplained_in_function_imports(sources: dict[str, str] | None = None) -> list[str]:
+    """One line per in-function import of the course that IN_FUNCTION_ALLOWED does not name (``sources``:
+    {module: text} read in place of those files)."""
+    sources = sources or {}
+    return [f"{MODULES[m].relative_to(ROOT.parent)}:{line}: {m} imports {t} inside {fn}() (import it at the "
+            f"top, or add it with its reason to IN_FUNCTION_ALLOWED and ARCHITECTURE.md)"
+            for m in MODULES
+            for line, fn, t in (in_function_imports(m, sources[m]) if m in sources else IN_FUNCTION[m])
+            if (m, t) not in IN_FUNCTION_ALLOWED]
+
+
+def test_course_modules_are_imported_at_the_top():
+    found = unexplained_in_function_imports()
+    assert not found, "imports of course modules inside functions:\n" + "\n".join(found)
+
+
+def test_every_allowed_in_function_import_exists():
+    # an exception whose import has gone (moved to the top, or deleted) leaves the list: it stays exact
+    present = {(m, t) for m, found in IN_FUNCTION.items() for _, _, t in found}
+    stale = sorted(set(IN_FUNCTION_ALLOWED) - present)
+    assert not stale, f"IN_FUNCTION_ALLOWED names imports that no longer happen inside a function: {stale}"
+
+
+def test_the_checker_sees_a_planted_in_function_import():
+    # the model importing the generate loop inside a function; and `cli` importing a module its allow-list
+    # entries do not name (an allowed file is not an allowed import)
+    llama, cli = MODULES["course_lib.models.llama"].read_text(), MODULES["course_lib.cli"].read_text()
+    at = '    if cmd == "doctor":\n'
+    planted = {"course_lib.models.llama": llama + "\n\ndef _planted():\n    from course_lib.generation import generate\n",
+               "course_lib.cli": cli.replace(at, at + "        from . import generation  # noqa\n")}
+    found = unexplained_in_function_imports(planted)
+    line = cli[:cli.index(at)].count("\n") + 2
+    assert found[0].startswith(f"course_lib/cli.py:{line}: course_lib.cli imports course_lib.generation inside main()")
+    assert found[1].startswith(f"course_lib/models/llama.py:{llama.count(chr(10)) + 4}: course_lib.models.llama "
+                               "imports course_lib.generation inside _planted()")
+    assert len(found) == 2
 
 
 def test_grading_imports_nothing_from_the_course():

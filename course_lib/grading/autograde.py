@@ -62,9 +62,10 @@ from .collect import UnsafeSubmission, collect, read_submission
 from .feedback import (OUTPUT_MODES, LeakBlocked, describe_hits, feedback_notebook, render_html, scrub_value,
                        withheld_page, write_checked)
 from .jobs import BarProgress, LineProgress, auto_jobs, parse_jobs, run, sandbox_slots
+from .execute import CollectGuard, InjectGuard, SandboxExecute, check_kernel
 from .feedback import WIDGET_STATE
 from .leaks import LabSecrets, Scanner
-from .nbgrader_env import CourseDir, find_config, result_log
+from .nbgrader_env import DEFAULT_TIMEOUT, CourseDir, find_config, quiet_nbgrader, result_log
 from .references import answer_table, reference_imports
 from .repair import repair
 from .sandbox import DEFAULT_MEMORY_GB, Isolation, RunScratch, kernel_spec, kill_leftovers, probe
@@ -225,7 +226,6 @@ REVIEW_FLAGS = {"timeout", "needs_manual_grading", "several_files", "assignment_
 
 def default_budget(timeout: float | None) -> float:
     """The whole notebook's time limit: 10 per-cell timeouts, at least 10 minutes."""
-    from .nbgrader_env import DEFAULT_TIMEOUT
     return float(max(600, 10 * (timeout or DEFAULT_TIMEOUT)))
 
 
@@ -301,7 +301,6 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         # the kernels' scratch (modes the sandbox user needs, whatever TMPDIR is), then one real kernel
         # started at the chosen level: a level that cannot start a kernel stops here, with the reason
         scratch = RunScratch(iso)
-        from .execute import check_kernel
         check_kernel(iso, scratch)
         needed = sorted({s.assignment for s in coll.submissions})
         ready, answers, lab_secrets, sources = {}, {}, {}, {}
@@ -415,7 +414,6 @@ def _merge(course: CourseDir, sid: str, lab: str, scores: dict) -> None:
     """Write one submission's scores into the instructor's gradebook (replacing an earlier entry)."""
     from nbgrader.api import MissingEntry
 
-    from .nbgrader_env import quiet_nbgrader
     with quiet_nbgrader(), warnings.catch_warnings(), course.gradebook() as gb:
         warnings.simplefilter("ignore")
         gb.update_or_create_student(sid)
@@ -438,7 +436,6 @@ def _sub_config(ctx: _Context, secret: str, spec: dict | None, conn: Path, repor
                                         SaveAutoGrades)
     from traitlets.config import Config
 
-    from .execute import CollectGuard, InjectGuard, SandboxExecute
     c = Config()
     c.Autograde.autograde_preprocessors = [InjectGuard, SandboxExecute, CollectGuard, IgnorePattern,
                                            ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,

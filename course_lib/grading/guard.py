@@ -30,6 +30,8 @@ import builtins
 import sys
 import types
 
+import course_lib.grading.checks  # noqa: F401 - loaded before setup records its functions as the originals
+
 MIME = "application/vnd.course-grade.guard+json"
 CHECK_MODULE = "course_lib.grading.checks"
 CHECK_NAMES = ("check_close", "check_equal", "check_shape", "check_raises")
@@ -89,7 +91,6 @@ def _state(ip) -> dict:
 def setup(nonce: str) -> None:
     """Record the originals (the grader runs this before any of the student's cells)."""
     global _orig
-    import course_lib.grading.checks  # noqa: F401 - the originals are the fresh module's
     import math  # noqa: F401
     try:
         import numpy  # noqa: F401

@@ -31,6 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
+from .sandbox import exposed_paths, resolve_user
+
 DYNAMIC_UIDS = range(65519, 61183, -1)  # systemd's dynamic-user range, from the top
 
 
@@ -118,7 +120,6 @@ def sandbox_slots(iso, n: int, users=(), explicit_process: bool = False) -> tupl
                             "could reach each other; grade as root or with bubblewrap, or ask for "
                             "--isolation process explicitly (trusted notebooks only)")
         return [iso] * n, f"jobs: {n} kernels at a time, all as the grader's own user (level process)"
-    from .sandbox import exposed_paths, resolve_user
     uids = [(iso.uid, iso.gid, iso.user)]
     for u in users:
         uid, gid, name = resolve_user(u)

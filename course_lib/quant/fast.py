@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_lib.env import real_bf16
+from course_lib.env import half_dtype, real_bf16, sync
 
 from .core import check_tensor
 
@@ -245,7 +245,6 @@ def decode_gemv_benchmark(hidden: int = 2048, intermediate: int = 8192, repeats:
     """
     import time
 
-    from course_lib.env import half_dtype, sync
     device = torch.device("cpu" if device is None else device)
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

@@ -26,6 +26,8 @@ import torch
 
 from course_lib.perf.tables import format_table
 
+from .nf4 import nf4_codebook
+
 __all__ = ["FloatFormat", "IntFormat", "CodebookFormat", "Decoded", "FORMATS", "get_format",
            "decode_bits", "encode_bits", "representable_values", "formats_table_rows", "formats_table_markdown"]
 
@@ -119,7 +121,6 @@ class CodebookFormat:
 
     @property
     def values(self) -> torch.Tensor:
-        from .nf4 import nf4_codebook
         return nf4_codebook()
 
     @property

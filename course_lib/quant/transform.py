@@ -22,6 +22,9 @@ from course_lib.modules import DEFAULT_SKIP, layer_index, name_matches, named_li
 from .awq import awq_apply
 from .core import fake_quantize, in_layer
 from .calibration import input_hessians
+from .fast import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+from .fp8 import FP8Linear
+from .gguf import BLOCK_VALUES, gguf_dequantize, gguf_quantize
 from .gptq import gptq_quantize
 from .linear import QuantLinear, W8A8Linear
 from .llm_int8 import LLMInt8Linear
@@ -115,7 +118,6 @@ def to_gguf(model, fmt: str = "q4_k", mix: dict | None = None):
     is (a Q4_K_M-style mix: e.g. {"v_proj": "q6_k", "down_proj": "q6_k"}). A weight whose rows are not a
     whole number of blocks (the tiny model's down_proj has 688 inputs) is cut into blocks across rows, which
     llama.cpp would not do (it would fall back to another type); the error is the format's all the same."""
-    from course_lib.quant.gguf import BLOCK_VALUES, gguf_dequantize, gguf_quantize
     if mix is not None and not (isinstance(mix, dict) and all(isinstance(k, str) for k in mix)):
         raise TypeError(f"mix must be a dict {{module-name suffix: GGUF format}}, got {mix!r}")
     for n, m in named_linears(model).items():
@@ -128,7 +130,6 @@ def to_gguf(model, fmt: str = "q4_k", mix: dict | None = None):
 
 def to_fp8(model, fmt: str = "e4m3", act: str | None = "row"):
     """Swap every linear for an FP8Linear (per-row weight scales; activations per token unless act=None)."""
-    from course_lib.quant.fp8 import FP8Linear
     for n, m in named_linears(model).items():
         replace_module(model, n, FP8Linear.from_linear(m, fmt, "row", act))
     return model
@@ -137,7 +138,6 @@ def to_fp8(model, fmt: str = "e4m3", act: str | None = "row"):
 def to_fast_weight_only(model, bits: int = 8, group_size: int = 128):
     """Swap linears for torch's fused weight-only int8 / int4 linears; with int4, a linear whose input size
     ``group_size`` does not divide (the tiny model's down_proj: 688) gets int8."""
-    from course_lib.quant.fast import Int4WeightOnlyLinear, Int8WeightOnlyLinear
     for n, m in named_linears(model).items():
         if bits == 4 and m.in_features % group_size == 0:
             replace_module(model, n, Int4WeightOnlyLinear.from_linear(m, group_size))

@@ -16,7 +16,9 @@ from collections import deque
 
 import torch
 
+from course_lib.env import device as best_device
 from course_lib.generation import generate
+from course_lib.models import bundled_path
 from course_lib.perf.metrics import Trace
 
 from .request import EngineRequest, SamplingParams, as_token_list
@@ -100,13 +102,11 @@ def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None
     """
     import transformers
 
-    from course_lib.models import bundled_path
     prompts = [list(map(int, p.tolist() if torch.is_tensor(p) else p)) for p in prompts]
     params = _params_list(prompts, params)
     if any(not p.greedy for p in params):
         raise ValueError("hf_static_generate compares greedy decoding only (temperature=0)")
     if hf_model is None:
-        from course_lib.env import device as best_device
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir or bundled_path("tiny")),
                                                                      dtype=torch.float32).eval()
         hf_model = hf_model.to(best_device() if device is None else torch.device(device))

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from course_lib.models import bundled_path
 from course_lib.paged.manager import blocks_needed
 from course_lib.perf.metrics import Trace, summarize
 
@@ -118,7 +119,6 @@ def compare_with_static(model, workload, batch_size=8, replay: bool = False, hf:
     if hf and hf_model is None:
         import transformers
 
-        from course_lib.models import bundled_path
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(bundled_path("tiny")),
                                                                      dtype=torch.float32).eval()
         hf_model = hf_model.to(model.device)          # every system on the same device

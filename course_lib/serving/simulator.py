@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from course_lib.kvcache import ContiguousCache
+from course_lib.models import load
 from course_lib.models.config import as_config
 from course_lib.perf.hardware import get_gpu
 from course_lib.perf.metrics import Trace, summarize
@@ -124,11 +126,9 @@ class StepCostModel:
         """
         import torch
 
-        from course_lib.kvcache import ContiguousCache
         if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
             raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
         if model is None:
-            from course_lib.models import load
             model, _ = load("tiny")
         params = next(model.parameters())
         dev = params.device if device is None else torch.device(device)

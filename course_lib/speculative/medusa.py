@@ -32,6 +32,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.generation import generate
+from course_lib.models import load
+from course_lib.models.corpus import load_split
+from course_lib.models.llama import save_safetensors
 
 from .tree import DEFAULT_PATHS, _check_paths, build_tree, cartesian_paths
 
@@ -261,7 +264,6 @@ def medusa_accuracy(target, heads: MedusaHeads, texts: list[str], tokenizer, seq
 # --------------------------------------------------------------------------------------------------
 def save_medusa_heads(heads: MedusaHeads, path: str | Path, extra: dict | None = None):
     """Write heads.safetensors and medusa_config.json (plus `extra`, e.g. the training report)."""
-    from course_lib.models.llama import save_safetensors
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().contiguous().cpu() for k, v in heads.state_dict().items()}
@@ -398,8 +400,6 @@ def main(argv=None):
     import argparse
     import platform
 
-    from course_lib.models import load
-    from course_lib.models.corpus import load_split
     ap = argparse.ArgumentParser(description="Train the bundled Medusa heads for the bundled target.")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--out", type=Path, default=None)
