@@ -270,26 +270,34 @@ class Cgroups:
                     pass
             time.sleep(0.02)
 
-    def remove(self, dirs: list[Path]) -> None:
+    @staticmethod
+    def _rmdir(d: Path, deadline: float) -> None:
+        """Remove one cgroup folder, killing what is still in it, until `deadline`: a killed process (a
+        fork storm's hundreds, on a busy machine) leaves its cgroup a while after the signal, and a
+        parent can be removed only once its children are gone."""
+        while True:
+            try:
+                d.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                Cgroups.kill([d], wait=0.5)
+                time.sleep(0.05)
+
+    def remove(self, dirs: list[Path], wait: float = 30.0) -> None:
         self.kill(dirs)
+        deadline = time.monotonic() + wait
         for d in dirs:
-            for _ in range(100):  # a killed process leaves its cgroup a moment after it is gone
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.02)
+            self._rmdir(d, deadline)
 
     def close(self) -> None:
         for d in self.run.values():
             if d.exists():
                 self.remove([c for c in d.iterdir() if c.is_dir()])
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
+                self._rmdir(d, time.monotonic() + 10.0)
         self.run = {}
 
 
