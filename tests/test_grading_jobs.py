@@ -63,17 +63,19 @@ def test_one_sandbox_user_per_job(monkeypatch):
     assert len(jobs.sandbox_slots(proc, 2, explicit_process=True)[0]) == 2
 
 
+@dataclasses.dataclass
+class R:
+    """What the progress lines read of a graded submission."""
+    student: str = "ann"
+    assignment: str = "lab99"
+    score: float | None = 5.0
+    max_score: float | None = 5.0
+    status: str = "ok"
+
+
 def test_progress_lines():
     lines = []
     p = jobs.LineProgress(lines.append, 2)
-
-    @dataclasses.dataclass
-    class R:
-        student: str = "ann"
-        assignment: str = "lab99"
-        score: float | None = 5.0
-        max_score: float | None = 5.0
-        status: str = "ok"
     p.advance(R())
     p.advance(R(student="bo", score=None, status="error"))
     assert re.fullmatch(r"\[1/2\] lab99 ann: 5/5 ok  \(\d+s elapsed, about \d+s left\)", lines[0]), lines
@@ -84,14 +86,6 @@ def test_progress_bar():
     import io
     stream = io.StringIO()
     bar = jobs.BarProgress(2, stream=stream)
-
-    @dataclasses.dataclass
-    class R:
-        student: str = "ann"
-        assignment: str = "lab99"
-        score: float | None = 5.0
-        max_score: float | None = 5.0
-        status: str = "ok"
     bar.advance(R())
     bar.advance(R(student="bo"))
     bar.close()
