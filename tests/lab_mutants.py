@@ -6,7 +6,8 @@ Format:
 
     MUTANTS = {
         "labNN": [
-            ("what is wrong, in a few words", {"<grade_id of an answer cell>": "<new source of that cell>", ...}),
+            ("what is wrong, in a few words", {"<grade_id of an answer cell>": "<new source of that cell>", ...},
+             ["<the misconception's explanation, as the lab's MISTAKES dict states it>", ...]),
             ...
         ],
     }
@@ -20,14 +21,21 @@ visible or hidden, and leave at least one exercise right. Good mutants are the m
 tests are shown to catch them. Keep them few (one or two per lab): each one is a full autograde of
 the lab in CI.
 
+The third element lists the explanations the mutant's feedback page must show: each hidden test that
+catches the mistake passes the lab's public ``MISTAKES[...]`` text with the wrong value to
+``check_close(..., mistakes={MISTAKES["key"]: wrong_value})`` (course_lib/grading/checks.py), so the
+student reads the misconception and the notebook section that explains it, not only the numbers. A mutant
+may plant mistakes in several answer cells (one per part), to keep the number of autogrades small.
+
 Example:
 
     "lab02": [
-        ("int8 absmax divides by 128 instead of 127", {"absmax_answer": "def absmax_quantize(x):\\n    ..."}),
+        ("int8 absmax divides by 128 instead of 127", {"absmax_answer": "def absmax_quantize(x):\\n    ..."},
+         ["absmax int8 divides by 127 (the largest code), not 128; see 02 section 2"]),
     ],
 """
 
-MUTANTS: dict[str, list[tuple[str, dict[str, str]]]] = {
+MUTANTS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
     "lab04": [
         ("the lecture notes' double softmax: log_softmax of probabilities instead of logits",
          {"kd_answer": '''\

@@ -571,8 +571,10 @@ def test_lab_grade_ids(lab):
 def test_every_lab_has_mutants(lab):
     assert MUTANTS.get(lab), f"tests/lab_mutants.py has no planted wrong answer for {lab}; add one"
     answers = set(answer_sources(read_notebook(ROOT / "solutions" / f"{lab}.ipynb")))
-    for what, cells in MUTANTS[lab]:
-        assert isinstance(what, str) and what and cells, f"{lab}: each mutant is (description, {{grade_id: source}})"
+    for what, cells, diagnoses in MUTANTS[lab]:
+        assert isinstance(what, str) and what and cells, \
+            f"{lab}: each mutant is (description, {{grade_id: source}}, [misconception named in its feedback])"
+        assert diagnoses, f"{lab} mutant {what!r}: name the misconception its feedback must show (a MISTAKES text)"
         unknown = set(cells) - answers
         assert not unknown, f"{lab} mutant {what!r}: {sorted(unknown)} are not answer cells ({sorted(answers)})"
 
@@ -582,9 +584,15 @@ def test_mutants_file_format():
     for lab, entries in MUTANTS.items():
         assert re.fullmatch(r"lab\d+", lab), lab
         for entry in entries:
-            what, cells = entry
+            what, cells, diagnoses = entry
             assert isinstance(what, str) and isinstance(cells, dict)
             assert all(isinstance(k, str) and isinstance(v, str) for k, v in cells.items())
+            assert isinstance(diagnoses, (list, tuple)) and all(isinstance(d, str) and d for d in diagnoses)
+
+
+def _plain(text: str) -> str:
+    """Text as a student reads it on the feedback page: HTML entities decoded, whitespace collapsed."""
+    return " ".join(html.unescape(text).split())
 
 
 @pytest.fixture(scope="module")
@@ -600,7 +608,7 @@ def real_graded(tmp_path_factory):
         answers = answer_sources(read_notebook(ROOT / "solutions" / f"{lab}.ipynb"))
         write_nb(sub / "solution" / f"{lab}.ipynb", fill_answers(release, answers))
         write_nb(sub / "blank" / f"{lab}.ipynb", release)
-        for k, (_, cells) in enumerate(MUTANTS.get(lab, [])):
+        for k, (_, cells, _) in enumerate(MUTANTS.get(lab, [])):
             if set(cells) <= set(answers):
                 write_nb(sub / f"mutant{k}" / f"{lab}.ipynb", fill_answers(release, {**answers, **cells}))
     if not sub.exists():
@@ -624,10 +632,13 @@ def test_lab_round_trip(real_graded, lab):
     assert sol.status in ("ok", "review") and not set(sol.flags) - {"needs_manual_grading"}, sol.messages
     assert sol.score == auto_max > 0, f"{lab}: the solution scores {sol.score}/{auto_max}: {sol.cells}"
     assert res["blank"].score == 0, f"{lab}: the blank lab scores {res['blank'].score}: {res['blank'].cells}"
-    for k, (what, _) in enumerate(MUTANTS.get(lab, [])):
+    for k, (what, _, diagnoses) in enumerate(MUTANTS.get(lab, [])):
         m = res.get(f"mutant{k}")
         assert m is not None, f"{lab} mutant {what!r} was not graded"
         assert 0 < m.score < auto_max, f"{lab} mutant {what!r} scores {m.score}/{auto_max}: {m.cells}"
+        page = _plain(Path(m.feedback).read_text(encoding="utf-8")) if m.feedback else ""
+        missing = [d for d in diagnoses if _plain(d) not in page]
+        assert not missing, f"{lab} mutant {what!r}: its feedback does not name the misconception: {missing}"
     for who, x in res.items():  # no honest output is withheld from the feedback
         assert "feedback_withheld" not in x.flags and x.feedback, (lab, who, x.messages)
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1] / "course_lib"
 LAYERS = {
     # 1. foundations: no model, no cache
     "course_lib": 1, "course_lib.env": 1, "course_lib.attention": 1, "course_lib.quant": 1, "course_lib.perf": 1,
-    "course_lib.sampling": 1, "course_lib.models.config": 1,
+    "course_lib.sampling": 1, "course_lib.models.config": 1, "course_lib.validate": 1,
     # 2. the model and its registry
     "course_lib.models": 2, "course_lib.models.llama": 2, "course_lib.models.corpus": 2,
    

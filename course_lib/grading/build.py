@@ -69,6 +69,14 @@ def is_locked(cell) -> bool:
     return bool(m and (m.get("locked") or (m.get("grade") and not m.get("solution"))))
 
 
+ANSWER_KEY_TAG = "answer-key"
+
+
+def is_answer_key(cell) -> bool:
+    """A worked answer for the instructor (tag ``answer-key``): dropped from the student's lab, secret."""
+    return ANSWER_KEY_TAG in (cell.get("metadata", {}).get("tags") or [])
+
+
 def lab_names(folder: str | Path) -> list[str]:
     """Assignment names (labNN) of the notebooks in `folder`, sorted."""
     folder = Path(folder)
@@ -110,6 +118,9 @@ def secret_and_public_lines(source_nb) -> tuple[set[str], set[str]]:
     secret, public = set(), set()
     for c in source_nb.cells:
         text = c.source
+        if is_answer_key(c):
+            secret |= {ln.strip() for ln in text.split("\n")}
+            continue
         lines_out = text.split("\n")
         lines_in: list[str] = []
         found_solution = False
@@ -250,8 +261,10 @@ def check_source(name: str, source_nb, path: Path | str = "") -> None:
 
 
 def prepare_source(source_nb):
-    """A copy of a source lab with the course's kernelspec and stable ids, ready for nbgrader."""
+    """A copy of a source lab with the course's kernelspec and stable ids, ready for nbgrader; the
+    instructor's answer-key cells are left out."""
     nb = copy.deepcopy(source_nb)
+    nb.cells = [c for c in nb.cells if not is_answer_key(c)]
     nb.nbformat, nb.nbformat_minor = 4, 5
     meta = dict(nb.metadata)
     meta["kernelspec"] = dict(KERNELSPEC)
