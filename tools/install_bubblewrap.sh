@@ -4,6 +4,8 @@
 # namespaces here. Needs root, or sudo without a password. Instructors: README, "For instructors".
 set -euo pipefail
 PACKAGE=bubblewrap
+# shellcheck source=tools/system_packages.sh
+source "$(dirname "${BASH_SOURCE[0]}")/system_packages.sh"
 
 check() {
   # a sandbox with every namespace, as the grader makes it: as root, bwrap runs as the unprivileged nobody
@@ -30,27 +32,6 @@ if BWRAP=$(command -v bwrap); then
   check "$BWRAP"
   exit 0
 fi
-if [ "$(id -u)" = 0 ]; then
-  SUDO=
-elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-  SUDO="sudo -n"
-else
-  echo "install_bubblewrap: bwrap is missing and this user can neither install packages (not root) nor" >&2
-  echo "  use sudo without a password; ask an administrator for: apt-get install $PACKAGE" >&2
-  exit 1
-fi
-if command -v apt-get >/dev/null; then
-  echo "install_bubblewrap: installing $PACKAGE with apt-get"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $PACKAGE >/dev/null
-elif command -v dnf >/dev/null; then
-  $SUDO dnf install -y -q $PACKAGE
-elif command -v pacman >/dev/null; then
-  $SUDO pacman -S --noconfirm --needed $PACKAGE
-else
-  echo "install_bubblewrap: bwrap is missing and there is no apt-get, dnf or pacman here; install" >&2
-  echo "  bubblewrap with this system's package manager" >&2
-  exit 1
-fi
+install_packages install_bubblewrap $PACKAGE
 BWRAP=$(command -v bwrap) || { echo "install_bubblewrap: installed $PACKAGE, but bwrap is still not on PATH" >&2; exit 1; }
 check "$BWRAP"
