@@ -127,7 +127,8 @@ def accept_step(p, q, draft_tokens, generator=None):
 '''}),
     ],
     "lab00": [
-        ("TPOT divides by the number of tokens, not the number of gaps (n - 1)", {"metrics": '''\
+        ("TPOT divides by the number of tokens, not the number of gaps (n - 1); the percentile's position is "
+         "q/100 * n instead of q/100 * (n - 1) (Part B, contract)", {"metrics": '''\
 def ttft(start, times):
     if len(times) == 0:
         raise ValueError("times is empty")
@@ -148,7 +149,49 @@ def tpot(times):
 
 def tokens_per_second(start, times):
     return len(times) / e2e_latency(start, times)
-'''}),
+''', "percentile": '''\
+def percentile(values, q):
+    v = sorted(float(x) for x in values)
+    if not v:
+        raise ValueError("values is empty")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    r = min(q / 100 * len(v), len(v) - 1)
+    i = math.floor(r)
+    if i >= len(v) - 1:
+        return v[-1]
+    return v[i] + (r - i) * (v[i + 1] - v[i])
+'''},
+         ["TPOT divides by the number of tokens n; there are n - 1 gaps between n tokens, and the first token's "
+          "time is already TTFT (see notebook 00, section '4. One generation, measured')",
+          "the percentile's position is q/100 * n; with n sorted values the positions run from 0 to n - 1, so it "
+          "is q/100 * (n - 1) (see notebook 00, section '6. Many requests: percentiles')"]),
+        ("top-p drops the token that crosses p (Part D, contract); the E2E prediction counts n gaps instead of "
+         "n - 1 (Part F, the prediction)", {"top_p": '''\
+def top_p_filter(logits, p):
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p!r}")
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cum = torch.cumsum(torch.softmax(sorted_logits.float(), dim=-1), dim=-1)
+    remove_sorted = cum > p
+    remove_sorted[..., 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+''', "predict_request": '''\
+def predict_request(ttft, tpot, n_tokens):
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be an int >= 1, got {n_tokens!r}")
+    if ttft < 0 or tpot < 0:
+        raise ValueError("ttft and tpot must be >= 0")
+    e2e = ttft + n_tokens * tpot
+    return e2e, n_tokens / e2e
+'''},
+         ["top-p drops the token that crosses p (it keeps the tokens whose cumulative probability, their own "
+          "included, is at most p); the token that crosses p is kept: a token is kept while the probability "
+          "before it is below p (see notebook 00, section '10. Choosing the next token: temperature, top-k and "
+          "top-p')",
+          "the end-to-end prediction counts n TPOT gaps after the first token; n tokens have n - 1 gaps, so "
+          "E2E = TTFT + (n - 1) * TPOT (see notebook 00, section '4. One generation, measured')"]),
     ],
     "lab01": [
         ("a matmul counted as m*n*k FLOPs (multiply-adds, the seed's slip) instead of 2*m*n*k", {"matmul_cost": '''\
