@@ -202,7 +202,8 @@ def matmul_cost(m, n, k, bytes_per_element):
 '''}),
     ],
     "lab02": [
-        ("int8 absmax scales by 2**(bits-1) = 128 instead of 127", {"absmax": '''\
+        ("int8 absmax scales by 2**(bits-1) = 128 instead of 127; per-group scales over strided groups "
+         "(reshape(rows, group_size, -1)) instead of consecutive values (exercise 3, contract)", {"absmax": '''\
 def absmax_quantize(x, bits=8):
     if not 2 <= bits <= 8:
         raise ValueError(f"bits must be in 2..8, got {bits}")
@@ -216,7 +217,64 @@ def absmax_quantize(x, bits=8):
 
 def absmax_dequantize(codes, scale):
     return codes.float() * scale
-'''}),
+''', "group": '''\
+def group_quantize(w, bits, group_size):
+    rows, cols = w.shape
+    if cols % group_size:
+        raise ValueError(f"group_size={group_size} does not divide the {cols} columns")
+    if not 2 <= bits <= 8:
+        raise ValueError(f"bits must be in 2..8, got {bits}")
+    qmax = 2 ** (bits - 1) - 1
+    groups = w.reshape(rows, group_size, cols // group_size)
+    scales = groups.abs().amax(dim=1) / qmax
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.clamp(torch.round(groups / safe.unsqueeze(1)), -qmax, qmax)
+    return codes.reshape(rows, cols).to(torch.int8), scales
+
+
+def group_dequantize(codes, scales, group_size):
+    rows, cols = codes.shape
+    groups = codes.float().reshape(rows, group_size, cols // group_size)
+    return (groups * scales.unsqueeze(1)).reshape(rows, cols)
+'''},
+         ['absmax divides by 2**(bits-1) = 128 for 8 bits; the largest code is qmax = 2**(bits-1) - 1 = 127 '
+          "(-128 stays unused so the grid is symmetric), so scale = max|x| / 127 (see notebook 02, section '2. "
+          "From floats to integers: absmax and zero-point quantization')",
+          'the groups take every (cols // group_size)-th value of a row (reshape(rows, group_size, -1)) instead '
+          'of group_size consecutive values (reshape(rows, -1, group_size)); the formats store a scale per run '
+          "of consecutive weights (see notebook 02, section '3. Granularity: one scale per tensor, per channel, "
+          "or per group')"]),
+        ("NF4 codes from torch.bucketize on the levels (the level at or above, not the nearest; exercise 6, "
+         "contract); bits per weight without the scales (exercise 7, the prediction)", {"nf4": '''\
+def nf4_quantize(x, blocksize=64):
+    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
+        raise ValueError(f"blocksize must be a positive int, got {blocksize!r}")
+    if x.numel() % blocksize:
+        raise ValueError(f"blocksize={blocksize} does not divide the {x.numel()} elements of x")
+    blocks = x.reshape(-1, blocksize).float()
+    absmax = blocks.abs().amax(dim=1)
+    safe = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    codes = torch.bucketize(blocks / safe[:, None], NF4).clamp(max=15)
+    return codes.reshape(x.shape).to(torch.uint8), absmax
+
+
+def nf4_dequantize(codes, absmax, blocksize=64):
+    vals = NF4[codes.long()].reshape(-1, blocksize)
+    return (vals * absmax.float()[:, None]).reshape(codes.shape)
+''', "predict_bits_per_weight": '''\
+def predict_bits_per_weight(bits, group_size=None, scale_bits=16):
+    if bits < 1:
+        raise ValueError(f"bits must be >= 1, got {bits!r}")
+    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"group_size must be None or a positive int, got {group_size!r}")
+    return float(bits)
+'''},
+         ['the NF4 code is the level at or above x / absmax (torch.bucketize / searchsorted on the levels), not '
+          'the nearest level; search the midpoints between neighbouring levels, or take the argmin of the '
+          "distance (see notebook 02, section '9. NF4: a codebook shaped like the weights')",
+          'the bits per weight leave out the scales: each group of group_size weights also stores one scale of '
+          "scale_bits bits, scale_bits / group_size bits per weight (see notebook 02, section '7. Memory "
+          "arithmetic for 7B and 70B models')"]),
     ],
     "lab05": [
         ("the KV memory formula forgets the factor 2 (K and V are both cached)", {"memory_answer": 'def kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, batch=1, bytes_per_element=2):\n    """Bytes of the K and V caches of `batch` sequences of `tokens` tokens."""\n    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):\n        if not isinstance(value, int) or value <= 0:\n            raise ValueError(f"{name} must be a positive int, got {value!r}")\n    for name, value in (("tokens", tokens), ("batch", batch)):\n        if not isinstance(value, int) or value < 0:\n            raise ValueError(f"{name} must be a non-negative int, got {value!r}")\n    return int(num_layers * num_kv_heads * head_dim * bytes_per_element * tokens * batch)\n\n\ndef max_sequences(gpu_bytes, weight_bytes, num_layers, num_kv_heads, head_dim, tokens, bytes_per_element=2):\n    """How many sequences of `tokens` tokens fit in gpu_bytes - weight_bytes."""\n    free = gpu_bytes - weight_bytes\n    per_seq = kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, 1, bytes_per_element)\n    return max(0, int(free // per_seq)) if per_seq else 0'}),
