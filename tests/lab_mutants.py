@@ -194,12 +194,40 @@ def predict_request(ttft, tpot, n_tokens):
           "E2E = TTFT + (n - 1) * TPOT (see notebook 00, section '4. One generation, measured')"]),
     ],
     "lab01": [
-        ("a matmul counted as m*n*k FLOPs (multiply-adds, the seed's slip) instead of 2*m*n*k", {"matmul_cost": '''\
+        ("a matmul counted as m*n*k FLOPs (multiply-adds, the seed's slip) instead of 2*m*n*k; the critical batch "
+         "from the weights-only approximation intensity = 2B/a (exercise 5, contract)", {"matmul_cost": '''\
 def matmul_cost(m, n, k, bytes_per_element):
     flops = m * n * k
     nbytes = bytes_per_element * (m * k + k * n + m * n)
     return flops, nbytes, flops / nbytes
-'''}),
+''', "critical_batch": '''\
+def critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth):
+    ridge = peak_flops / bandwidth
+    return max(1, math.ceil(ridge * bytes_per_element / 2))
+'''},
+         ['a matmul counted as m*n*k FLOPs: that is the number of multiply-adds, and each is two floating-point '
+          "operations, so 2*m*n*k (see notebook 01, section '2. The simplified tables, reproduced exactly')",
+          'the batch comes from the approximation intensity = 2*B / bytes_per_element, which counts only the '
+          "weight's bytes; the activations [B, d_in] and outputs [B, d_out] are read and written too, so the "
+          "intensity grows more slowly and the batch is larger (see notebook 01, section '7. Batch size and the "
+          "ridge point')"]),
+        ("the decode step reads the weights once per sequence of the batch (exercise 6, contract, the prediction)",
+         {"predict_decode_step": '''\
+def predict_decode_step(num_params, bytes_per_param, peak_flops, bandwidth, batch=1, kv_cache_bytes=0):
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    for name, value in (("num_params", num_params), ("bytes_per_param", bytes_per_param),
+                        ("peak_flops", peak_flops), ("bandwidth", bandwidth)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    if not kv_cache_bytes >= 0:
+        raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes!r}")
+    memory = (num_params * bytes_per_param * batch + kv_cache_bytes) / bandwidth
+    return max(memory, 2 * num_params * batch / peak_flops)
+'''},
+         ['the decode step reads the weights once per sequence (weight bytes x batch); a step reads every '
+          "weight once for the whole batch, which is why batching helps (see notebook 01, section '7. Batch "
+          "size and the ridge point')"]),
     ],
     "lab02": [
         ("int8 absmax scales by 2**(bits-1) = 128 instead of 127; per-group scales over strided groups "
