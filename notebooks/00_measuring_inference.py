@@ -13,7 +13,9 @@
 # 3. generate text and measure **TTFT**, **TPOT**, end-to-end latency and **tokens/s** from per-token timestamps;
 # 4. summarize many requests with **p50 / p90 / p99**;
 # 5. turn throughput into **cost per 1M tokens**;
-# 6. account for **memory**, and check a claim often repeated in course notes and tutorials: *"no_grad reduces memory usage by ~30–50%"*.
+# 6. account for **memory**, and check a claim often repeated in course notes and tutorials: *"no_grad reduces memory usage by ~30–50%"*;
+# 7. see how **temperature, top-k and top-p** shape the distribution a token is drawn from (lab 00 asks you
+#    to write them).
 #
 # Everything runs on a laptop CPU in a minute or two; on a GPU, the same cells measure the GPU.
 
@@ -554,7 +556,63 @@ assert break_even_draft < break_even
 # %% [markdown] id="c043"
 # Whatever the exact share, the rule for inference code is simple: wrap it in `torch.inference_mode()`
 # (or `no_grad`); `course_lib.generation.generate` does.
+
+# %% [markdown] id="c043a"
+# ## 10. Choosing the next token: temperature, top-k and top-p
 #
+# Every generation above was **greedy**: the loop took the argmax of the last position's logits. A chat
+# model usually *samples* instead: it turns the logits `z` (one score per vocabulary token) into
+# probabilities `softmax(z)` and draws a token. Drawing from the full distribution lets the long tail of
+# unlikely tokens in, one draw in a while, and one bad token derails the rest of a text. Three knobs shape
+# the distribution first (the lab asks you to write each one):
+#
+# * **temperature** `T`: `softmax(z / T)`. Below 1 it sharpens (`T → 0` is greedy), above 1 it flattens.
+# * **top-k** (Fan et al., "Hierarchical Neural Story Generation", ACL 2018): keep the `k` largest logits,
+#   set the others to `-inf` (probability 0), renormalize. A fixed `k` is too many tokens when the model is
+#   sure and too few when it hesitates.
+# * **top-p**, or nucleus sampling (Holtzman et al., "The Curious Case of Neural Text Degeneration",
+#   ICLR 2020): keep the **smallest set of most likely tokens whose total probability reaches `p`**, so the
+#   number kept adapts to the model's certainty. Sort the probabilities in decreasing order; a token is kept
+#   when the probability of the tokens *before* it is still below `p`. The token that crosses `p` is kept:
+#   with probabilities 0.5, 0.3, 0.15, 0.05 and `p = 0.55`, 0.5 alone does not reach 0.55, so the first
+#   two are kept. The most likely token is always kept.
+#
+# The order matters: temperature first, then top-k, then top-p on the scaled logits, then softmax (the order
+# Hugging Face uses, and `course_lib.generation.sampling_probs`). Below, the four-token example, then the
+# bundled model's next-token distribution after a prompt.
+
+# %% id="c043b"
+from course_lib.generation import sampling_probs, top_k_filter, top_p_filter
+
+toy = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+for p in (0.45, 0.55, 0.9, 1.0):
+    kept = (~torch.isinf(top_p_filter(toy, p))).sum().item()
+    print(f"top-p {p:4}: keeps {kept} of 4 tokens; probabilities {sampling_probs(toy, top_p=p).numpy().round(3)}")
+print(f"top-k 2   : keeps 2 of 4 tokens; probabilities {sampling_probs(toy, top_k=2).numpy().round(3)}")
+for t in (0.5, 1.0, 2.0):
+    print(f"T = {t}   : probabilities {sampling_probs(toy, temperature=t).numpy().round(3)}")
+assert torch.equal(torch.isinf(top_p_filter(toy, 0.55)), torch.tensor([False, False, True, True]))
+assert torch.equal(torch.isinf(top_k_filter(toy, 2)), torch.tensor([False, False, True, True]))
+
+# %% id="c043c"
+with torch.inference_mode():
+    next_logits = model(torch.tensor([prompt], device=DEVICE))[0, -1].float().cpu()
+probs = torch.softmax(next_logits, -1)
+print(f"vocabulary {probs.numel():,} tokens; the most likely has p = {probs.max():.3f}, "
+      f"the 10 most likely together {probs.topk(10).values.sum():.3f}")
+print(f"{'':>22} {'tokens kept':>12}")
+for label, kw in [("T=1, no filter", {}), ("top-k 50", {"top_k": 50}), ("top-p 0.9", {"top_p": 0.9}),
+                  ("T=0.7, top-p 0.9", {"temperature": 0.7, "top_p": 0.9}),
+                  ("T=1.5, top-p 0.9", {"temperature": 1.5, "top_p": 0.9})]:
+    print(f"{label:>22} {int((sampling_probs(next_logits, **kw) > 0).sum()):>12,}")
+# top-p adapts: a cooler distribution reaches p with fewer tokens, a warmer one needs more
+n_cool, n_warm = ((sampling_probs(next_logits, t, top_p=0.9) > 0).sum() for t in (0.7, 1.5))
+assert n_cool <= n_warm
+g = torch.Generator().manual_seed(SEED)
+draws = torch.multinomial(sampling_probs(next_logits, 0.7, top_p=0.9), 8, replacement=True, generator=g)
+print("8 draws at T=0.7, top-p 0.9:", [tok.decode([int(i)]) for i in draws])
+
+# %% [markdown] id="c043d"
 # ## Summary
 #
 # * Time with warm-up, device synchronization and repeats; report the median and its spread. Compare
@@ -564,6 +622,8 @@ assert break_even_draft < break_even
 #   (decode), end-to-end latency `= TTFT + (n-1)·TPOT`, tokens/s.
 # * Summarize many requests by p50/p90/p99; p99 of a few dozen requests is nearly the maximum.
 # * Cost per 1M tokens = price per hour / (tokens/s × 3600) × 10⁶: cost falls as throughput rises.
+# * Sampling: temperature, then top-k (the k largest), then top-p (the smallest set reaching p, the
+#   crossing token kept), then softmax; top-p adapts the number of tokens to the model's certainty.
 # * Memory = parameters × bytes per parameter for the weights, plus what runs need on top (activations,
 #   and from Module 05 the KV cache); the graph that no_grad avoids is part of the second term.
 #

@@ -4,8 +4,12 @@
 # In this lab you implement, from scratch, the two small toolkits every later module relies on:
 #
 # * **Part A–B (5 points): latency metrics.** From the timestamps a generation loop records, compute
-#   TTFT, TPOT, end-to-end latency, tokens/s, and percentiles over many requests.
-# * **Part C–E (5 points): sampling.** Top-k and top-p (nucleus) filtering, temperature, and drawing a token.
+#   TTFT, TPOT, end-to-end latency, tokens/s, and percentiles over many requests. Part B is specified by
+#   its contract only: you design the interpolation.
+# * **Part C–E (5 points): sampling.** Top-k and top-p (nucleus) filtering, temperature, and drawing a token
+#   (notebook 00, section 10). Part D is a contract part too.
+# * **Part F (2 points): predict, then measure.** From a request's TTFT and TPOT, predict its end-to-end
+#   latency and tokens/s; a later cell measures a real generation and shows the two side by side.
 #
 # How it works:
 #
@@ -16,16 +20,33 @@
 #   only on the examples.
 # * Use plain Python, `math`, `numpy` and `torch`. Do not import the answers from `course_lib.perf` or
 #   `course_lib.generation`: the hidden tests check that the functions are your own.
-# * Everything runs on a CPU in seconds. Total: 10 points.
+# * Parts marked **contract** give what the function takes, returns and refuses, not the steps: the steps are
+#   in hints you open on purpose (the ▸ lines). Try without them first.
+# * Everything runs on a CPU in seconds. Total: 12 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
+import os
 import time
 
 import numpy as np
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises
+from course_lib.grading.checks import check_close, check_equal, check_raises, diagnose
+
+# Known misconceptions: when a test finds one of these in your answer, its message names it.
+MISTAKES = {
+    "tpot_n": "TPOT divides by the number of tokens n; there are n - 1 gaps between n tokens, and the first "
+              "token's time is already TTFT (see notebook 00, section '4. One generation, measured')",
+    "percentile_n": "the percentile's position is q/100 * n; with n sorted values the positions run from 0 to "
+                    "n - 1, so it is q/100 * (n - 1) (see notebook 00, section '6. Many requests: percentiles')",
+    "top_p_drop": "top-p drops the token that crosses p (it keeps the tokens whose cumulative probability, "
+                  "their own included, is at most p); the token that crosses p is kept: a token is kept while "
+                  "the probability before it is below p (see notebook 00, section '10. Choosing the next "
+                  "token: temperature, top-k and top-p')",
+    "e2e_n_gaps": "the end-to-end prediction counts n TPOT gaps after the first token; n tokens have n - 1 "
+                  "gaps, so E2E = TTFT + (n - 1) * TPOT (see notebook 00, section '4. One generation, measured')",
+}
 
 
 def _own_work(fn, name):
@@ -126,7 +147,8 @@ for _ in range(50):
 
 # %% id="c007" nbgrader={"grade": true, "grade_id": "tpot_tps_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 start, times = 100.0, [100.25, 100.30, 100.45, 100.50]
-check_close(tpot(times), 0.25 / 3, "tpot([100.25, 100.30, 100.45, 100.50]) (4 tokens: 3 gaps)")
+check_close(tpot(times), 0.25 / 3, "tpot([100.25, 100.30, 100.45, 100.50]) (4 tokens: 3 gaps)",
+            mistakes={MISTAKES["tpot_n"]: 0.25 / 4})
 check_close(tokens_per_second(start, times), 8.0, "tokens_per_second(100.0, [100.25, 100.30, 100.45, 100.50])")
 check_close(tpot(np.array([1.0, 1.5])), 0.5, "tpot(np.array([1.0, 1.5]))")
 check_close(tokens_per_second(0.0, [0.25]), 4.0, "tokens_per_second(0.0, [0.25]) (one token)")
@@ -146,25 +168,46 @@ for _ in range(50):
     _start = float(_rng.uniform(0, 1e3))
     _times = _start + _rng.exponential(0.2) + np.cumsum(_rng.exponential(0.03, size=_n))
     _what = f"(random trace, seed {_seed}: start={_start:.4f}, {_n} times from {_times[0]:.4f})"
-    check_close(tpot(list(_times)), _ref.tpot(list(_times)), "tpot " + _what, rtol=1e-9)
+    check_close(tpot(list(_times)), _ref.tpot(list(_times)), "tpot " + _what, rtol=1e-9,
+                mistakes={MISTAKES["tpot_n"]: (_times[-1] - _times[0]) / _n})
     check_close(tokens_per_second(_start, list(_times)), _ref.tokens_per_second(_start, list(_times)),
                 "tokens_per_second " + _what, rtol=1e-9)
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c008"
-# ## Part B · Percentiles over requests (2 points)
+# ## Part B · Percentiles over requests (2 points, contract)
 #
 # A service is judged by its slow requests, so latencies are reported as percentiles: p50 (the median),
-# p90, p99. Implement `percentile(values, q)` for `q` in `[0, 100]` with **linear interpolation**, the
-# default of `numpy.percentile`:
+# p90, p99 (notebook 00, section 6).
+#
+# **Contract.** `percentile(values, q)`:
+#
+# * takes `values`, a non-empty list or 1-D numpy array of numbers in any order, and `q`, a number in
+#   `[0, 100]`; returns a Python float;
+# * equals `numpy.percentile(values, q)` (its default, **linear interpolation**) to 1e-9 relative, on
+#   any input: the sorted values are points at evenly spaced positions from q = 0 (the minimum) to
+#   q = 100 (the maximum), and between two neighbours the percentile moves on the straight line joining them;
+# * invariants: `percentile(v, 0) == min(v)`, `percentile(v, 100) == max(v)`, non-decreasing in `q`, the
+#   median of an odd number of values is the middle one; `values` is not modified;
+# * cost: one sort, O(n log n);
+# * raises `ValueError` for empty `values` or `q` outside `[0, 100]`;
+# * does not call `np.percentile`, `np.quantile` or their `nan` versions (the tests compare against them).
+#
+# Example: `[15, 20, 35, 40, 50]`, q = 40 gives 29 (the visible tests have more).
+#
+# <details><summary>Hint 1: where does the percentile sit?</summary>
+#
+# With `n` sorted values `v[0] <= ... <= v[n-1]`, value `v[j]` sits at q = 100 · j / (n − 1). So the
+# percentile q sits at the fractional position `r = q / 100 * (n - 1)`: for the example, r = 0.4 · 4 = 1.6.
+# </details>
+#
+# <details><summary>Hint 2: the recipe</summary>
 #
 # 1. sort the values: `v[0] <= v[1] <= ... <= v[n-1]`;
 # 2. the percentile sits at the fractional position `r = q / 100 * (n - 1)`;
-# 3. with `i = floor(r)` and `f = r - i`, the answer is `v[i] + f * (v[i+1] - v[i])` (just `v[n-1]` when `i = n - 1`).
-#
-# Example: `[15, 20, 35, 40, 50]`, q = 40: r = 1.6, so 20 + 0.6 × (35 − 20) = 29.
-# Raise a `ValueError` for empty `values` or `q` outside `[0, 100]`. Do not call `np.percentile` or
-# `np.quantile` (the tests compare against them).
+# 3. with `i = floor(r)` and `f = r - i`, the answer is `v[i] + f * (v[i+1] - v[i])` (just `v[n-1]` when
+#    `i = n - 1`). Example: r = 1.6, so 20 + 0.6 × (35 − 20) = 29.
+# </details>
 
 # %% id="c009" nbgrader={"grade": false, "grade_id": "percentile", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def percentile(values, q):
@@ -185,8 +228,9 @@ def percentile(values, q):
 
 # %% id="c010" nbgrader={"grade": true, "grade_id": "percentile_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 v = [15, 20, 35, 40, 50]
-for q, want in [(0, 15), (40, 29.0), (50, 35), (90, 46.0), (99, 49.6), (100, 50)]:
-    check_close(percentile(v, q), want, f"percentile([15, 20, 35, 40, 50], {q})")
+for q, want, at_n in [(0, 15, 15), (40, 29.0, 35), (50, 35, 37.5), (90, 46.0, 50), (99, 49.6, 50), (100, 50, 50)]:
+    check_close(percentile(v, q), want, f"percentile([15, 20, 35, 40, 50], {q})",
+                mistakes={MISTAKES["percentile_n"]: at_n} if at_n != want else None)
 check_close(percentile([40, 15, 50, 35, 20], 40), 29.0, "percentile([40, 15, 50, 35, 20], 40) (unsorted input)")
 check_close(percentile([7.0], 99), 7.0, "percentile([7.0], 99) (one value)")
 check_close(percentile(np.array([1.0, 2.0]), 25), 1.25, "percentile(np.array([1.0, 2.0]), 25)")
@@ -199,14 +243,32 @@ _own_work(percentile, "percentile")
 _used = {"percentile", "quantile", "nanpercentile", "nanquantile"} & set(percentile.__code__.co_names)
 if _used:
     raise AssertionError(f"percentile calls {sorted(_used)}: implement the interpolation yourself")
+
+
+def _percentile_at_n(values, q):
+    """The planted mistake: the position q/100 * n instead of q/100 * (n - 1)."""
+    v = sorted(values)
+    r = min(q / 100 * len(v), len(v) - 1)
+    i = math.floor(r)
+    return v[i] if i >= len(v) - 1 else v[i] + (r - i) * (v[i + 1] - v[i])
+
+
 _seed = time.time_ns() % 2**32
 _rng = np.random.default_rng(_seed)
 for _ in range(200):
     _n = int(_rng.integers(1, 50))
     _vals = _rng.lognormal(-3, 1, size=_n)
     _q = float(_rng.choice([0, 50, 90, 99, 100])) if _rng.random() < 0.3 else float(_rng.uniform(0, 100))
-    check_close(percentile(list(_vals), _q), np.percentile(_vals, _q),
-                f"percentile of {_n} random values (seed {_seed}) at q={_q}", rtol=1e-9)
+    _want = np.percentile(_vals, _q)
+    _wrong = _percentile_at_n(list(_vals), _q)
+    check_close(percentile(list(_vals), _q), _want, f"percentile of {_n} random values (seed {_seed}) at q={_q}",
+                rtol=1e-9, mistakes={MISTAKES["percentile_n"]: _wrong} if abs(_wrong - _want) > 1e-9 * _want else None)
+_vals = _rng.lognormal(-3, 1, size=31)
+_vals0 = _vals.copy()
+_ps = [percentile(_vals, _q) for _q in np.linspace(0, 100, 41)]
+if any(b < a for a, b in zip(_ps, _ps[1:])):
+    raise AssertionError(f"percentile of 31 random values (seed {_seed}) decreases as q grows: {_ps}")
+check_equal(_vals, _vals0, "the values after percentile (must not change)")
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c011"
@@ -267,20 +329,38 @@ for _ in range(30):
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c014"
-# ## Part D · Top-p (nucleus) filtering (2 points)
+# ## Part D · Top-p (nucleus) filtering (2 points, contract)
 #
-# Top-p keeps the **smallest set of most likely tokens whose total probability reaches p**, and sets the
-# other logits to `-inf`. With the probabilities `softmax(logits)` sorted in decreasing order, a token
-# is kept when the probability of the tokens *before* it is still below p. So:
+# Top-p (Holtzman et al., "The Curious Case of Neural Text Degeneration", ICLR 2020; notebook 00,
+# section 10) keeps the **smallest set of most likely tokens whose total probability reaches p**.
 #
-# * the token that crosses p is **kept** (with probabilities 0.5, 0.3, 0.15, 0.05 and p = 0.55, the first
-#   two are kept: 0.5 alone does not reach 0.55);
-# * the most likely token is always kept, whatever p;
-# * `p = 1` keeps everything; `p` outside `(0, 1]` raises a `ValueError`;
-# * any shape `[..., V]`, each row separately, tokens in any order in the vocabulary; do not modify the input.
+# **Contract.** `top_p_filter(logits, p)`:
 #
-# Hints: `torch.sort(logits, dim=-1, descending=True)` gives the sorted values and the original
-# positions; `torch.cumsum`; put a boolean mask back in vocabulary order with `Tensor.scatter`.
+# * takes `logits`, a float tensor of any shape `[..., V]` (each row along the last dimension on its own,
+#   tokens in any order in the vocabulary), and `p`, a number in `(0, 1]`;
+# * returns a new tensor of the same shape and dtype: the kept logits unchanged, the others `-inf`;
+# * keeps, per row, the smallest set of most likely tokens whose probabilities (`softmax` of the row)
+#   add up to at least `p`. So the token that crosses p is **kept** (with probabilities 0.5, 0.3, 0.15, 0.05
+#   and p = 0.55, the first two are kept: 0.5 alone does not reach 0.55), the most likely token is always
+#   kept, and `p = 1` keeps everything;
+# * does not modify its input; no Python loop over rows or tokens (a vocabulary has 32k–256k tokens): one
+#   sort per row, O(V log V);
+# * raises `ValueError` for `p` outside `(0, 1]` (or not a number).
+#
+# The hidden tests draw random logits and values of p away from ties, and compare with
+# `course_lib.generation.top_p_filter`.
+#
+# <details><summary>Hint 1: the rule, token by token</summary>
+#
+# With the probabilities sorted in decreasing order, a token is kept when the probability of the tokens
+# *before* it is still below p. "Before it" is the cumulative sum minus the token's own probability.
+# </details>
+#
+# <details><summary>Hint 2: the tools</summary>
+#
+# `torch.sort(logits, dim=-1, descending=True)` gives the sorted values and the original positions;
+# `torch.cumsum`; put a boolean mask back in vocabulary order with `Tensor.scatter`, then `masked_fill`.
+# </details>
 
 # %% id="c015" nbgrader={"grade": false, "grade_id": "top_p", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def top_p_filter(logits, p):
@@ -309,10 +389,10 @@ def kept(out):
     return (~torch.isinf(out)).nonzero().flatten().tolist()
 
 
-for p, want in [(0.45, [0]), (0.55, [0, 1]), (0.7, [0, 1]), (0.9, [0, 1, 2]), (0.97, [0, 1, 2, 3]),
-                (1.0, [0, 1, 2, 3]), (1e-6, [0])]:
-    check_equal(kept(top_p_filter(x, p)), want,
-                f"kept tokens of top_p_filter(log([0.5, 0.3, 0.15, 0.05]), p={p})")
+for p, want, dropped in [(0.45, [0], [0]), (0.55, [0, 1], [0]), (0.7, [0, 1], [0]), (0.9, [0, 1, 2], [0, 1]),
+                         (0.97, [0, 1, 2, 3], [0, 1, 2]), (1.0, [0, 1, 2, 3], [0, 1, 2, 3]), (1e-6, [0], [0])]:
+    check_equal(kept(top_p_filter(x, p)), want, f"kept tokens of top_p_filter(log([0.5, 0.3, 0.15, 0.05]), p={p})",
+                mistakes={MISTAKES["top_p_drop"]: dropped} if dropped != want else None)
 out = top_p_filter(x, 0.7)
 check_close(out[:2], x[:2], "the kept logits of top_p_filter (they must keep their values)")
 xp = x[torch.tensor([2, 0, 3, 1])]  # the same probabilities in another vocabulary order
@@ -327,6 +407,17 @@ print("Part D: visible tests passed")
 from course_lib import generation as _gen
 
 _own_work(top_p_filter, "top_p_filter")
+
+
+def _top_p_drops_crossing(logits, p):
+    """The planted mistake: remove a token once the cumulative probability, its own included, exceeds p."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cum = torch.softmax(sorted_logits.double(), dim=-1).cumsum(-1)
+    remove_sorted = cum > p
+    remove_sorted[..., 0] = False
+    return logits.masked_fill(torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted), float("-inf"))
+
+
 _seed = time.time_ns() % 2**32
 _g = torch.Generator().manual_seed(_seed)
 for _ in range(40):
@@ -338,8 +429,10 @@ for _ in range(40):
         _p = float(torch.empty(1).uniform_(0.01, 1.0, generator=_g))
     _x0 = _x.clone()
     _got, _want = top_p_filter(_x, _p), _gen.top_p_filter(_x, _p)
+    _wrong = torch.isinf(_top_p_drops_crossing(_x, _p))
     check_equal(torch.isinf(_got), torch.isinf(_want),
-                f"which logits top_p_filter removes, random logits of shape {tuple(_x.shape)}, p={_p:.4f} (seed {_seed})")
+                f"which logits top_p_filter removes, random logits of shape {tuple(_x.shape)}, p={_p:.4f} (seed {_seed})",
+                mistakes={MISTAKES["top_p_drop"]: _wrong} if not torch.equal(_wrong, torch.isinf(_want)) else None)
     check_close(_got, _want, f"top_p_filter on random logits, p={_p:.4f} (seed {_seed})")
     check_equal(_x, _x0, "the input logits after top_p_filter (must not change)")
 ### END HIDDEN TESTS
@@ -438,6 +531,65 @@ for _ in range(30):
                 "sample drew only tokens with a non-zero probability, on " + _what)
 ### END HIDDEN TESTS
 
+# %% [markdown] id="c019a"
+# ## Part F · Predict, then measure (2 points)
+#
+# The metrics of Part A describe a request after the fact. The simplest model of a request predicts
+# them beforehand: a prefill (TTFT), then one decode step per further token, each taking TPOT. Write
+# `predict_request(ttft, tpot, n_tokens)` returning the tuple `(e2e, tokens_per_second)` this model
+# predicts for a request that generates `n_tokens` tokens: its end-to-end latency (seconds) and the
+# tokens/s one user sees, prefill included (Part A's definitions). Raise a `ValueError` when `n_tokens` is
+# not an int >= 1 or when `ttft` or `tpot` is negative.
+#
+# The graded tests compare your prediction with the model's value on the grader's inputs. Then the cell
+# after "Putting it together" measures TTFT and TPOT on a short generation of the course's model, predicts a
+# longer one with your function, runs it, and shows the two side by side.
+
+# %% id="c019b" nbgrader={"grade": false, "grade_id": "predict_request", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_request(ttft, tpot, n_tokens):
+    """(end-to-end latency in seconds, tokens/s) predicted for a request of n_tokens output tokens."""
+    ### BEGIN SOLUTION
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be an int >= 1, got {n_tokens!r}")
+    if ttft < 0 or tpot < 0:
+        raise ValueError(f"ttft and tpot must be >= 0, got ttft={ttft!r}, tpot={tpot!r}")
+    e2e = ttft + (n_tokens - 1) * tpot
+    return e2e, n_tokens / e2e
+    ### END SOLUTION
+
+
+# %% id="c019c" nbgrader={"grade": true, "grade_id": "predict_request_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+e2e, tps = predict_request(0.25, 0.05, 11)
+check_close(e2e, 0.75, "predict_request(ttft=0.25, tpot=0.05, 11 tokens): E2E (10 gaps after the first token)",
+            mistakes={MISTAKES["e2e_n_gaps"]: 0.8})
+check_close(tps, 11 / 0.75, "predict_request(ttft=0.25, tpot=0.05, 11 tokens): tokens/s",
+            mistakes={MISTAKES["e2e_n_gaps"]: 11 / 0.8})
+check_close(predict_request(0.4, 0.02, 1)[0], 0.4, "predict_request(0.4, 0.02, 1 token): E2E is the TTFT")
+check_raises(lambda: predict_request(0.4, 0.02, 0), ValueError, "predict_request(0.4, 0.02, n_tokens=0)")
+check_raises(lambda: predict_request(-0.1, 0.02, 5), ValueError, "predict_request(ttft=-0.1, ...)")
+print("Part F: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.perf import metrics as _ref
+
+_seed = time.time_ns() % 2**32
+_rng = np.random.default_rng(_seed)
+for _ in range(50):
+    _n = int(_rng.integers(1, 2000))
+    _ttft, _tpot = float(_rng.uniform(1e-3, 3.0)), float(_rng.uniform(1e-4, 0.2))
+    _start = float(_rng.uniform(0, 1e3))
+    # the model's trace: the first token at start + TTFT, then one every TPOT
+    _times = [_start + _ttft + _tpot * _i for _i in range(_n)]
+    _what = f"predict_request(ttft={_ttft:.6g}, tpot={_tpot:.6g}, n_tokens={_n}) (seed {_seed})"
+    _e2e, _tps = predict_request(_ttft, _tpot, _n)
+    _wrong = _ttft + _n * _tpot
+    check_close(_e2e, _ref.e2e_latency(_start, _times), _what + ": E2E", rtol=1e-6,
+                mistakes={MISTAKES["e2e_n_gaps"]: _wrong})
+    check_close(_tps, _ref.tokens_per_second(_start, _times), _what + ": tokens/s", rtol=1e-6,
+                mistakes={MISTAKES["e2e_n_gaps"]: _n / _wrong})
+check_raises(lambda: predict_request(0.4, -0.02, 5), ValueError, "predict_request(tpot=-0.02, ...)")
+check_raises(lambda: predict_request(0.4, 0.02, 2.5), ValueError, "predict_request(n_tokens=2.5)")
+### END HIDDEN TESTS
+
 # %% [markdown] id="c020"
 # ## Putting it together (not graded)
 #
@@ -459,3 +611,68 @@ try:
     print("tokens kept by top-p 0.9:", int((sampling_probs(logits, 1.0, top_p=0.9) > 0).sum()), "of", logits.numel())
 except NotImplementedError:
     print("Finish the exercises above first: then your numbers appear here beside the reference's.")
+
+# %% [markdown] id="c021a"
+# **Predicted, then measured.** A short generation gives TTFT and TPOT; your `predict_request` predicts a
+# longer request from them; then the longer request runs. (Timings vary from run to run and from machine to
+# machine: read the gap, do not expect it to be zero.) This loop has no KV cache (module 05 adds one): every
+# decode step re-reads the whole sequence, so later tokens cost more than the early ones the short run
+# measured, and the model underestimates long requests where compute dominates (a CPU).
+
+# %% id="c021b"
+from course_lib.perf.claims import timing_claim
+
+SHORT, LONG = 4, 24
+try:
+    if os.environ.get("NBGRADER_EXECUTION"):
+        raise RuntimeError("skipped while grading (a measurement, not a test)")
+    generate(model, prompt, 2)  # warm-up
+    _, short = generate(model, prompt, SHORT, eos_token_id=None)
+    _, long = generate(model, prompt, LONG, eos_token_id=None)
+    e2e_pred, tps_pred = predict_request(short.ttft, short.tpot, LONG)
+    print(f"measured on {SHORT} tokens: TTFT {short.ttft * 1e3:.2f} ms, TPOT {short.tpot * 1e3:.2f} ms")
+    print(f"{LONG} tokens   predicted: E2E {e2e_pred * 1e3:7.2f} ms, {tps_pred:7.1f} tokens/s")
+    print(f"{LONG} tokens   measured:  E2E {long.e2e * 1e3:7.2f} ms, {long.tokens_per_second:7.1f} tokens/s"
+          f"  (TPOT {long.tpot * 1e3:.2f} ms)")
+    timing_claim(f"E2E = TTFT + (n - 1) x TPOT, from a {SHORT}-token run, predicts a {LONG}-token request within 25%",
+                 abs(long.e2e / e2e_pred - 1) < 0.25,
+                 f"predicted {e2e_pred * 1e3:.2f} ms, measured {long.e2e * 1e3:.2f} ms "
+                 f"(measured / predicted = {long.e2e / e2e_pred:.2f}); one run each",
+                 advice="a ratio well above 1 is the missing KV cache (TPOT grows with the sequence); "
+                        "a noisy machine moves it too: re-run the cell")
+except NotImplementedError:
+    print("Finish Part F first: then your prediction appears here beside the measurement.")
+except RuntimeError as e:
+    print(e)
+
+# %% [markdown] id="c022"
+# ## Going further
+#
+# * A request has TTFT 0.4 s and TPOT 25 ms. From which number of output tokens on does its decode phase
+#   take longer than its prefill? What tokens/s does its user see at 100 tokens, and what decode rate?
+# * You report p99 latency from 20 requests. With linear interpolation, which of the 20 values decide it,
+#   and how many requests do you need before p99 is not simply set by the slowest one or two?
+# * `sampling_probs` applies the temperature before top-p. With logits `[2, 1, 0.5, -1]`, temperature 2 and
+#   p = 0.8, how many tokens does top-p keep, and how many if it ran on the unscaled logits?
+# * A GPU rented at $2.00/h serves 1,500 tokens/s in total over its batch. What does 1M output tokens cost?
+#   Batching more requests doubles the total throughput but makes each user's TPOT 30% longer: the cost now?
+
+# %% [markdown] id="c023" tags=["answer-key"]
+# ### Answer key
+#
+# * The decode phase of n tokens takes (n − 1) × 25 ms; it exceeds 0.4 s when n − 1 > 16, so from
+#   **n = 18** tokens on (at 17 tokens both are 0.4 s). At 100 tokens: E2E = 0.4 + 99 × 0.025 = 2.875 s, so
+#   100 / 2.875 = **34.8 tokens/s** seen by the user, against a decode rate 1 / TPOT = **40 tokens/s**.
+# * The position is r = 0.99 × 19 = 18.81, so p99 = v[18] + 0.81 (v[19] − v[18]): **the two slowest**
+#   requests decide it, 81% of the way to the maximum. p99 starts to describe "1 request in 100" when
+#   there are well over 100 requests (with 1000, r = 989.01: the 10 slowest lie above it), so report p99
+#   from hundreds to thousands of requests, or report p90 with a small sample.
+# * softmax([2, 1, 0.5, −1]) = [0.610, 0.224, 0.136, 0.030]: the probability before token 3 is 0.834 ≥ 0.8,
+#   so top-p on the unscaled logits keeps **2** tokens. At temperature 2, softmax([1, 0.5, 0.25, −0.5]) =
+#   [0.481, 0.292, 0.227, ...] (the visible test of Part E): before token 3 is 0.773 < 0.8, so it keeps **3**.
+#   A warmer temperature flattens the distribution, so the nucleus widens: applying the temperature after
+#   top-p would let it reweight the kept tokens but never bring back a token top-p removed.
+# * Cost per 1M tokens = price per hour / (tokens/s × 3600) × 10⁶ (notebook 00, section 7) = 2.00 /
+#   (1500 × 3600) × 10⁶ = **$0.370**. Doubling the throughput halves it to **$0.185**; the longer TPOT
+#   does not enter the cost (it is paid in each user's latency, which is why services cap the batch by a
+#   latency target, not only by memory).

@@ -11,8 +11,11 @@
 #   When the lab is graded, more tests run on random inputs, so write the general formula, not the
 #   examples' answers.
 # * Use plain Python numbers (no need for torch). Units: FLOPs, bytes, seconds, FLOP/s, bytes/s.
+# * Exercises marked **contract** give what the function takes, returns and refuses, not the steps: you
+#   design them; hints you open on purpose (the ▸ lines) hold a recipe. Exercise 6 is a **prediction**: the
+#   time of a decode step on your own device, which the last cell then measures.
 #
-# 5 exercises, 2 points each.
+# 6 exercises: 2 + 2 + 2 + 2 + 2 + 3 = 13 points.
 
 # %% id="c003"
 import math
@@ -20,7 +23,24 @@ import os
 import random
 import time
 
-from course_lib.grading.checks import check_close, check_equal
+from course_lib.grading.checks import check_close, check_equal, check_raises, diagnose
+
+# Known misconceptions: when a test finds one of these in your answer, its message names it.
+MISTAKES = {
+    "flops_mnk": "a matmul counted as m*n*k FLOPs: that is the number of multiply-adds, and each is two "
+                 "floating-point operations, so 2*m*n*k (see notebook 01, section '2. The simplified tables, "
+                 "reproduced exactly')",
+    "critical_weights_only": "the batch comes from the approximation intensity = 2*B / bytes_per_element, which "
+                             "counts only the weight's bytes; the activations [B, d_in] and outputs [B, d_out] are "
+                             "read and written too, so the intensity grows more slowly and the batch is larger (see "
+                             "notebook 01, section '7. Batch size and the ridge point')",
+    "decode_weights_per_sequence": "the decode step reads the weights once per sequence (weight bytes x batch); "
+                                   "a step reads every weight once for the whole batch, which is why batching "
+                                   "helps (see notebook 01, section '7. Batch size and the ridge point')",
+    "decode_memory_only": "the decode step's time leaves out the compute floor 2 x params x batch / peak; at a "
+                          "large batch the step becomes compute-bound (see notebook 01, section '7. Batch size "
+                          "and the ridge point')",
+}
 
 # Numbers you will need (dense, from the datasheets; course_lib.perf.GPUS has them all):
 A100_FP16_FLOPS = 312e12       # NVIDIA A100 (80 GB SXM): fp16 tensor cores, FLOP/s
@@ -52,7 +72,8 @@ def matmul_cost(m, n, k, bytes_per_element):
 # %% id="c006" nbgrader={"grade": true, "grade_id": "matmul_cost_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # A decode step of a 4096-wide projection in fp16: one row times a 4096 x 4096 weight.
 flops, nbytes, intensity = matmul_cost(1, 4096, 4096, 2)
-check_equal(flops, 33_554_432, "matmul_cost(1, 4096, 4096, 2): FLOPs (2 per multiply-add)")
+check_equal(flops, 33_554_432, "matmul_cost(1, 4096, 4096, 2): FLOPs (2 per multiply-add)",
+            mistakes={MISTAKES["flops_mnk"]: 16_777_216})
 check_equal(nbytes, 33_570_816, "matmul_cost(1, 4096, 4096, 2): bytes (input + weight + output, 2 bytes each)")
 check_close(intensity, 0.99951195, "matmul_cost(1, 4096, 4096, 2): FLOP/byte", rtol=1e-6)
 # The same weight in a prefill of 2048 tokens.
@@ -69,7 +90,7 @@ for _ in range(25):
     _ref = _ref_matmul_cost(_m, _n, _k, _b)
     _got = matmul_cost(_m, _n, _k, _b)
     _what = f"matmul_cost({_m}, {_n}, {_k}, {_b})"
-    check_close(_got[0], _ref.flops, _what + ": FLOPs", rtol=1e-9)
+    check_close(_got[0], _ref.flops, _what + ": FLOPs", rtol=1e-9, mistakes={MISTAKES["flops_mnk"]: _m * _n * _k})
     check_close(_got[1], _ref.bytes, _what + ": bytes", rtol=1e-9)
     check_close(_got[2], _ref.intensity, _what + ": FLOP/byte", rtol=1e-9)
 ### END HIDDEN TESTS
@@ -224,17 +245,40 @@ for _ in range(25):
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c016"
-# ## Exercise 5 — When does decoding stop being memory-bound? (2 points)
+# ## Exercise 5 — When does decoding stop being memory-bound? (2 points, contract)
 #
 # Decoding `B` sequences together turns a weight matmul into `[B, d_in] × [d_in, d_out]`: the weight is read
-# once for the whole batch, so the intensity grows with `B`. Write
-# `critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth)` returning the **smallest integer
-# batch size `B ≥ 1`** at which this matmul is compute-bound (its intensity is at or above the ridge point),
-# or `None` if no batch size gets there.
+# once for the whole batch, so the intensity grows with `B` (notebook 01, section 7).
 #
-# Hint: write the intensity as a function of `B` (exercise 1) and solve `intensity(B) = ridge` for `B`; or
-# search. Careful: the intensity cannot exceed `2·d_in·d_out / (bytes_per_element·(d_in + d_out))`, however
-# large the batch.
+# **Contract.** `critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth)`:
+#
+# * takes positive `d_in`, `d_out` (ints), `bytes_per_element` (0.5, 1, 2, 4), `peak_flops` (FLOP/s) and
+#   `bandwidth` (bytes/s);
+# * returns the **smallest integer batch size `B ≥ 1`** at which `[B, d_in] × [d_in, d_out]`, costed as in
+#   exercise 1 (inputs read once, output written once), is compute-bound: its intensity at or above the
+#   ridge point; or `None` if no batch size gets there;
+# * so: the returned `B` is compute-bound and `B - 1` (if `B > 1`) is not, exactly, for any dimensions from
+#   16 to 32768 and any device; a larger `peak_flops` never returns a smaller batch;
+# * runs in O(1) or O(log B) time, not by trying every batch from 1 (a ridge of 1000 FLOP/byte with int4
+#   weights needs thousands).
+#
+# <details><summary>Hint 1: the shape of the curve</summary>
+#
+# Write the intensity as a function of `B` with exercise 1's formula. It grows with `B` but cannot exceed
+# `2·d_in·d_out / (bytes_per_element·(d_in + d_out))`, however large the batch: compare that limit with
+# the ridge first. The common approximation "intensity ≈ 2B / bytes_per_element" forgets the activations'
+# bytes and is wrong here.
+# </details>
+#
+# <details><summary>Hint 2: the recipe</summary>
+#
+# With `a = bytes_per_element`, `W = d_in·d_out`, `A = d_in + d_out` and `R` the ridge:
+#
+# 1. `intensity(B) = 2BW / (a(BA + W))`; setting it to `R` gives `B(2W − RaA) = RaW`;
+# 2. if `2W − RaA <= 0`, no batch gets there: return `None`;
+# 3. otherwise `B = max(1, ceil(RaW / (2W − RaA)))`, then step `B` by ±1 while floating-point rounding puts
+#    it on the wrong side of the ridge (check with `intensity`).
+# </details>
 
 # %% id="c017" nbgrader={"grade": false, "grade_id": "critical_batch", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth):
@@ -261,7 +305,7 @@ def critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth):
 
 # %% id="c018" nbgrader={"grade": true, "grade_id": "critical_batch_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_equal(critical_batch(4096, 4096, 2, A100_FP16_FLOPS, A100_BANDWIDTH), 166,
-            "critical_batch(4096, 4096, fp16, A100)")
+            "critical_batch(4096, 4096, fp16, A100)", mistakes={MISTAKES["critical_weights_only"]: 154})
 check_equal(critical_batch(4096, 11008, 2, H100_FP16_FLOPS, H100_BANDWIDTH), 328,
             "critical_batch(4096, 11008, fp16, H100)")
 check_equal(critical_batch(8192, 8192, 1, 624e12, A100_BANDWIDTH), 159,
@@ -287,23 +331,116 @@ for _ in range(30):
     _ref = _ref_critical(_din, _dout, _dev, _b, peak_dtype="fp16")
     _got = critical_batch(_din, _dout, _b, _peak, _bw)
     _what = f"critical_batch({_din}, {_dout}, {_b}, {_peak:.6g}, {_bw:.6g})"
+    _weights_only = {MISTAKES["critical_weights_only"]: max(1, math.ceil(_ridge * _b / 2))}
     if math.isinf(_ref):
-        check_equal(_got, None, _what + " (never compute-bound)")
+        check_equal(_got, None, _what + " (never compute-bound)", mistakes=_weights_only)
         continue
     if not isinstance(_got, int) or _got < 1:
         raise AssertionError(f"{_what}: expected a positive integer batch size, got {_got!r}")
     if _ref_matmul_cost(_got, _dout, _din, _b).intensity < _ridge * (1 - 1e-12):
-        raise AssertionError(f"{_what}: batch {_got} is still memory-bound; expected {max(1, math.ceil(_ref))}")
+        raise AssertionError(f"{_what}: batch {_got} is still memory-bound: "
+                             f"{diagnose(_got, _weights_only) or f'expected {max(1, math.ceil(_ref))}'}")
     if _got > 1 and _ref_matmul_cost(_got - 1, _dout, _din, _b).intensity >= _ridge * (1 + 1e-12):
         raise AssertionError(f"{_what}: batch {_got - 1} is already compute-bound; expected {max(1, math.ceil(_ref))}")
 ### END HIDDEN TESTS
 
+# %% [markdown] id="c018a"
+# ## Exercise 6 — Predict a decode step (3 points, contract)
+#
+# Exercise 4 gave the memory floor of a decode step. A whole step has a compute floor too: each sequence of
+# the batch does one multiply-add per weight, `2 × num_params` FLOPs, and the step cannot beat either floor
+# (notebook 01, sections 6 and 7). This is the course's model of a decode step
+# (`course_lib.perf.roofline.decode_step`); the last cell uses it to predict a step of the course's model on
+# your own device before measuring it.
+#
+# **Contract.** `predict_decode_step(num_params, bytes_per_param, peak_flops, bandwidth, batch=1, kv_cache_bytes=0)`:
+#
+# * takes the parameter count (> 0), the bytes per weight (> 0, e.g. 2 for fp16, 0.5 for int4), the device's
+#   peak (FLOP/s, > 0) and bandwidth (bytes/s, > 0), the number of sequences decoded together `batch` (an
+#   int >= 1) and the bytes of KV cache the step reads for all of them (>= 0);
+# * returns the step's lower-bound time in seconds: a step of `batch` sequences reads every weight **once**
+#   and the KV cache once, and does `2 × num_params` FLOPs **per sequence**; it takes as long as the slower of
+#   its memory traffic and its arithmetic at the device's rates;
+# * invariants: at `batch=1` with no KV cache it equals exercise 4's `min_decode_latency` on any real model
+#   and device; it never decreases when `batch` grows; per sequence (`time / batch`) it never increases;
+# * raises `ValueError` when `batch` is not an int >= 1 or any other argument is out of range.
+#
+# <details><summary>Hint: the two floors</summary>
+#
+# Memory: `(num_params × bytes_per_param + kv_cache_bytes) / bandwidth`, whatever the batch.
+# Compute: `2 × num_params × batch / peak_flops`. The step time is the larger (exercise 3's `op_time`).
+# </details>
+
+# %% id="c018b" nbgrader={"grade": false, "grade_id": "predict_decode_step", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_decode_step(num_params, bytes_per_param, peak_flops, bandwidth, batch=1, kv_cache_bytes=0):
+    """Lower bound (seconds) on one decode step of `batch` sequences: max(memory floor, compute floor)."""
+    ### BEGIN SOLUTION
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    for name, value in (("num_params", num_params), ("bytes_per_param", bytes_per_param),
+                        ("peak_flops", peak_flops), ("bandwidth", bandwidth)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    if not kv_cache_bytes >= 0:
+        raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes!r}")
+    memory = (num_params * bytes_per_param + kv_cache_bytes) / bandwidth
+    compute = 2 * num_params * batch / peak_flops
+    return max(memory, compute)
+    ### END SOLUTION
+
+
+# %% id="c018c" nbgrader={"grade": true, "grade_id": "predict_decode_step_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# A 7B model in fp16 on an A100: memory-bound at batch 1 and 64, compute-bound at 512.
+check_close(predict_decode_step(7e9, 2, A100_FP16_FLOPS, A100_BANDWIDTH), 6.8661108e-3,
+            "predict_decode_step(7e9, fp16, A100, batch=1)", rtol=1e-6)
+check_close(predict_decode_step(7e9, 2, A100_FP16_FLOPS, A100_BANDWIDTH, batch=64), 6.8661108e-3,
+            "predict_decode_step(7e9, fp16, A100, batch=64) (the weights are read once for the whole batch)",
+            rtol=1e-6, mistakes={MISTAKES["decode_weights_per_sequence"]: 64 * 6.8661108e-3})
+check_close(predict_decode_step(7e9, 2, A100_FP16_FLOPS, A100_BANDWIDTH, batch=512), 2 * 7e9 * 512 / 312e12,
+            "predict_decode_step(7e9, fp16, A100, batch=512) (compute-bound: 2 x params x batch / peak)", rtol=1e-6,
+            mistakes={MISTAKES["decode_weights_per_sequence"]: 512 * 6.8661108e-3,
+                      MISTAKES["decode_memory_only"]: 6.8661108e-3})
+check_close(predict_decode_step(7e9, 2, H100_FP16_FLOPS, H100_BANDWIDTH, batch=8, kv_cache_bytes=2e9), 4.7761194e-3,
+            "predict_decode_step(7e9, fp16, H100, batch=8, with a 2 GB KV cache)", rtol=1e-6)
+check_raises(lambda: predict_decode_step(7e9, 2, A100_FP16_FLOPS, A100_BANDWIDTH, batch=0), ValueError,
+             "predict_decode_step(..., batch=0)")
+check_raises(lambda: predict_decode_step(7e9, 2, A100_FP16_FLOPS, -1.0), ValueError,
+             "predict_decode_step(..., bandwidth=-1)")
+print("Exercise 6: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.perf.hardware import DeviceSpec as _DeviceSpec
+from course_lib.perf.roofline import decode_step as _ref_step
+
+_rng = random.Random(time.time_ns())
+for _ in range(40):
+    _n = _rng.uniform(1e6, 5e11)
+    _b = _rng.choice([0.5, 1, 2, 4])
+    _peak, _bw = _rng.uniform(1e12, 2e15), _rng.uniform(1e10, 8e12)
+    _batch = _rng.choice([1, _rng.randint(2, 64), _rng.randint(64, 4096)])
+    _kv = _rng.choice([0, _rng.uniform(1e6, 1e11)])
+    _dev = _DeviceSpec("random device", bandwidth_gbs=_bw / 1e9, peak_tflops={"fp16": _peak / 1e12})
+    _want = _ref_step(_n, _dev, dtype=_b, batch=_batch, kv_bytes=_kv).time
+    _mem = (_n * _b + _kv) / _bw
+    _wrong = {MISTAKES["decode_weights_per_sequence"]: max((_n * _b * _batch + _kv) / _bw, 2 * _n * _batch / _peak),
+              MISTAKES["decode_memory_only"]: _mem}
+    check_close(predict_decode_step(_n, _b, _peak, _bw, _batch, _kv), _want,
+                f"predict_decode_step({_n:.6g}, {_b}, {_peak:.6g}, {_bw:.6g}, batch={_batch}, "
+                f"kv_cache_bytes={_kv:.6g})", rtol=1e-9, mistakes=_wrong)
+check_raises(lambda: predict_decode_step(7e9, 2, 1e14, 1e12, batch=2.0), ValueError, "predict_decode_step(batch=2.0)")
+check_raises(lambda: predict_decode_step(7e9, 2, 1e14, 1e12, kv_cache_bytes=-1), ValueError,
+             "predict_decode_step(kv_cache_bytes=-1)")
+check_raises(lambda: predict_decode_step(0, 2, 1e14, 1e12), ValueError, "predict_decode_step(num_params=0)")
+### END HIDDEN TESTS
+
 # %% [markdown] id="c019"
-# ## Extension (not graded): your own machine
+# ## Extension (not graded): your own machine, predicted then measured
 #
 # `course_lib.device_bench.measure_device()` measures this machine's copy bandwidth and matmul throughput (a
 # few seconds on a CPU). Use your functions on it: where is its ridge point, and at what batch size would a
-# 4096 × 4096 fp32 projection become compute-bound here? (Skipped during grading.)
+# 4096 × 4096 fp32 projection become compute-bound here? Then your `predict_decode_step` predicts one decode
+# step of the course's bundled model (with a KV cache of 64 tokens) on this machine, and
+# `course_lib.device_bench.time_decode_step` measures it. On a GPU listed in `course_lib.perf.GPUS` the
+# datasheet's prediction is printed too. (Skipped during grading.)
 
 # %% id="c020"
 if os.environ.get("NBGRADER_EXECUTION"):
@@ -319,3 +456,75 @@ else:
               f"compute-bound at batch {critical_batch(4096, 4096, 4, peak, bw)}")
     except NotImplementedError:
         print("finish exercises 2 and 5 first")
+
+    import torch
+
+    from course_lib import env
+    from course_lib.models import load
+    from course_lib.perf.claims import timing_claim
+    from course_lib.perf.hardware import GPUS, get_gpu
+
+    model, _ = load("tiny", device=env.device(), verbose=False)
+    n_params = sum(p.numel() for p in model.parameters())
+    bpp = next(model.parameters()).element_size()
+    kv = model.config.kv_cache_bytes(64, 1, bpp)
+    measured = device_bench.time_decode_step(model, context=64, repeats=20)
+    try:
+        predicted = predict_decode_step(n_params, bpp, peak, bw, batch=1, kv_cache_bytes=kv)
+        print(f"one decode step of the bundled model ({n_params / 1e6:.2f} M parameters x {bpp} bytes, "
+              f"KV cache {kv / 1e3:.0f} kB): predicted {predicted * 1e6:.1f} us, "
+              f"measured {measured.median * 1e6:.1f} us (median of 20)")
+        if torch.cuda.is_available():
+            try:
+                spec = get_gpu(torch.cuda.get_device_name())
+                pred_sheet = predict_decode_step(n_params, bpp, spec.peak_flops(spec.default_dtype), spec.bandwidth,
+                                                 kv_cache_bytes=kv)
+                print(f"   with {spec.name}'s datasheet numbers: predicted {pred_sheet * 1e6:.1f} us")
+            except ValueError:
+                print(f"   ({torch.cuda.get_device_name()} is not in course_lib.perf.GPUS: {', '.join(GPUS)})")
+        timing_claim("the roofline's decode step is a lower bound on the measured step",
+                     measured.median >= predicted,
+                     f"predicted {predicted * 1e6:.1f} us, measured {measured.median * 1e6:.1f} us "
+                     f"(measured / predicted = {measured.median / predicted:.1f}; median of 20, "
+                     f"spread {measured.spread:.0%})",
+                     advice="a measured step faster than the bound means the bandwidth was under-measured "
+                            "(a cache larger than the copy buffer): re-run with quick=False")
+        print("For a model this small the step is set by per-operation costs, not by bytes: notebook 01, section 6.")
+    except NotImplementedError:
+        print("finish exercise 6 first")
+
+# %% [markdown] id="c021"
+# ## Going further
+#
+# * Llama-2-7B (6,738,415,616 parameters) in int4 (0.5 bytes per weight) on an H100 SXM: what is the fastest
+#   possible decode step for one sequence, and the most tokens per second it can produce?
+# * With exercise 6's model, from which batch on is a decode step of a 7B fp16 model (no KV cache) on an A100
+#   compute-bound? Why is it not exercise 5's answer for a 4096 × 4096 projection (166)?
+# * Now give each sequence a KV cache of 4096 tokens (Llama-2-7B: 32 layers, 32 KV heads of 128 dimensions,
+#   fp16: 512 KiB per token). Does the step ever become compute-bound as the batch grows?
+# * Your measured decode step of the bundled model is many times the prediction. Name two costs the roofline
+#   leaves out, and one technique from a later module that removes each.
+
+
+# %% [markdown] id="c022" tags=["answer-key"]
+# ### Answer key
+#
+# * 6,738,415,616 × 0.5 bytes = 3.37 GB read per step; at 3.35 TB/s that is **1.006 ms**, so at most
+#   **994 tokens/s** for one sequence (4 × faster than fp16's 4.02 ms, 249 tokens/s).
+# * The step is compute-bound when 2·P·B / peak ≥ 2·P / bandwidth (fp16: 2 bytes per weight), that is
+#   B ≥ peak / bandwidth = the ridge, 153.0 FLOP/byte on an A100: from **B = 154** on. Exercise 5 costs one
+#   projection with its activations and outputs (B·(d_in + d_out) elements read and written), traffic that
+#   grows with B, so its intensity rises more slowly and the crossing comes later (166). The whole-step model
+#   counts only the weights, which dominate the bytes at small batches (at B = 166 a 4096 × 4096
+#   projection moves 2.7 MB of activations beside 33.6 MB of weight).
+# * No. Each sequence adds 4096 × 512 KiB = 2.15 GB of KV reads, 1.05 ms at 2.039 TB/s, but only
+#   2 × 6.74e9 FLOPs, 0.043 ms at 312 TFLOP/s: the memory floor grows 24 × faster than the compute floor, so
+#   the step stays memory-bound at every batch (and an 80 GB A100 holds only (80 − 13.5) / 2.15 = 30 such
+#   sequences anyway). Long contexts make decoding memory-bound for good, which is what KV-cache
+#   compression, GQA and paged attention (modules 05 and 06) attack.
+# * (1) A fixed cost per operation: Python, the dispatcher and the allocator on a CPU, a kernel launch on a
+#   GPU, paid by each of the step's hundreds of small operations: CUDA graphs and `torch.compile` (module 12)
+#   remove most of it. (2) Memory traffic beyond the weights: every unfused operation (norms, RoPE,
+#   attention's softmax, residual adds) writes its output and the next one reads it back, and single-row
+#   matmuls run below the copy bandwidth: fusion (FlashAttention in module 07, compiled kernels in module 12)
+#   and batching (module 09) remove or amortize it.

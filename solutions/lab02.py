@@ -3,7 +3,10 @@
 #
 # In this lab you write the core of integer quantization from module 02: absmax (symmetric) and
 # zero-point (asymmetric) quantization and their inverses, per-group scales, packing two 4-bit codes
-# into one byte, and the SQNR error metric.
+# into one byte, the SQNR error metric, and NF4, the 4-bit codebook format of QLoRA. Exercises 3 and 6 are
+# specified by their **contract** (what the functions take, return, keep invariant and refuse): you
+# design the steps; hints you open on purpose (the ▸ lines) hold a recipe. Exercise 7 asks you to
+# **predict** a format's storage cost before the last cell measures it.
 #
 # * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).
 # * Run the test cell under it: the visible tests check fixed examples and tell you what was expected.
@@ -14,7 +17,7 @@
 #   integer step, so `x ≈ codes * scale`. Round with `torch.round`. Codes may be any integer dtype
 #   (`torch.int8` is natural); scales are float tensors.
 #
-# 5 exercises: 3 + 3 + 3 + 2 + 1 = 12 points.
+# 7 exercises: 3 + 3 + 3 + 2 + 1 + 4 + 2 = 18 points.
 
 # %% id="c003"
 import math
@@ -22,7 +25,29 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape, diagnose
+from course_lib.quant import nf4_codebook
+
+# The 16 NF4 levels (QLoRA), sorted, from -1 to 1; index 7 is exactly 0 (exercise 6; notebook 02, section 9).
+NF4 = nf4_codebook()
+
+# Known misconceptions: when a test finds one of these in your answer, its message names it.
+MISTAKES = {
+    "absmax_128": "absmax divides by 2**(bits-1) = 128 for 8 bits; the largest code is qmax = 2**(bits-1) - 1 = "
+                  "127 (-128 stays unused so the grid is symmetric), so scale = max|x| / 127 (see notebook 02, "
+                  "section '2. From floats to integers: absmax and zero-point quantization')",
+    "group_strided": "the groups take every (cols // group_size)-th value of a row (reshape(rows, group_size, -1)) "
+                     "instead of group_size consecutive values (reshape(rows, -1, group_size)); the formats store "
+                     "a scale per run of consecutive weights (see notebook 02, section '3. Granularity: one "
+                     "scale per tensor, per channel, or per group')",
+    "nf4_bucketize": "the NF4 code is the level at or above x / absmax (torch.bucketize / searchsorted on the "
+                     "levels), not the nearest level; search the midpoints between neighbouring levels, or take "
+                     "the argmin of the distance (see notebook 02, section '9. NF4: a codebook shaped like the "
+                     "weights')",
+    "bits_no_scales": "the bits per weight leave out the scales: each group of group_size weights also stores "
+                      "one scale of scale_bits bits, scale_bits / group_size bits per weight (see notebook 02, "
+                      "section '7. Memory arithmetic for 7B and 70B models')",
+}
 
 
 # %% [markdown] id="c004"
@@ -65,8 +90,10 @@ def absmax_dequantize(codes, scale):
 # %% id="c006" nbgrader={"grade": true, "grade_id": "absmax_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 _x = torch.tensor([0.1, 3.2, -1.7])
 _codes, _scale = absmax_quantize(_x, 8)
-check_equal(_codes, torch.tensor([4, 127, -67]), "absmax_quantize([0.1, 3.2, -1.7], 8): codes")
-check_close(_scale, 3.2 / 127, "absmax_quantize([0.1, 3.2, -1.7], 8): scale = 3.2 / 127", rtol=1e-6)
+check_close(_scale, 3.2 / 127, "absmax_quantize([0.1, 3.2, -1.7], 8): scale = 3.2 / 127", rtol=1e-6,
+            mistakes={MISTAKES["absmax_128"]: 3.2 / 128})
+check_equal(_codes, torch.tensor([4, 127, -67]), "absmax_quantize([0.1, 3.2, -1.7], 8): codes",
+            mistakes={MISTAKES["absmax_128"]: torch.tensor([4, 127, -68])})
 check_close(absmax_dequantize(_codes, _scale)[0], 0.1008, "the lecture notes' example: 0.1 dequantizes to",
             atol=5e-5)
 _codes, _scale = absmax_quantize(torch.tensor([-1.4, 0.25, 0.66]), 4)
@@ -101,7 +128,8 @@ for _ in range(20):
     _what = f"absmax_quantize(x of shape {tuple(_shape)}, bits={_bits}) (random test, seed {_seed})"
     _r = _ref.absmax_quantize(_x, _bits)
     _codes, _scale = absmax_quantize(_x, _bits)
-    check_close(torch.as_tensor(_scale).reshape(()), _r.scale.reshape(()), _what + ": scale", rtol=1e-6)
+    check_close(torch.as_tensor(_scale).reshape(()), _r.scale.reshape(()), _what + ": scale", rtol=1e-6,
+                mistakes={MISTAKES["absmax_128"]: _x.abs().max() / 2 ** (_bits - 1)})
     _check_codes(_codes, _r.codes, _what + ": codes")
     check_close(absmax_dequantize(_codes, _scale), _r.dequantize(), _what + ": dequantized",
                 atol=float(_r.scale) * 1.001 + 1e-12, rtol=0)
@@ -191,19 +219,42 @@ for _ in range(20):
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c010"
-# ## Exercise 3 — Per-group absmax quantization (3 points)
+# ## Exercise 3 — Per-group absmax quantization (3 points, contract)
 #
 # One scale for a whole weight matrix lets its single largest value set the step for everybody. Per-group
-# quantization cuts each **row** of a 2-D weight `w [rows, cols]` into groups of `group_size` **consecutive**
-# values and gives each group its own absmax scale (GPTQ and AWQ use 128, GGUF 32):
+# quantization gives each run of `group_size` **consecutive** weights of a row its own absmax scale (GPTQ
+# and AWQ use 128, GGUF 32; notebook 02, section 3).
 #
-# * `scales` has shape `[rows, cols // group_size]`: `scales[i, j]` belongs to `w[i, j*group_size:(j+1)*group_size]`;
-# * `codes` has the shape of `w`; within each group, the absmax rule of exercise 1 (`qmax = 2**(bits-1) - 1`);
-# * an all-zero group gets scale 0 and codes 0 (no NaN);
-# * raise `ValueError` if `group_size` does not divide `cols`.
+# **Contract.** `group_quantize(w, bits, group_size)` returns `(codes, scales)`:
 #
-# `group_dequantize(codes, scales, group_size)` returns the float tensor `codes * scale` of each element's
-# group. Hint: `w.reshape(rows, cols // group_size, group_size)` puts each group on the last dimension.
+# * takes `w`, a 2-D float tensor `[rows, cols]`; `bits` in 2..8; `group_size`, a positive int that divides `cols`;
+# * `scales`: float, shape `[rows, cols // group_size]`; `scales[i, j]` belongs to the group
+#   `w[i, j*group_size:(j+1)*group_size]` and is its absmax step, `max|group| / qmax` with `qmax = 2**(bits-1) - 1`;
+# * `codes`: integer, the shape of `w`, in `-qmax..qmax`: each weight's code on its group's grid (rounded to nearest);
+# * invariants: `|w - group_dequantize(codes, scales, group_size)| <= scale / 2` element-wise (each weight's
+#   group scale); the largest-magnitude weight of each group is reproduced exactly (up to float rounding);
+#   an all-zero group gets scale 0 and codes 0 (no NaN); `w` is not modified;
+# * no Python loop over rows or groups (a 4096 × 4096 weight has 131,072 groups of 128);
+# * raises `ValueError` if `group_size` does not divide `cols` (or is not a positive int), or `bits` is not in 2..8.
+#
+# `group_dequantize(codes, scales, group_size)` returns the float tensor `[rows, cols]` of each code times its
+# group's scale.
+#
+# <details><summary>Hint 1: one group per row of a 3-D view</summary>
+#
+# `w.reshape(rows, cols // group_size, group_size)` puts each group of consecutive values on the last
+# dimension (row-major order keeps a row's values together). Which reshape would mix values of different
+# groups?
+# </details>
+#
+# <details><summary>Hint 2: the recipe</summary>
+#
+# 1. `groups = w.reshape(rows, cols // group_size, group_size)`;
+# 2. `scales = groups.abs().amax(dim=-1) / qmax`, shape `[rows, n_groups]`;
+# 3. divide each group by its scale (`scales.unsqueeze(-1)`), using 1 where the scale is 0, round, clamp to
+#    `-qmax..qmax`, reshape back to `[rows, cols]`;
+# 4. dequantize: reshape the codes the same way, multiply by `scales.unsqueeze(-1)`, reshape back.
+# </details>
 
 # %% id="c011" nbgrader={"grade": false, "grade_id": "group", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def group_quantize(w, bits, group_size):
@@ -211,8 +262,10 @@ def group_quantize(w, bits, group_size):
     Returns (codes [rows, cols], scales [rows, cols // group_size])."""
     ### BEGIN SOLUTION
     rows, cols = w.shape
-    if cols % group_size:
-        raise ValueError(f"group_size={group_size} does not divide the {cols} columns")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or cols % group_size:
+        raise ValueError(f"group_size must be a positive int that divides the {cols} columns, got {group_size!r}")
+    if not 2 <= bits <= 8:
+        raise ValueError(f"bits must be in 2..8, got {bits}")
     qmax = 2 ** (bits - 1) - 1
     groups = w.reshape(rows, cols // group_size, group_size)
     scales = groups.abs().amax(dim=-1) / qmax                    # [rows, n_groups]
@@ -238,7 +291,7 @@ _w = torch.tensor([[0.4, -1.0, 0.2, 0.05],
 _codes, _scales = group_quantize(_w, 4, 2)
 check_shape(_scales, (3, 2), "group_quantize(w [3, 4], 4 bits, group_size=2): scales")
 check_close(_scales, torch.tensor([[1.0, 0.2], [3.0, 0.7], [0.0, 0.0]]) / 7, "group_quantize(...): scales = group absmax / 7",
-            rtol=1e-6)
+            rtol=1e-6, mistakes={MISTAKES["group_strided"]: torch.tensor([[0.4, 1.0], [3.0, 0.7], [0.0, 0.0]]) / 7})
 check_equal(_codes, torch.tensor([[3, -7, 7, 2], [7, 0, -7, 7], [0, 0, 0, 0]]), "group_quantize(...): codes")
 _w_hat = group_dequantize(_codes, _scales, 2)
 check_close(_w_hat[0], torch.tensor([3 / 7, -1.0, 0.2, 0.4 / 7]), "group_dequantize(...): first row", rtol=1e-6)
@@ -248,8 +301,16 @@ _codes, _scales = group_quantize(_w, 8, 4)
 check_close(_scales[:, 0], torch.tensor([1.0, 3.0, 0.0]) / 127, "group_quantize(w, 8, group_size=4): one scale per row",
             rtol=1e-6)
 check_raises(lambda: group_quantize(_w, 4, 3), ValueError, "group_quantize with group_size=3 on 4 columns")
+check_raises(lambda: group_quantize(_w, 9, 2), ValueError, "group_quantize with bits=9")
 ### BEGIN HIDDEN TESTS
 import course_lib.quant as _ref
+
+
+def _strided_scales(w, bits, group_size):
+    """The planted mistake: groups of every (cols // group_size)-th value instead of consecutive values."""
+    rows, cols = w.shape
+    return w.reshape(rows, group_size, cols // group_size).abs().amax(dim=1) / (2 ** (bits - 1) - 1)
+
 
 _seed = time.time_ns() % 2 ** 31
 _g = torch.Generator().manual_seed(_seed)
@@ -262,9 +323,12 @@ for _ in range(20):
     _what = (f"group_quantize(w [{_rows}, {_ng * _gs}], bits={_bits}, group_size={_gs}) "
              f"(random test, seed {_seed})")
     _r = _ref.absmax_quantize(_w, _bits, "group", axis=-1, group_size=_gs)
+    _w0 = _w.clone()
     _codes, _scales = group_quantize(_w, _bits, _gs)
+    check_equal(_w, _w0, _what + ": w after group_quantize (must not change)")
     check_shape(_scales, (_rows, _ng), _what + ": scales")
-    check_close(_scales, _r.scale, _what + ": scales", rtol=1e-6)
+    check_close(_scales, _r.scale, _what + ": scales", rtol=1e-6,
+                mistakes={MISTAKES["group_strided"]: _strided_scales(_w, _bits, _gs)})
     _got = torch.as_tensor(_codes)
     check_shape(_got, _r.codes.shape, _what + ": codes")
     _diff = (_got.long() - _r.codes.long()).abs()
@@ -372,6 +436,188 @@ for _ in range(20):
                 rtol=1e-6)
 ### END HIDDEN TESTS
 
+# %% [markdown] id="c018a"
+# ## Exercise 6 — NF4: a 16-level codebook, blockwise (4 points, contract)
+#
+# A uniform grid spends as many of its 16 levels on the rare tails of a weight distribution as on its crowded
+# middle. NF4 (Dettmers et al., "QLoRA: Efficient Finetuning of Quantized LLMs", 2023; notebook 02,
+# section 9) puts its 16 levels at quantiles of the normal distribution instead, scaled into [-1, 1]. They
+# are given: `NF4` (setup cell), a sorted float32 tensor of 16 values, `NF4[0] = -1`, `NF4[7] = 0`,
+# `NF4[15] = 1`, unevenly spaced. A weight is stored as the index (0..15) of a level, in blocks of
+# `blocksize` consecutive values, each block with its absmax.
+#
+# **Contract.** `nf4_quantize(x, blocksize=64)` returns `(codes, absmax)`:
+#
+# * takes `x`, a float tensor of any shape whose number of elements is a multiple of `blocksize`; the
+#   blocks are `blocksize` consecutive values of `x.reshape(-1)` (row-major order);
+# * `absmax`: float32, shape `[x.numel() // blocksize]`, the largest `|x|` of each block;
+# * `codes`: an integer tensor (uint8 is natural) of the shape of `x`, values in 0..15: for each value, the
+#   index of the NF4 level **nearest** to `x / absmax` of its block (ties: either neighbour);
+# * an all-zero block has absmax 0 and codes 7 (the level 0), with no NaN anywhere;
+# * no Python loop over blocks or values; `x` is not modified;
+# * raises `ValueError` if `blocksize` is not a positive int or does not divide `x.numel()`.
+#
+# `nf4_dequantize(codes, absmax, blocksize=64)` returns float32 values of the shape of `codes`: each code's
+# level times its block's absmax. Invariants the tests check: the value of largest magnitude of each block
+# comes back exactly (`NF4[0]` and `NF4[15]` are -1 and 1), 0 comes back as 0, and every value comes back
+# within half the gap between the two levels around `x / absmax`, times the absmax. The hidden tests compare
+# with `course_lib.quant.nf4_quantize` (bitsandbytes' format, without its packing) on random tensors.
+#
+# <details><summary>Hint 1: nearest, not next</summary>
+#
+# The levels are sorted but not evenly spaced, so `round(x * 7)` does not give the index. Two ways to the
+# nearest level: the `argmin` over the 16 levels of `|x / absmax - NF4|` (a `[n, 16]` table: fine, 16 is
+# small), or `torch.bucketize` on the 15 **midpoints** `(NF4[:-1] + NF4[1:]) / 2`. What does `bucketize` on the
+# levels themselves return?
+# </details>
+#
+# <details><summary>Hint 2: the recipe</summary>
+#
+# 1. `blocks = x.reshape(-1, blocksize)`; `absmax = blocks.abs().amax(dim=1)`;
+# 2. `scaled = blocks / absmax[:, None]`, dividing by 1 where the absmax is 0;
+# 3. `codes = torch.bucketize(scaled, (NF4[:-1] + NF4[1:]) / 2)`, reshaped to `x.shape`, as uint8;
+# 4. dequantize: `NF4[codes.long()].reshape(-1, blocksize) * absmax[:, None]`, reshaped to `codes.shape`.
+# </details>
+
+# %% id="c018b" nbgrader={"grade": false, "grade_id": "nf4", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def nf4_quantize(x, blocksize=64):
+    """Blockwise NF4: (codes in 0..15 with the shape of x, absmax [numel // blocksize] float32)."""
+    ### BEGIN SOLUTION
+    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
+        raise ValueError(f"blocksize must be a positive int, got {blocksize!r}")
+    if x.numel() % blocksize:
+        raise ValueError(f"blocksize={blocksize} does not divide the {x.numel()} elements of x")
+    blocks = x.detach().reshape(-1, blocksize).float()
+    absmax = blocks.abs().amax(dim=1)
+    safe = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    scaled = blocks / safe[:, None]
+    codes = torch.bucketize(scaled, (NF4[:-1] + NF4[1:]) / 2)
+    return codes.reshape(x.shape).to(torch.uint8), absmax
+    ### END SOLUTION
+
+
+def nf4_dequantize(codes, absmax, blocksize=64):
+    """Each code's NF4 level times its block's absmax, float32, shaped like codes."""
+    ### BEGIN SOLUTION
+    vals = NF4[codes.long()].reshape(-1, blocksize)
+    return (vals * absmax.float()[:, None]).reshape(codes.shape)
+    ### END SOLUTION
+
+
+# %% id="c018c" nbgrader={"grade": true, "grade_id": "nf4_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+_x = torch.tensor([[0.5, -1.0, 0.02, 0.2], [0.0, 0.0, 0.0, 0.0], [2.0, -0.39, 0.31, 1.3]])
+_codes, _absmax = nf4_quantize(_x, blocksize=4)
+check_close(_absmax, torch.tensor([1.0, 0.0, 2.0]), "nf4_quantize(x [3, 4], blocksize=4): absmax per block of 4")
+# 0.5 is nearest to level 0.4407 (index 12), 0.02 to 0.0 (7), 0.2 to 0.1609 (9); in block 3, -0.39 / 2 = -0.195
+# is nearest to -0.1848 (5), 0.31 / 2 = 0.155 to 0.1609 (9), 1.3 / 2 = 0.65 to 0.7230 (14)
+check_equal(torch.as_tensor(_codes).long(), torch.tensor([[12, 0, 7, 9], [7, 7, 7, 7], [15, 5, 9, 14]]),
+            "nf4_quantize(x [3, 4], blocksize=4): codes (the index of the nearest level)",
+            mistakes={MISTAKES["nf4_bucketize"]: torch.tensor([[13, 0, 8, 10], [7, 7, 7, 7], [15, 5, 9, 14]])})
+check_shape(torch.as_tensor(_codes), (3, 4), "nf4_quantize(x [3, 4]): codes")
+_x_hat = nf4_dequantize(_codes, _absmax, blocksize=4)
+check_close(_x_hat, NF4[torch.tensor([[12, 0, 7, 9], [7, 7, 7, 7], [15, 5, 9, 14]])] * torch.tensor([[1.0], [0.0], [2.0]]),
+            "nf4_dequantize(codes, absmax, blocksize=4)", rtol=1e-6)
+check_equal(_x_hat[1], torch.zeros(4), "nf4_dequantize of an all-zero block (zeros, no NaN)")
+check_equal(_x_hat[2, 0], torch.tensor(2.0), "the largest value of a block comes back exactly")
+check_raises(lambda: nf4_quantize(torch.ones(10), 4), ValueError, "nf4_quantize(10 values, blocksize=4)")
+check_raises(lambda: nf4_quantize(torch.ones(8), 0), ValueError, "nf4_quantize(x, blocksize=0)")
+print("Exercise 6: visible tests passed")
+### BEGIN HIDDEN TESTS
+import course_lib.quant as _ref
+
+_seed = time.time_ns() % 2 ** 31
+_g = torch.Generator().manual_seed(_seed)
+_mid = (NF4[:-1] + NF4[1:]) / 2
+_gap = (NF4[1:] - NF4[:-1]).max()
+for _ in range(20):
+    _bs = [16, 32, 64, 128][int(torch.randint(0, 4, (1,), generator=_g))]
+    _nb = int(torch.randint(1, 40, (1,), generator=_g))
+    _shape = [(_nb * _bs) // 8, 8] if bool(torch.rand(1, generator=_g) < 0.5) and (_nb * _bs) % 8 == 0 else [_nb * _bs]
+    _x = (torch.randn(_shape, generator=_g) * float(torch.rand(1, generator=_g) * 3 + 1e-3)).float()
+    if _nb > 1:
+        _x.view(-1)[:_bs] = 0.0                                            # an all-zero block
+    _what = f"nf4_quantize(x of shape {tuple(_shape)}, blocksize={_bs}) (random test, seed {_seed})"
+    _x0 = _x.clone()
+    _r = _ref.nf4_quantize(_x, blocksize=_bs)
+    _codes, _absmax = nf4_quantize(_x, blocksize=_bs)
+    check_equal(_x, _x0, _what + ": x after nf4_quantize (must not change)")
+    check_close(torch.as_tensor(_absmax).float(), _r.absmax, _what + ": absmax", rtol=1e-6)
+    _got = torch.as_tensor(_codes)
+    check_shape(_got, tuple(_shape), _what + ": codes")
+    _got = _got.long().reshape(-1)
+    _want = _r.codes()
+    _scaled = (_x.reshape(-1, _bs) / _r.absmax.clamp(min=1e-38)[:, None]).reshape(-1)
+    _on_midpoint = (_scaled[:, None] - _mid[None, :]).abs().min(dim=1).values < 1e-6
+    if bool(((_got != _want) & ~_on_midpoint).any()):
+        _wrong = torch.bucketize(_scaled.clamp(-1, 1), NF4).clamp(max=15)
+        check_equal(_got, _want, _what + ": codes (indices of the nearest levels)",
+                    mistakes={MISTAKES["nf4_bucketize"]: _wrong})
+    _x_hat = nf4_dequantize(_r.codes().reshape(_shape).to(torch.uint8), _r.absmax, blocksize=_bs)
+    check_shape(_x_hat, tuple(_shape), "nf4_dequantize of the reference's codes: shape")
+    check_close(_x_hat, _r.dequantize(), "nf4_dequantize of the reference's codes " + _what, rtol=1e-6, atol=0)
+    _err = (nf4_dequantize(_codes, _absmax, blocksize=_bs).reshape(-1, _bs) - _x.reshape(-1, _bs)).abs()
+    _bound = _r.absmax[:, None] * _gap / 2 * (1 + 1e-5) + 1e-12
+    if bool((_err > _bound).any()):
+        raise AssertionError(f"{_what}: a value comes back further than half the widest level gap times its "
+                             f"block's absmax (error {float(_err.max()):.4g})")
+check_raises(lambda: nf4_quantize(torch.ones(96), 64), ValueError, "nf4_quantize(96 values, blocksize=64)")
+check_raises(lambda: nf4_quantize(torch.ones(64), 2.0), ValueError, "nf4_quantize(x, blocksize=2.0)")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c018d"
+# ## Exercise 7 — Predict a format's bits per weight (2 points)
+#
+# Before measuring what a format costs, predict it. A format that stores `bits`-bit codes plus, for each
+# group of `group_size` consecutive weights, one scale of `scale_bits` bits (notebook 02, section 7) costs
+# a fixed number of bits per weight, whatever the tensor (when `group_size` divides it). Write
+# `predict_bits_per_weight(bits, group_size=None, scale_bits=16)`: the bits per weight of such a format,
+# where `group_size=None` means one scale for a whole tensor (negligible: count 0). Raise a `ValueError` for
+# `bits < 1` or a `group_size` that is not None or a positive int.
+#
+# Then use it: the GGUF formats Q8_0 and Q4_0 are 8- and 4-bit codes with an fp16 scale per 32 weights; NF4 of
+# exercise 6 keeps an fp32 absmax per 64. The last cell measures the bytes your own functions store on a real
+# weight matrix and prints them beside your predictions.
+
+# %% id="c018e" nbgrader={"grade": false, "grade_id": "predict_bits_per_weight", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_bits_per_weight(bits, group_size=None, scale_bits=16):
+    """Storage bits per weight of `bits`-bit codes plus one `scale_bits` scale per `group_size` weights."""
+    ### BEGIN SOLUTION
+    if bits < 1:
+        raise ValueError(f"bits must be >= 1, got {bits!r}")
+    if group_size is None:
+        return float(bits)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be None or a positive int, got {group_size!r}")
+    return bits + scale_bits / group_size
+    ### END SOLUTION
+
+
+# %% id="c018f" nbgrader={"grade": true, "grade_id": "predict_bits_per_weight_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_close(predict_bits_per_weight(4, 128, 16), 4.125, "predict_bits_per_weight(int4, group 128, fp16 scales)",
+            mistakes={MISTAKES["bits_no_scales"]: 4})
+check_close(predict_bits_per_weight(8, 32, 16), 8.5, "predict_bits_per_weight(8, 32, 16): GGUF Q8_0",
+            mistakes={MISTAKES["bits_no_scales"]: 8})
+check_close(predict_bits_per_weight(4, 64, 32), 4.5, "predict_bits_per_weight(4, 64, 32): NF4, fp32 absmax per 64",
+            mistakes={MISTAKES["bits_no_scales"]: 4})
+check_close(predict_bits_per_weight(8), 8.0, "predict_bits_per_weight(8) (one scale per tensor: negligible)")
+check_raises(lambda: predict_bits_per_weight(4, 0), ValueError, "predict_bits_per_weight(4, group_size=0)")
+print("Exercise 7: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.quant.memory import bits_per_weight as _ref_bits
+
+_rng = torch.Generator().manual_seed(time.time_ns() % 2 ** 31)
+for _ in range(30):
+    _b = int(torch.randint(1, 9, (1,), generator=_rng))
+    _gs = [None, 16, 32, 64, 128, 256, 1024][int(torch.randint(0, 7, (1,), generator=_rng))]
+    _sb = [8, 16, 32][int(torch.randint(0, 3, (1,), generator=_rng))]
+    check_close(predict_bits_per_weight(_b, _gs, _sb), _ref_bits(_b, _gs, _sb),
+                f"predict_bits_per_weight({_b}, {_gs}, {_sb})", rtol=1e-12, mistakes={MISTAKES["bits_no_scales"]: _b})
+for _fmt, _args in (("q8_0", (8, 32, 16)), ("q4_0", (4, 32, 16)), ("nf4", (4, 64, 32)), ("int4-g128", (4, 128, 16))):
+    check_close(predict_bits_per_weight(*_args), _ref_bits(_fmt), f"predict_bits_per_weight{_args}: the {_fmt} format",
+                rtol=1e-12, mistakes={MISTAKES["bits_no_scales"]: _args[0]})
+check_raises(lambda: predict_bits_per_weight(0, 32), ValueError, "predict_bits_per_weight(bits=0)")
+### END HIDDEN TESTS
+
 # %% [markdown] id="c019"
 # ## Try it on a real weight matrix (not graded)
 #
@@ -394,7 +640,50 @@ try:
         print(f"{bits} bits: per tensor {sqnr_db(W, absmax_dequantize(c, s)):6.2f} dB, "
               f"per group of 32 {sqnr_db(W, group_dequantize(gc, gs, 32)):6.2f} dB")
     print("packed 4-bit codes take", pack_int4(absmax_quantize(W, 4)[0]).numel(), "bytes for", W.numel(), "weights")
+    # predicted, then measured: the bytes your functions' outputs take, stored as the formats store them
+    gc, gs = group_quantize(W, 4, 128)
+    measured_g128 = 8 * (pack_int4(gc).numel() + gs.numel() * 2) / W.numel()      # packed codes + fp16 scales
+    nc, na = nf4_quantize(W, 64)
+    measured_nf4 = 8 * (pack_int4(nc.to(torch.int8) - 8).numel() + na.numel() * 4) / W.numel()  # + fp32 absmax
+    print(f"int4, group 128, fp16 scales: predicted {predict_bits_per_weight(4, 128, 16):.3f} bits/weight, "
+          f"measured {measured_g128:.3f}")
+    print(f"NF4, block 64, fp32 absmax:   predicted {predict_bits_per_weight(4, 64, 32):.3f} bits/weight, "
+          f"measured {measured_nf4:.3f}; SQNR NF4 {sqnr_db(W, nf4_dequantize(nc, na, 64)):.2f} dB "
+          f"vs int4 absmax group 64 {sqnr_db(W, group_dequantize(*group_quantize(W, 4, 64), 64)):.2f} dB")
 except NotImplementedError:
     print("Finish the exercises above first.")
 except RuntimeError as e:
     print(e)
+
+# %% [markdown] id="c021"
+# ## Going further
+#
+# * The rule of thumb "6.02 dB per bit + 1.76 dB" is for a full-scale sine wave. Predict the SQNR of absmax
+#   int8 on 4096 values drawn from N(0, 1), whose absmax is about 3.87 σ, from the uniform noise model
+#   (noise power Δ²/12), and check it with your functions.
+# * On Gaussian data NF4 beats int4 absmax with the same block of 64. Does it on uniform data in [-1, 1]?
+#   Why?
+# * How many GB does Llama-2-7B (6,738,415,616 parameters) take in fp16, int4 with group 128 and fp16
+#   scales, GGUF Q4_0, and NF4 with double quantization (4 + 8/64 + 32/(64·256) bits per weight)?
+# * Exercise 4 packs element 2j in the low nibble; bitsandbytes (NF4) puts the first element in the high
+#   nibble, and Q4_0 pairs element j with element j + 16. Does the order change the memory or the error?
+#   What does it change?
+
+# %% [markdown] id="c022" tags=["answer-key"]
+# ### Answer key
+#
+# * The step is Δ = absmax / 127 ≈ 3.87 σ / 127, the noise power Δ²/12 and the signal power σ², so
+#   SQNR = 10 log10(12 · 127² / 3.87²) ≈ **41.1 dB** (measured: 41.1 dB on 16 rows of 4096 values, seed 0),
+#   9 dB below 49.9 dB: a Gaussian's peak is 3.9 σ from its mean where a sine's is only √2 times its RMS,
+#   so most codes go unused. Each bit still adds 6.02 dB.
+# * No: on uniform data int4 absmax (group 64) gets about **23.1 dB** and NF4 about **20.8 dB** (on Gaussian
+#   data: NF4 20.7 dB against 19.3 dB). Uniform data fill a uniform grid evenly, which is its best case; NF4
+#   crowds its levels near 0 where uniform data are no denser than anywhere else, and leaves wide gaps near
+#   ±1 (0.72 to 1.0) where they are as dense.
+# * fp16: 6.738e9 × 2 = **13.48 GB**; int4-g128: 4.125 bits, **3.47 GB**; Q4_0: 4.5 bits, **3.79 GB**;
+#   NF4 with double quantization: 4.127 bits, **3.48 GB** (NF4 with fp32 absmax, 4.5 bits: 3.79 GB).
+# * Neither: every order stores two 4-bit codes per byte. The order is part of the file format: a reader
+#   that unpacks in another order puts every weight in the wrong place (tensors of the right size and
+#   nonsense values), so a kernel must match its format byte for byte. Q4_0's order lets a SIMD kernel
+#   unpack 16 low nibbles and 16 high nibbles with two wide operations.
+

@@ -127,7 +127,8 @@ def accept_step(p, q, draft_tokens, generator=None):
 '''}),
     ],
     "lab00": [
-        ("TPOT divides by the number of tokens, not the number of gaps (n - 1)", {"metrics": '''\
+        ("TPOT divides by the number of tokens, not the number of gaps (n - 1); the percentile's position is "
+         "q/100 * n instead of q/100 * (n - 1) (Part B, contract)", {"metrics": '''\
 def ttft(start, times):
     if len(times) == 0:
         raise ValueError("times is empty")
@@ -148,18 +149,89 @@ def tpot(times):
 
 def tokens_per_second(start, times):
     return len(times) / e2e_latency(start, times)
-'''}),
+''', "percentile": '''\
+def percentile(values, q):
+    v = sorted(float(x) for x in values)
+    if not v:
+        raise ValueError("values is empty")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    r = min(q / 100 * len(v), len(v) - 1)
+    i = math.floor(r)
+    if i >= len(v) - 1:
+        return v[-1]
+    return v[i] + (r - i) * (v[i + 1] - v[i])
+'''},
+         ["TPOT divides by the number of tokens n; there are n - 1 gaps between n tokens, and the first token's "
+          "time is already TTFT (see notebook 00, section '4. One generation, measured')",
+          "the percentile's position is q/100 * n; with n sorted values the positions run from 0 to n - 1, so it "
+          "is q/100 * (n - 1) (see notebook 00, section '6. Many requests: percentiles')"]),
+        ("top-p drops the token that crosses p (Part D, contract); the E2E prediction counts n gaps instead of "
+         "n - 1 (Part F, the prediction)", {"top_p": '''\
+def top_p_filter(logits, p):
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p!r}")
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cum = torch.cumsum(torch.softmax(sorted_logits.float(), dim=-1), dim=-1)
+    remove_sorted = cum > p
+    remove_sorted[..., 0] = False
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+''', "predict_request": '''\
+def predict_request(ttft, tpot, n_tokens):
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be an int >= 1, got {n_tokens!r}")
+    if ttft < 0 or tpot < 0:
+        raise ValueError("ttft and tpot must be >= 0")
+    e2e = ttft + n_tokens * tpot
+    return e2e, n_tokens / e2e
+'''},
+         ["top-p drops the token that crosses p (it keeps the tokens whose cumulative probability, their own "
+          "included, is at most p); the token that crosses p is kept: a token is kept while the probability "
+          "before it is below p (see notebook 00, section '10. Choosing the next token: temperature, top-k and "
+          "top-p')",
+          "the end-to-end prediction counts n TPOT gaps after the first token; n tokens have n - 1 gaps, so "
+          "E2E = TTFT + (n - 1) * TPOT (see notebook 00, section '4. One generation, measured')"]),
     ],
     "lab01": [
-        ("a matmul counted as m*n*k FLOPs (multiply-adds, the seed's slip) instead of 2*m*n*k", {"matmul_cost": '''\
+        ("a matmul counted as m*n*k FLOPs (multiply-adds, the seed's slip) instead of 2*m*n*k; the critical batch "
+         "from the weights-only approximation intensity = 2B/a (exercise 5, contract)", {"matmul_cost": '''\
 def matmul_cost(m, n, k, bytes_per_element):
     flops = m * n * k
     nbytes = bytes_per_element * (m * k + k * n + m * n)
     return flops, nbytes, flops / nbytes
-'''}),
+''', "critical_batch": '''\
+def critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth):
+    ridge = peak_flops / bandwidth
+    return max(1, math.ceil(ridge * bytes_per_element / 2))
+'''},
+         ['a matmul counted as m*n*k FLOPs: that is the number of multiply-adds, and each is two floating-point '
+          "operations, so 2*m*n*k (see notebook 01, section '2. The simplified tables, reproduced exactly')",
+          'the batch comes from the approximation intensity = 2*B / bytes_per_element, which counts only the '
+          "weight's bytes; the activations [B, d_in] and outputs [B, d_out] are read and written too, so the "
+          "intensity grows more slowly and the batch is larger (see notebook 01, section '7. Batch size and the "
+          "ridge point')"]),
+        ("the decode step reads the weights once per sequence of the batch (exercise 6, contract, the prediction)",
+         {"predict_decode_step": '''\
+def predict_decode_step(num_params, bytes_per_param, peak_flops, bandwidth, batch=1, kv_cache_bytes=0):
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    for name, value in (("num_params", num_params), ("bytes_per_param", bytes_per_param),
+                        ("peak_flops", peak_flops), ("bandwidth", bandwidth)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    if not kv_cache_bytes >= 0:
+        raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes!r}")
+    memory = (num_params * bytes_per_param * batch + kv_cache_bytes) / bandwidth
+    return max(memory, 2 * num_params * batch / peak_flops)
+'''},
+         ['the decode step reads the weights once per sequence (weight bytes x batch); a step reads every '
+          "weight once for the whole batch, which is why batching helps (see notebook 01, section '7. Batch "
+          "size and the ridge point')"]),
     ],
     "lab02": [
-        ("int8 absmax scales by 2**(bits-1) = 128 instead of 127", {"absmax": '''\
+        ("int8 absmax scales by 2**(bits-1) = 128 instead of 127; per-group scales over strided groups "
+         "(reshape(rows, group_size, -1)) instead of consecutive values (exercise 3, contract)", {"absmax": '''\
 def absmax_quantize(x, bits=8):
     if not 2 <= bits <= 8:
         raise ValueError(f"bits must be in 2..8, got {bits}")
@@ -173,7 +245,64 @@ def absmax_quantize(x, bits=8):
 
 def absmax_dequantize(codes, scale):
     return codes.float() * scale
-'''}),
+''', "group": '''\
+def group_quantize(w, bits, group_size):
+    rows, cols = w.shape
+    if cols % group_size:
+        raise ValueError(f"group_size={group_size} does not divide the {cols} columns")
+    if not 2 <= bits <= 8:
+        raise ValueError(f"bits must be in 2..8, got {bits}")
+    qmax = 2 ** (bits - 1) - 1
+    groups = w.reshape(rows, group_size, cols // group_size)
+    scales = groups.abs().amax(dim=1) / qmax
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.clamp(torch.round(groups / safe.unsqueeze(1)), -qmax, qmax)
+    return codes.reshape(rows, cols).to(torch.int8), scales
+
+
+def group_dequantize(codes, scales, group_size):
+    rows, cols = codes.shape
+    groups = codes.float().reshape(rows, group_size, cols // group_size)
+    return (groups * scales.unsqueeze(1)).reshape(rows, cols)
+'''},
+         ['absmax divides by 2**(bits-1) = 128 for 8 bits; the largest code is qmax = 2**(bits-1) - 1 = 127 '
+          "(-128 stays unused so the grid is symmetric), so scale = max|x| / 127 (see notebook 02, section '2. "
+          "From floats to integers: absmax and zero-point quantization')",
+          'the groups take every (cols // group_size)-th value of a row (reshape(rows, group_size, -1)) instead '
+          'of group_size consecutive values (reshape(rows, -1, group_size)); the formats store a scale per run '
+          "of consecutive weights (see notebook 02, section '3. Granularity: one scale per tensor, per channel, "
+          "or per group')"]),
+        ("NF4 codes from torch.bucketize on the levels (the level at or above, not the nearest; exercise 6, "
+         "contract); bits per weight without the scales (exercise 7, the prediction)", {"nf4": '''\
+def nf4_quantize(x, blocksize=64):
+    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
+        raise ValueError(f"blocksize must be a positive int, got {blocksize!r}")
+    if x.numel() % blocksize:
+        raise ValueError(f"blocksize={blocksize} does not divide the {x.numel()} elements of x")
+    blocks = x.reshape(-1, blocksize).float()
+    absmax = blocks.abs().amax(dim=1)
+    safe = torch.where(absmax > 0, absmax, torch.ones_like(absmax))
+    codes = torch.bucketize(blocks / safe[:, None], NF4).clamp(max=15)
+    return codes.reshape(x.shape).to(torch.uint8), absmax
+
+
+def nf4_dequantize(codes, absmax, blocksize=64):
+    vals = NF4[codes.long()].reshape(-1, blocksize)
+    return (vals * absmax.float()[:, None]).reshape(codes.shape)
+''', "predict_bits_per_weight": '''\
+def predict_bits_per_weight(bits, group_size=None, scale_bits=16):
+    if bits < 1:
+        raise ValueError(f"bits must be >= 1, got {bits!r}")
+    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"group_size must be None or a positive int, got {group_size!r}")
+    return float(bits)
+'''},
+         ['the NF4 code is the level at or above x / absmax (torch.bucketize / searchsorted on the levels), not '
+          'the nearest level; search the midpoints between neighbouring levels, or take the argmin of the '
+          "distance (see notebook 02, section '9. NF4: a codebook shaped like the weights')",
+          'the bits per weight leave out the scales: each group of group_size weights also stores one scale of '
+          "scale_bits bits, scale_bits / group_size bits per weight (see notebook 02, section '7. Memory "
+          "arithmetic for 7B and 70B models')"]),
     ],
     "lab05": [
         ("the KV memory formula forgets the factor 2 (K and V are both cached)", {"memory_answer": 'def kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, batch=1, bytes_per_element=2):\n    """Bytes of the K and V caches of `batch` sequences of `tokens` tokens."""\n    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):\n        if not isinstance(value, int) or value <= 0:\n            raise ValueError(f"{name} must be a positive int, got {value!r}")\n    for name, value in (("tokens", tokens), ("batch", batch)):\n        if not isinstance(value, int) or value < 0:\n            raise ValueError(f"{name} must be a non-negative int, got {value!r}")\n    return int(num_layers * num_kv_heads * head_dim * bytes_per_element * tokens * batch)\n\n\ndef max_sequences(gpu_bytes, weight_bytes, num_layers, num_kv_heads, head_dim, tokens, bytes_per_element=2):\n    """How many sequences of `tokens` tokens fit in gpu_bytes - weight_bytes."""\n    free = gpu_bytes - weight_bytes\n    per_seq = kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, 1, bytes_per_element)\n    return max(0, int(free // per_seq)) if per_seq else 0'}),
