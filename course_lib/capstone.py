@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +43,7 @@ from course_lib.perf.roofline import MEMORY_BOUND, decode_step
 from course_lib.perf.timing import timed_call
 from course_lib.quant.transform import to_fast_weight_only
 from course_lib.serving import Engine, SamplingParams
+from course_lib.validate import integer
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
            "GPU_PRICES", "int8_weights"]
@@ -97,8 +97,7 @@ def run_capstone(model, draft, prompts, max_new_tokens: int = 32, steps=STEP_NAM
     prompts = [list(p) for p in prompts]
     if not prompts:
         raise ValueError("prompts must not be empty")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    max_new_tokens = integer(max_new_tokens, "max_new_tokens", low=1)
     unknown = [s for s in steps if s not in STEP_NAMES]
     if unknown:
         raise ValueError(f"unknown steps {unknown}; the steps are {list(STEP_NAMES)}")
@@ -215,8 +214,7 @@ def hardware_choice(models=("llama-2-7b", "llama-2-70b"), gpus=tuple(GPU_PRICES)
     2 x params x batch (``course_lib.perf.decode_step``, the course's one decode-step model); `batch` tokens
     per step. Price: `prices` (default GPU_PRICES) x GPUs."""
     prices = dict(GPU_PRICES if prices is None else prices)
-    if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
-        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    batch = integer(batch, "batch", low=1)
     rows = []
     for m in models:
         cfg = as_config(m)

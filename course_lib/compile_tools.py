@@ -45,6 +45,7 @@ import torch
 from course_lib.generation import decode_step
 from course_lib.kvcache import StaticCache
 from course_lib.perf.timing import benchmark
+from course_lib.validate import integer
 
 __all__ = ["KernelCount", "profile_ops", "generated_code", "kernel_calls", "fused_kernels", "count_decode_kernels",
            "explain_breaks", "count_compiles", "launch_overhead", "time_decode_steps", "rms_norm", "silu_gate"]
@@ -244,8 +245,9 @@ def time_decode_steps(model, modes=("eager", "compiled"), steps: int = 20, max_l
     "compiled" (``decode_step(model, True)``: inductor; on CUDA that is with CUDA graphs, "reduce-overhead"),
     "compiled-no-graphs" (CUDA only: inductor without CUDA graphs). Each step feeds the same token at an
     advancing position, as decoding does."""
-    if steps < 1 or max_len < len(prompt) + steps + 8:
-        raise ValueError(f"steps must be >= 1 and max_len >= len(prompt) + steps + 8, got {steps}, {max_len}")
+    steps = integer(steps, "steps", low=1)
+    if max_len < len(prompt) + steps + 8:
+        raise ValueError(f"max_len must be >= len(prompt) + steps + 8 = {len(prompt) + steps + 8}, got {max_len}")
     out = {}
     for mode in modes:
         if mode == "eager":

@@ -22,6 +22,7 @@ from course_lib.env import real_bf16
 from course_lib.kvcache import FixedPrefixCache
 from course_lib.perf.hardware import DeviceSpec
 from course_lib.perf.timing import benchmark
+from course_lib.validate import integer, number, one_of
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -30,9 +31,7 @@ def measure_copy_bandwidth(device=None, nbytes: int = 64 * 2**20, repeats: int =
     """Achieved bandwidth in GB/s of dst.copy_(src) on `nbytes`: each copy reads and writes nbytes,
     so 2 * nbytes bytes move per copy. Use a buffer well above the caches (64 MB+)."""
     dev = torch.device(device) if device is not None else best_device()
-    if nbytes <= 0:
-        raise ValueError(f"nbytes must be positive, got {nbytes!r}")
-    n = max(1, int(nbytes) // 4)
+    n = max(1, int(number(nbytes, "nbytes", 0, low_open=True)) // 4)
     src = torch.ones(n, dtype=torch.float32, device=dev)
     dst = torch.empty_like(src)
     t = benchmark(dst.copy_, src, warmup=warmup, repeats=repeats, device=dev)
@@ -42,10 +41,8 @@ def measure_copy_bandwidth(device=None, nbytes: int = 64 * 2**20, repeats: int =
 def measure_matmul_tflops(device=None, n: int = 512, dtype="fp32", repeats: int = 5, warmup: int = 2) -> float:
     """Achieved TFLOP/s of an n x n x n matmul (2 n^3 FLOPs) in `dtype` ('fp32', 'fp16', 'bf16')."""
     dev = torch.device(device) if device is not None else best_device()
-    if dtype not in _TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {list(_TORCH_DTYPES)}, got {dtype!r}")
-    if n <= 0:
-        raise ValueError(f"n must be positive, got {n!r}")
+    one_of(dtype, "dtype", _TORCH_DTYPES)
+    n = integer(n, "n", low=1)
     a = torch.randn(n, n, device=dev).to(_TORCH_DTYPES[dtype])
     b = torch.randn(n, n, device=dev).to(_TORCH_DTYPES[dtype])
     out = torch.empty(n, n, device=dev, dtype=a.dtype)
@@ -108,8 +105,7 @@ def decode_step_call(model, context: int = 64, batch: int = 1, seed: int = 0):
     """A callable (no arguments) that runs one decode step: a one-token forward per sequence with a KV cache
     of `context` tokens (model(new_ids, cache=...)), the same step at every call. For ``benchmark`` or an
     interleaved ``compare`` of several steps."""
-    if context < 1 or batch < 1:
-        raise ValueError(f"context and batch must be >= 1, got context={context}, batch={batch}")
+    context, batch = integer(context, "context", low=1), integer(batch, "batch", low=1)
     cfg = model.config
     if context + 1 > cfg.max_position_embeddings:
         raise ValueError(f"context={context}: the model's context is {cfg.max_position_embeddings} tokens")
@@ -129,9 +125,8 @@ def forward_call(model, seq_len: int, batch: int = 1, seed: int = 0):
     """A callable (no arguments) that runs a full forward over [batch, seq_len] random tokens without a
     cache (a prefill), the same tokens at every call."""
     cfg = model.config
-    if seq_len < 1 or batch < 1 or seq_len > cfg.max_position_embeddings:
-        raise ValueError(f"seq_len must be in 1..{cfg.max_position_embeddings} and batch >= 1, "
-                         f"got seq_len={seq_len}, batch={batch}")
+    seq_len = integer(seq_len, "seq_len", 1, cfg.max_position_embeddings)
+    batch = integer(batch, "batch", low=1)
     g = torch.Generator(device=model.device).manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=g, device=model.device)
 

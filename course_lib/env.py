@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from course_lib.validate import one_of
+
 
 def device(prefer: str | None = None) -> torch.device:
     """The best available device ('cuda' > 'mps' > 'cpu'), or `prefer` if given and available."""
@@ -157,8 +159,7 @@ def use_triton(device, backend: str = "auto", what: str = "the Triton kernel",
     (torch.compile), so the compiler path is well trodden even though Triton's maintainers do not support
     it; the warning says to check the result against the PyTorch reference.
     """
-    if backend not in ("auto", "triton"):
-        raise ValueError(f"backend must be 'auto' or 'triton' here, got {backend!r}")
+    one_of(backend, "backend", ("auto", "triton"))
     dev = torch.device(device)
     if backend == "auto":
         if dev.type != "cuda":

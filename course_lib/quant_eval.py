@@ -35,6 +35,7 @@ from course_lib.quant.linear import state_dict_bytes
 from course_lib.quant.qat import convert_qat, prepare_qat, qat_finetune, rtn_quantize_linears
 from course_lib.quant.sensitivity import layer_groups, sensitivity_scan
 from course_lib.quant.transform import group_rtn
+from course_lib.validate import integer, one_of, optional
 
 __all__ = ["Variant", "calibration_batches", "heldout_texts", "heldout_bpb", "decode_ms_per_token", "evaluate",
            "compare", "table_markdown", "COLUMNS"]
@@ -54,8 +55,7 @@ def calibration_batches(tokenizer, n_batches: int = 8, seq_len: int = 256, seed:
                         max_files: int = 200, device=None) -> list[torch.Tensor]:
     """Random windows [1, seq_len] of the training split's token stream (calibration data; the held-out
     split stays for evaluation)."""
-    if n_batches < 1 or seq_len < 2:
-        raise ValueError(f"n_batches must be >= 1 and seq_len >= 2, got {n_batches} and {seq_len}")
+    n_batches, seq_len = integer(n_batches, "n_batches", low=1), integer(seq_len, "seq_len", low=2)
     texts = load_split("train", max_files=max_files)
     ids = tokenizer("\n".join(texts), add_special_tokens=False, verbose=False)["input_ids"]
     if len(ids) <= seq_len:
@@ -72,8 +72,7 @@ def _heldout(n_files: int, max_chars: int | None) -> tuple[str, ...]:
 
 def heldout_texts(n_files: int = 4, max_chars: int | None = 4000) -> list[str]:
     """The first ``n_files`` held-out stdlib files (never trained on), each cut to ``max_chars`` (None: whole)."""
-    if n_files < 1 or (max_chars is not None and max_chars < 1):
-        raise ValueError(f"n_files must be >= 1 and max_chars >= 1 or None, got {n_files} and {max_chars}")
+    n_files, max_chars = integer(n_files, "n_files", low=1), optional(integer, max_chars, "max_chars", low=1)
     return list(_heldout(n_files, max_chars))
 
 
@@ -86,8 +85,7 @@ def heldout_bpb(model, tok, texts=None, max_len: int | None = None) -> float:
 @torch.no_grad()
 def decode_ms_per_token(model, prompt_ids, n_tokens: int = 32, repeats: int = 1) -> float:
     """Median over ``repeats`` of the mean time per output token (TPOT) of greedy decoding with a KV cache."""
-    if n_tokens < 2:
-        raise ValueError(f"n_tokens must be >= 2 (TPOT averages the gaps between tokens), got {n_tokens}")
+    n_tokens = integer(n_tokens, "n_tokens", low=2)   # TPOT averages the gaps between tokens
     times = []
     for _ in range(repeats):
         _, trace = generate(model, prompt_ids, n_tokens, cache="contiguous")
@@ -255,8 +253,7 @@ def route_bnb_cpu(model: nn.Module, cpu_path: str = "auto") -> dict[str, BnbRout
     (a choice other than "auto" is refused for them); int8 layers (``Linear8bitLt``) have one CPU path,
     reported with the matmul it uses."""
     import bitsandbytes as bnb
-    if cpu_path not in BNB_CPU_PATHS:
-        raise ValueError(f"cpu_path must be one of {BNB_CPU_PATHS}, got {cpu_path!r}")
+    one_of(cpu_path, "cpu_path", BNB_CPU_PATHS)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     four = {n: m for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
@@ -316,8 +313,7 @@ def bnb_linear(linear: nn.Linear, mode: str) -> nn.Module:
     compute), quantized as it is moved to the linear's device. Its 4-bit CPU path is not decided yet: pass it
     (or the model holding it) to ``route_bnb_cpu`` before its first forward."""
     import bitsandbytes as bnb
-    if mode not in ("int8", "nf4"):
-        raise ValueError(f"mode must be 'int8' or 'nf4', got {mode!r}")
+    one_of(mode, "mode", ("int8", "nf4"))
     if not isinstance(linear, nn.Linear):
         raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
     w = linear.weight.data.clone()
@@ -353,10 +349,8 @@ def load_bnb(mode: str, name: str = "tiny", device: str = "cpu", fallback: bool 
     with info["refused"] holding transformers' message. Without ``fallback`` the refusal is raised.
     Either way the model goes through ``route_bnb_cpu(model, cpu_path)`` ("auto", "packed", "dequantize": the
     4-bit CPU path; int8 has one) and info["cpu_paths"] holds its answer, {module name: BnbRoute}."""
-    if mode not in ("int8", "nf4"):
-        raise ValueError(f"mode must be 'int8' or 'nf4', got {mode!r}")
-    if cpu_path not in BNB_CPU_PATHS:
-        raise ValueError(f"cpu_path must be one of {BNB_CPU_PATHS}, got {cpu_path!r}")
+    one_of(mode, "mode", ("int8", "nf4"))
+    one_of(cpu_path, "cpu_path", BNB_CPU_PATHS)
     if mode == "int8" and cpu_path != "auto":
         raise ValueError(f"cpu_path={cpu_path!r} chooses between the 4-bit CPU paths; mode='int8' has one: "
                          "leave cpu_path='auto'")

@@ -1,8 +1,8 @@
 """Sampling: how logits become the next token, and how speculative decoding accepts a draft's tokens.
 
-The bottom of the generation stack (it imports only torch), so that the one generate loop
-(``course_lib.generation``), speculative decoding, the serving engine and distillation all draw tokens
-the same way. ``course_lib.generation`` re-exports the sampling functions; ``course_lib.speculative``
+The bottom of the generation stack (it imports only torch and ``course_lib.validate``), so that the one
+generate loop (``course_lib.generation``), speculative decoding, the serving engine and distillation all
+draw tokens the same way. ``course_lib.generation`` re-exports the sampling functions; ``course_lib.speculative``
 re-exports the acceptance step.
 
 Sampling turns the logits of the last position into the next token, in small composable steps
@@ -31,11 +31,11 @@ Shapes: logits [..., V] (any leading batch dims); sampled tokens [...]; p [g+1, 
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import torch
+
+from course_lib.validate import integer, number, optional, probability
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
            "sample_rows", "finish_reason", "StepResult", "accept_step", "probs_from_logits"]
@@ -52,22 +52,6 @@ def _check_logits(logits):
         raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got shape {tuple(logits.shape)}")
 
 
-def _check_temperature(temperature):
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or math.isnan(temperature) \
-            or math.isinf(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-
-
-def _check_top_k(k):
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k <= 0:
-        raise ValueError(f"top_k must be a positive integer (or None for no top-k), got {k!r}")
-
-
-def _check_top_p(p):
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or math.isnan(p) or not 0 < p <= 1:
-        raise ValueError(f"top_p must be a number in (0, 1] (or None for no top-p), got {p!r}")
-
-
 # --------------------------------------------------------------------------------------------------
 # Sampling, step by step
 # --------------------------------------------------------------------------------------------------
@@ -75,7 +59,7 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature (temperature > 0). Temperature 0 has no distribution: it is greedy,
     which ``sample``/``sampling_probs`` handle; here it is an error."""
     _check_logits(logits)
-    _check_temperature(temperature)
+    temperature = number(temperature, "temperature", 0)   # 0 = greedy, refused just below
     if temperature == 0:
         raise ValueError("temperature must be > 0 to rescale logits (temperature 0 means greedy: "
                          "use sample(..., temperature=0) or greedy(logits))")
@@ -89,8 +73,7 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     Hugging Face's TopKLogitsWarper. k >= vocab keeps everything.
     """
     _check_logits(logits)
-    _check_top_k(k)
-    k = min(int(k), logits.shape[-1])
+    k = min(integer(k, "top_k", low=1), logits.shape[-1])
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # [..., 1] the k-th largest value
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -104,7 +87,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     p = 1 keeps everything. Ties are broken by the sort (stable: lower index first).
     """
     _check_logits(logits)
-    _check_top_p(p)
+    p = probability(p, "top_p", zero=False)
     if p >= 1:
         return logits.clone()
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # [..., V]
@@ -127,11 +110,9 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     """The probabilities ``sample`` draws from, [..., V] in float32: softmax of the logits after
     temperature, then top-k, then top-p. For temperature 0, a one-hot at the argmax."""
     _check_logits(logits)
-    _check_temperature(temperature)
-    if top_k is not None:
-        _check_top_k(top_k)
-    if top_p is not None:
-        _check_top_p(top_p)
+    temperature = number(temperature, "temperature", 0)   # 0 = greedy
+    top_k = optional(integer, top_k, "top_k", low=1)       # None: no top-k
+    top_p = optional(probability, top_p, "top_p", zero=False)   # None: no top-p
     if temperature == 0:
         idx = greedy(logits)
         return torch.zeros_like(logits, dtype=torch.float32).scatter(-1, idx[..., None], 1.0)

@@ -16,23 +16,16 @@ Units: bytes, seconds, bytes per second. ``bpe`` = bytes per element (2 for fp16
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 from course_lib.models.config import LlamaConfig, kv_cache_bytes
 from course_lib.perf.roofline import DecodeStep
-
-
-def _pos_int(v, name):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
+from course_lib.validate import integer, number
 
 
 def ring_allreduce_bytes(nbytes: float, p: int) -> float:
     """Bytes each rank sends (and receives) in a ring all-reduce of ``nbytes`` over ``p`` ranks: 2(p-1)/p * N."""
-    _pos_int(p, "p")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    p, nbytes = integer(p, "p", low=1), number(nbytes, "nbytes", 0, finite=False)
     return 2 * (p - 1) / p * nbytes
 
 
@@ -78,8 +71,7 @@ def allreduce_time(nbytes: float, p: int, link) -> float:
 def tp_comm_per_token(cfg: LlamaConfig, p: int, bpe: float = 2, tokens: int = 1) -> dict:
     """Tensor-parallel communication for ``tokens`` tokens (a decode step of a batch of that many):
     2 all-reduces per layer of tokens * D * bpe bytes each; bytes each rank sends per layer and in all."""
-    _pos_int(p, "p")
-    _pos_int(tokens, "tokens")
+    p, tokens = integer(p, "p", low=1), integer(tokens, "tokens", low=1)
     msg = tokens * cfg.hidden_size * bpe
     per_layer = 2 * ring_allreduce_bytes(msg, p)
     return {"allreduces_per_layer": 2, "allreduces": 2 * cfg.num_hidden_layers, "message_bytes": msg,
@@ -98,8 +90,7 @@ def per_gpu_memory(cfg: LlamaConfig, tp: int = 1, pp: int = 1, context: int = 0,
     """Bytes held by the fullest GPU under tensor parallelism ``tp`` and pipeline parallelism ``pp``:
     weights (the stage's layers' matrices / tp, its norms whole, the embedding and LM head whole on the
     first / last stage) and the KV cache of ``batch`` sequences of ``context`` tokens (K / tp heads)."""
-    _pos_int(tp, "tp")
-    _pos_int(pp, "pp")
+    tp, pp = integer(tp, "tp", low=1), integer(pp, "pp", low=1)
     for what in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         if getattr(cfg, what) % tp:
             raise ValueError(f"tp={tp} must divide {what}={getattr(cfg, what)}")
@@ -136,7 +127,7 @@ def tp_step_time(cfg: LlamaConfig, p: int, link, hbm_bandwidth: float, context: 
 def time_model(t1: float, p: int, allreduces: int, allreduce_s: float, parallel_cores: int | None = None) -> float:
     """Predicted seconds per step at TP=p from a measured single-rank step ``t1``: t1 / p' + allreduces *
     allreduce_s, where p' = min(p, parallel_cores) (ranks beyond the cores share them: no speed-up)."""
-    _pos_int(p, "p")
+    p = integer(p, "p", low=1)
     eff = p if parallel_cores is None else max(1, min(p, parallel_cores))
     return t1 / eff + (allreduces * allreduce_s if p > 1 else 0.0)
 

@@ -54,6 +54,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from course_lib.validate import integer, number, one_of
+
 
 class RankFailed(RuntimeError):
     """A rank of a ``launch`` raised, died or timed out; ``rank`` and ``detail`` (its traceback) say which and why."""
@@ -313,18 +315,15 @@ def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None
     RuntimeError, before any process starts, when the caller is a script read on standard input (its ranks
     could not re-import it) or the machine has no loopback network.
     """
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    world_size = integer(world_size, "world_size", low=1)
     if not isinstance(args, tuple):
         raise TypeError(f"args must be a tuple, got {type(args).__name__}")
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    timeout = number(timeout, "timeout", 0, low_open=True)   # seconds
     backend = backend or default_backend()
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    one_of(backend, "backend", ("gloo", "nccl"))
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(f"backend='nccl' with world_size={world_size} needs {world_size} GPUs; "
                          f"this machine has {torch.cuda.device_count()}")

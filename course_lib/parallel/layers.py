@@ -27,18 +27,13 @@ import torch.nn.functional as F
 
 from course_lib.attention import attention
 from course_lib.attention.rope import apply_rope
-
-
-def _check_rank(rank, world_size):
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+from course_lib.validate import integer
 
 
 def shard_range(n: int, rank: int, world_size: int, what: str = "size") -> slice:
     """The slice of ``n`` items that rank ``rank`` holds (equal shards; ``world_size`` must divide ``n``)."""
-    _check_rank(rank, world_size)
+    world_size = integer(world_size, "world_size", low=1)
+    rank = integer(rank, "rank", 0, world_size - 1)
     if n % world_size:
         raise ValueError(f"world_size={world_size} must divide {what}={n} to shard it evenly")
     s = n // world_size
@@ -59,7 +54,8 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rank: int, world_size: int,
                  gather_output: bool = False, group=None):
         super().__init__()
-        _check_rank(rank, world_size)
+        world_size = integer(world_size, "world_size", low=1)
+        rank = integer(rank, "rank", 0, world_size - 1)
         self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.rank, self.world_size, self.gather_output, self.group = rank, world_size, gather_output, group
@@ -85,7 +81,8 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rank: int, world_size: int, group=None):
         super().__init__()
-        _check_rank(rank, world_size)
+        world_size = integer(world_size, "world_size", low=1)
+        rank = integer(rank, "rank", 0, world_size - 1)
         self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.rank, self.world_size, self.group = rank, world_size, group

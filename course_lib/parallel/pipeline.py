@@ -19,13 +19,12 @@ import torch
 import torch.distributed as dist
 
 from course_lib.attention.rope import rope_cos_sin
+from course_lib.validate import integer
 
 
 def bubble_formula(p: int, m: int) -> float:
     """The ideal pipeline bubble (p - 1) / (m + p - 1) for p stages and m micro-batches."""
-    for v, n in ((p, "p"), (m, "m")):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{n} must be a positive int, got {v!r}")
+    p, m = integer(p, "p", low=1), integer(m, "m", low=1)
     return (p - 1) / (m + p - 1)
 
 
@@ -58,8 +57,7 @@ def bubble_fraction(timeline, p: int) -> float:
 
 def split_layers(num_layers: int, p: int) -> list[range]:
     """Contiguous layer ranges for p stages, as equal as possible (earlier stages get the extra layer)."""
-    if not isinstance(p, int) or p < 1 or p > num_layers:
-        raise ValueError(f"p must be an int in [1, num_layers={num_layers}] (a stage needs a layer), got {p!r}")
+    p = integer(p, "p", low=1, high=num_layers)   # a stage needs a layer
     q, r = divmod(num_layers, p)
     out, a = [], 0
     for s in range(p):

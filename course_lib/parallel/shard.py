@@ -22,13 +22,14 @@ from dataclasses import replace
 import torch.distributed as dist
 import torch.nn as nn
 
+from course_lib.validate import integer
+
 from .layers import ShardedAttention, ShardedMLP
 
 
 def check_tp_degree(cfg, world_size: int) -> None:
     """ValueError unless ``world_size`` divides the query heads, the KV heads and the MLP width of ``cfg``."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    world_size = integer(world_size, "world_size", low=1)
     for what in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         n = getattr(cfg, what)
         if n % world_size:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course_lib.perf.tables import format_table
+from course_lib.validate import number
 
 # --- number formats --------------------------------------------------------------------------------
 # Canonical names and the bytes one element takes in memory.
@@ -100,14 +101,11 @@ class DeviceSpec:
     measured: bool = False                     # True for a measurement of this machine
 
     def __post_init__(self):
-        if isinstance(self.bandwidth_gbs, bool) or not isinstance(self.bandwidth_gbs, numbers.Real) \
-                or not self.bandwidth_gbs > 0:
-            raise ValueError(f"DeviceSpec {self.name!r}: bandwidth_gbs must be positive, got {self.bandwidth_gbs!r}")
+        number(self.bandwidth_gbs, f"DeviceSpec {self.name!r}: bandwidth_gbs", 0, low_open=True, finite=False)
         peaks = {}
         for k, v in dict(self.peak_tflops).items():
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:
-                raise ValueError(f"DeviceSpec {self.name!r}: peak_tflops[{k!r}] must be positive, got {v!r}")
-            peaks[canonical_dtype(k, "peak_tflops key")] = float(v)
+            peaks[canonical_dtype(k, "peak_tflops key")] = number(v, f"DeviceSpec {self.name!r}: peak_tflops[{k!r}]",
+                                                                  0, low_open=True, finite=False)
         if not peaks:
             raise ValueError(f"DeviceSpec {self.name!r}: peak_tflops must give at least one dtype")
         self.peak_tflops = peaks

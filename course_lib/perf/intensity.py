@@ -32,7 +32,8 @@ import numbers
 from course_lib.models.config import LlamaConfig, as_config
 from course_lib.perf.hardware import bytes_per_element, canonical_dtype
 from course_lib.perf.notes_forms import notes_table
-from course_lib.perf.ops import ELEMENTWISE_FLOPS, MODES, OpCost, OpTable, _check_phase, _pos_int
+from course_lib.perf.ops import ELEMENTWISE_FLOPS, MODES, PHASES, OpCost, OpTable
+from course_lib.validate import integer, one_of
 
 
 # --- the real count ---------------------------------------------------------------------------------
@@ -110,11 +111,9 @@ def intensity_table(model, phase: str, seq_len: int, batch: int = 1, dtype="fp16
     Attention FLOPs are dense: the causal mask's zeros are computed too (as SDPA's math path and the
     FLOP counters do); a causal kernel such as FlashAttention skips about half of them in prefill.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    _check_phase(phase)
-    seq_len = _pos_int(seq_len, "seq_len")
-    batch = _pos_int(batch, "batch")
+    one_of(mode, "mode", MODES)
+    one_of(phase, "phase", PHASES)
+    seq_len, batch = integer(seq_len, "seq_len", low=1), integer(batch, "batch", low=1)
     cfg = as_config(model)
     if mode == "notes":
         if batch != 1:

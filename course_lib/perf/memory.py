@@ -9,7 +9,6 @@ and the bytes autograd keeps alive for a backward pass that inference never runs
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import sys
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import torch
 
 from course_lib.env import device as best_device
 from course_lib.env import sync
+from course_lib.validate import number
 
 __all__ = ["BITS_PER_PARAM", "bits_per_param", "parameter_bytes", "model_weight_bytes",
            "MemoryMeasurement", "peak_memory", "process_rss", "process_peak_rss", "autograd_saved_bytes",
@@ -53,9 +53,7 @@ def bits_per_param(dtype) -> int:
 def parameter_bytes(num_params: float, dtype="fp16") -> int:
     """Bytes to store `num_params` parameters in `dtype`: ceil(num_params * bits / 8).
     Weights only: no quantization scales, no KV cache, no activations, no framework overhead."""
-    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or not num_params >= 0 \
-            or math.isinf(num_params):
-        raise ValueError(f"num_params must be a finite number >= 0, got {num_params!r}")
+    num_params = number(num_params, "num_params", 0)
     return math.ceil(num_params * bits_per_param(dtype) / 8)
 
 

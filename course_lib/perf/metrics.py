@@ -27,6 +27,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from course_lib.validate import number
+
 __all__ = [
     "TokenEvent", "Trace", "percentile", "percentiles", "ttft", "inter_token_latencies", "tpot",
     "e2e_latency", "tokens_per_second", "decode_tokens_per_second", "RequestMetrics",
@@ -61,8 +63,7 @@ def percentile(values: Iterable[float], q: float) -> float:
     xs = sorted(_as_floats(values, "values"))
     if not xs:
         raise ValueError("values must not be empty (a percentile of nothing is undefined)")
-    if isinstance(q, bool) or not isinstance(q, numbers.Real) or math.isnan(q) or not 0 <= q <= 100:
-        raise ValueError(f"q must be a number in [0, 100] (a percent, not a fraction), got {q!r}")
+    q = number(q, "q", 0, 100)  # a percent, not a fraction
     rank = (len(xs) - 1) * (q / 100)  # fractional position in the sorted values
     lo = math.floor(rank)
     if lo >= len(xs) - 1:
@@ -330,9 +331,8 @@ def _meets(tr: Trace, ttft_slo: float, tpot_slo: float) -> bool:
 
 
 def _check_slos(ttft_slo, tpot_slo):
-    for name, v in (("ttft_slo", ttft_slo), ("tpot_slo", tpot_slo)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:
-            raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+    number(ttft_slo, "ttft_slo", 0, low_open=True, finite=False)  # seconds; no limit at all is inf
+    number(tpot_slo, "tpot_slo", 0, low_open=True, finite=False)
 
 
 def goodput(records, ttft_slo: float, tpot_slo: float) -> float:
@@ -409,11 +409,6 @@ def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> 
 
         cost = price_per_hour / (tokens_per_second * 3600) * 1e6
     """
-    for name, v in (("price_per_hour", price_per_hour), ("tokens_per_second", tokens_per_second)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or math.isinf(v):
-            raise ValueError(f"{name} must be a finite number, got {v!r}")
-    if price_per_hour < 0:
-        raise ValueError(f"price_per_hour must be >= 0, got {price_per_hour!r}")
-    if tokens_per_second <= 0:
-        raise ValueError(f"tokens_per_second must be > 0, got {tokens_per_second!r}")
+    price_per_hour = number(price_per_hour, "price_per_hour", 0)
+    tokens_per_second = number(tokens_per_second, "tokens_per_second", 0, low_open=True)
     return price_per_hour / (tokens_per_second * 3600.0) * 1e6

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numbers
 from fractions import Fraction
 
-from course_lib.perf.ops import NotesOp, OpTable, _check_phase, _pos_int
+from course_lib.perf.ops import PHASES, NotesOp, OpTable
+from course_lib.validate import integer, one_of
 
 
 def _ratio(x, y):
@@ -50,16 +51,16 @@ def notes_table(phase: str, seq_len, hidden_size, num_heads=None, head_dim=None)
     head_dim H = D / n_h. Integers give exact Fractions; sympy symbols give symbolic intensities
     (give head_dim then, e.g. notes_table('decode', L, D, head_dim=H) with L, D, H = sympy.symbols(...)).
     """
-    _check_phase(phase)
+    one_of(phase, "phase", PHASES)
     L, D = seq_len, hidden_size
     if _is_number(L):
-        L = _pos_int(L, "seq_len")
+        L = integer(L, "seq_len", low=1)
     if _is_number(D):
-        D = _pos_int(D, "hidden_size")
+        D = integer(D, "hidden_size", low=1)
     if num_heads is None and head_dim is None:
         raise ValueError("give num_heads (or head_dim) for the notes' table")
     if head_dim is None:
-        num_heads = _pos_int(num_heads, "num_heads")
+        num_heads = integer(num_heads, "num_heads", low=1)
         if _is_number(D):
             if D % num_heads:
                 raise ValueError(f"num_heads={num_heads} must divide hidden_size={D}")
@@ -68,7 +69,7 @@ def notes_table(phase: str, seq_len, hidden_size, num_heads=None, head_dim=None)
             head_dim = D / num_heads
     else:
         if _is_number(head_dim):
-            head_dim = _pos_int(head_dim, "head_dim")
+            head_dim = integer(head_dim, "head_dim", low=1)
         if num_heads is None:
             num_heads = D // head_dim if _is_number(D) and _is_number(head_dim) else D / head_dim
         elif _is_number(num_heads) and _is_number(D) and _is_number(head_dim) and num_heads * head_dim != D:

@@ -13,6 +13,7 @@ from fractions import Fraction
 from course_lib.models.config import LlamaConfig
 from course_lib.perf.hardware import bytes_per_element
 from course_lib.perf.tables import format_table, si
+from course_lib.validate import integer
 
 PHASES = ("prefill", "decode")
 MODES = ("real", "notes")
@@ -27,21 +28,6 @@ ELEMENTWISE_FLOPS = {
     "silu_mul": 5,   # silu(g) = g / (1 + exp(-g)): negate, exp, add, divide; then * up
     "residual": 1,
 }
-
-
-
-def _pos_int(value, name: str, allow_zero: bool = False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}")
-    return int(value)
-
-
-
-def _check_phase(phase):
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
 
 
 
@@ -259,7 +245,7 @@ def matmul_cost(m: int, n: int, k: int, dtype="fp16", name: str = "matmul", weig
     dtype: bytes per element as a dtype name ('fp16') or a number; weight_dtype (default dtype) for
     the [k, n] operand when it is a weight matrix (e.g. int4 weights, fp16 activations).
     """
-    m, n, k = _pos_int(m, "m"), _pos_int(n, "n"), _pos_int(k, "k")
+    m, n, k = integer(m, "m", low=1), integer(n, "n", low=1), integer(k, "k", low=1)
     a = bytes_per_element(dtype)
     w = a if weight_dtype is None else bytes_per_element(weight_dtype, "weight_dtype")
     nbytes = a * (m * k + m * n) + w * k * n

@@ -25,18 +25,13 @@ from course_lib.perf.hardware import DeviceSpec, bytes_per_element, get_gpu
 from course_lib.perf.intensity import intensity_table
 from course_lib.perf.ops import OpTable
 from course_lib.perf.tables import format_table, si
+from course_lib.validate import integer, number
 
 MEMORY_BOUND, COMPUTE_BOUND = "memory-bound", "compute-bound"
 
 
 def _device(device) -> DeviceSpec:
     return get_gpu(device)  # a DeviceSpec passes through, a name is looked up (ValueError if unknown)
-
-
-def _positive(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not x > 0:
-        raise ValueError(f"{name} must be a positive number, got {x!r}")
-    return x
 
 
 def ridge_point(device, dtype="fp16") -> float:
@@ -205,12 +200,6 @@ class DecodeStep:
         return MEMORY_BOUND if self.memory_s >= self.compute_s else COMPUTE_BOUND
 
 
-def _count(x, name, minimum):
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {x!r}")
-    return int(x)
-
-
 def decode_step(model, device, dtype="fp16", batch: int = 1, context: int = 0, gpus: int = 1,
                 kv_bytes: float | None = None) -> DecodeStep:
     """The course's one model of a decode step's time (Module 01's roofline applied to a whole step).
@@ -231,11 +220,12 @@ def decode_step(model, device, dtype="fp16", batch: int = 1, context: int = 0, g
     Callers: ``min_decode_latency`` (its memory side), ``serving.StepCostModel.from_roofline`` (its
     coefficients), ``capstone.hardware_choice``, ``parallel.cost.tp_step_time`` (per-GPU bytes, memory only).
     """
-    batch, context, gpus = _count(batch, "batch", 1), _count(context, "context", 0), _count(gpus, "gpus", 1)
+    batch, context = integer(batch, "batch", low=1), integer(context, "context", low=0)
+    gpus = integer(gpus, "gpus", low=1)
     d = _device(device)
     bpe = bytes_per_element(dtype)
     if isinstance(model, numbers.Real) and not isinstance(model, bool):
-        params, cfg = _positive(model, "model (a parameter count)"), None
+        params, cfg = number(model, "model (a parameter count)", 0, low_open=True, finite=False), None
     else:
         cfg = as_config(model)
         params = cfg.num_parameters()
@@ -244,8 +234,8 @@ def decode_step(model, device, dtype="fp16", batch: int = 1, context: int = 0, g
             raise ValueError("context > 0 needs a model config for the KV formula, or kv_bytes given directly; "
                              f"got a bare parameter count {model!r}")
         kv_bytes = 0 if cfg is None else cfg.kv_cache_bytes(context, batch, bpe)
-    elif isinstance(kv_bytes, bool) or not isinstance(kv_bytes, numbers.Real) or not kv_bytes >= 0:
-        raise ValueError(f"kv_bytes must be a number >= 0, got {kv_bytes!r}")
+    else:
+        kv_bytes = number(kv_bytes, "kv_bytes", 0, finite=False)
     peak_dtype = _peak_dtype_of(device, dtype, None)
     if not d.supports(peak_dtype):
         peak_dtype = d.default_dtype
@@ -261,10 +251,9 @@ def min_decode_latency(num_params, device, dtype="fp16", kv_cache_bytes: float =
     dtype: bytes per weight, as a dtype name or a number.
     E.g. a 7B model in fp16 on an A100 80 GB: 6.74e9 * 2 bytes / 2.039e12 B/s = 6.6 ms.
     """
-    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, numbers.Real) or kv_cache_bytes < 0:
-        raise ValueError(f"kv_cache_bytes must be >= 0, got {kv_cache_bytes!r}")
+    kv_cache_bytes = number(kv_cache_bytes, "kv_cache_bytes", 0, finite=False)
     if isinstance(num_params, numbers.Real):
-        _positive(num_params, "num_params")
+        number(num_params, "num_params", 0, low_open=True, finite=False)
     return decode_step(num_params, device, dtype, kv_bytes=kv_cache_bytes).memory_s
 
 
@@ -300,7 +289,8 @@ def critical_batch(d_in: int, d_out: int, device, dtype="fp16", weight_dtype=Non
     dtype: bytes per element (a dtype name or a number); peak_dtype: whose peak rate to use (default:
     dtype when it is a name, else the device's default rate).
     """
-    d_in, d_out = int(_positive(d_in, "d_in")), int(_positive(d_out, "d_out"))
+    d_in = int(number(d_in, "d_in", 0, low_open=True, finite=False))
+    d_out = int(number(d_out, "d_out", 0, low_open=True, finite=False))
     a = bytes_per_element(dtype)
     w = a if weight_dtype is None else bytes_per_element(weight_dtype, "weight_dtype")
     R = ridge_point(device, _peak_dtype_of(device, dtype, peak_dtype))

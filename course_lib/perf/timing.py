@@ -23,7 +23,6 @@ after every call, e.g. a KV-cache crop), ``interleave`` (one or more callables, 
 """
 from __future__ import annotations
 
-import numbers
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +32,7 @@ import torch
 
 from course_lib.env import sync
 from course_lib.perf.metrics import percentile
+from course_lib.validate import integer, number
 
 _UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6}
 _STATS = ("min", "median")
@@ -112,26 +112,14 @@ def _timer(device, clock: str = "wall", inner: int = 1):
     return dev, timed
 
 
-def _check_count(value, name: str, low: int):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
-def _check_counts(warmup, repeats):
-    _check_count(repeats, "repeats", 1)
-    _check_count(warmup, "warmup", 0)
-
-
 def _rounds(fns: dict, warmup: int, repeats: int, device, clock: str, inner: int = 1, after=None,
             min_time: float = 0.0) -> dict[str, Timing]:
     """The one measuring loop: `warmup` unmeasured rounds, then rounds (at least `repeats`, more until
     `min_time` seconds have passed) in which each candidate runs once, the order rotating by one per round;
     ``after[name]()`` runs untimed after each of name's calls (warm-up ones too)."""
-    _check_counts(warmup, repeats)
-    _check_count(inner, "inner", 1)
-    if isinstance(min_time, bool) or not isinstance(min_time, numbers.Real) or min_time < 0:
-        raise ValueError(f"min_time must be a number of seconds >= 0, got {min_time!r}")
+    repeats, warmup = integer(repeats, "repeats", low=1), integer(warmup, "warmup", low=0)
+    inner = integer(inner, "inner", low=1)
+    min_time = number(min_time, "min_time", 0, finite=False)  # seconds
     after = dict(after or {})
     if after and inner > 1:
         raise ValueError("after runs between calls, so it cannot be used with inner > 1 (back-to-back calls)")

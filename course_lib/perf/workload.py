@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from course_lib.validate import integer, number, optional
+
 __all__ = ["Request", "poisson_arrivals", "bursty_arrivals", "lognormal_lengths", "make_workload",
            "limited_workload", "synthetic_workload", "offered_load", "save_trace", "load_trace"]
 
@@ -50,12 +52,10 @@ class Request:
     max_new_tokens: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.arrival_s, numbers.Real) and math.isfinite(self.arrival_s) and self.arrival_s >= 0):
-            raise ValueError(f"arrival_s must be a finite number >= 0, got {self.arrival_s!r} (request {self.rid})")
-        for name in ("prompt_tokens", "output_tokens"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r} (request {self.rid})")
+        # a frozen record: checked, not converted (the names carry the request, one of many in a trace)
+        number(self.arrival_s, f"arrival_s of request {self.rid}", 0)
+        integer(self.prompt_tokens, f"prompt_tokens of request {self.rid}", low=1)
+        integer(self.output_tokens, f"output_tokens of request {self.rid}", low=1)
         m = self.max_new_tokens
         if m is not None and (isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < self.output_tokens):
             raise ValueError(f"max_new_tokens must be None or an integer >= output_tokens={self.output_tokens}, "
@@ -67,21 +67,9 @@ class Request:
         return self.output_tokens if self.max_new_tokens is None else self.max_new_tokens
 
 
-def _positive(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or not x > 0:
-        raise ValueError(f"{name} must be a positive number, got {x!r}")
-    return float(x)
-
-
-def _count(n, name="n"):
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {n!r}")
-    return int(n)
-
-
 def poisson_arrivals(n: int, rate: float, rng=None) -> np.ndarray:
     """n arrival times (s) of a Poisson process with `rate` requests/s: exponential gaps of mean 1/rate."""
-    n, rate = _count(n), _positive(rate, "rate")
+    n, rate = integer(n, "n", low=0), number(rate, "rate", 0, low_open=True)
     rng = np.random.default_rng(rng)
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
@@ -91,7 +79,8 @@ def bursty_arrivals(n: int, rate: float, cv: float = 3.0, rng=None) -> np.ndarra
 
     Gamma with shape k = 1/cv^2 and scale 1/(rate k) has mean 1/rate and std cv/rate; cv = 1 is Poisson,
     cv > 1 is burstier (many tiny gaps, a few very long ones)."""
-    n, rate, cv = _count(n), _positive(rate, "rate"), _positive(cv, "cv")
+    n, rate = integer(n, "n", low=0), number(rate, "rate", 0, low_open=True)
+    cv = number(cv, "cv", 0, low_open=True)
     rng = np.random.default_rng(rng)
     k = 1.0 / cv ** 2
     return np.cumsum(rng.gamma(k, 1.0 / (rate * k), size=n))
@@ -101,9 +90,8 @@ def lognormal_lengths(n: int, median: float, sigma: float, low: int = 1, high: i
                       rng=None) -> np.ndarray:
     """n integer lengths from a lognormal with the given median (exp(mu)) and log-std `sigma`,
     rounded and clipped to [low, high]."""
-    n, median = _count(n), _positive(median, "median")
-    if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not sigma >= 0:
-        raise ValueError(f"sigma must be a number >= 0, got {sigma!r}")
+    n, median = integer(n, "n", low=0), number(median, "median", 0, low_open=True)
+    sigma = number(sigma, "sigma", 0, finite=False)
     rng = np.random.default_rng(rng)
     x = np.rint(median * np.exp(sigma * rng.standard_normal(n))).astype(np.int64)
     return np.clip(x, low, high if high is not None else np.iinfo(np.int64).max)
@@ -120,11 +108,10 @@ def make_workload(n: int, rate: float, *, arrival: str = "poisson", cv: float = 
     lengths_table: instead, a sequence of (prompt_tokens, output_tokens) pairs to sample rows from
     (an empirical distribution, e.g. measured from a production log).
     """
-    n = _count(n)
-    rate = _positive(rate, "rate")
-    max_context = _count(max_context, "max_context")
-    if isinstance(min_output, bool) or not isinstance(min_output, numbers.Integral) or min_output < 1:
-        raise ValueError(f"min_output must be an integer >= 1, got {min_output!r}")
+    n = integer(n, "n", low=0)
+    rate = number(rate, "rate", 0, low_open=True)
+    max_context = integer(max_context, "max_context", low=0)
+    min_output = integer(min_output, "min_output", low=1)
     if max_context < min_output + 1:
         raise ValueError(f"max_context must be >= min_output + 1 = {min_output + 1}, got {max_context}")
     rng = np.random.default_rng(seed)
@@ -155,8 +142,7 @@ def limited_workload(n: int, seed: int = 0, max_context: int = 2048, prompt_medi
     """`n` requests all queued at t=0, with log-normal prompt and output lengths (the long-tailed shape of
     chat traces such as ShareGPT) and an API-style max_new_tokens limit drawn from `max_new_choices`; the
     prompt is at most half the context and the limit fits in what is left (Module 06's waste study)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    n = integer(n, "n", low=1)
     rng = random.Random(seed)
     out = []
     for rid in range(n):
@@ -172,9 +158,8 @@ def synthetic_workload(n: int = 64, seed: int = 0, rate: float | None = None, pr
     """`n` requests for the engine on a small model: prompt lengths log-uniform in prompt_range, output
     lengths lognormal (median output_median, log-std sigma) clipped to output_range, arrivals Poisson at
     ``rate`` per second starting at 0 (all at 0 when rate is None)."""
-    n = _count(n)
-    if rate is not None:
-        rate = _positive(rate, "rate")
+    n = integer(n, "n", low=0)
+    rate = optional(number, rate, "rate", 0, low_open=True)
     (lo, hi), (olo, ohi) = prompt_range, output_range
     if not 1 <= lo <= hi or not 1 <= olo <= ohi:
         raise ValueError(f"prompt_range and output_range must be (low, high) with 1 <= low <= high, "

@@ -10,7 +10,6 @@ engine's.
 from __future__ import annotations
 
 import copy
-import numbers
 import time
 from collections import deque
 
@@ -20,6 +19,7 @@ from course_lib.env import device as best_device
 from course_lib.generation import generate
 from course_lib.models import bundled_path
 from course_lib.perf.metrics import Trace
+from course_lib.validate import integer
 
 from .request import EngineRequest, SamplingParams, as_token_list
 
@@ -74,8 +74,7 @@ def static_batch_generate(model, prompts, params=None, batch_size: int = 8) -> l
     """Static batching baseline: groups of batch_size in order, left-padded, a contiguous KV cache;
     a group runs until its longest request ends. Their Traces in input order; a request's finish
     time is when its own last token came out (the kindest reading for static batching)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    batch_size = integer(batch_size, "batch_size", low=1)
     prompts = list(prompts)
     params = _params_list(prompts, params)
     V, ctx = model.config.vocab_size, model.config.max_position_embeddings

@@ -9,7 +9,6 @@ turns into the row (throughput = generated tokens / makespan, latency percentile
 """
 from __future__ import annotations
 
-import math
 import numbers
 import statistics
 import time
@@ -19,6 +18,7 @@ import torch
 from course_lib.models import bundled_path
 from course_lib.paged.manager import blocks_needed
 from course_lib.perf.metrics import Trace, summarize
+from course_lib.validate import integer, number
 
 from .baselines import hf_static_generate, run_static
 from .engine import Engine
@@ -48,9 +48,8 @@ def as_workload(workload, vocab_size: int = 2048, seed: int = 0) -> list[tuple[f
             prompt = torch.randint(1, vocab_size, (int(prompt),), generator=g, device="cpu").tolist()
         elif torch.is_tensor(prompt):
             prompt = prompt.reshape(-1).tolist()
-        if not isinstance(arr, numbers.Real) or not math.isfinite(arr) or arr < 0:
-            raise ValueError(f"workload[{i}]: arrival time must be a finite number >= 0, got {arr!r}")
-        out.append((float(arr), list(prompt), int(n)))
+        arr = number(arr, f"workload[{i}]: arrival time", 0)
+        out.append((arr, list(prompt), int(n)))
     return out
 
 
@@ -106,8 +105,7 @@ def compare_with_static(model, workload, batch_size=8, replay: bool = False, hf:
     sizes = (batch_size,) if isinstance(batch_size, numbers.Integral) else tuple(batch_size)
     if not sizes or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 1 for b in sizes):
         raise ValueError(f"batch_size must be an int >= 1 or a tuple of them, got {batch_size!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    repeats = integer(repeats, "repeats", low=1)
     if not workload:
         raise ValueError("workload is empty")
     workload = as_workload(workload, model.config.vocab_size)

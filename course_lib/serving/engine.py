@@ -45,6 +45,7 @@ import torch
 from course_lib.paged import BlockManager, KVPool, PagedCache, blocks_needed
 from course_lib.perf.metrics import Trace
 from course_lib.sampling import sample_rows
+from course_lib.validate import integer, probability
 
 from .request import EngineRequest, SamplingParams, StepOutput, as_token_list
 from .scheduler import Scheduler
@@ -74,12 +75,10 @@ class Engine:
 
     def __init__(self, model, num_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
                  max_prefill_tokens: int = 512, watermark: float = 0.01, backend: str = "auto"):
-        for name, val in (("num_blocks", num_blocks), ("block_size", block_size), ("max_batch", max_batch),
-                          ("max_prefill_tokens", max_prefill_tokens)):
-            if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {val!r}")
-        if not isinstance(watermark, numbers.Real) or not 0 <= watermark < 1:
-            raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
+        num_blocks, block_size = integer(num_blocks, "num_blocks", low=1), integer(block_size, "block_size", low=1)
+        max_batch = integer(max_batch, "max_batch", low=1)
+        max_prefill_tokens = integer(max_prefill_tokens, "max_prefill_tokens", low=1)
+        watermark = probability(watermark, "watermark", one=False)   # a fraction of the blocks kept free
         self.model = model
         cfg = model.config
         self.context = cfg.max_position_embeddings

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from course_lib.perf.metrics import Trace, summarize
+from course_lib.validate import integer, number
 
 __all__ = ["LoadTestResult", "load_test", "reference_completions"]
 
@@ -124,12 +125,9 @@ def load_test(base_url: str, model: str, prompts, concurrency: int = 4, duration
     prompts = list(prompts)
     if not prompts or not all(isinstance(p, str) and p for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty strings")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
-    if not duration_s > 0:
-        raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    concurrency = integer(concurrency, "concurrency", low=1)
+    duration_s = number(duration_s, "duration_s", 0, low_open=True, finite=False)
+    max_tokens = integer(max_tokens, "max_tokens", low=1)
     refs = reference_completions(base_url, model, prompts, max_tokens)
     traces, texts, problems, dt = asyncio.run(_run(url, model, prompts, refs, concurrency, duration_s, max_tokens,
                                                    timeout))

@@ -25,12 +25,11 @@ the next step; it holds `blocks` blocks now. Return Decision(preempt=[rids], adm
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Callable
 
 from course_lib.paged.manager import blocks_needed   # the one block count (re-exported by serving)
+from course_lib.validate import integer, number, one_of, optional
 
 
 @dataclass(frozen=True)
@@ -90,18 +89,6 @@ def fcfs_schedule(waiting, running, free_blocks, block_size, max_batch) -> Decis
     return Decision(preempt=preempt, admit=admit)
 
 
-def _pos_int(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 1:
-        raise ValueError(f"{name} must be a positive integer, got {x!r}")
-    return int(x)
-
-
-def _nonneg(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {x!r}")
-    return float(x)
-
-
 @dataclass
 class StaticBatching:
     """Wait for a full batch of `max_batch` (or until the oldest waited `timeout_s`); run it to the end, padded."""
@@ -110,8 +97,8 @@ class StaticBatching:
     name: str = "static"
 
     def __post_init__(self):
-        self.max_batch = _pos_int(self.max_batch, "max_batch")
-        self.timeout_s = _nonneg(self.timeout_s, "timeout_s")
+        self.max_batch = integer(self.max_batch, "max_batch", low=1)
+        self.timeout_s = number(self.timeout_s, "timeout_s", 0)
 
 
 @dataclass
@@ -121,7 +108,7 @@ class DynamicBatching:
     name: str = "dynamic"
 
     def __post_init__(self):
-        self.max_batch = _pos_int(self.max_batch, "max_batch")
+        self.max_batch = integer(self.max_batch, "max_batch", low=1)
 
 
 @dataclass
@@ -133,9 +120,8 @@ class ContinuousBatching:
     name: str = "continuous"
 
     def __post_init__(self):
-        self.max_batch = _pos_int(self.max_batch, "max_batch")
-        if self.token_budget is not None:
-            self.token_budget = _pos_int(self.token_budget, "token_budget")
+        self.max_batch = integer(self.max_batch, "max_batch", low=1)
+        self.token_budget = optional(integer, self.token_budget, "token_budget", low=1)
         if not callable(self.scheduler):
             raise TypeError(f"scheduler must be callable, got {type(self.scheduler).__name__}")
 
@@ -161,21 +147,18 @@ class Disaggregated:
     name: str = "disaggregated"
 
     def __post_init__(self):
-        self.prefill_workers = _pos_int(self.prefill_workers, "prefill_workers")
-        self.decode_workers = _pos_int(self.decode_workers, "decode_workers")
-        self.transfer_s_per_token = _nonneg(self.transfer_s_per_token, "transfer_s_per_token")
-        self.max_batch = _pos_int(self.max_batch, "max_batch")
-        if self.prefill_token_budget is not None:
-            self.prefill_token_budget = _pos_int(self.prefill_token_budget, "prefill_token_budget")
+        self.prefill_workers = integer(self.prefill_workers, "prefill_workers", low=1)
+        self.decode_workers = integer(self.decode_workers, "decode_workers", low=1)
+        self.transfer_s_per_token = number(self.transfer_s_per_token, "transfer_s_per_token", 0)
+        self.max_batch = integer(self.max_batch, "max_batch", low=1)
+        self.prefill_token_budget = optional(integer, self.prefill_token_budget, "prefill_token_budget", low=1)
 
 
 def make_policy(name: str, **kw):
     """A policy by name: 'static', 'dynamic', 'continuous', 'chunked', 'disaggregated'."""
     table = {"static": StaticBatching, "dynamic": DynamicBatching, "continuous": ContinuousBatching,
              "chunked": ChunkedPrefill, "disaggregated": Disaggregated}
-    if name not in table:
-        raise ValueError(f"policy must be one of {sorted(table)}, got {name!r}")
-    return table[name](**kw)
+    return table[one_of(name, "policy", sorted(table))](**kw)
 
 
 POLICY_NAMES = ["static", "dynamic", "continuous", "chunked", "disaggregated"]

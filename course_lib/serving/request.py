@@ -4,7 +4,6 @@ request is its record, the course's one request timeline ``course_lib.perf.metri
 its id, token ids, finish, finish reason, preemptions and metrics, the same object the scheduler updated."""
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 
@@ -12,6 +11,7 @@ import torch
 
 from course_lib.perf.metrics import Trace
 from course_lib.sampling import finish_reason
+from course_lib.validate import integer, number, optional, probability
 
 __all__ = ["SamplingParams", "StepOutput", "EngineRequest", "as_token_list"]
 
@@ -34,18 +34,11 @@ class SamplingParams:
     stop_token_ids: tuple = ()
 
     def __post_init__(self):
-        n = self.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {n!r}")
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral)
-                                       or self.top_k < 1):
-            raise ValueError(f"top_k must be an int >= 1 or None, got {self.top_k!r}")
-        p = self.top_p
-        if p is not None and (isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1):
-            raise ValueError(f"top_p must be a number in (0, 1] or None, got {p!r}")
+        # checked, not converted: the fields keep the values the caller gave
+        integer(self.max_new_tokens, "max_new_tokens", low=1)
+        number(self.temperature, "temperature", 0)   # 0 = greedy
+        optional(integer, self.top_k, "top_k", low=1)
+        optional(probability, self.top_p, "top_p", zero=False)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
             raise TypeError(f"seed must be an int or None, got {self.seed!r}")
         stops = self.stop_token_ids

@@ -60,6 +60,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from course_lib.models import load
+from course_lib.validate import integer
 
 from .engine import Engine
 from .request import SamplingParams, StepOutput
@@ -429,8 +430,7 @@ def build_app(model="tiny", *, device=None, num_blocks: int = 256, block_size: i
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, numbers.Integral) or max_body_bytes < 1:
-        raise ValueError(f"max_body_bytes must be an int >= 1 (bytes), got {max_body_bytes!r}")
+    max_body_bytes = integer(max_body_bytes, "max_body_bytes", low=1)   # bytes
 
     if isinstance(model, tuple):
         mdl, tok = model

@@ -25,7 +25,6 @@ p + o - 1 KV tokens. A request whose peak does not fit in the whole pool is reje
 from __future__ import annotations
 
 import math
-import numbers
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ from course_lib.perf.timing import benchmark
 from course_lib.perf.workload import Request
 from course_lib.serving.policies import (ContinuousBatching, Decision, Disaggregated, DynamicBatching, SeqView,
                                          StaticBatching, blocks_needed)
+from course_lib.validate import integer, number
 
 
 class SchedulingError(RuntimeError):
@@ -71,10 +71,7 @@ class StepCostModel:
 
     def __post_init__(self):
         for name in ("fixed_s", "per_token_s", "per_seq_s", "per_context_token_s", "compute_s_per_token", "overhead_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-            setattr(self, name, float(v))
+            setattr(self, name, number(getattr(self, name), name, 0))
 
     def step_time(self, prefill_tokens: int = 0, decode_seqs: int = 0, context_tokens: int = 0) -> float:
         """Seconds for one step (0 for an empty step)."""
@@ -126,8 +123,7 @@ class StepCostModel:
         """
         import torch
 
-        if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
-            raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+        repeats = integer(repeats, "repeats", low=1)
         if model is None:
             model, _ = load("tiny")
         params = next(model.parameters())
@@ -450,12 +446,6 @@ class _BatchWorker:
 
 
 # --- the event loop ------------------------------------------------------------------------------------
-def _check_blocks(num_blocks, block_size):
-    for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-
-
 class _Sim:
     def __init__(self, cost, num_blocks, block_size, strict):
         self.cost, self.num_blocks, self.block_size, self.strict = cost, num_blocks, block_size, strict
@@ -486,7 +476,7 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
     (what Lab 09's tests use to show you the mistake). A request whose peak KV (prompt + output - 1
     tokens) needs more blocks than num_blocks raises ValueError up front.
     """
-    _check_blocks(num_blocks, block_size)
+    num_blocks, block_size = integer(num_blocks, "num_blocks", low=1), integer(block_size, "block_size", low=1)
     cost = StepCostModel() if cost is None else cost
     if not isinstance(cost, StepCostModel):
         raise TypeError(f"cost must be a StepCostModel, got {type(cost).__name__}")

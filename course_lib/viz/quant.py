@@ -16,6 +16,8 @@ import torch
 from course_lib.quant.core import qrange, quantize
 from course_lib.quant.formats import decode_bits, encode_bits, get_format
 from course_lib.quant.metrics import error_report
+from course_lib.validate import one_of, optional
+
 from ._output import show_figure
 
 __all__ = ["plot_bit_layout", "plot_bit_layouts", "QuantExplorer", "linear_weights", "divisors"]
@@ -111,8 +113,7 @@ class QuantExplorer:
         self._busy = False
         self.stats: dict = {}
         self.figure_count = 0
-        if matrix is not None and matrix not in self.weights:
-            raise ValueError(f"matrix must be one of {list(self.weights)}, got {matrix!r}")
+        optional(one_of, matrix, "matrix", list(self.weights))
         first = matrix if matrix is not None else next(iter(self.weights))
         style = {"description_width": "90px"}
         self.matrix = W.Dropdown(options=list(self.weights), value=first, description="matrix", style=style)

@@ -20,6 +20,7 @@ from course_lib.models.config import as_config
 from course_lib.perf.intensity import intensity_table
 from course_lib.perf.ops import OpTable
 from course_lib.perf.tables import si
+from course_lib.validate import integer, one_of
 from course_lib.perf.roofline import (COMPUTE_BOUND, MEMORY_BOUND, analyze, decode_critical_batch, decode_matmul_sums,
                                       ridge_point)
 from ._output import show_figure
@@ -164,12 +165,9 @@ class RooflineExplorer:
         else:
             gpu_name = gpu if gpu in self.devices else get_gpu(gpu).name  # ValueError names the known GPUs
         dtype = canonical_dtype(dtype)
-        if dtype not in self.DTYPES:
-            raise ValueError(f"dtype must be one of {self.DTYPES}, got {dtype!r}")
-        for name, v, lo in (("batch", batch, 1), ("seq_len", seq_len, 1), ("max_batch", max_batch, 1),
-                            ("max_seq_len", max_seq_len, 1)):
-            if not isinstance(v, (int, np.integer)) or v < lo:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        one_of(dtype, "dtype", self.DTYPES)
+        batch, seq_len = integer(batch, "batch", low=1), integer(seq_len, "seq_len", low=1)
+        max_batch, max_seq_len = integer(max_batch, "max_batch", low=1), integer(max_seq_len, "max_seq_len", low=1)
         self.plot = plot
         self.figure = None
         self.result: dict = {}

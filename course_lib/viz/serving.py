@@ -14,6 +14,8 @@ from __future__ import annotations
 import html
 
 from course_lib.serving import (POLICY_NAMES, StepCostModel, format_summary, make_policy, make_workload, simulate)
+from course_lib.validate import one_of
+
 from ._output import show_figure
 
 STATE_COLORS = {"waiting": "#d9d9d9", "prefill": "#ff7f0e", "decode": "#1f77b4", "preempted": "#d62728",
@@ -51,8 +53,7 @@ def plot_latency_cdf(results: dict, metric: str = "ttft", ax=None, log: bool = T
     """Empirical CDF of a per-request metric ('ttft', 'tpot', 'e2e') for each labelled result."""
     import matplotlib.pyplot as plt
     import numpy as np
-    if metric not in ("ttft", "tpot", "e2e"):
-        raise ValueError(f"metric must be 'ttft', 'tpot' or 'e2e', got {metric!r}")
+    one_of(metric, "metric", ("ttft", "tpot", "e2e"))
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.4))
     for label, res in results.items():
@@ -124,8 +125,7 @@ class ServingPlayground:
         return self.run()
 
     def run(self):
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"policy must be one of {POLICY_NAMES}, got {self.policy!r}")
+        one_of(self.policy, "policy", POLICY_NAMES)
         self.requests = make_workload(self.num_requests, self.rate, seed=self.seed, **self.workload_kw)
         try:
             self.result = simulate(self.requests, self._policy(), cost=self.cost, num_blocks=self.num_blocks,
