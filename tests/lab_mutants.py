@@ -57,7 +57,8 @@ def kd_loss(student_logits, teacher_logits, temperature=2.0):
 '''}),
     ],
     "lab09": [
-        ("the scheduler admits waiting requests without checking the free KV blocks (only max_batch)",
+        ("the scheduler admits waiting requests without checking the free KV blocks (only max_batch); the batch "
+         "prediction counts O decode steps after the prefill (one too many)",
          {"schedule_answer": '''\
 def schedule(waiting, running, free_blocks, block_size, max_batch):
     run = list(running)
@@ -86,7 +87,61 @@ def schedule(waiting, running, free_blocks, block_size, max_batch):
             admit.append(w.rid)
             free -= blocks_needed(w.need, block_size)
     return Decision(preempt=preempt, admit=admit)
-'''}),
+''', "predict_batch_answer": '''\
+def predict_batch_s(B, P, O, cost):
+    for name, value in (("B", B), ("P", P), ("O", O)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    t = cost.step_time(B * P, 0, B * P)
+    for k in range(1, O + 1):
+        t += cost.step_time(0, B, B * (P + k))
+    return t
+'''},
+         ["the scheduler admits a waiting request when the batch has room without checking that its prefill's KV "
+          "blocks fit in the free blocks: the KV memory is over-subscribed; see notebook 09, section "
+          "'4. Iteration-level scheduling, KV blocks and preemption'",
+          "the prediction counts one decode step per output token, but the prefill step already emits the first "
+          "token: a request of O output tokens takes 1 prefill step and O - 1 decode steps; see notebook 09, "
+          "section '2. What one engine step costs'"]),
+        ("followed the recipe's 'admit while it fits' without FCFS: a request that does not fit is skipped and "
+         "later, smaller ones are admitted",
+         {"schedule_answer": '''\
+def schedule(waiting, running, free_blocks, block_size, max_batch):
+    if free_blocks < 0 or block_size < 1 or max_batch < 1:
+        raise ValueError("bad arguments")
+    run = list(running)
+    free = free_blocks
+    preempt = []
+    i = 0
+    while i < len(run):
+        r = run[i]
+        extra = max(0, blocks_needed(r.need, block_size) - r.blocks)
+        while extra > free and len(run) > i + 1:
+            victim = run.pop()
+            preempt.append(victim.rid)
+            free += victim.blocks
+        if extra > free:
+            run.pop()
+            preempt.append(r.rid)
+            free += r.blocks
+            break
+        free -= extra
+        i += 1
+    admit = []
+    if not preempt:
+        for w in waiting:
+            nb = blocks_needed(w.need, block_size)
+            if len(run) + len(admit) >= max_batch:
+                break
+            if nb > free:
+                continue
+            admit.append(w.rid)
+            free -= nb
+    return Decision(preempt=preempt, admit=admit)
+'''},
+         ["admission skips over a waiting request that does not fit and admits later, smaller ones: first come, "
+          "first served stops at the first request that does not fit (a long prompt would starve); see notebook "
+          "09, section '4. Iteration-level scheduling, KV blocks and preemption'"]),
     ],
     "lab08": [
         ("on a rejection the replacement is sampled from p instead of the residual max(0, p - q)", {"accept_answer": '''\
