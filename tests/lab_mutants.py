@@ -292,8 +292,12 @@ def wanda_24_mask(W, X):
     keep = torch.zeros_like(groups, dtype=torch.bool)
     keep.scatter_(-1, groups.topk(2, dim=-1).indices, True)
     return keep.reshape(out_f, in_f)
-'''}),
-        ("the dispatch ignores the capacity (no assignment is ever dropped)", {"dispatch": '''\
+'''},
+         ["the mask ranks the weights by |W| alone: Wanda's score is |W[i, j]| times the L2 norm of input feature j "
+          "over the calibration tokens, so a small weight on a loud feature can matter more than a large weight on "
+          "a quiet one; see notebook 10, section '2. Wanda and the 2:4 pattern'"]),
+        ("the dispatch ignores the capacity (no assignment is ever dropped); the prediction pools the capacity "
+         "over the experts", {"dispatch": '''\
 def moe_dispatch(x, experts, weights, indices, capacity=None):
     N, k = indices.shape
     y = torch.zeros_like(x)
@@ -302,7 +306,20 @@ def moe_dispatch(x, experts, weights, indices, capacity=None):
         if len(tok):
             y.index_add_(0, tok, weights[tok, slot][:, None] * experts[e](x[tok]))
     return y, 0
-'''}),
+''', "predict_dropped": '''\
+def predict_dropped(loads, N, k, capacity_factor):
+    loads = [int(x) for x in loads]
+    if any(x < 0 for x in loads) or sum(loads) != N * k:
+        raise ValueError("bad loads")
+    cap = expert_capacity(N, len(loads), k, capacity_factor)
+    return max(0, N * k - len(loads) * cap)
+'''},
+         ["the dispatch never drops an assignment: an expert that already holds `capacity` assignments must drop "
+          "the next ones (first choices are placed before second choices); see notebook 10, section "
+          "'5. Mixture of experts'",
+          "the capacity is pooled over the experts (max(0, N*k - E*capacity)): it is per expert, an idle slot of "
+          "one expert cannot take another expert's token, so the dropped count is the sum over experts of "
+          "max(0, load - capacity); see notebook 10, section '5. Mixture of experts'"]),
     ],
     "lab11": [
         ("the row-parallel bias b2 added on every rank before the all-reduce (summed world_size times)", {"parallel_mlp": '''\
