@@ -322,14 +322,25 @@ def predict_dropped(loads, N, k, capacity_factor):
           "max(0, load - capacity); see notebook 10, section '5. Mixture of experts'"]),
     ],
     "lab11": [
-        ("the row-parallel bias b2 added on every rank before the all-reduce (summed world_size times)", {"parallel_mlp": '''\
+        ("the row-parallel bias b2 added on every rank before the all-reduce (summed world_size times); the "
+         "bubble predicted as idle over busy time, (p - 1) / m", {"parallel_mlp": '''\
 def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
     w1_r, b1_r = shard_column(w1, b1, rank, world_size)
     h = F.relu(F.linear(x, w1_r, b1_r))
     y = F.linear(h, shard_row(w2, rank, world_size), b2)
     dist.all_reduce(y)
     return y
-'''}),
+''', "predict_bubble": '''\
+def predict_bubble(p, m):
+    if not isinstance(p, int) or not isinstance(m, int) or p < 1 or m < 1:
+        raise ValueError("p and m must be integers >= 1")
+    return (p - 1) / m
+'''},
+         ["the row-parallel bias b2 is added on every rank before the all-reduce, which sums it world_size times: "
+          "add it once, after the sum; see notebook 11, section '1 · Two ways to split a linear layer'",
+          "the bubble is the idle share of the whole run, (p - 1) / (m + p - 1): the run takes m + p - 1 "
+          "stage-times and each rank is busy for m of them; (p - 1) / m is idle time over busy time; see notebook "
+          "11, section '6 · Pipeline parallelism and its bubble'"]),
     ],
     "lab03": [
         ("GPTQ without error feedback: each column rounded on its own (plain RTN)", {"gptq_answer": '''\
