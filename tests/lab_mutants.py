@@ -370,8 +370,12 @@ def decode_step(model, tok, cache):
     logits = model(tok, cache=cache)[:, -1, :]
     ids = logits.argmax(dim=-1).tolist()
     return torch.tensor(ids, device=tok.device).unsqueeze(-1)
-'''}),
-        ("shares computed linearly, (speedup - 1) / (S - 1), instead of on a log scale", {"attribution_answer": '''\
+'''},
+         ["a conversion of a tensor to Python values (.tolist(), int(), .item(), .cpu().numpy()) needs the value on "
+          "the host, so dynamo ends the graph there wherever in the function it happens: moving it is not removing "
+          "it, stay in tensors up to the result; see notebook 12, section '2. Graph breaks'"]),
+        ("shares computed linearly, (speedup - 1) / (S - 1), instead of on a log scale; the roofline's memory and "
+         "compute times added instead of their max", {"attribution_answer": '''\
 def attribution(timings, price_per_hour):
     timings = list(timings)
     if not timings:
@@ -390,6 +394,19 @@ def attribution(timings, price_per_hour):
                      "usd_per_1M": price_per_hour / (tps * 3600) * 1e6})
         prev = tps
     return rows
-'''}),
+''', "predict_step_answer": '''\
+def predict_decode_step_s(params, bytes_per_param, batch, kv_bytes, bandwidth, peak_flops):
+    if not (params > 0 and bytes_per_param > 0 and bandwidth > 0 and peak_flops > 0):
+        raise ValueError("params, bytes_per_param, bandwidth and peak_flops must be positive")
+    if not isinstance(batch, int) or batch < 1 or kv_bytes < 0:
+        raise ValueError("batch must be an int >= 1 and kv_bytes >= 0")
+    return (params * bytes_per_param + kv_bytes) / bandwidth + 2 * params * batch / peak_flops
+'''},
+         ["speed-ups multiply, so each step's share is taken on a log scale, log(speedup) / log(S); linear shares "
+          "(speedup - 1) / (S - 1) do not add up to 1; see notebook 12, section '6. The capstone: every "
+          "optimization on one model'",
+          "the roofline's time is the larger of the memory time and the compute time (the device reads and "
+          "computes at the same time), not their sum; see notebook 01, section '5. Rooflines: T4, L4, A100, H100, "
+          "H200 and this machine'"]),
     ],
 }
