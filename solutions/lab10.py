@@ -402,3 +402,27 @@ except NotImplementedError:
 # %% [markdown] id="c013"
 # That is the dispatch of `course_lib.sparsity.MoEMLP`. Notebook 10 trains one and shows the load per
 # expert with and without the balancing loss.
+
+# %% [markdown] id="c019"
+# ## Going further (not graded)
+#
+# * From the loads the measurement printed, what is the smallest capacity factor that drops nothing? Why
+#   does a factor of 2, twice the even share, still drop an assignment here?
+# * How many bytes does a 4096 x 4096 fp16 weight take dense, and in the 2:4 compressed format of sparse
+#   tensor cores (the kept values plus a 2-bit position for each)? What is the most a 2:4 matmul can gain?
+
+# %% [markdown] id="c020" tags=["answer-key"]
+# ### Answer key
+#
+# * **No drops.** The loads are `[31, 43, 64, 91, 133, 193, 212, 257]` for `N * k = 1024` assignments over 8
+#   experts (an even share is 128). Nothing is dropped once `ceil(cf * 1024 / 8) >= 257`, i.e. `cf > 2.0`:
+#   `cf = 2.0` gives a capacity of 256 and drops exactly 1 (the measurement: 411, 283, 182, 86 and 1 dropped
+#   at 0.75, 1.0, 1.25, 1.5 and 2.0). The no-drop factor is `max load / even share`, set by the busiest
+#   expert, not by the average: this router's bias sends twice the even share to the last expert. The
+#   load-balancing loss of notebook 10, section 5, pulls the busiest expert towards the even share, which is
+#   what lets real MoE models run at a capacity factor of 1.0 to 1.25 and drop only a few percent.
+# * **2:4 storage.** Dense: 4096 * 4096 * 2 bytes = 32 MiB. 2:4 keeps 8,388,608 values (16 MiB) plus 2 bits
+#   of position for each (2 MiB): 18 MiB, 1.78x smaller. A sparse tensor core skips the zero half of the
+#   multiply-adds, so the matmul itself gains at most 2x; a whole model gains less, because attention, the
+#   norms and the activations are unchanged (and a memory-bound decode step gains at most the 1.78x of the
+#   bytes read).
