@@ -1,15 +1,19 @@
 # %% [markdown] id="c002"
 # # Lab 10 — Wanda with 2:4 sparsity, and mixture-of-experts dispatch
 #
-# In this lab you write two pieces of module 10: the Wanda pruning mask under the 2:4 pattern that sparse
-# tensor cores run, and the dispatch of a mixture-of-experts layer with a capacity per expert.
+# In this lab you design two pieces of module 10 from their contracts: the Wanda pruning mask under the
+# 2:4 pattern that sparse tensor cores run, and the batched dispatch of a mixture-of-experts layer with a
+# capacity per expert. Then you predict how many assignments a capacity drops, and let your dispatch
+# measure it.
 #
 # * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).
 # * Run the test cell under it: the visible tests check fixed examples and tell you what was expected.
 #   When the lab is graded, more tests run on random inputs of random shapes, compared with
 #   `course_lib.sparsity`, so write the general code, not the examples' answers.
+# * The two contract parts state what the function must take, give, keep and refuse; how is up to you.
+#   The steps are in hints you can open.
 #
-# 3 exercises: 4 + 2 + 4 = 10 points.
+# 4 exercises: 4 (contract) + 2 + 4 (contract) + 2 (prediction) = 12 points.
 
 # %% id="c003"
 import math
@@ -17,21 +21,50 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_shape
+from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+
+# Known misconceptions: a test that recognises one names it (public text, pointing to notebook 10)
+MISTAKES = {
+    "magnitude_only": "the mask ranks the weights by |W| alone: Wanda's score is |W[i, j]| times the L2 norm of "
+                      "input feature j over the calibration tokens, so a small weight on a loud feature can matter "
+                      "more than a large weight on a quiet one; see notebook 10, section '2. Wanda and the 2:4 "
+                      "pattern'",
+    "no_capacity": "the dispatch never drops an assignment: an expert that already holds `capacity` assignments "
+                   "must drop the next ones (first choices are placed before second choices); see notebook 10, "
+                   "section '5. Mixture of experts'",
+    "pooled_capacity": "the capacity is pooled over the experts (max(0, N*k - E*capacity)): it is per expert, an "
+                       "idle slot of one expert cannot take another expert's token, so the dropped count is "
+                       "the sum over experts of max(0, load - capacity); see notebook 10, section '5. Mixture "
+                       "of experts'",
+}
 
 
 # %% [markdown] id="c004"
-# ## Exercise 1 — Wanda with a 2:4 constraint (4 points)
+# ## Exercise 1 — Wanda with a 2:4 constraint (4 points, contract)
 #
 # Wanda scores weight `W[i, j]` (output row i, input feature j) by `|W[i, j]| * ||X[:, j]||_2`: its
-# magnitude times the L2 norm of input feature j over the calibration tokens `X` `[tokens, in_features]`.
+# magnitude times the L2 norm of input feature j over the calibration tokens. The 2:4 pattern that sparse
+# tensor cores run: in each row, every group of 4 consecutive inputs (`j = 0..3`, `4..7`, ...) keeps 2.
 #
-# The 2:4 pattern: in each row, cut the inputs into consecutive groups of 4 (`j = 0..3`, `4..7`, ...) and
-# keep the **2 highest-scoring** weights of each group.
+# **Contract.** `wanda_24_mask(W, X)`:
 #
-# Write `wanda_24_mask(W, X)` returning a **bool** mask shaped like `W` (`True` = kept). Raise `ValueError`
-# if `in_features` is not a multiple of 4 or if `X` has the wrong number of features. Hint: reshape the
-# scores to `[out, in // 4, 4]` and use `topk` on the last dimension.
+# * *inputs*: `W` `[out_features, in_features]` (float), `X` `[tokens, in_features]` (the calibration
+#   activations that enter this layer, float);
+# * *output*: a `torch.bool` mask shaped like `W`, `True` = kept;
+# * *invariants*: exactly 2 `True` in every group of 4 consecutive inputs of every row, and they are the 2
+#   highest Wanda scores of that group (scores differ on random inputs: ties are not tested); the mask
+#   does not depend on the scale of `X` (multiplying `X` by 10 changes nothing);
+# * *cost*: vectorised, `O(out * in)` work and memory beyond `X` (no Python loop over rows or groups);
+# * *errors*: `ValueError` if `in_features` is not a multiple of 4, or `X` is not 2-D with `in_features`
+#   columns.
+#
+# <details><summary>Hint: one way with tensors</summary>
+#
+# 1. The norms of the input features: `X.norm(dim=0)`, shape `[in]`; broadcast them over the rows of `|W|`.
+# 2. Reshape the scores to `[out, in // 4, 4]`; `topk(2, dim=-1).indices` are the kept positions of each group.
+# 3. `scatter_` `True` at those positions into a bool tensor of zeros, and reshape back to `[out, in]`.
+#
+# </details>
 
 # %% id="c005" nbgrader={"grade": false, "grade_id": "wanda", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def wanda_24_mask(W, X):
@@ -59,14 +92,16 @@ check_equal(_m.dtype, torch.bool, "wanda_24_mask: dtype of the mask")
 check_shape(_m, (1, 8), "wanda_24_mask(W [1, 8], X [2, 8])")
 # ||X_j|| = sqrt(2) except feature 2 (sqrt(200)): 0.1 * 14.1 = 1.41 beats 0.5 * 1.41 = 0.71
 check_equal(_m, torch.tensor([[True, False, True, False, False, False, True, True]]),
-            "wanda_24_mask: a small weight on a loud feature (column 2) is kept, |-0.5| is not")
+            "wanda_24_mask: a small weight on a loud feature (column 2) is kept, |-0.5| is not",
+            mistakes={MISTAKES["magnitude_only"]: torch.tensor([[True, True, False, False, False, False, True, True]])})
 _m = wanda_24_mask(torch.randn(6, 16), torch.randn(5, 16))
 check_equal(_m.reshape(6, 4, 4).sum(-1), torch.full((6, 4), 2), "wanda_24_mask: kept per group of 4 (exactly 2)")
-try:
-    wanda_24_mask(torch.randn(2, 6), torch.randn(3, 6))
-    raise AssertionError("wanda_24_mask(W [2, 6], ...): expected ValueError (6 is not a multiple of 4)")
-except ValueError:
-    pass
+_W, _X = torch.randn(3, 8), torch.randn(4, 8)
+check_equal(wanda_24_mask(_W, 10 * _X), wanda_24_mask(_W, _X), "wanda_24_mask(W, 10 * X) vs wanda_24_mask(W, X)")
+check_raises(lambda: wanda_24_mask(torch.randn(2, 6), torch.randn(3, 6)), ValueError,
+             "wanda_24_mask(W [2, 6], X [3, 6]) (6 is not a multiple of 4)")
+check_raises(lambda: wanda_24_mask(torch.randn(2, 8), torch.randn(3, 4)), ValueError,
+             "wanda_24_mask(W [2, 8], X [3, 4]) (X has 4 features, W 8 inputs)")
 print("wanda_24_mask: visible tests passed")
 ### BEGIN HIDDEN TESTS
 from course_lib.sparsity import is_nm as _is_nm
@@ -82,7 +117,9 @@ for _ in range(10):
     _what = f"wanda_24_mask(W {tuple(_W.shape)}, X {tuple(_X.shape)}) (random test, seed {_seed})"
     _got = wanda_24_mask(_W, _X)
     check_equal(bool(_is_nm(_got, 2, 4, exact=True)), True, _what + ": exactly 2 of every 4")
-    check_equal(_got, _ref_wanda_mask(_W, _X.norm(dim=0), n=2, m=4), _what)
+    _planted = _ref_wanda_mask(_W, torch.ones(_i), n=2, m=4)              # |W| alone
+    check_equal(_got, _ref_wanda_mask(_W, _X.norm(dim=0), n=2, m=4), _what,
+                mistakes={MISTAKES["magnitude_only"]: _planted})
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c007"
@@ -119,28 +156,57 @@ for _ in range(20):
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c010"
-# ## Exercise 3 — Batched MoE dispatch with capacity (4 points)
+# ## Exercise 3 — Batched MoE dispatch with capacity (4 points, contract)
 #
-# The router gave each of the `N` tokens of `x` `[N, D]` its `k` experts `indices` `[N, k]` (column 0 the
-# first choice) and their mixing `weights` `[N, k]`. `experts` is a list of `E` modules, each mapping
-# `[n, D] -> [n, D]`. The output is `y[t] = sum_j weights[t, j] * experts[indices[t, j]](x[t])` over the
-# assignments that are **kept**:
+# The router gave each of the `N` tokens of `x` its `k` experts and their mixing weights. Write
+# `moe_dispatch(x, experts, weights, indices, capacity=None)`.
 #
-# * priority: every token's first choice comes before any second choice; within a choice, tokens in order
-#   (token 0, 1, 2, ...). An expert that already holds `capacity` assignments **drops** the next ones
-#   (they add nothing to `y`);
-# * `capacity=None`: nothing is dropped.
+# **Contract.**
 #
-# Return `(y, dropped)`, `dropped` the number of dropped assignments (an int). Do it batched: call each
-# expert **once** on all of its kept tokens (sort the assignments by expert with a stable sort; the
-# position of an assignment within its expert tells whether it fits), then add the weighted outputs
-# back (`index_add_`).
+# * *inputs*: `x` `[N, D]`; `experts`, a list of `E` modules, each mapping `[n, D] -> [n, D]`; `indices`
+#   `[N, k]` integer expert numbers in `[0, E)` (column 0 the first choice); `weights` `[N, k]`;
+#   `capacity`, an int >= 0 (assignments each expert keeps) or `None` (no limit);
+# * *output*: `(y, dropped)`: `y` `[N, D]`, `y[t] = sum_j weights[t, j] * experts[indices[t, j]](x[t])` over
+#   the **kept** assignments only; `dropped` (an int), the number of assignments not kept;
+# * *priority (which are kept)*: every token's first choice comes before any second choice; within a
+#   choice, tokens in order (token 0, 1, 2, ...); an expert that already holds `capacity` assignments
+#   drops the next ones;
+# * *cost*: each expert is called **at most once** per dispatch, on all of its kept tokens together (a
+#   per-token loop is `N * k` small calls: the slow reference this replaces); no expert is called on an
+#   empty batch;
+# * *errors*: `ValueError` if `indices` and `weights` are not both `[N, k]`, an index is outside
+#   `[0, E)`, or `capacity` is negative.
+#
+# <details><summary>Hint 1: the order of the assignments</summary>
+#
+# Flatten the `N * k` assignments *choice-major* (`indices.t().reshape(-1)`: all first choices, then all
+# second choices), with the token and the weight of each. That order is the priority order.
+#
+# </details>
+#
+# <details><summary>Hint 2: which assignments fit</summary>
+#
+# 1. Sort the flat assignments by expert with a **stable** sort: inside each expert they stay in priority order.
+# 2. `torch.bincount` gives the assignments per expert; their cumulative sum, where each expert's run starts.
+# 3. An assignment's position within its expert's run (its index in the sorted order minus its expert's
+#    start) is `< capacity` exactly when it is kept.
+# 4. For each expert, run it once on the tokens of its kept assignments and `index_add_` the weighted
+#    outputs into `y`.
+#
+# </details>
 
 # %% id="c011" nbgrader={"grade": false, "grade_id": "dispatch", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def moe_dispatch(x, experts, weights, indices, capacity=None):
     ### BEGIN SOLUTION
     N, k = indices.shape
     E = len(experts)
+    if weights.shape != indices.shape or indices.dim() != 2 or indices.shape[0] != x.shape[0]:
+        raise ValueError(f"indices and weights must both be [N={x.shape[0]}, k], got {tuple(indices.shape)} "
+                         f"and {tuple(weights.shape)}")
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= E):
+        raise ValueError(f"indices must be expert numbers in [0, {E})")
+    if capacity is not None and capacity < 0:
+        raise ValueError(f"capacity must be None or >= 0, got {capacity!r}")
     cap = N * k if capacity is None else capacity
     flat_e = indices.t().reshape(-1)                                       # choice-major [k*N]
     flat_tok = torch.arange(N).repeat(k)
@@ -182,7 +248,8 @@ check_equal(_d, 0, "moe_dispatch without capacity: dropped")
 _y, _d = moe_dispatch(_x, _experts, _w, _idx, 2)
 # expert 1 takes tokens 0 and 1 (first choices); then expert 0 takes tokens 0 and 1 (second choices): token 2
 # loses both of its assignments
-check_close(_y, torch.tensor([[7.75], [15.5], [0.0]]), "moe_dispatch with capacity 2")
+check_close(_y, torch.tensor([[7.75], [15.5], [0.0]]), "moe_dispatch with capacity 2",
+            mistakes={MISTAKES["no_capacity"]: torch.tensor([[7.75], [15.5], [23.25]])})
 check_equal(_d, 2, "moe_dispatch with capacity 2: dropped assignments")
 _idx = torch.tensor([[0, 1], [1, 0], [0, 1]])
 _y, _d = moe_dispatch(_x, _experts, _w, _idx, 2)
@@ -190,6 +257,32 @@ _y, _d = moe_dispatch(_x, _experts, _w, _idx, 2)
 check_close(_y, torch.tensor([[0.75 + 2.5], [15.0], [2.25]]),
             "moe_dispatch, capacity 2: all first choices are placed before any second choice")
 check_equal(_d, 2, "moe_dispatch, capacity 2 (second example): dropped")
+
+
+class _Counted(torch.nn.Module):
+    """An expert that counts its calls."""
+    def __init__(self, c):
+        super().__init__()
+        self.c, self.calls = c, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if x.shape[0] == 0:
+            raise AssertionError("an expert was called on an empty batch")
+        return self.c * x
+
+
+_experts = [_Counted(1.0), _Counted(2.0), _Counted(3.0)]
+_idx = torch.tensor([[0, 1]] * 6)
+moe_dispatch(torch.randn(6, 2), _experts, torch.full((6, 2), 0.5), _idx, 4)
+check_equal([e.calls for e in _experts], [1, 1, 0], "calls of each expert in one dispatch of 6 tokens "
+            "(experts 0 and 1 get tokens, expert 2 none)")
+check_raises(lambda: moe_dispatch(_x, [_Scale(1.0)] * 2, _w[:, :1], _idx[:3], 2), ValueError,
+             "moe_dispatch with weights [3, 1] and indices [3, 2]")
+check_raises(lambda: moe_dispatch(_x, [_Scale(1.0)] * 2, _w, torch.tensor([[0, 2]] * 3), 2), ValueError,
+             "moe_dispatch with expert 2 of 2 experts")
+check_raises(lambda: moe_dispatch(_x, [_Scale(1.0)] * 2, _w, torch.tensor([[0, 1]] * 3), -1), ValueError,
+             "moe_dispatch with capacity -1")
 print("moe_dispatch: visible tests passed")
 ### BEGIN HIDDEN TESTS
 from course_lib.sparsity import Expert as _Expert
@@ -218,10 +311,118 @@ for _ in range(6):
         with torch.no_grad():
             _ry, _rload, _rd = _ref_loop(_x, _experts, _w, _idx, _cap)
             _y, _d = moe_dispatch(_x, _experts, _w, _idx, _cap)
-        check_close(_y, _ry, _what + ": y", rtol=1e-4, atol=1e-5)
-        check_equal(int(_d), _rd, _what + ": dropped")
+            _ny = _ref_loop(_x, _experts, _w, _idx, None)[0]                # the known mistake: no capacity
+        check_close(_y, _ry, _what + ": y", rtol=1e-4, atol=1e-5, mistakes={MISTAKES["no_capacity"]: _ny})
+        check_equal(int(_d), _rd, _what + ": dropped", mistakes={MISTAKES["no_capacity"]: 0})
+    _calls = [_Counted(1.0 + _e) for _e in range(_E)]
+    moe_dispatch(_x, _calls, _w, _idx, _ref_capacity(_N, _E, _k, 1.0))
+    _used = set(_idx.reshape(-1).tolist())
+    check_equal([c.calls for c in _calls], [int(_e in _used) for _e in range(_E)],
+                f"calls of each of the {_E} experts in one dispatch (N={_N}, k={_k})")
 ### END HIDDEN TESTS
+
+# %% [markdown] id="c014"
+# ## Exercise 4 — Predict the dropped assignments (2 points)
+#
+# Before you dispatch, predict. The router has already chosen: `loads[e]` is the number of assignments
+# (over all `k` choices) that went to expert `e`, for a batch of `N` tokens with `k` experts each, so
+# `sum(loads) == N * k`. Write `predict_dropped(loads, N, k, capacity_factor)`: how many assignments a
+# dispatch with the capacity of exercise 2 drops (an int; `capacity_factor=None` drops nothing). Raise
+# `ValueError` if `sum(loads) != N * k` or a load is negative.
+#
+# The priority order decides *which* assignments are dropped; does it change *how many*? Think about
+# what one expert does with its assignments before you write a line.
+
+# %% id="c015" nbgrader={"grade": false, "grade_id": "predict_dropped", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_dropped(loads, N, k, capacity_factor):
+    ### BEGIN SOLUTION
+    loads = [int(x) for x in loads]
+    if any(x < 0 for x in loads):
+        raise ValueError(f"loads must be >= 0, got {loads}")
+    if sum(loads) != N * k:
+        raise ValueError(f"the loads must add up to N * k = {N * k}, got {sum(loads)}")
+    cap = expert_capacity(N, len(loads), k, capacity_factor)
+    return sum(max(0, x - cap) for x in loads)        # each expert keeps min(load, capacity)
+    ### END SOLUTION
+
+
+# %% id="c016" nbgrader={"grade": true, "grade_id": "predict_dropped_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# 100 tokens, top-2 of 4 experts, capacity ceil(1.0 * 100 * 2 / 4) = 50; expert 0 is crowded
+check_equal(predict_dropped([90, 50, 40, 20], 100, 2, 1.0), 40,
+            "predict_dropped(loads=[90, 50, 40, 20], N=100, k=2, cf=1.0) (capacity 50 per expert)",
+            mistakes={MISTAKES["pooled_capacity"]: 0})
+check_equal(predict_dropped([90, 50, 40, 20], 100, 2, None), 0, "predict_dropped(..., capacity_factor=None)")
+check_equal(predict_dropped([3, 0, 0], 3, 1, 0.5), 2, "predict_dropped([3, 0, 0], N=3, k=1, cf=0.5) (capacity 1)",
+            mistakes={MISTAKES["pooled_capacity"]: 0})
+check_raises(lambda: predict_dropped([10, 10], 10, 1, 1.0), ValueError, "predict_dropped([10, 10], N=10, k=1, ...)")
+check_raises(lambda: predict_dropped([12, -2], 10, 1, 1.0), ValueError, "predict_dropped([12, -2], N=10, k=1, ...)")
+print("predict_dropped: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.sparsity import dispatch_loop as _ref_loop
+from course_lib.sparsity import expert_capacity as _ref_capacity
+
+_g = torch.Generator().manual_seed(time.time_ns() % 2 ** 31)
+for _ in range(40):
+    _N, _E = int(torch.randint(1, 200, (1,), generator=_g)), int(torch.randint(1, 16, (1,), generator=_g))
+    _k = int(torch.randint(1, _E + 1, (1,), generator=_g))
+    _bias = torch.randn(_E, generator=_g) * 2                     # a skewed router
+    _idx = (torch.randn(_N, _E, generator=_g) + _bias).topk(_k, dim=-1).indices
+    _loads = torch.bincount(_idx.reshape(-1), minlength=_E).tolist()
+    _cf = float(torch.rand(1, generator=_g) * 2 + 0.25)
+    _cap = _ref_capacity(_N, _E, _k, _cf)
+    _want = _ref_loop(torch.zeros(_N, 1), [torch.nn.Identity()] * _E, torch.ones(_N, _k), _idx, _cap)[2]
+    check_equal(predict_dropped(_loads, _N, _k, _cf), _want,
+                f"predict_dropped(loads={_loads}, N={_N}, k={_k}, cf={_cf:.3f}) (capacity {_cap})",
+                mistakes={MISTAKES["pooled_capacity"]: max(0, _N * _k - _E * _cap)})
+### END HIDDEN TESTS
+
+# %% [markdown] id="c017"
+# Now measure: a router with a bias towards some experts sends 512 tokens to their top-2 of 8 experts; for
+# a few capacity factors, your prediction from the loads beside what your dispatch actually drops.
+
+# %% id="c018"
+try:
+    torch.manual_seed(1)
+    _N, _E, _k = 512, 8, 2
+    _xs = torch.randn(_N, 16)
+    _idx = (torch.randn(_N, _E) + torch.linspace(0, 1.5, _E)).topk(_k, dim=-1).indices
+    _w = torch.softmax(torch.randn(_N, _k), -1)
+    _experts = [torch.nn.Linear(16, 16) for _ in range(_E)]
+    _loads = torch.bincount(_idx.reshape(-1), minlength=_E).tolist()
+    print(f"loads per expert: {_loads} (even: {_N * _k // _E})")
+    for _cf in (0.75, 1.0, 1.25, 1.5, 2.0):
+        with torch.no_grad():
+            _, _d = moe_dispatch(_xs, _experts, _w, _idx, expert_capacity(_N, _E, _k, _cf))
+        print(f"capacity factor {_cf:4.2f}: capacity {expert_capacity(_N, _E, _k, _cf):4d}, predicted "
+              f"{predict_dropped(_loads, _N, _k, _cf):4d} dropped, measured {int(_d):4d} "
+              f"({int(_d) / (_N * _k):.1%} of the assignments)")
+except NotImplementedError:
+    print("finish the exercises first")
 
 # %% [markdown] id="c013"
 # That is the dispatch of `course_lib.sparsity.MoEMLP`. Notebook 10 trains one and shows the load per
 # expert with and without the balancing loss.
+
+# %% [markdown] id="c019"
+# ## Going further (not graded)
+#
+# * From the loads the measurement printed, what is the smallest capacity factor that drops nothing? Why
+#   does a factor of 2, twice the even share, still drop an assignment here?
+# * How many bytes does a 4096 x 4096 fp16 weight take dense, and in the 2:4 compressed format of sparse
+#   tensor cores (the kept values plus a 2-bit position for each)? What is the most a 2:4 matmul can gain?
+
+# %% [markdown] id="c020" tags=["answer-key"]
+# ### Answer key
+#
+# * **No drops.** The loads are `[31, 43, 64, 91, 133, 193, 212, 257]` for `N * k = 1024` assignments over 8
+#   experts (an even share is 128). Nothing is dropped once `ceil(cf * 1024 / 8) >= 257`, i.e. `cf > 2.0`:
+#   `cf = 2.0` gives a capacity of 256 and drops exactly 1 (the measurement: 411, 283, 182, 86 and 1 dropped
+#   at 0.75, 1.0, 1.25, 1.5 and 2.0). The no-drop factor is `max load / even share`, set by the busiest
+#   expert, not by the average: this router's bias sends twice the even share to the last expert. The
+#   load-balancing loss of notebook 10, section 5, pulls the busiest expert towards the even share, which is
+#   what lets real MoE models run at a capacity factor of 1.0 to 1.25 and drop only a few percent.
+# * **2:4 storage.** Dense: 4096 * 4096 * 2 bytes = 32 MiB. 2:4 keeps 8,388,608 values (16 MiB) plus 2 bits
+#   of position for each (2 MiB): 18 MiB, 1.78x smaller. A sparse tensor core skips the zero half of the
+#   multiply-adds, so the matmul itself gains at most 2x; a whole model gains less, because attention, the
+#   norms and the activations are unchanged (and a memory-bound decode step gains at most the 1.78x of the
+#   bytes read).

@@ -3,7 +3,8 @@
 #
 # In this lab you split a two-layer MLP over two processes the way Megatron-LM does (module 11): the first
 # layer **column-parallel**, the second **row-parallel**, one **all-reduce** between them, and run it in a
-# real 2-process gloo group on your CPU.
+# real 2-process gloo group on your CPU. You design the parallel MLP from its contract (it must equal the
+# unsharded MLP on every rank), and you predict a pipeline's bubble before two ranks measure it.
 #
 # * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).
 # * Run the test cell under it: the visible tests check fixed examples and tell you what was expected.
@@ -11,7 +12,7 @@
 # * Conventions: a linear layer computes `y = x @ W.T + b` with `W` of shape `[out, in]` (as
 #   `torch.nn.Linear` and `F.linear`). Rank `r` of `p` owns the `r`-th of `p` equal, contiguous slices.
 #
-# 3 exercises: 2 + 2 + 4 = 8 points.
+# 4 exercises: 2 + 2 + 4 (contract) + 2 (prediction) = 10 points.
 
 # %% id="c003"
 import time
@@ -21,8 +22,25 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib.grading.checks import check_close, check_equal, check_raises
+from course_lib.models.config import LlamaConfig
+from course_lib.parallel import ModelSpec, bubble_fraction, gpipe_schedule, launch, pipeline_run, sequence
+from course_lib.parallel.checks import mlp_reference, random_mlp, run_parallel_mlp
+from course_lib.perf.claims import timing_claim
 
 torch.set_num_threads(1)
+
+# Known misconceptions: a test that recognises one names it (public text, pointing to notebook 11)
+MISTAKES = {
+    "bias_every_rank": "the row-parallel bias b2 is added on every rank before the all-reduce, which sums it "
+                       "world_size times: add it once, after the sum; see notebook 11, section '1 · Two ways "
+                       "to split a linear layer'",
+    "no_allreduce": "each rank returns its partial sum: the row-parallel layer's outputs must be summed over the "
+                    "ranks (dist.all_reduce) before they are the layer's output; see notebook 11, section "
+                    "'1 · Two ways to split a linear layer'",
+    "bubble_over_m": "the bubble is the idle share of the whole run, (p - 1) / (m + p - 1): the run takes m + p - 1 "
+                     "stage-times and each rank is busy for m of them; (p - 1) / m is idle time over busy time; "
+                     "see notebook 11, section '6 · Pipeline parallelism and its bubble'",
+}
 
 
 # %% [markdown] id="c004"
@@ -141,23 +159,47 @@ for _ in range(5):
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c010"
-# ## Exercise 3 — The column/row-parallel MLP with its all-reduce (4 points)
+# ## Exercise 3 — The column/row-parallel MLP with its all-reduce (4 points, contract)
 #
-# Write `parallel_mlp(x, w1, b1, w2, b2, rank, world_size)`. It runs **in each process** of a process
-# group and must return, on every rank, the output of the whole MLP
+# Design `parallel_mlp(x, w1, b1, w2, b2, rank, world_size)`, the Megatron MLP as it runs **in each
+# process** of a process group.
 #
-#     y = relu(x @ w1.T + b1) @ w2.T + b2        x [..., d], w1 [f, d], b1 [f], w2 [d, f], b2 [d]
+# **Contract.**
 #
-# while using only this rank's shards: the column shard of `(w1, b1)`, then `relu`, then the row shard of
-# `w2` for a partial result, summed over the ranks with `dist.all_reduce(tensor)` (in place; the default
-# op is a sum), and the bias `b2` **once**. (Every rank is given the whole weights here, to keep the
-# test simple; in a real model each rank would load only its shards.)
+# * *inputs*: `x` `[..., d]`, `w1` `[f, d]`, `b1` `[f]`, `w2` `[d, f]`, `b2` `[d]` (every rank is given the
+#   whole weights here, to keep the test simple; in a real model each rank would load only its shards),
+#   `rank` and `world_size` of the default process group;
+# * *output*: on **every** rank, the whole MLP's output `y = relu(x @ w1.T + b1) @ w2.T + b2`, `[..., d]`,
+#   equal to the unsharded MLP within float32 rounding (`atol=1e-4`);
+# * *shards*: the computation uses only this rank's shards from exercise 1: the column shard of
+#   `(w1, b1)` (`f / p` hidden units) and the row shard of `w2`; the hidden activations `[..., f / p]` never
+#   leave the rank;
+# * *communication*: exactly one collective per call, `dist.all_reduce(tensor)` (in place; the default op
+#   is a sum) of one `[..., d]` tensor, the bytes exercise 2 counts;
+# * *errors*: the shard functions' `ValueError` when `world_size` does not divide `f`.
 #
 # How it is checked: a function defined in a notebook cannot be imported by a new process, so
-# `check_parallel_mlp` sends the *source* of your function (and of the helpers you list) to two fresh
+# `run_parallel_mlp` sends the *source* of your function (and of the helpers you list) to two fresh
 # processes, which form a gloo group over 127.0.0.1 and run it with `torch`, `F` and `dist` imported.
 # So use only those and the helpers from exercise 1. Each check starts two Python processes: it takes a
 # few seconds (the first one longer).
+#
+# <details><summary>Hint 1: why column then row needs only one all-reduce</summary>
+#
+# The column shard of the first layer gives this rank a *slice of the hidden units*, and `relu` acts on each
+# unit alone, so it applies to the slice. The row shard of the second layer reads exactly that slice of the
+# hidden units: each rank gets a *partial sum* of the output, and the ranks' partial sums add up to it.
+#
+# </details>
+#
+# <details><summary>Hint 2: the steps</summary>
+#
+# 1. `w1_r, b1_r = shard_column(w1, b1, rank, world_size)`; `h = F.relu(F.linear(x, w1_r, b1_r))`.
+# 2. `y = F.linear(h, shard_row(w2, rank, world_size))`, **without** the bias: a partial sum.
+# 3. `dist.all_reduce(y)`: now every rank holds the sum.
+# 4. Add `b2` once, after the sum.
+#
+# </details>
 
 # %% id="c011" nbgrader={"grade": false, "grade_id": "parallel_mlp", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
@@ -172,22 +214,122 @@ def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
 
 
 # %% id="c012" nbgrader={"grade": true, "grade_id": "parallel_mlp_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-from course_lib.parallel.checks import check_parallel_mlp
+def check_mlp_on_ranks(d, f, batch, seed, world_size=2):
+    """Your parallel_mlp on world_size gloo ranks against the unsharded MLP, naming a known mistake."""
+    x, w1, b1, w2, b2 = random_mlp(d, f, batch, seed)
+    ref = mlp_reference(x, w1, b1, w2, b2)
+    outs = run_parallel_mlp(parallel_mlp, x, w1, b1, w2, b2, world_size=world_size, helpers=[shard_column, shard_row])
+    for r, y in enumerate(outs):
+        w1_r, b1_r = w1.chunk(world_size)[r], b1.chunk(world_size)[r]
+        partial = F.linear(F.relu(F.linear(x, w1_r, b1_r)), w2.chunk(world_size, dim=1)[r])
+        check_close(y, ref, f"parallel_mlp on rank {r} of {world_size} (d={d}, f={f}, batch={batch}, seed {seed}) "
+                    f"vs the unsharded MLP", rtol=1e-4, atol=1e-4,
+                    mistakes={MISTAKES["bias_every_rank"]: ref + (world_size - 1) * b2,
+                              MISTAKES["no_allreduce"]: partial + b2})
 
-check_parallel_mlp(parallel_mlp, d=4, f=6, batch=2, world_size=2, seed=0, helpers=[shard_column, shard_row])
+
+check_mlp_on_ranks(d=4, f=6, batch=2, seed=0)
 print("parallel_mlp: visible test passed (2 processes, gloo)")
 ### BEGIN HIDDEN TESTS
 _g = torch.Generator().manual_seed(time.time_ns() % 2 ** 31)
 _d = int(torch.randint(2, 12, (1,), generator=_g))
 _f = 2 * int(torch.randint(1, 10, (1,), generator=_g))
-check_parallel_mlp(parallel_mlp, d=_d, f=_f, batch=int(torch.randint(1, 4, (1,), generator=_g)), world_size=2,
-                   seed=int(torch.randint(0, 2 ** 31, (1,), generator=_g)), helpers=[shard_column, shard_row])
+check_mlp_on_ranks(d=_d, f=_f, batch=int(torch.randint(1, 4, (1,), generator=_g)),
+                   seed=int(torch.randint(0, 2 ** 31, (1,), generator=_g)))
 ### END HIDDEN TESTS
+
+# %% [markdown] id="c014"
+# ## Exercise 4 — Predict the pipeline bubble (2 points)
+#
+# Pipeline parallelism cuts the layers into `p` stages, one per rank, and the batch into `m` micro-batches:
+# stage `s` runs micro-batch `i` once it has finished `i - 1` and stage `s - 1` has handed over `i`. Take
+# every stage to need the same time per micro-batch and the hand-over to be free. Write
+# `predict_bubble(p, m)`: the **bubble**, the share of the run's rank-time that the ranks spend idle
+# (`1 - busy / (p * makespan)`), as a float. Raise `ValueError` if `p` or `m` is not an integer >= 1.
+#
+# Work it out on a timeline first: when does the last stage start its first micro-batch, and when does it
+# finish its last?
+
+# %% id="c015" nbgrader={"grade": false, "grade_id": "predict_bubble", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_bubble(p, m):
+    ### BEGIN SOLUTION
+    for name, v in (("p", p), ("m", m)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    return (p - 1) / (m + p - 1)      # makespan m + p - 1 stage-times, each rank busy m of them
+    ### END SOLUTION
+
+
+# %% id="c016" nbgrader={"grade": true, "grade_id": "predict_bubble_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_close(predict_bubble(1, 8), 0.0, "predict_bubble(p=1, m=8): one stage never waits")
+check_close(predict_bubble(4, 6), 3 / 9, "predict_bubble(p=4, m=6)", mistakes={MISTAKES["bubble_over_m"]: 3 / 6})
+check_close(predict_bubble(2, 1), 0.5, "predict_bubble(p=2, m=1): one micro-batch, each rank idle half the time",
+            mistakes={MISTAKES["bubble_over_m"]: 1.0})
+for _bad in ((0, 4), (4, 0), (2.0, 4)):
+    check_raises(lambda: predict_bubble(*_bad), ValueError, f"predict_bubble{_bad}")
+print("predict_bubble: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.parallel.pipeline import bubble_formula as _formula
+from course_lib.parallel.pipeline import bubble_fraction as _fraction
+from course_lib.parallel.pipeline import gpipe_schedule as _schedule
+
+_g = torch.Generator().manual_seed(time.time_ns() % 2 ** 31)
+for _ in range(30):
+    _p, _m = int(torch.randint(1, 17, (1,), generator=_g)), int(torch.randint(1, 65, (1,), generator=_g))
+    _want = _fraction(_schedule(_p, _m), _p)                      # the ideal timeline's idle share
+    check_close(_want, _formula(_p, _m), f"the reference timeline vs the formula, p={_p}, m={_m}", atol=1e-12)
+    check_close(predict_bubble(_p, _m), _want, f"predict_bubble(p={_p}, m={_m})",
+                mistakes={MISTAKES["bubble_over_m"]: (_p - 1) / _m})
+### END HIDDEN TESTS
+
+# %% [markdown] id="c017"
+# Now measure. First the ideal GPipe timeline (`gpipe_schedule`), with equal stages and then with a second
+# stage twice as slow as the first: the formula assumes balanced stages. Then two real gloo ranks run the
+# layers of a small Llama as two stages (`pipeline_run`, notebook 11 section 6), each stage also waiting
+# 20 ms per micro-batch to stand for GPU kernel time; the measured bubble includes the transfers and this
+# machine's load (a timing: shown, not asserted).
+
+# %% id="c018"
+try:
+    for _p, _m in ((2, 1), (2, 4), (4, 8)):
+        print(f"p={_p} m={_m}: predicted {predict_bubble(_p, _m):.3f}, ideal timeline "
+              f"{bubble_fraction(gpipe_schedule(_p, _m), _p):.3f}, stage 2 twice as slow "
+              f"{bubble_fraction(gpipe_schedule(_p, _m, [1.0, 2.0] + [1.0] * (_p - 2)), _p):.3f}")
+    _cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    _steps = [(pipeline_run, (ModelSpec(config=_cfg, seed=3), _m), dict(batch=4, seq=8, stage_sleep_s=0.02))
+              for _m in (1, 4)]
+    _pipe = launch(sequence, 2, args=(_steps,))[0]
+    for _r in _pipe:
+        print(f"2 gloo ranks, m={_r['m']}: predicted {predict_bubble(2, _r['m']):.3f}, measured {_r['bubble']:.3f}")
+    timing_claim("the measured bubble follows (p-1)/(m+p-1) within -0.05 to +0.3 (the transfers)",
+                 held=all(predict_bubble(2, r["m"]) - 0.05 < r["bubble"] < predict_bubble(2, r["m"]) + 0.3
+                          for r in _pipe),
+                 measured=", ".join(f"m={r['m']}: {r['bubble']:.3f}" for r in _pipe))
+except NotImplementedError:
+    print("finish the exercises first")
 
 # %% [markdown] id="c013"
 # ## Going further (not graded)
 #
 # * Notebook 11 shards the course's whole Llama this way (`course_lib.parallel.shard_model`): attention by
 #   heads, with grouped-query KV heads divided too; compare its logits with the single-process model.
-# * Try `check_parallel_mlp(parallel_mlp, world_size=4, f=8, helpers=[shard_column, shard_row])`: four
-#   processes on your machine.
+# * Try `check_mlp_on_ranks(d=8, f=8, batch=2, seed=1, world_size=4)`: four processes on your machine.
+
+# %% [markdown] id="c019" tags=["answer-key"]
+# ### Answer key
+#
+# * **The whole model.** `shard_model` shards each attention layer by heads: with `H` query heads and `K` KV
+#   heads, rank `r` keeps `H / p` query heads and the `K / p` KV heads they read (so `p` must divide `K`,
+#   `check_tp_degree` says which `p` work), the output projection row-parallel with one all-reduce, and the
+#   MLP as in this lab (gate and up column-parallel, down row-parallel, a second all-reduce): two all-reduces
+#   per layer. Q, K and V are one fused matrix, split into Q, K and V *before* sharding (a naive chunk would
+#   give rank 0 only query rows). The logits equal the single-process model's up to float32 summation order
+#   (the partial sums are added in another order): notebook 11's `tp_check` asserts a max |difference| below
+#   1e-4 at TP = 2 (bundled model) and 4 (a random model with 4 KV heads), forward and cached decoding, and
+#   the same greedy tokens.
+# * **Four processes.** `check_mlp_on_ranks(d=8, f=8, batch=2, seed=1, world_size=4)` passes: each rank
+#   keeps 2 of the 8 hidden units (its `w1` shard is `[2, 8]`, its `w2` shard `[8, 2]`) and the ring sends
+#   `2 * 3 / 4 = 1.5` times the output's bytes per rank instead of `1` at `p = 2`. `f = 6` fails with the
+#   shard functions' `ValueError` (4 does not divide 6) on every rank. The run takes a few seconds longer,
+#   all of it starting the four processes: the MLP itself is microseconds.

@@ -1,22 +1,26 @@
 # %% [markdown] id="c002"
-# # Lab 12 · A graph break, and where the speed-up comes from
+# # Lab 12 · A graph break, where the speed-up comes from, and what a step should cost
 #
-# Two skills from Module 12:
+# Three skills from Module 12:
 #
-# * **Part A (4 points): remove a graph break.** A decode step that `torch.compile` cannot trace in one
-#   piece: you find the break with `torch._dynamo.explain` and rewrite the step so that it has none and
-#   returns exactly what the original returns.
+# * **Part A (4 points, contract): remove a graph break.** A decode step that `torch.compile` cannot trace
+#   in one piece: you find the break with `torch._dynamo.explain` and design a step, specified by its
+#   contract, that has none and returns exactly what the original returns.
 # * **Part B (4 points): the attribution table.** From a list of `(step, tokens/s)` measurements, compute
 #   each step's speed-up over the previous one, its share of the total speed-up on a log scale, and the cost
 #   per 1M tokens.
+# * **Part C (2 points): predict a decode step's time.** From the roofline of Module 01, before you time one;
+#   then the measured step shows what the roofline leaves out (the per-operator overhead, launch overhead on
+#   a GPU).
 #
 # How it works:
 #
 # * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
 # * Each part is followed by a test cell with fixed examples. When grading, **hidden tests** also run your
-#   functions on fresh random models and random timings, so follow the specification exactly.
-# * Do not call `course_lib.capstone.attribution_table` in Part B: the hidden tests compare your table with
-#   it and check that the code is your own. Everything runs on a CPU in seconds. Total: 8 points.
+#   functions on fresh random models, random timings and random devices, so meet the specification exactly.
+# * Do not call `course_lib.capstone.attribution_table` in Part B or `course_lib.perf.roofline` in Part C:
+#   the hidden tests compare your results with them and check that the code is your own. Everything runs on
+#   a CPU in seconds. Total: 10 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -29,6 +33,8 @@ from course_lib.compile_tools import explain_breaks
 from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
 from course_lib.kvcache import StaticCache
 from course_lib.models import LlamaForCausalLM, as_config
+from course_lib.perf.hardware import get_gpu
+from course_lib.perf.timing import benchmark
 
 
 def tiny_model(seed=0, vocab=128):
@@ -63,9 +69,29 @@ def own_work(fn, name, forbidden=("attribution_table",)):
 
 model = tiny_model()
 
+# Known misconceptions: a test that recognises one names it (public text, pointing to the notebooks)
+MISTAKES = {
+    "host_sync": "a conversion of a tensor to Python values (.tolist(), int(), .item(), .cpu().numpy()) needs "
+                 "the value on the host, so dynamo ends the graph there wherever in the function it happens: "
+                 "moving it is not removing it, stay in tensors up to the result; see notebook 12, section "
+                 "'2. Graph breaks'",
+    "linear_shares": "speed-ups multiply, so each step's share is taken on a log scale, log(speedup) / log(S); "
+                     "linear shares (speedup - 1) / (S - 1) do not add up to 1; see notebook 12, section "
+                     "'6. The capstone: every optimization on one model'",
+    "sum_not_max": "the roofline's time is the larger of the memory time and the compute time (the device reads "
+                   "and computes at the same time), not their sum; see notebook 01, section '5. Rooflines: T4, "
+                   "L4, A100, H100, H200 and this machine'",
+}
+
+
+def _moved_break(model, tok, cache):
+    """A known wrong answer to Part A: the argmax stays a tensor, then .tolist() leaves the graph."""
+    logits = model(tok, cache=cache)[:, -1, :]
+    return torch.tensor(logits.argmax(dim=-1).tolist(), device=tok.device).unsqueeze(-1)
+
 
 # %% [markdown] id="c004"
-# ## Part A · Remove a graph break (4 points)
+# ## Part A · Remove a graph break (4 points, contract)
 #
 # Here is a greedy decode step as one might write it first. It takes the last token of each sequence
 # `tok` ([B, 1]) and a `StaticCache` holding the sequences so far, runs the model for one position (which
@@ -93,15 +119,32 @@ for _r in report["break_reasons"]:
 # break(s) printed above, with the line that causes each. Read the reason: which call needs the tensor's
 # value in Python?
 #
-# Write `decode_step(model, tok, cache)`: the same step with **no graph break** (`explain` must report
-# `graph_break_count == 0`) that returns **exactly the same tensor** as `decode_step_with_break` (the same
-# values, shape [B, 1], dtype int64, on `tok`'s device) for any batch size, and updates the cache the same
-# way (call the model once). Hint: stay in tensors from the logits to the result. Moving the conversion
-# somewhere else in the function (`.tolist()`, `.cpu().numpy()`, `int(...)`) is still a break.
+# **Contract.** `decode_step(model, tok, cache)`:
+#
+# * *inputs*: a course model, `tok` `[B, 1]` int64 (the last token of each of `B` sequences, any `B >= 1`), a
+#   `StaticCache` holding the sequences so far;
+# * *output*: the next token of each sequence, **exactly the tensor** `decode_step_with_break` returns: the
+#   same values, shape `[B, 1]`, dtype int64, on `tok`'s device;
+# * *side effect*: the cache advances exactly as the provided step advances it (the model is called once,
+#   through the cache);
+# * *the point*: `explain` reports `graph_break_count == 0`: the whole step is one graph, with no host
+#   sync inside;
+# * *errors*: `ValueError` if `tok` is not 2-D with one column, before the model runs (the cache unchanged).
+#
+# <details><summary>Hint</summary>
+#
+# Stay in tensors from the logits to the result: `argmax` works on a whole batch at once, and `keepdim`
+# keeps the last axis. Moving the conversion somewhere else in the function (`.tolist()`,
+# `.cpu().numpy()`, `int(...)`) is still a break. A shape check (`tok.dim()`, `tok.shape[1]`) is not: shapes
+# are known while tracing.
+#
+# </details>
 
 # %% id="c007" nbgrader={"grade": false, "grade_id": "step_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def decode_step(model, tok, cache):
     ### BEGIN SOLUTION
+    if tok.dim() != 2 or tok.shape[1] != 1:
+        raise ValueError(f"tok must be [B, 1] (the last token of each sequence), got {tuple(tok.shape)}")
     logits = model(tok, cache=cache)[:, -1, :]            # [B, V]
     return logits.argmax(dim=-1, keepdim=True)            # [B, 1] int64, stays on the device
     ### END SOLUTION
@@ -134,9 +177,14 @@ def _breaks(m, prompts):
 _compare_steps(model, torch.tensor([[1, 2, 3], [4, 5, 6]]), "batch of 2 on the fixed model")
 _compare_steps(model, torch.tensor([[7, 8, 9, 10, 11]]), "batch of 1 on the fixed model")
 _rep = _breaks(model, torch.tensor([[1, 2, 3], [4, 5, 6]]))
-if _rep["graph_break_count"] != 0:
-    raise AssertionError(f"decode_step still has {_rep['graph_break_count']} graph break(s): "
-                         + "; ".join(_rep["break_reasons"]))
+with torch.inference_mode():
+    _tok, _cache = prefilled(model, torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    _moved = explain_breaks(_moved_break, model, _tok, _cache)["graph_break_count"]
+check_equal(_rep["graph_break_count"], 0, "graph breaks in decode_step (" + "; ".join(_rep["break_reasons"]) + ")",
+            mistakes={MISTAKES["host_sync"]: _moved})
+with torch.inference_mode():
+    _tok, _cache = prefilled(model, torch.tensor([[1, 2, 3]]))
+    check_raises(lambda: decode_step(model, _tok.view(-1), _cache), ValueError, "decode_step with tok of shape [1]")
 print(f"Part A: visible tests passed (1 graph, {_rep['op_count']} ops, no break)")
 ### BEGIN HIDDEN TESTS
 own_work(decode_step, "decode_step", forbidden=("decode_step_with_break",))
@@ -147,7 +195,11 @@ for _trial in range(3):
     _p = torch.randint(0, _m.config.vocab_size, (_B, _T), generator=torch.Generator().manual_seed(_seed))
     _compare_steps(_m, _p, f"random model (seed {_seed}), batch {_B}, prompt length {_T}")
     _rep = _breaks(_m, _p)
-    check_equal(_rep["graph_break_count"], 0, f"graph breaks on a random model (seed {_seed}), batch {_B}")
+    with torch.inference_mode():
+        _tok, _cache = prefilled(_m, _p)
+        _moved = explain_breaks(_moved_break, _m, _tok, _cache)["graph_break_count"]
+    check_equal(_rep["graph_break_count"], 0, f"graph breaks on a random model (seed {_seed}), batch {_B}",
+                mistakes={MISTAKES["host_sync"]: _moved})
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c009"
@@ -204,7 +256,8 @@ check_equal([r["step"] for r in _rows], [n for n, _ in _t], "the step names, in 
 check_close([r["speedup"] for r in _rows], [1.0, 4.0, 1.25, 0.8, 10.0], "speedup of each step over the previous")
 check_close([r["share"] for r in _rows], [0.0, math.log(4) / math.log(40), math.log(1.25) / math.log(40),
                                           math.log(0.8) / math.log(40), math.log(10) / math.log(40)],
-            "share of each step: log(speedup) / log(total speed-up), total = 400 / 10 = 40")
+            "share of each step: log(speedup) / log(total speed-up), total = 400 / 10 = 40",
+            mistakes={MISTAKES["linear_shares"]: [0.0, 3 / 39, 0.25 / 39, -0.2 / 39, 9 / 39]})
 check_close(sum(r["share"] for r in _rows), 1.0, "the shares' sum")
 check_close([r["usd_per_1M"] for r in _rows], [2.0 / (x * 3600) * 1e6 for _, x in _t],
             "cost per 1M tokens at $2/hour")
@@ -228,12 +281,114 @@ for _trial in range(200):
     _want = _ref_table(_names, [1 / x for x in _tps], price_per_hour=_price)
     _what = f"attribution({list(zip(_names, _tps))}, {_price})"
     check_equal(len(_got), _n, "number of rows of " + _what)
+    _total = _tps[-1] / _tps[0]
+    _linear = [0.0] + [0.0 if _total == 1 else (_b / _a - 1) / (_total - 1) for _a, _b in zip(_tps, _tps[1:])]
     for _k in ("speedup", "share", "usd_per_1M"):
-        check_close([r[_k] for r in _got], [r[_k] for r in _want], f"{_k!r} of {_what}", rtol=1e-7, atol=1e-12)
+        check_close([r[_k] for r in _got], [r[_k] for r in _want], f"{_k!r} of {_what}", rtol=1e-7, atol=1e-12,
+                    mistakes={MISTAKES["linear_shares"]: _linear} if _k == "share" else None)
     check_close([r["tokens_per_s"] for r in _got], _tps, "tokens_per_s of " + _what)
 for _bad in (float("nan"), float("inf"), -3.0):
     check_raises(lambda: attribution([("a", 1.0), ("b", _bad)], 1.0), ValueError, f"a step with {_bad} tokens/s")
 ### END HIDDEN TESTS
+
+# %% [markdown] id="c015"
+# ## Part C · Predict a decode step's time (2 points)
+#
+# Module 01's roofline, applied to one decode step of `batch` sequences: the step reads every weight once
+# (`params * bytes_per_param` bytes) and the sequences' KV caches once (`kv_bytes`), and does one
+# multiply-add (2 FLOPs) per weight per sequence. A device that streams `bandwidth` bytes/s and computes
+# `peak_flops` FLOP/s does both at once, so the step takes the time of whichever side is slower.
+#
+# Write `predict_decode_step_s(params, bytes_per_param, batch, kv_bytes, bandwidth, peak_flops)`: that time
+# in seconds. Raise `ValueError` if `params`, `bytes_per_param`, `bandwidth` or `peak_flops` is not
+# positive, `batch` is not an integer >= 1, or `kv_bytes` is negative.
+#
+# Example: a 7B model (6.74e9 parameters) in fp16 at batch 1 on an A100 80 GB (2.039e12 B/s) reads 13.5 GB
+# per step: 6.6 ms, whatever the FLOP rate.
+
+# %% id="c016" nbgrader={"grade": false, "grade_id": "predict_step_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_decode_step_s(params, bytes_per_param, batch, kv_bytes, bandwidth, peak_flops):
+    ### BEGIN SOLUTION
+    for name, v in (("params", params), ("bytes_per_param", bytes_per_param), ("bandwidth", bandwidth),
+                    ("peak_flops", peak_flops)):
+        if not v > 0:
+            raise ValueError(f"{name} must be positive, got {v!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    if not kv_bytes >= 0:
+        raise ValueError(f"kv_bytes must be >= 0, got {kv_bytes!r}")
+    memory_s = (params * bytes_per_param + kv_bytes) / bandwidth
+    compute_s = 2 * params * batch / peak_flops
+    return max(memory_s, compute_s)                       # the two overlap: the slower side is the step
+    ### END SOLUTION
+
+
+# %% id="c017" nbgrader={"grade": true, "grade_id": "predict_step_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# an A100 80 GB: 2.039e12 B/s, 312e12 FLOP/s in fp16
+check_close(predict_decode_step_s(6.74e9, 2, 1, 0, 2.039e12, 312e12), 6.74e9 * 2 / 2.039e12,
+            "predict_decode_step_s: 7B in fp16, batch 1, A100 (memory-bound)",
+            mistakes={MISTAKES["sum_not_max"]: 6.74e9 * 2 / 2.039e12 + 2 * 6.74e9 / 312e12})
+check_close(predict_decode_step_s(6.74e9, 2, 512, 0, 2.039e12, 312e12), 2 * 6.74e9 * 512 / 312e12,
+            "predict_decode_step_s: 7B in fp16, batch 512, A100 (compute-bound)",
+            mistakes={MISTAKES["sum_not_max"]: 6.74e9 * 2 / 2.039e12 + 2 * 6.74e9 * 512 / 312e12})
+check_close(predict_decode_step_s(6.74e9, 2, 8, 8 * 2**30, 2.039e12, 312e12), (6.74e9 * 2 + 8 * 2**30) / 2.039e12,
+            "predict_decode_step_s: batch 8 with 8 GiB of KV cache to read")
+for _bad in ((0, 2, 1, 0, 1e12, 1e14), (1e9, 2, 0, 0, 1e12, 1e14), (1e9, 2, 1, -1, 1e12, 1e14),
+             (1e9, 2, 1, 0, 0, 1e14), (1e9, 2, 1.5, 0, 1e12, 1e14)):
+    check_raises(lambda: predict_decode_step_s(*_bad), ValueError, f"predict_decode_step_s{_bad}")
+print("Part C: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.perf.hardware import get_gpu as _get_gpu
+from course_lib.perf.hardware import gpu_names as _gpu_names
+from course_lib.perf.roofline import decode_step as _ref_step
+
+own_work(predict_decode_step_s, "predict_decode_step_s", forbidden=("decode_step", "min_decode_latency"))
+_rng = random.Random(time.time_ns())
+for _ in range(60):
+    _dev = _get_gpu(_rng.choice(_gpu_names()))
+    _dtype = _rng.choice(["fp16", "bf16", "int8", "fp32"])
+    _params, _batch = _rng.uniform(1e8, 1e11), _rng.choice([1, 2, 8, 64, 256, 1024])
+    _kv = _rng.choice([0.0, _rng.uniform(0, 1e11)])
+    _ref = _ref_step(_params, _dev, _dtype, batch=_batch, kv_bytes=_kv)
+    _bpp = _ref.weight_bytes / _params
+    check_close(predict_decode_step_s(_params, _bpp, _batch, _kv, _ref.bandwidth, _ref.peak), _ref.time,
+                f"predict_decode_step_s({_params:.4g}, {_bpp}, {_batch}, {_kv:.4g}, {_ref.bandwidth:.4g}, "
+                f"{_ref.peak:.4g}) ({_dev.name}, {_dtype})", rtol=1e-9,
+                mistakes={MISTAKES["sum_not_max"]: _ref.memory_s + _ref.compute_s})
+### END HIDDEN TESTS
+
+# %% [markdown] id="c018"
+# Now measure: your `decode_step` on the fixed tiny model of Part A (fp32 weights, 4 bytes each), timed on
+# this machine, beside the roofline's prediction. On a GPU the cell takes the card's numbers from the
+# course's table; on a CPU it assumes 20 GB/s and 200 GFLOP/s (a laptop; put in yours). A timing: shown,
+# never asserted. The gap is what the roofline leaves out: the fixed cost of each operator (Python, the
+# dispatcher, on a GPU each kernel's launch), which dominates a model this small.
+
+# %% id="c019"
+try:
+    _params = sum(p.numel() for p in model.parameters())
+    if torch.cuda.is_available():
+        try:
+            _dev = get_gpu(torch.cuda.get_device_name())
+            _bw, _peak, _where = _dev.bandwidth, _dev.peak_flops("fp32"), _dev.name
+        except ValueError:
+            _bw, _peak, _where = 2e12, 50e12, "a GPU not in the course's table (assumed 2 TB/s, 50 TFLOP/s)"
+    else:
+        _bw, _peak, _where = 20e9, 200e9, "a CPU (assumed 20 GB/s, 200 GFLOP/s)"
+    _preds = {_B: predict_decode_step_s(_params, 4, _B, 0, _bw, _peak) for _B in (1, 8)}
+    with torch.inference_mode():
+        _measured = {}
+        for _B in _preds:
+            _tok, _cache = prefilled(model, torch.randint(0, 128, (_B, 4)))
+            _measured[_B] = benchmark(decode_step, model, _tok, _cache, warmup=2, repeats=15)
+        _ops = _breaks(model, torch.tensor([[1, 2, 3]]))["op_count"]
+    for _B, _pred in _preds.items():
+        _t = _measured[_B]
+        print(f"batch {_B}: roofline {_pred * 1e6:8.2f} us, measured {_t.median * 1e6:8.1f} us "
+              f"(x{_t.median / _pred:,.0f}; {(_t.median - _pred) / _ops * 1e6:.1f} us for each of {_ops} ops "
+              f"if the gap is per-operator overhead) on {_where}")
+except NotImplementedError:
+    print("finish the exercises first")
 
 # %% [markdown] id="c012"
 # ## Putting it together (not graded)
@@ -268,3 +423,29 @@ except NotImplementedError:
 # * Put the steps of the table in another order (batching before speculative decoding): do the shares
 #   change? Which numbers would you need to measure again?
 # * Compute the shares linearly, `(speedup - 1) / (S - 1)`: why do they not add up to 1?
+
+# %% [markdown] id="c021" tags=["answer-key"]
+# ### Answer key
+#
+# * **Compile and time.** `step = torch.compile(decode_step, fullgraph=True)` succeeds because the step has
+#   no break (`fullgraph=True` raises at the first break: the original step fails there). The first call
+#   compiles (seconds); time the later ones through a fresh prefilled cache, e.g. with
+#   `course_lib.perf.timing.compare`. On a CPU the compiled step of this one-layer model is faster by
+#   roughly the per-operator overhead that fusion removes (notebook 12, section 4: most of an eager step of a
+#   small model is dispatch overhead, a few us per op); the gain is well under a millisecond per step, so
+#   the compile pays back only after thousands of tokens. On a GPU with `mode="reduce-overhead"` (CUDA
+#   graphs) the gain is several-fold, because the eager step is a chain of launches.
+# * **Another order.** The shares change, because a step's speed-up depends on what is already in the
+#   stack: speculative decoding pays off when a step is memory-bound (batch 1: verifying several tokens costs
+#   about one step), and batching makes the step more compute-bound, so speculative decoding placed after
+#   batching gains less (or loses more: in the table it is already below 1, x0.63) and batching placed before
+#   it gains more. Only the total, last over first, stays the same if the final configuration is the same.
+#   You must measure again every configuration that did not exist before: each prefix of the new order
+#   after the first moved step (here "KV cache + compile + batching"); the shares cannot be computed from
+#   the old measurements, because speed-ups do not commute in general.
+# * **Linear shares.** Speed-ups multiply: the total is the product S = s1 * s2 * ... * sn, and
+#   log S = sum of log si, so log-scale shares add up to 1 exactly. Linear shares add the si - 1, and
+#   sum(si - 1) != prod(si) - 1 unless at most one step changes anything: for the table's speed-ups 4, 1.25,
+#   0.8 and 10 (S = 40) they are 3/39, 0.25/39, -0.2/39 and 9/39, which sum to 12.05/39 = 0.31, not 1. They
+#   also make the order matter more: the same factor 10 counts as 9/39 here, but as 9/(S - 1) of a smaller
+#   total elsewhere.

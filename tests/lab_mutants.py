@@ -57,7 +57,8 @@ def kd_loss(student_logits, teacher_logits, temperature=2.0):
 '''}),
     ],
     "lab09": [
-        ("the scheduler admits waiting requests without checking the free KV blocks (only max_batch)",
+        ("the scheduler admits waiting requests without checking the free KV blocks (only max_batch); the batch "
+         "prediction counts O decode steps after the prefill (one too many)",
          {"schedule_answer": '''\
 def schedule(waiting, running, free_blocks, block_size, max_batch):
     run = list(running)
@@ -86,7 +87,61 @@ def schedule(waiting, running, free_blocks, block_size, max_batch):
             admit.append(w.rid)
             free -= blocks_needed(w.need, block_size)
     return Decision(preempt=preempt, admit=admit)
-'''}),
+''', "predict_batch_answer": '''\
+def predict_batch_s(B, P, O, cost):
+    for name, value in (("B", B), ("P", P), ("O", O)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    t = cost.step_time(B * P, 0, B * P)
+    for k in range(1, O + 1):
+        t += cost.step_time(0, B, B * (P + k))
+    return t
+'''},
+         ["the scheduler admits a waiting request when the batch has room without checking that its prefill's KV "
+          "blocks fit in the free blocks: the KV memory is over-subscribed; see notebook 09, section "
+          "'4. Iteration-level scheduling, KV blocks and preemption'",
+          "the prediction counts one decode step per output token, but the prefill step already emits the first "
+          "token: a request of O output tokens takes 1 prefill step and O - 1 decode steps; see notebook 09, "
+          "section '2. What one engine step costs'"]),
+        ("followed the recipe's 'admit while it fits' without FCFS: a request that does not fit is skipped and "
+         "later, smaller ones are admitted",
+         {"schedule_answer": '''\
+def schedule(waiting, running, free_blocks, block_size, max_batch):
+    if free_blocks < 0 or block_size < 1 or max_batch < 1:
+        raise ValueError("bad arguments")
+    run = list(running)
+    free = free_blocks
+    preempt = []
+    i = 0
+    while i < len(run):
+        r = run[i]
+        extra = max(0, blocks_needed(r.need, block_size) - r.blocks)
+        while extra > free and len(run) > i + 1:
+            victim = run.pop()
+            preempt.append(victim.rid)
+            free += victim.blocks
+        if extra > free:
+            run.pop()
+            preempt.append(r.rid)
+            free += r.blocks
+            break
+        free -= extra
+        i += 1
+    admit = []
+    if not preempt:
+        for w in waiting:
+            nb = blocks_needed(w.need, block_size)
+            if len(run) + len(admit) >= max_batch:
+                break
+            if nb > free:
+                continue
+            admit.append(w.rid)
+            free -= nb
+    return Decision(preempt=preempt, admit=admit)
+'''},
+         ["admission skips over a waiting request that does not fit and admits later, smaller ones: first come, "
+          "first served stops at the first request that does not fit (a long prompt would starve); see notebook "
+          "09, section '4. Iteration-level scheduling, KV blocks and preemption'"]),
     ],
     "lab08": [
         ("on a rejection the replacement is sampled from p instead of the residual max(0, p - q)", {"accept_answer": '''\
@@ -366,8 +421,12 @@ def wanda_24_mask(W, X):
     keep = torch.zeros_like(groups, dtype=torch.bool)
     keep.scatter_(-1, groups.topk(2, dim=-1).indices, True)
     return keep.reshape(out_f, in_f)
-'''}),
-        ("the dispatch ignores the capacity (no assignment is ever dropped)", {"dispatch": '''\
+'''},
+         ["the mask ranks the weights by |W| alone: Wanda's score is |W[i, j]| times the L2 norm of input feature j "
+          "over the calibration tokens, so a small weight on a loud feature can matter more than a large weight on "
+          "a quiet one; see notebook 10, section '2. Wanda and the 2:4 pattern'"]),
+        ("the dispatch ignores the capacity (no assignment is ever dropped); the prediction pools the capacity "
+         "over the experts", {"dispatch": '''\
 def moe_dispatch(x, experts, weights, indices, capacity=None):
     N, k = indices.shape
     y = torch.zeros_like(x)
@@ -376,17 +435,41 @@ def moe_dispatch(x, experts, weights, indices, capacity=None):
         if len(tok):
             y.index_add_(0, tok, weights[tok, slot][:, None] * experts[e](x[tok]))
     return y, 0
-'''}),
+''', "predict_dropped": '''\
+def predict_dropped(loads, N, k, capacity_factor):
+    loads = [int(x) for x in loads]
+    if any(x < 0 for x in loads) or sum(loads) != N * k:
+        raise ValueError("bad loads")
+    cap = expert_capacity(N, len(loads), k, capacity_factor)
+    return max(0, N * k - len(loads) * cap)
+'''},
+         ["the dispatch never drops an assignment: an expert that already holds `capacity` assignments must drop "
+          "the next ones (first choices are placed before second choices); see notebook 10, section "
+          "'5. Mixture of experts'",
+          "the capacity is pooled over the experts (max(0, N*k - E*capacity)): it is per expert, an idle slot of "
+          "one expert cannot take another expert's token, so the dropped count is the sum over experts of "
+          "max(0, load - capacity); see notebook 10, section '5. Mixture of experts'"]),
     ],
     "lab11": [
-        ("the row-parallel bias b2 added on every rank before the all-reduce (summed world_size times)", {"parallel_mlp": '''\
+        ("the row-parallel bias b2 added on every rank before the all-reduce (summed world_size times); the "
+         "bubble predicted as idle over busy time, (p - 1) / m", {"parallel_mlp": '''\
 def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
     w1_r, b1_r = shard_column(w1, b1, rank, world_size)
     h = F.relu(F.linear(x, w1_r, b1_r))
     y = F.linear(h, shard_row(w2, rank, world_size), b2)
     dist.all_reduce(y)
     return y
-'''}),
+''', "predict_bubble": '''\
+def predict_bubble(p, m):
+    if not isinstance(p, int) or not isinstance(m, int) or p < 1 or m < 1:
+        raise ValueError("p and m must be integers >= 1")
+    return (p - 1) / m
+'''},
+         ["the row-parallel bias b2 is added on every rank before the all-reduce, which sums it world_size times: "
+          "add it once, after the sum; see notebook 11, section '1 · Two ways to split a linear layer'",
+          "the bubble is the idle share of the whole run, (p - 1) / (m + p - 1): the run takes m + p - 1 "
+          "stage-times and each rank is busy for m of them; (p - 1) / m is idle time over busy time; see notebook "
+          "11, section '6 · Pipeline parallelism and its bubble'"]),
     ],
     "lab03": [
         ("GPTQ without error feedback: each column rounded on its own (plain RTN)", {"gptq_answer": '''\
@@ -416,8 +499,12 @@ def decode_step(model, tok, cache):
     logits = model(tok, cache=cache)[:, -1, :]
     ids = logits.argmax(dim=-1).tolist()
     return torch.tensor(ids, device=tok.device).unsqueeze(-1)
-'''}),
-        ("shares computed linearly, (speedup - 1) / (S - 1), instead of on a log scale", {"attribution_answer": '''\
+'''},
+         ["a conversion of a tensor to Python values (.tolist(), int(), .item(), .cpu().numpy()) needs the value on "
+          "the host, so dynamo ends the graph there wherever in the function it happens: moving it is not removing "
+          "it, stay in tensors up to the result; see notebook 12, section '2. Graph breaks'"]),
+        ("shares computed linearly, (speedup - 1) / (S - 1), instead of on a log scale; the roofline's memory and "
+         "compute times added instead of their max", {"attribution_answer": '''\
 def attribution(timings, price_per_hour):
     timings = list(timings)
     if not timings:
@@ -436,6 +523,19 @@ def attribution(timings, price_per_hour):
                      "usd_per_1M": price_per_hour / (tps * 3600) * 1e6})
         prev = tps
     return rows
-'''}),
+''', "predict_step_answer": '''\
+def predict_decode_step_s(params, bytes_per_param, batch, kv_bytes, bandwidth, peak_flops):
+    if not (params > 0 and bytes_per_param > 0 and bandwidth > 0 and peak_flops > 0):
+        raise ValueError("params, bytes_per_param, bandwidth and peak_flops must be positive")
+    if not isinstance(batch, int) or batch < 1 or kv_bytes < 0:
+        raise ValueError("batch must be an int >= 1 and kv_bytes >= 0")
+    return (params * bytes_per_param + kv_bytes) / bandwidth + 2 * params * batch / peak_flops
+'''},
+         ["speed-ups multiply, so each step's share is taken on a log scale, log(speedup) / log(S); linear shares "
+          "(speedup - 1) / (S - 1) do not add up to 1; see notebook 12, section '6. The capstone: every "
+          "optimization on one model'",
+          "the roofline's time is the larger of the memory time and the compute time (the device reads and "
+          "computes at the same time), not their sum; see notebook 01, section '5. Rooflines: T4, L4, A100, H100, "
+          "H200 and this machine'"]),
     ],
 }
