@@ -15,6 +15,7 @@
 # 4 exercises: 2 + 2 + 4 (contract) + 2 (prediction) = 10 points.
 
 # %% id="c003"
+import os
 import time
 
 import torch
@@ -295,6 +296,8 @@ try:
         print(f"p={_p} m={_m}: predicted {predict_bubble(_p, _m):.3f}, ideal timeline "
               f"{bubble_fraction(gpipe_schedule(_p, _m), _p):.3f}, stage 2 twice as slow "
               f"{bubble_fraction(gpipe_schedule(_p, _m, [1.0, 2.0] + [1.0] * (_p - 2)), _p):.3f}")
+    if os.environ.get("NBGRADER_EXECUTION"):  # a measurement, not a test: the grader skips the 2-rank run
+        raise NotImplementedError
     _cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     _steps = [(pipeline_run, (ModelSpec(config=_cfg, seed=3), _m), dict(batch=4, seq=8, stage_sleep_s=0.02))
@@ -307,7 +310,8 @@ try:
                           for r in _pipe),
                  measured=", ".join(f"m={r['m']}: {r['bubble']:.3f}" for r in _pipe))
 except NotImplementedError:
-    print("finish the exercises first")
+    print("finish the exercises first" if not os.environ.get("NBGRADER_EXECUTION") else
+          "the 2-rank measurement is skipped while grading")
 
 # %% [markdown] id="c013"
 # ## Going further (not graded)
