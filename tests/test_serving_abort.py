@@ -14,8 +14,7 @@ import torch
 from course_lib.generation import generate
 from course_lib.models import load
 from course_lib.paged import PagingError
-from course_lib.serving.engine import Engine
-from course_lib.serving.request import SamplingParams
+from course_lib.serving import Engine, SamplingParams
 
 
 @pytest.fixture(scope="module")

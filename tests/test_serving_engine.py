@@ -20,10 +20,8 @@ from course_lib.kvcache import ContiguousCache
 from course_lib.models import load
 from course_lib.paged import attention as paged_attention_module
 from course_lib.perf.metrics import Trace, summarize
-from course_lib.serving import compare_with_static, synthetic_workload
+from course_lib.serving import Engine, SamplingParams, compare_with_static, synthetic_workload
 from course_lib.serving.baselines import hf_static_generate, static_batch_generate
-from course_lib.serving.engine import Engine
-from course_lib.serving.request import SamplingParams
 
 # decode backends the engine can use on a CPU ("auto" is "torch" there, "triton" on CUDA)
 CPU_BACKENDS = [b for b in ("reference", "torch") if b in getattr(paged_attention_module, "BACKENDS", ("reference",))]
@@ -322,8 +320,7 @@ sys.path.insert(0, {root!r})
 torch.set_num_threads(1)
 from course_lib.generation import generate
 from course_lib.models import load
-from course_lib.serving.engine import Engine
-from course_lib.serving.request import SamplingParams
+from course_lib.serving import Engine, SamplingParams
 model, _ = load("tiny", device="cpu", verbose=False)
 g = torch.Generator(device="cpu").manual_seed(0)
 prompts = [torch.randint(1, 2048, (n,), generator=g, device="cpu").tolist() for n in (5, 19, 11)]

@@ -144,7 +144,7 @@ def test_paged_cache_and_engine_decode_with_torch_on_a_t4():
     with simulated_gpu(*A100):
         assert PagedCache(BlockManager(8, 4), _pool_on("cuda")).decode_backend == ("triton" if HAS_TRITON else "torch")
     from course_lib.models import load
-    from course_lib.serving.engine import Engine
+    from course_lib.serving import Engine
     model, _ = load("tiny", device="cpu", verbose=False)
     eng = Engine(model, num_blocks=8, block_size=4)
     assert eng.backend == "auto" and eng.decode_backend == "torch"

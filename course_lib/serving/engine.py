@@ -1,7 +1,6 @@
 """A small real serving engine: continuous (iteration-level) batching on the paged KV cache.
 
-    from course_lib.serving.engine import Engine
-    from course_lib.serving.request import SamplingParams
+    from course_lib.serving import Engine, SamplingParams
     eng = Engine(model, num_blocks=256, block_size=16, max_batch=16, max_prefill_tokens=256)
     rid = eng.add_request(prompt_ids, SamplingParams(max_new_tokens=32))   # ValueError/TypeError if unservable
     while eng.has_unfinished():
