@@ -42,7 +42,8 @@ from course_lib.perf.metrics import cost_per_million_tokens
 from course_lib.perf.roofline import MEMORY_BOUND, decode_step
 from course_lib.perf.timing import timed_call
 from course_lib.quant.transform import to_fast_weight_only
-from course_lib.serving import Engine, SamplingParams
+from course_lib.serving.engine import Engine
+from course_lib.serving.request import SamplingParams
 from course_lib.validate import integer
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",

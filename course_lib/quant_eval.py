@@ -175,7 +175,7 @@ def qat_vs_ptq(name: str = "tiny", bits: int = 3, group_size: int | None = None,
 
 def sensitivity_bpb(model, tok, texts=None, bits=(8, 4, 3), group_size: int = 16, by: str = "layer",
                     progress: bool = True) -> dict:
-    """``quant.sensitivity_scan`` with held-out bits per byte as the loss and group RTN as the quantizer."""
+    """``quant.sensitivity.sensitivity_scan`` with held-out bits per byte as the loss and group RTN as the quantizer."""
     texts = texts or heldout_texts(4, 1500)
     q = group_rtn(4, group_size)
     return sensitivity_scan(model, lambda m: heldout_bpb(m, tok, texts), layer_groups(model, by),

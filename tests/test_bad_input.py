@@ -7,6 +7,9 @@ import torch
 import torch.nn as nn
 
 import course_lib.quant as Q
+from course_lib.quant.fp8 import FP8Linear
+from course_lib.quant.linear import quantize_per_token
+from course_lib.quant.llm_int8 import llm_int8_matmul, outlier_columns
 from course_lib import sparsity as S
 from course_lib.models.config import LlamaConfig
 from course_lib.models.llama import LlamaForCausalLM
@@ -93,13 +96,13 @@ CASES = [
      r"^x contains 0 NaN and 1 Inf"),
     ("LLM.int8 forward NaN x, no outlier columns", lambda: Q.LLMInt8Linear.from_linear(linear(), threshold=0.0)(
         x_with(NAN)), ValueError, r"^x contains 1 NaN"),
-    ("llm_int8_matmul NaN x", lambda: Q.llm_int8_matmul(x_with(NAN), torch.ones(8, 16, dtype=torch.int8),
+    ("llm_int8_matmul NaN x", lambda: llm_int8_matmul(x_with(NAN), torch.ones(8, 16, dtype=torch.int8),
                                                         torch.ones(8)), ValueError, r"^x contains 1 NaN"),
     ("W8A8 forward NaN x (validate=True)", lambda: Q.W8A8Linear.from_linear(linear(), validate=True)(x_with(NAN)),
      ValueError, r"^x contains 1 NaN"),
     ("W8A8 forward Inf x (validate=True)", lambda: Q.W8A8Linear.from_linear(linear(), validate=True)(x_with(INF)),
      ValueError, r"^x contains 0 NaN and 1 Inf"),
-    ("quantize_per_token NaN x", lambda: Q.quantize_per_token(x_with(NAN)), ValueError, r"^x contains 1 NaN"),
+    ("quantize_per_token NaN x", lambda: quantize_per_token(x_with(NAN)), ValueError, r"^x contains 1 NaN"),
     ("smooth_scales NaN act_absmax", lambda: Q.smooth_scales(torch.tensor([1.0, NAN]), torch.ones(2)), ValueError,
      r"^act_absmax contains 1 NaN"),
     ("smooth_scales Inf weight_absmax", lambda: Q.smooth_scales(torch.ones(2), torch.tensor([INF, 1.0])),
@@ -204,9 +207,9 @@ def test_w8a8_checks_values_only_when_asked_and_fp8_message_is_shared():
     with pytest.raises(TypeError, match=r"^x must be a real floating-point tensor"):
         Q.W8A8Linear.from_linear(lin)(torch.ones(4, 16, dtype=torch.long))
     with pytest.raises(ValueError, match=r"^x's last dimension must be in_features=16, got \(4, 15\)"):
-        Q.FP8Linear.from_linear(lin, act=None)(x_with(None, (4, 15)))
+        FP8Linear.from_linear(lin, act=None)(x_with(None, (4, 15)))
     with pytest.raises(TypeError, match=r"^x must be a real floating-point tensor"):
-        Q.FP8Linear.from_linear(lin, act=None)(torch.ones(4, 16, dtype=torch.long))
+        FP8Linear.from_linear(lin, act=None)(torch.ones(4, 16, dtype=torch.long))
 
 
 def test_llm_int8_reads_outliers_and_the_nan_flag_together_on_any_device(device):
@@ -220,7 +223,7 @@ def test_llm_int8_reads_outliers_and_the_nan_flag_together_on_any_device(device)
     layer = Q.LLMInt8Linear.from_linear(lin).to(device)
     y = layer(x.to(device))
     assert layer.last_outliers.device.type == device.type
-    assert layer.last_outliers.tolist() == cpu_layer.last_outliers.tolist() == Q.outlier_columns(x, 6.0).tolist() == [5]
+    assert layer.last_outliers.tolist() == cpu_layer.last_outliers.tolist() == outlier_columns(x, 6.0).tolist() == [5]
     torch.testing.assert_close(y.cpu(), ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=r"^x contains 1 NaN"):
         layer(x_with(NAN).to(device))

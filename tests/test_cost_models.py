@@ -16,7 +16,7 @@ from course_lib.parallel.cost import LINKS, allreduce_time, gpt3_175b, notes_exa
 from course_lib.perf import DecodeStep, decode_step, get_gpu, min_decode_latency
 from course_lib.perf.hardware import bytes_per_element, canonical_dtype
 from course_lib.serving import StepCostModel
-from course_lib.serving import blocks_needed as serving_blocks_needed
+from course_lib.serving.policies import blocks_needed as serving_blocks_needed
 
 GPUS = ("T4", "L4", "A100-80GB", "H100-SXM", "H200")
 MODELS = ("llama-2-7b", "llama-2-70b", "llama-3-8b", "tiny")

@@ -185,7 +185,8 @@ def test_library_creates_nothing_on_the_default_device():
                                     SlidingWindowCache, fit_latent, stream_score)
     from course_lib.generation import generate
     from course_lib.models import LlamaConfig, LlamaForCausalLM, load_tokenizer, bundled_path
-    from course_lib.quant import nf4_dequantize, nf4_quantize, quantize, search_clip_ratio
+    from course_lib.quant import nf4_quantize, quantize, search_clip_ratio
+    from course_lib.quant.nf4 import nf4_dequantize
     from course_lib.speculative import speculative_generate
     from course_lib.speculative.medusa import MedusaHeads, medusa_accuracy, medusa_generate, train_medusa
     from course_lib.speculative.prompt_lookup import prompt_lookup_generate

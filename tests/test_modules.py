@@ -14,6 +14,7 @@ from course_lib.models import load
 from course_lib.modules import layer_index, name_matches, named_linears, replace_module
 from course_lib.quant.qat import QATLinear, convert_qat, prepare_qat
 from course_lib.quant.sensitivity import layer_groups
+from course_lib.quant.transform import to_gguf
 
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
         "mlp.up_proj", "mlp.down_proj")
@@ -141,4 +142,4 @@ def test_bad_arguments_name_themselves():
     with pytest.raises(TypeError, match=r"^name must be a dotted module name"):
         replace_module(m, 0, nn.Linear(4, 4))
     with pytest.raises(TypeError, match=r"^mix must be a dict"):
-        Q.to_gguf(m, mix=["v_proj"])
+        to_gguf(m, mix=["v_proj"])

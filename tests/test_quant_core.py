@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-from course_lib.quant import (DB_PER_BIT, absmax_quantize, dequantize, dequantize_codes, error_report,
-                              fake_quantize, max_error, mse, percentile_clip_ratio, qrange, quantize,
-                              search_clip_ratio, sqnr_db, zeropoint_quantize)
+from course_lib.quant import (DB_PER_BIT, absmax_quantize, fake_quantize, mse, percentile_clip_ratio, qrange,
+                              quantize, search_clip_ratio, sqnr_db, zeropoint_quantize)
+from course_lib.quant.core import dequantize, dequantize_codes
+from course_lib.quant.metrics import error_report, max_error
 
 
 def rand(*shape, seed=0, dtype=torch.float32):
@@ -259,7 +260,7 @@ def test_percentile_and_search_clipping():
 def test_quantization_stays_on_the_data_device(device, scheme):
     """Codes, scales and the dequantized tensor stay on the input's device, with the CPU's error there
     (a code may round the other way at an exact .5 on another device: compare errors, not codes)."""
-    from course_lib.quant import nf4_dequantize, nf4_quantize
+    from course_lib.quant.nf4 import nf4_dequantize, nf4_quantize
     x = rand(64, 256, seed=21).to(device)
     for kw in (dict(), dict(granularity="group", group_size=64)):
         q = quantize(x, 4, scheme, **kw)

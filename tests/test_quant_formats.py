@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from course_lib.quant import (FORMATS, decode_bits, encode_bits, formats_table_markdown, formats_table_rows,
-                              get_format, representable_values)
+from course_lib.quant import (FORMATS, decode_bits, encode_bits, formats_table_markdown, get_format,
+                              representable_values)
+from course_lib.quant.formats import formats_table_rows
 
 FLOATS = ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 

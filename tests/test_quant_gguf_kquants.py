@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.quant import (describe_block, dequantize_q4_k, dequantize_q6_k, gguf_bits_per_weight,
-                              gguf_dequantize, gguf_quantize, quantize_q4_k, quantize_q6_k)
-from course_lib.quant.gguf import BLOCK_BYTES, _pack_k4_scales
+from course_lib.quant import describe_block, gguf_bits_per_weight, gguf_dequantize, gguf_quantize
+from course_lib.quant.gguf import (BLOCK_BYTES, _pack_k4_scales, dequantize_q4_k, dequantize_q6_k, quantize_q4_k,
+                                   quantize_q6_k)
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as ref_dequantize  # noqa: E402

@@ -8,6 +8,9 @@ import torch
 import torch.nn as nn
 
 import course_lib.quant as Q
+from course_lib.quant.awq import awq_apply
+from course_lib.quant.linear import quantize_per_token
+from course_lib.quant.llm_int8 import llm_int8_matmul, outlier_columns
 from course_lib.models import LlamaConfig, load
 from course_lib.models.llama import LlamaForCausalLM
 
@@ -114,7 +117,7 @@ def test_w8a8_integer_matmul_is_exact_and_close():
     lin = nn.Linear(96, 40, bias=False)
     q = Q.W8A8Linear.from_linear(lin)
     x = torch.randn(7, 96)
-    xq, sx = Q.quantize_per_token(x)
+    xq, sx = quantize_per_token(x)
     exact = (xq.double() @ q.qweight.double().T) * sx.double() * q.scales.double().T
     torch.testing.assert_close(q(x).double(), exact, rtol=1e-6, atol=1e-6)
     rel = (q(x) - lin(x)).norm() / lin(x).norm()
@@ -137,7 +140,7 @@ def test_llm_int8_matches_bitsandbytes_within_one_int8_step():
         with torch.no_grad():
             yb = b(x).float()
         assert torch.equal(b.weight.data, ours.cb)                            # the same int8 weights
-        cols = Q.outlier_columns(x, 6.0)
+        cols = outlier_columns(x, 6.0)
         assert torch.equal(ours.last_outliers, cols) and cols.numel() >= 1
         # Stated tolerance: the two differ only in each token's int8 scale (ours: absmax over the regular
         # columns; bnb: over every element below the threshold), so per output by at most one int8 step
@@ -164,7 +167,7 @@ def test_llm_int8_keeps_outliers_exact_where_plain_int8_fails():
     e_plain, e_mixed = (plain - ref).norm() / ref.norm(), (mixed - ref).norm() / ref.norm()
     assert e_mixed < e_plain / 3, (e_mixed, e_plain)
     # threshold 0 turns the decomposition off: plain per-token int8 with row-wise weights
-    y0, cols = Q.llm_int8_matmul(x, Q.LLMInt8Linear.from_linear(lin).cb, lin.weight.abs().amax(1), 0.0,
+    y0, cols = llm_int8_matmul(x, Q.LLMInt8Linear.from_linear(lin).cb, lin.weight.abs().amax(1), 0.0,
                                  return_outliers=True)
     assert cols.numel() == 0
 
@@ -224,7 +227,7 @@ def test_awq_fold_keeps_fp_function():
     import copy
     m = small_model()
     folded = copy.deepcopy(m)
-    found = Q.awq_apply(folded, batches(3), bits=4, group_size=32, n_grid=5)
+    found = awq_apply(folded, batches(3), bits=4, group_size=32, n_grid=5)
     assert {f.name.rsplit(".", 1)[-1] for f in found} == {"qkv", "gate_up", "down"}
     with torch.no_grad():
         for b in batches(2, seed=5):

@@ -3,8 +3,8 @@ bitsandbytes' CPU implementation (quantize_4bit / dequantize_4bit, quant_type="n
 import pytest
 import torch
 
-from course_lib.quant import dynamic_map, nf4_codebook, nf4_dequantize, nf4_quantize
-from course_lib.quant.nf4 import NF4_OFFSET
+from course_lib.quant import nf4_codebook, nf4_quantize
+from course_lib.quant.nf4 import NF4_OFFSET, dynamic_map, nf4_dequantize
 
 
 def test_codebook_construction():

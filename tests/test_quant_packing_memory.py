@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from course_lib.models import LlamaConfig
-from course_lib.quant import (GB, WEIGHT_FORMATS, WeightFormat, absmax_quantize, bits_per_weight, memory_table,
-                              memory_table_markdown, pack_int4, unpack_int4, weight_bytes)
+from course_lib.quant import (absmax_quantize, memory_table, memory_table_markdown, pack_int4, unpack_int4,
+                              weight_bytes)
+from course_lib.quant.memory import GB, WEIGHT_FORMATS, WeightFormat, bits_per_weight
 
 
 @pytest.mark.parametrize("order", ["low_first", "high_first"])

@@ -20,8 +20,8 @@ from course_lib.kvcache import ContiguousCache
 from course_lib.models import load
 from course_lib.paged import attention as paged_attention_module
 from course_lib.perf.metrics import Trace, summarize
-from course_lib.serving import (Engine, SamplingParams, compare_with_static, hf_static_generate,
-                                static_batch_generate, synthetic_workload)
+from course_lib.serving import Engine, SamplingParams, compare_with_static, synthetic_workload
+from course_lib.serving.baselines import hf_static_generate, static_batch_generate
 
 # decode backends the engine can use on a CPU ("auto" is "torch" there, "triton" on CUDA)
 CPU_BACKENDS = [b for b in ("reference", "torch") if b in getattr(paged_attention_module, "BACKENDS", ("reference",))]

@@ -9,11 +9,12 @@ import ipywidgets as W  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from course_lib.paged.manager import blocks_needed  # noqa: E402
+from course_lib.perf.workload import bursty_arrivals, load_trace, poisson_arrivals, save_trace  # noqa: E402
 from course_lib.serving import (ChunkedPrefill, ContinuousBatching, Decision, Disaggregated,  # noqa: E402
-                                DynamicBatching, Request, SchedulingError, StaticBatching, StepCostModel,
-                                blocks_needed, bursty_arrivals, check_invariants, fcfs_schedule, load_trace,
-                                make_workload, max_blocks_used, poisson_arrivals, save_trace, simulate,
-                                sweep_load)
+                                DynamicBatching, Request, StaticBatching, StepCostModel, check_invariants,
+                                fcfs_schedule, make_workload, max_blocks_used, simulate, sweep_load)
+from course_lib.serving.simulator import SchedulingError  # noqa: E402
 from course_lib.viz.serving import (ServingExplorer, ServingPlayground, plot_latency_cdf,  # noqa: E402
                                     plot_load_sweep, plot_timeline)
 

@@ -226,7 +226,11 @@ class SimResult:
 
 
 # --- the engine's workers ----------------------------------------------------------------------------
-class _Seq:
+class _SimSequence:
+    """The simulated engine's live sequence: what ``serving.request.EngineRequest`` is to the real engine,
+    counted in tokens and blocks only (no token ids, no generator, no model). The workers mutate it every
+    step; its ``Trace`` (``rec``) and timeline ``segments`` are what a run returns, and a scheduler sees it
+    only as a frozen ``policies.SeqView``, so it stays private to the simulator."""
     __slots__ = ("req", "rec", "kv", "target", "emitted", "blocks", "remote_kv", "segments", "state", "since")
 
     def __init__(self, req, rec, segments):
@@ -520,7 +524,7 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
             if w.busy_until is not None and w.busy_until <= t:
                 w.complete(t)
         while i < n and reqs[i].arrival_s <= t:             # 2. arrivals and finished transfers
-            s = _Seq(reqs[i], records[reqs[i].rid], segments[reqs[i].rid])
+            s = _SimSequence(reqs[i], records[reqs[i].rid], segments[reqs[i].rid])
             s.set_state("waiting", reqs[i].arrival_s)
             min(entry, key=lambda w: w.load()).waiting.append(s)
             i += 1

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import html
 
-from course_lib.serving import (POLICY_NAMES, StepCostModel, format_summary, make_policy, make_workload, simulate)
+from course_lib.perf.metrics import format_summary
+from course_lib.perf.workload import make_workload
+from course_lib.serving.policies import POLICY_NAMES, make_policy
+from course_lib.serving.simulator import StepCostModel, simulate
 from course_lib.validate import one_of
 
 from ._output import show_figure
