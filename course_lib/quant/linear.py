@@ -125,9 +125,9 @@ class QuantLinear(nn.Module):
                  scale_dtype: torch.dtype = torch.float16):
         super().__init__()
         bits = one_of(integer(bits, "bits"), "bits", STORED_BITS)
+        group_size = optional(integer, group_size, "group_size", low=1)   # None: one scale per output row
         self.in_features, self.out_features = in_features, out_features
         self.bits, self.group_size, self.sym = bits, group_size, sym
-        group_index(1, group_size)                                   # checks group_size
         # as many groups as contiguous ones; with act_order they are sets of columns named by g_idx
         n_groups = self.n_groups = -(-in_features // (group_size or in_features))
         if bits == 4:
