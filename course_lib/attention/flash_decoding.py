@@ -22,6 +22,8 @@ import operator
 
 import torch
 
+from course_lib.validate import integer
+
 from .online_softmax import combine_splits
 from .reference import check_qkv
 
@@ -65,8 +67,7 @@ def split_partials(q, k, v, num_splits: int, lengths=None, scale: float | None =
     if not torch.is_tensor(q) or q.dim() != 3:
         raise ValueError(f"q must be a 3-D tensor [B, H, Dh], got {getattr(q, 'shape', type(q).__name__)}")
     B, H, K, _, S, Dh = check_qkv(q[:, :, None], k, v)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    num_splits = integer(num_splits, "num_splits", low=1)
     G = H // K
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
     lens = [S] * B if lengths is None else check_lengths(lengths, B, S)

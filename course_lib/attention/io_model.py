@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import math
 
-
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+from course_lib.validate import integer
 
 
 def standard_attention_io(seq_len: int, head_dim: int) -> dict:
     """Elements read and written by standard (materializing) attention, per (batch, head)."""
-    N, d = _positive("seq_len", seq_len), _positive("head_dim", head_dim)
+    N, d = integer(seq_len, "seq_len", low=1), integer(head_dim, "head_dim", low=1)
     reads = 2 * N * d + N * N + N * N + N * d
     writes = N * N + N * N + N * d
     return {"reads": reads, "writes": writes, "total": reads + writes}
@@ -39,7 +35,8 @@ def standard_attention_io(seq_len: int, head_dim: int) -> dict:
 
 def sram_block_rows(head_dim: int, sram_elements: int) -> int:
     """The paper's tile height from the SRAM size: ceil(M / 4d) rows (at least 1)."""
-    return max(1, math.ceil(_positive("sram_elements", sram_elements) / (4 * _positive("head_dim", head_dim))))
+    sram_elements, head_dim = integer(sram_elements, "sram_elements", low=1), integer(head_dim, "head_dim", low=1)
+    return max(1, math.ceil(sram_elements / (4 * head_dim)))
 
 
 def flash_attention_io(seq_len: int, head_dim: int, block_q: int | None = None, block_k: int | None = None,
@@ -49,13 +46,13 @@ def flash_attention_io(seq_len: int, head_dim: int, block_q: int | None = None, 
 
     Give ``block_q`` (and ``block_k``, which matters only for causal skipping), or ``sram_elements`` to
     size the tile the paper's way (``sram_block_rows``; then block_k = block_q)."""
-    N, d = _positive("seq_len", seq_len), _positive("head_dim", head_dim)
+    N, d = integer(seq_len, "seq_len", low=1), integer(head_dim, "head_dim", low=1)
     if block_q is None:
         if sram_elements is None:
             raise ValueError("give block_q or sram_elements")
         block_q = sram_block_rows(d, sram_elements)
-    block_q = min(_positive("block_q", block_q), N)
-    block_k = block_q if block_k is None else _positive("block_k", block_k)
+    block_q = min(integer(block_q, "block_q", low=1), N)
+    block_k = block_q if block_k is None else integer(block_k, "block_k", low=1)
     kv_rows = 0
     for i0 in range(0, N, block_q):
         i1 = min(i0 + block_q, N)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.validate import integer
+
 from .reference import allowed_mask, check_qkv
 
 
@@ -48,12 +50,6 @@ class IOCounter:
         return self.reads + self.o_writes
 
 
-def _check_block(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def tiled_attention(q, k, v, causal: bool = False, block_q: int = 64, block_k: int = 64,
                     key_padding_mask=None, scale: float | None = None, counter: IOCounter | None = None,
                     return_lse: bool = False):
@@ -61,7 +57,7 @@ def tiled_attention(q, k, v, causal: bool = False, block_q: int = 64, block_k: i
     [B, H, T, Dh] (and the natural log-sum-exp [B, H, T] with ``return_lse``). Same masks as
     ``reference_attention``; ``counter`` (an ``IOCounter``) accumulates the main-memory traffic."""
     B, H, K, T, S, Dh = check_qkv(q, k, v)
-    block_q, block_k = _check_block("block_q", block_q), _check_block("block_k", block_k)
+    block_q, block_k = integer(block_q, "block_q", low=1), integer(block_k, "block_k", low=1)
     G = H // K
     scale = 1.0 / math.sqrt(Dh) if scale is None else float(scale)
     mask = allowed_mask(T, S, causal, key_padding_mask, device=q.device, batch=B)    # [B|1, 1, T|1, S] or None

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from course_lib.env import use_triton
+from course_lib.validate import integer, power_of_two
 
 from .flash_decoding import check_lengths
 from .reference import check_qkv
@@ -156,12 +157,6 @@ _flash_fwd_autotuned = triton.autotune(configs=_fwd_configs(), key=["HEAD_DIM", 
                                        prune_configs_by={"early_config_prune": _prune})(_flash_fwd_kernel)
 
 
-def _check_block(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's smallest side), got {value!r}")
-    return value
-
-
 def _check_device_dtype(q, what: str, asked_by: str):
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the Triton kernels support {SUPPORTED_DTYPES}, got dtype {q.dtype}")
@@ -196,8 +191,9 @@ def flash_attention_triton(q, k, v, causal: bool = False, scale: float | None = 
         grid = lambda cfg: (triton.cdiv(T, cfg["BLOCK_M"]), B * H)  # noqa: E731
         _flash_fwd_autotuned[grid](*args, **meta)
     else:
-        bm = _check_block("block_m", block_m if block_m is not None else 64)
-        bn = _check_block("block_n", block_n if block_n is not None else 64)
+        # tl.dot's smallest side is 16
+        bm = power_of_two(block_m if block_m is not None else 64, "block_m", low=16)
+        bn = power_of_two(block_n if block_n is not None else 64, "block_n", low=16)
         _flash_fwd_kernel[(triton.cdiv(T, bm), B * H)](*args, **meta, BLOCK_M=bm, BLOCK_N=bn,
                                                         num_warps=4 if bm * bn <= 64 * 64 else 8,
                                                         num_stages=1 if interpreting() else 2)
@@ -278,8 +274,7 @@ def flash_decode_triton(q, k, v, lengths=None, num_splits: int = 1, scale: float
                          f"{tuple(q.shape) if torch.is_tensor(q) else type(q).__name__}")
     B, H, K, _, S, Dh = check_qkv(q[:, :, None], k, v)
     _check_device_dtype(q, "the flash-decoding kernel", "flash_decode_triton")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    num_splits = integer(num_splits, "num_splits", low=1)
     if lengths is not None:
         if not torch.is_tensor(lengths) or lengths.shape != (B,) or lengths.dtype.is_floating_point \
                 or lengths.dtype == torch.bool:
@@ -309,7 +304,7 @@ def flash_decode_triton(q, k, v, lengths=None, num_splits: int = 1, scale: float
     if tile_n is None:
         _flash_decode_kernel[grid](*args, **meta)
     else:
-        _check_block("tile_n", tile_n)
+        tile_n = power_of_two(tile_n, "tile_n", low=16)          # tl.dot's smallest side
         _flash_decode_kernel.fn[grid](*args, **meta, TILE_N=tile_n, num_warps=4,
                                       num_stages=1 if interpreting() else 2)
     if num_splits > 1:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 # sum_x min(p(x), q(x)) = 1 - TV(p, q): the probability that speculative sampling accepts a token drafted
 # from q against the target p (Module 08). One definition for the course, in speculative.theory.
 from course_lib.speculative.theory import acceptance_rate as expected_acceptance
+from course_lib.validate import number
 
 
 def _windows(ids: list[int], W: int):
@@ -25,9 +26,8 @@ def acceptance_rates(teacher, student, texts, tokenizer=None, temperatures=(1.0,
                      max_tokens: int | None = None, progress: bool = False) -> dict:
     """{temperature: rate} on held-out text; see `acceptance_rate`. One forward pass of each model."""
     ids_list = _as_id_lists(texts, tokenizer)
-    for T in temperatures:
-        if isinstance(T, bool) or not isinstance(T, (int, float)) or T < 0:
-            raise ValueError(f"temperatures must be numbers >= 0, got {T!r}")
+    for i, T in enumerate(temperatures):           # checked, not converted: the values are the result's keys
+        number(T, f"temperatures[{i}]", 0, finite=False)
     W = max_len or int(min(teacher.config.max_position_embeddings, student.config.max_position_embeddings))
     device = next(teacher.parameters()).device
     sums = {T: 0.0 for T in temperatures}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from course_lib.validate import integer, number, probability
+
 REDUCTIONS = ("batchmean", "sum", "none")
 
 
@@ -25,8 +27,7 @@ def _check_pair(student_logits, teacher_logits, temperature=1.0, reduction="batc
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"student_logits and teacher_logits must have the same shape [..., vocab], got "
                          f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+    number(temperature, "temperature", 0, low_open=True, finite=False)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
@@ -114,8 +115,7 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     kind: "forward" (kd_loss) or "reverse" (reverse_kl_loss). The T^2 inside the KD term keeps the two
     terms on comparable scales whatever T is, so alpha means the same thing at every temperature.
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+    alpha = probability(alpha, "alpha")
     if kind not in ("forward", "reverse"):
         raise ValueError(f"kind must be 'forward' or 'reverse', got {kind!r}")
     kd = (kd_loss if kind == "forward" else reverse_kl_loss)(student_logits, teacher_logits, temperature)
@@ -133,9 +133,8 @@ class FeatureProjector(torch.nn.Module):
 
     def __init__(self, student_dim: int, teacher_dim: int, device=None, dtype=None):
         super().__init__()
-        for name, v in (("student_dim", student_dim), ("teacher_dim", teacher_dim)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        student_dim = integer(student_dim, "student_dim", low=1)
+        teacher_dim = integer(teacher_dim, "teacher_dim", low=1)
         self.proj = torch.nn.Linear(student_dim, teacher_dim, bias=False, device=device, dtype=dtype)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # [..., Ds] -> [..., Dt]

@@ -19,6 +19,7 @@ from course_lib.generation import generate
 from course_lib.models.corpus import encode_stream, load_split
 from course_lib.models.config import LlamaConfig
 from course_lib.models.llama import LlamaForCausalLM
+from course_lib.validate import integer, number
 
 from .losses import FeatureProjector, feature_loss, hard_label_loss, kd_loss, reverse_kl_loss
 
@@ -49,15 +50,10 @@ def generate_teacher_corpus(teacher, stream: torch.Tensor, n_sequences: int, seq
     teacher's, each with a generator seeded with `seed` on that device (one generator when both are the
     same device). The corpus is returned on the stream's device (the host, for a host stream).
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or not 1 <= prompt_len <= seq_len:
-        raise ValueError(f"prompt_len must be an int in [1, seq_len={seq_len}], got {prompt_len!r}")
-    for name, v in (("n_sequences", n_sequences), ("batch_size", batch_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature must be a number > 0 (sampling), got {temperature!r}")
+    seq_len = integer(seq_len, "seq_len", low=1)
+    prompt_len = integer(prompt_len, "prompt_len", 1, seq_len)
+    n_sequences, batch_size = integer(n_sequences, "n_sequences", low=1), integer(batch_size, "batch_size", low=1)
+    number(temperature, "temperature", 0, low_open=True, finite=False)   # sampling's
     if not isinstance(stream, torch.Tensor) or stream.dim() != 1 or stream.numel() <= prompt_len:
         raise ValueError(f"stream must be a 1-D token-id tensor longer than prompt_len={prompt_len}")
     device = next(teacher.parameters()).device
@@ -112,9 +108,8 @@ def distill(teacher, student, tokenizer=None, steps: int = 100, batch_size: int 
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    for name, v in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    steps, batch_size = integer(steps, "steps", low=1), integer(batch_size, "batch_size", low=1)
+    seq_len = integer(seq_len, "seq_len", low=1)
     for who, m in (("student", student), ("teacher", teacher)):   # the models see windows of seq_len tokens
         if m is not None and seq_len > m.config.max_position_embeddings:
             raise ValueError(f"seq_len must be at most the {who}'s context {m.config.max_position_embeddings}, "

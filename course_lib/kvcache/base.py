@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.attention import attention
+from course_lib.validate import integer
 
 
 def _check_kv(k, v, layer, name="update"):
@@ -188,9 +189,7 @@ class StaticCache(KVCache):
     """
 
     def __init__(self, max_len: int):
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-            raise ValueError(f"max_len must be a positive int, got {max_len!r}")
-        self.max_len = max_len
+        self.max_len = integer(max_len, "max_len", low=1)
         self.k: list[torch.Tensor] = []    # per layer [B, K, max_len, Dh]
         self.v: list[torch.Tensor] = []
         self.pos: list[torch.Tensor] = []  # per layer: tokens written, a 0-d int64 tensor on the device
@@ -282,8 +281,7 @@ class StaticCache(KVCache):
 
     def crop(self, length: int):
         """Forget everything after the first `length` tokens (nothing is freed: it is all reserved)."""
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.get_seq_length():
-            raise ValueError(f"length must be an int in [0, {self.get_seq_length()}], got {length!r}")
+        length = integer(length, "length", 0, self.get_seq_length())
         for p in self.pos:
             p.fill_(length)
 

@@ -12,6 +12,7 @@ layers x (latent_dim + rope_dim) x bytes_per_element, with no factor 2 (``LATENT
 from __future__ import annotations
 
 from course_lib.models.config import as_config, kv_cache_bytes
+from course_lib.validate import integer, optional
 
 # MLA models, from their config.json (kv_lora_rank, qk_rope_head_dim); parameters as published (a
 # mixture of experts: all experts counted, about 21B active per token).
@@ -55,8 +56,7 @@ def kv_table(models=None, tokens: int | None = None, batch: int = 1, bytes_per_e
     MLA rows give the heads' own sizes (kv_heads = heads, head_dim), though the cache holds one latent
     per token and layer. Weights: the parameters (num_parameters(); MLA: as published) x bytes_per_element.
     """
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0):
-        raise ValueError(f"tokens must be a positive int or None (each model's context), got {tokens!r}")
+    tokens = optional(integer, tokens, "tokens", low=1)           # None: each model's context
     rows = []
     for model in KV_TABLE_MODELS if models is None else models:
         r = _row(model, tokens, batch, bytes_per_element)

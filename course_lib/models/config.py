@@ -16,6 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from course_lib.validate import integer, number
+
 
 @dataclass
 class LlamaConfig:
@@ -221,16 +223,11 @@ def _rope_dict_theta(key: str, rope: dict | None):
 def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: int, batch: int = 1,
                    bytes_per_element: float = 2) -> int:
     """Bytes of a full KV cache: 2 (K and V) x layers x kv_heads x head_dim x bytes x tokens x batch."""
-    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    for name, value in (("tokens", tokens), ("batch", batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    if isinstance(bytes_per_element, bool) or not isinstance(bytes_per_element, (int, float)) \
-            or bytes_per_element <= 0:
-        raise ValueError(f"bytes_per_element must be a positive number (2 for fp16/bf16, 1 for int8, 0.5 for "
-                         f"int4), got {bytes_per_element!r}")
+    num_layers, num_kv_heads = integer(num_layers, "num_layers", low=1), integer(num_kv_heads, "num_kv_heads", low=1)
+    head_dim = integer(head_dim, "head_dim", low=1)
+    tokens, batch = integer(tokens, "tokens", low=0), integer(batch, "batch", low=0)
+    # 2 for fp16/bf16, 1 for int8, 0.5 for int4
+    bytes_per_element = number(bytes_per_element, "bytes_per_element", 0, low_open=True)
     return int(2 * num_layers * num_kv_heads * head_dim * bytes_per_element * tokens * batch)
 
 

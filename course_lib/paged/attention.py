@@ -34,6 +34,7 @@ import torch
 
 from course_lib.attention import attention
 from course_lib.env import use_triton
+from course_lib.validate import integer, optional
 
 from .checks import check_paged_args
 from .manager import blocks_needed
@@ -115,9 +116,7 @@ def paged_attention(q, k_pool, v_pool, block_tables, context_lens, scale=None, b
     reference always does. ``num_splits``: split-KV chunks for the triton kernel (None: a heuristic)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                   or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    num_splits = optional(integer, num_splits, "num_splits", low=1)
     if backend == "reference":
         return paged_attention_reference(q, k_pool, v_pool, block_tables, context_lens, scale)
     check_paged_args(q, k_pool, v_pool, block_tables, context_lens, sync_checks=validate)

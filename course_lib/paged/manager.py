@@ -22,8 +22,9 @@ A sequence's KV lives in blocks of ``block_size`` token slots; its **block table
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
+
+from course_lib.validate import integer
 
 from .allocator import BlockAllocator, OutOfBlocks, PagingError
 
@@ -37,11 +38,8 @@ def blocks_needed(tokens: int, block_size: int) -> int:
     """
     if type(tokens) is int and type(block_size) is int and tokens >= 0 and block_size >= 1:
         return -(-tokens // block_size)
-    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Integral) or tokens < 0:
-        raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
-    return -(-int(tokens) // int(block_size))
+    block_size = integer(block_size, "block_size", low=1)
+    return -(-integer(tokens, "tokens", low=0) // block_size)
 
 
 def default_hash(prev, tokens: tuple) -> int:

@@ -48,6 +48,7 @@ from course_lib.attention.triton_online_softmax import (LOG2E, SUPPORTED_DTYPES,
 from course_lib.attention.triton_splitkv import (_combine_splits_kernel, combine_splits_triton,  # noqa: F401
                                                  store_split)
 from course_lib.env import use_triton
+from course_lib.validate import integer, optional, power_of_two
 
 from .checks import check_paged_args
 
@@ -165,11 +166,8 @@ def paged_attention_triton(q, k_pool, v_pool, block_tables, context_lens, scale:
     max_blocks = block_tables.shape[1]
     if num_splits is None:
         num_splits = choose_num_splits(B, K, max_blocks * bs, _sm_count(q.device)) if q.is_cuda else 1
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    if tile_n is not None and (isinstance(tile_n, bool) or not isinstance(tile_n, int) or tile_n < 16
-                               or tile_n & (tile_n - 1)):
-        raise ValueError(f"tile_n must be a power of two >= 16 (tl.dot's smallest side), got {tile_n!r}")
+    num_splits = integer(num_splits, "num_splits", low=1)
+    tile_n = optional(power_of_two, tile_n, "tile_n", low=16)      # tl.dot's smallest side
     q = q if q.stride(-1) == 1 else q.contiguous()
     k_pool = k_pool if k_pool.stride(-1) == 1 else k_pool.contiguous()
     v_pool = v_pool if v_pool.stride(-1) == 1 else v_pool.contiguous()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.validate import integer
+
 from .calibration import ScalingGroup, capture_inputs, fold_scales, scaling_groups
 from .core import check_finite, check_floating, check_tensor, in_layer
 from .linear import dequantize_weight_codes, rtn_quantize_weight, group_index
@@ -52,8 +54,7 @@ def awq_search_group(weights: list, x: torch.Tensor, bits: int = 4, group_size: 
 
     Refused: no weights, weights of different ``in``, x that is empty or whose last dimension is not
     ``in``, and NaN/Inf in either (every loss would be NaN and the search would silently return scale 1)."""
-    if isinstance(n_grid, bool) or not isinstance(n_grid, int) or n_grid < 1:
-        raise ValueError(f"n_grid must be an int >= 1, got {n_grid!r}")
+    n_grid = integer(n_grid, "n_grid", low=1)
     if isinstance(weights, torch.Tensor):
         raise TypeError("weights must be a list of [out, in] weight tensors, got one tensor: wrap it in a list")
     if not isinstance(weights, (list, tuple)) or not weights:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.validate import integer, probability
+
 __all__ = ["QuantizedTensor", "quantize", "absmax_quantize", "zeropoint_quantize", "dequantize",
            "dequantize_codes", "fake_quantize", "qrange", "check_tensor", "check_finite", "check_floating",
            "check_linear", "check_linear_input", "in_layer", "check_bits", "expand_params",
@@ -147,8 +149,7 @@ class _Layout:
         a = _norm_axis(-1 if axis is None else axis, ndim)
         if group_size is None:
             raise ValueError("granularity='group' needs group_size (e.g. 32, 64 or 128)")
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+        group_size = integer(group_size, "group_size", low=1)
         if shape[a] % group_size:
             raise ValueError(f"group_size={group_size} does not divide the size {shape[a]} of axis {a} "
                              f"(shape {shape}); pick a divisor of {shape[a]}")
@@ -256,9 +257,7 @@ def _check_clip(clip_ratio, stat_shape):
             raise ValueError(f"clip_ratio of shape {tuple(clip_ratio.shape)} does not broadcast to the "
                              f"scale shape {tuple(stat_shape)}") from None
         return clip_ratio
-    if isinstance(clip_ratio, bool) or not isinstance(clip_ratio, (int, float)) or not 0 < clip_ratio <= 1:
-        raise ValueError(f"clip_ratio must be a number in (0, 1] (1 = no clipping), got {clip_ratio!r}")
-    return float(clip_ratio)
+    return probability(clip_ratio, "clip_ratio", zero=False)            # 1 = no clipping
 
 
 def quantize(x: torch.Tensor, bits: int = 8, scheme: str = "absmax", granularity: str = "tensor",

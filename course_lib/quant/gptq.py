@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.validate import integer, optional, probability
+
 from .core import check_finite, check_floating, check_tensor
 
 from .linear import dequantize_weight_codes, quantize_weight_codes, weight_qparams
@@ -84,12 +86,9 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, group_si
                          f"{tuple(H.shape) if isinstance(H, torch.Tensor) else type(H).__name__}")
     check_floating(H, "H")
     check_finite(H, "H", why="GPTQ's Cholesky factorization of H would fail")
-    if not 0 <= percdamp < 1 or isinstance(percdamp, bool):
-        raise ValueError(f"percdamp must be in [0, 1), got {percdamp!r}")
-    if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 1:
-        raise ValueError(f"blocksize must be a positive int, got {blocksize!r}")
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
-        raise ValueError(f"group_size must be a positive int or None, got {group_size!r}")
+    percdamp = probability(percdamp, "percdamp", one=False)
+    blocksize = integer(blocksize, "blocksize", low=1)
+    group_size = optional(integer, group_size, "group_size", low=1)
     W = weight.detach().float().clone()                                # [out, in]
     H = H.detach().float().clone()
     out_f, in_f = W.shape

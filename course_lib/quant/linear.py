@@ -28,6 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib.validate import integer, one_of, optional
+
 from .core import check_finite, check_floating, check_linear, check_linear_input, check_tensor
 from .packing import pack_int4, unpack_int4
 
@@ -35,12 +37,6 @@ __all__ = ["weight_qparams", "quantize_weight_codes", "dequantize_weight_codes",
            "group_index", "QuantLinear", "W8A8Linear", "quantize_per_token", "state_dict_bytes"]
 
 STORED_BITS = (4, 8)
-
-
-def _check_bits(bits, allowed=tuple(range(2, 9))):
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in allowed:
-        raise ValueError(f"bits must be one of {allowed}, got {bits!r}")
-    return bits
 
 
 def _check_weight(w, name="weight"):
@@ -51,9 +47,7 @@ def _check_weight(w, name="weight"):
 
 def group_index(in_features: int, group_size: int | None, device=None) -> torch.Tensor:
     """g_idx [in] = i // group_size (all zeros for one group per row, group_size None)."""
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
-                                   or group_size < 1):
-        raise ValueError(f"group_size must be a positive int or None (one scale per output row), got {group_size!r}")
+    group_size = optional(integer, group_size, "group_size", low=1)   # None: one scale per output row
     g = torch.arange(in_features, device=device)
     return torch.zeros_like(g) if group_size is None else g // group_size
 
@@ -65,7 +59,7 @@ def weight_qparams(w: torch.Tensor, bits: int, sym: bool = False, scale_dtype=to
     that includes 0, zero = qmin - round(min / scale), both in the signed code range. The scale is rounded
     up to ``scale_dtype`` (what the layer stores) before anything uses it, so codes match the stored scale.
     """
-    _check_bits(bits)
+    bits = integer(bits, "bits", 2, 8)
     wf = w.float()
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     if sym:
@@ -105,7 +99,7 @@ def rtn_quantize_weight(w: torch.Tensor, bits: int, group_size: int | None = 128
     """Round-to-nearest, one scale per (row, group): w [out, in] -> (codes [out, in], scales [out, G],
     zeros [out, G] or None). Groups are contiguous, the last one shorter if group_size does not divide in."""
     _check_weight(w, "w")
-    _check_bits(bits)
+    bits = integer(bits, "bits", 2, 8)
     out_f, in_f = w.shape
     g_idx = group_index(in_f, group_size, w.device)
     n_groups = int(g_idx[-1]) + 1
@@ -130,10 +124,10 @@ class QuantLinear(nn.Module):
                  sym: bool = False, bias: bool = False, act_order: bool = False, device=None,
                  scale_dtype: torch.dtype = torch.float16):
         super().__init__()
-        _check_bits(bits, STORED_BITS)
+        bits = one_of(integer(bits, "bits"), "bits", STORED_BITS)
+        group_size = optional(integer, group_size, "group_size", low=1)   # None: one scale per output row
         self.in_features, self.out_features = in_features, out_features
         self.bits, self.group_size, self.sym = bits, group_size, sym
-        group_index(1, group_size)                                   # checks group_size
         # as many groups as contiguous ones; with act_order they are sets of columns named by g_idx
         n_groups = self.n_groups = -(-in_features // (group_size or in_features))
         if bits == 4:
@@ -175,7 +169,7 @@ class QuantLinear(nn.Module):
                     sym: bool = False) -> "QuantLinear":
         """Round-to-nearest quantization of an ``nn.Linear`` (the RTN baseline)."""
         check_linear(linear)
-        _check_bits(bits, STORED_BITS)
+        bits = one_of(integer(bits, "bits"), "bits", STORED_BITS)
         codes, scales, zeros = rtn_quantize_weight(linear.weight.detach(), bits, group_size, sym)
         return cls.from_codes(codes, scales, zeros, None, linear.bias, bits, group_size)
 
@@ -213,7 +207,7 @@ def quantize_per_token(x: torch.Tensor, bits: int = 8, validate: bool = True):
     ``validate`` (default on, as a reference should be) refuses NaN/Inf in x, which would make that token's
     scale NaN/Inf; it reads a flag on the host, so ``W8A8Linear`` calls it with its own ``validate``."""
     check_floating(x, "x")
-    _check_bits(bits)
+    bits = integer(bits, "bits", 2, 8)
     if validate:
         check_finite(x, "x", why="the token's absmax scale would be NaN/Inf and so would its whole output row")
     qmax = 2 ** (bits - 1) - 1

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.validate import integer
+
 from .core import check_tensor
 
 __all__ = ["NF4_OFFSET", "nf4_codebook", "dynamic_map", "NF4Tensor", "nf4_quantize", "nf4_dequantize",
@@ -182,9 +184,7 @@ def nf4_quantize(x: torch.Tensor, blocksize: int = 64, double_quant: bool = Fals
     double quantization of the block absmax values (8-bit dynamic code in blocks of ``dq_blocksize``,
     mean subtracted first)."""
     check_tensor(x, "x")
-    for name, v in (("blocksize", blocksize), ("dq_blocksize", dq_blocksize)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    blocksize, dq_blocksize = integer(blocksize, "blocksize", low=1), integer(dq_blocksize, "dq_blocksize", low=1)
     code = nf4_codebook().to(x.device)
     flat = x.detach().reshape(-1).to(torch.float32)
     idx, absmax = _blockwise_absmax_codes(flat, blocksize, code, step="4bit")

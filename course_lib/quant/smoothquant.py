@@ -11,9 +11,9 @@ Before any quantization the smoothed fp model must equal the original (a test ch
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
+
+from course_lib.validate import probability
 
 from .calibration import activation_absmax, fold_scales, scaling_groups
 from .core import check_tensor, in_layer
@@ -26,8 +26,7 @@ def smooth_scales(act_absmax: torch.Tensor, weight_absmax: torch.Tensor, alpha: 
 
     Both must be finite and >= 0 (a NaN/Inf max, e.g. from an overflowing calibration run, would give NaN
     scales that the fold writes into the model); a channel whose max is 0 gets the floor 1e-5."""
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+    alpha = probability(alpha, "alpha")
     for name, t in (("act_absmax", act_absmax), ("weight_absmax", weight_absmax)):
         check_tensor(t, name)
     if act_absmax.shape != weight_absmax.shape or act_absmax.dim() != 1:

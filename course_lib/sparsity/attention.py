@@ -21,21 +21,18 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-
-def _check_pos(name, v, zero_ok=False):
-    if isinstance(v, bool) or not isinstance(v, int) or v < (0 if zero_ok else 1):
-        raise ValueError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} int, got {v!r}")
+from course_lib.validate import integer
 
 
 def causal(T: int, device=None) -> torch.Tensor:
-    _check_pos("T", T)
+    T = integer(T, "T", low=1)
     i = torch.arange(T, device=device)
     return i[None, :] <= i[:, None]                                        # [T, T]
 
 
 def sliding_window_mask(T: int, window: int, device=None) -> torch.Tensor:
     """[T, T]: query i attends keys j with i - window < j <= i (window tokens, itself included)."""
-    _check_pos("window", window)
+    window = integer(window, "window", low=1)
     i = torch.arange(T, device=device)
     d = i[:, None] - i[None, :]                                            # i - j
     return causal(T, device) & (d < window)
@@ -43,7 +40,7 @@ def sliding_window_mask(T: int, window: int, device=None) -> torch.Tensor:
 
 def global_mask(T: int, n_global: int, device=None) -> torch.Tensor:
     """[T, T]: every query sees the first n_global keys (and itself); a global query sees every key before it."""
-    _check_pos("n_global", n_global, zero_ok=True)
+    n_global = integer(n_global, "n_global", low=0)
     i = torch.arange(T, device=device)
     m = (i[None, :] < n_global) | (i[:, None] < n_global) | (i[:, None] == i[None, :])
     return causal(T, device) & m
@@ -52,8 +49,8 @@ def global_mask(T: int, n_global: int, device=None) -> torch.Tensor:
 def random_blocks_mask(T: int, block: int, n_random: int, seed: int = 0, device=None) -> torch.Tensor:
     """[T, T]: the sequence cut in blocks of `block`; each query block attends `n_random` key blocks drawn
     (without replacement, seeded, on the host) among the blocks up to its own, plus the diagonal."""
-    _check_pos("block", block)
-    _check_pos("n_random", n_random, zero_ok=True)
+    block = integer(block, "block", low=1)
+    n_random = integer(n_random, "n_random", low=0)
     nb = -(-T // block)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     blocks = torch.zeros(nb, nb, dtype=torch.bool, device="cpu")

@@ -19,19 +19,13 @@ import torch.nn as nn
 from torch.nn.utils import parametrize
 
 from course_lib.modules import named_linears
+from course_lib.validate import probability
 
 prunable_linears = named_linears   # the sparsity face's name for the one walker (its rule: course_lib/modules.py)
 
 # why a mask builder refuses NaN/Inf scores or weights (course_lib.quant.core.check_finite names the tensor)
 RANK_WHY = ("NaN has no rank and Inf (an overflow upstream) ties every other Inf, so which weights the mask "
             "keeps would be arbitrary")
-
-def _check_fraction(name: str, value, upper_inclusive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            0 <= value <= 1 if upper_inclusive else 0 <= value < 1):
-        raise ValueError(f"{name} must be a number in [0, 1{']' if upper_inclusive else ')'}, got {value!r}")
-    return float(value)
-
 
 class _Mask(nn.Module):
     """The parametrization weight -> weight * mask (the mask a buffer, on the weight's device)."""
@@ -101,7 +95,7 @@ def dense_bytes(rows: int, cols: int, bytes_per_value: float = 2) -> float:
 
 def csr_bytes(rows: int, cols: int, density: float, bytes_per_value: float = 2, bytes_per_index: int = 4) -> float:
     """Bytes of a [rows, cols] matrix in CSR: nnz values + nnz column indices + (rows + 1) row pointers."""
-    _check_fraction("density", density, upper_inclusive=True)
+    density = probability(density, "density")
     nnz = round(density * rows * cols)
     return nnz * (bytes_per_value + bytes_per_index) + (rows + 1) * bytes_per_index
 

@@ -28,14 +28,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib.quant.core import check_floating
+from course_lib.validate import integer, number
 
 
 class TopKRouter(nn.Module):
     def __init__(self, dim: int, num_experts: int, k: int = 2):
         super().__init__()
-        for name, v in (("dim", dim), ("num_experts", num_experts), ("k", k)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        dim, num_experts = integer(dim, "dim", low=1), integer(num_experts, "num_experts", low=1)
+        k = integer(k, "k", low=1)
         if k > num_experts:
             raise ValueError(f"k must be at most num_experts={num_experts}, got {k}")
         self.gate = nn.Linear(dim, num_experts, bias=False)
@@ -86,8 +86,7 @@ def expert_capacity(num_tokens: int, num_experts: int, k: int, capacity_factor: 
     """Slots per expert: ceil(capacity_factor * num_tokens * k / num_experts); None = no limit."""
     if capacity_factor is None:
         return num_tokens
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) or capacity_factor <= 0:
-        raise ValueError(f"capacity_factor must be a number > 0 or None, got {capacity_factor!r}")
+    capacity_factor = number(capacity_factor, "capacity_factor", 0, low_open=True)
     return min(num_tokens, math.ceil(capacity_factor * num_tokens * k / num_experts))
 
 

@@ -13,16 +13,16 @@ import torch
 
 from course_lib.perf.timing import benchmark
 from course_lib.quant.core import check_finite
+from course_lib.validate import integer
 
 from .masks import RANK_WHY
 
 
-def _check_nm(n, m):
-    for name, v in (("n", n), ("m", m)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+def _check_nm(n, m) -> tuple[int, int]:
+    n, m = integer(n, "n", low=1), integer(m, "m", low=1)
     if n > m:
         raise ValueError(f"n must be at most m, got n={n}, m={m}")
+    return n, m
 
 
 def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
@@ -30,7 +30,7 @@ def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
 
     Ties go to the earlier position (a stable sort), so equal scores still give exactly n per group.
     NaN/Inf scores are refused (a one-time mask build, so the values are always read)."""
-    _check_nm(n, m)
+    n, m = _check_nm(n, m)
     if not isinstance(scores, torch.Tensor) or scores.dim() < 1:
         raise TypeError("scores must be a torch.Tensor with at least one dimension")
     if scores.is_floating_point():
@@ -47,7 +47,7 @@ def nm_mask(scores: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
 
 def is_nm(x: torch.Tensor, n: int = 2, m: int = 4, exact: bool = False) -> bool:
     """True if every group of m along the last dim has at most n nonzeros (exactly n with exact=True)."""
-    _check_nm(n, m)
+    n, m = _check_nm(n, m)
     if x.shape[-1] % m:
         return False
     nz = (x != 0).reshape(*x.shape[:-1], x.shape[-1] // m, m).sum(-1)

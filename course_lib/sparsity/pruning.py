@@ -17,8 +17,9 @@ import torch
 from course_lib.distill.train import distill
 from course_lib.modules import named_linears
 from course_lib.quant.core import check_finite
+from course_lib.validate import integer, probability
 
-from .masks import RANK_WHY, _check_fraction, apply_masks
+from .masks import RANK_WHY, apply_masks
 
 
 @torch.no_grad()
@@ -39,7 +40,7 @@ def magnitude_masks(model, sparsity: float, scope: str = "global") -> dict[str, 
     scope="layer": the same `sparsity` in every linear. The weights read are the ones the layers compute
     with, so on a model that already holds masks the pruned zeros are the first to go (pruning is cumulative).
     A weight with NaN/Inf is refused, naming its linear."""
-    sparsity = _check_fraction("sparsity", sparsity)
+    sparsity = probability(sparsity, "sparsity", one=False)
     if scope not in ("global", "layer"):
         raise ValueError(f"scope must be 'global' or 'layer', got {scope!r}")
     linears = named_linears(model)
@@ -63,7 +64,7 @@ def torch_prune_masks(model, sparsity: float, scope: str = "global") -> dict[str
     import copy
 
     import torch.nn.utils.prune as prune
-    sparsity = _check_fraction("sparsity", sparsity)
+    sparsity = probability(sparsity, "sparsity", one=False)
     if scope not in ("global", "layer"):
         raise ValueError(f"scope must be 'global' or 'layer', got {scope!r}")
     linears = {n: copy.deepcopy(m) for n, m in named_linears(model).items()}
@@ -97,9 +98,8 @@ def iterative_prune(model, prune_fn, target: float, rounds: int, stream: torch.T
 
     prune_fn(model, sparsity) -> model: prunes to `sparsity` overall (masks it holds, or a new smaller
     model); called with target * r / rounds for r = 1..rounds. Returns (model, losses per round)."""
-    _check_fraction("target", target)
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    target = probability(target, "target", one=False)
+    rounds = integer(rounds, "rounds", low=1)
     if steps_per_round and stream is None:
         raise ValueError("stream (the training tokens) is needed to fine-tune between rounds")
     losses = []

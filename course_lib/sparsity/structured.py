@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from course_lib.models.llama import LlamaForCausalLM, causal_lm_loss
+from course_lib.validate import integer, probability
 
-from .masks import _check_fraction, apply_masks
+from .masks import apply_masks
 
 
 @dataclass
@@ -125,13 +126,10 @@ def make_plan(model, scores: dict, heads_per_group: int | None = None, kv_groups
     cfg = model.config
     L, H, K, F_ = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
     G = H // K
-    hpg = G if heads_per_group is None else heads_per_group
-    kg = K if kv_groups is None else kv_groups
-    nf = F_ if neurons is None else neurons
-    nl = L if layers is None else layers
-    for name, v, hi in (("heads_per_group", hpg, G), ("kv_groups", kg, K), ("neurons", nf, F_), ("layers", nl, L)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
-            raise ValueError(f"{name} must be an int in [1, {hi}], got {v!r}")
+    hpg = integer(G if heads_per_group is None else heads_per_group, "heads_per_group", 1, G)
+    kg = integer(K if kv_groups is None else kv_groups, "kv_groups", 1, K)
+    nf = integer(F_ if neurons is None else neurons, "neurons", 1, F_)
+    nl = integer(L if layers is None else layers, "layers", 1, L)
     hs = scores["heads"].float().cpu().reshape(L, K, G)                  # [L, K, G]
     head_keep, neuron_keep = [], []
     for i in range(L):
@@ -244,7 +242,7 @@ def structured_prune(model, sparsity: float, method: str = "weight", ids: torch.
                      drop_groups: bool = False) -> LlamaForCausalLM:
     """A smaller model with about `sparsity` of each layer's query heads (or, with drop_groups, KV groups)
     and MLP neurons removed, the least important by `method`; at least one of each is kept."""
-    sparsity = _check_fraction("sparsity", sparsity)
+    sparsity = probability(sparsity, "sparsity", one=False)
     cfg = model.config
     G = cfg.num_attention_heads // cfg.num_key_value_heads
     keep = lambda n: max(1, round(n * (1 - sparsity)))                     # noqa: E731

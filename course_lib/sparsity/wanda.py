@@ -27,8 +27,9 @@ import torch
 
 from course_lib.modules import named_linears
 from course_lib.quant.core import check_finite, check_floating
+from course_lib.validate import probability
 
-from .masks import RANK_WHY, _check_fraction, apply_masks
+from .masks import RANK_WHY, apply_masks
 from .nm import nm_mask
 
 
@@ -89,7 +90,7 @@ def wanda_mask(weight: torch.Tensor, x_norm: torch.Tensor, sparsity: float | Non
         if sparsity is not None:
             raise ValueError("give sparsity or n:m, not both (n:m fixes the sparsity at 1 - n/m)")
         return nm_mask(scores, n, m)
-    sparsity = _check_fraction("sparsity", 0.5 if sparsity is None else sparsity)
+    sparsity = probability(0.5 if sparsity is None else sparsity, "sparsity", one=False)
     k = int(scores.shape[1] * sparsity)                                    # the authors' count, truncated
     keep = torch.ones_like(scores, dtype=torch.bool)
     if k:

@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 from course_lib.models import BUNDLED, bundled_path
-
-from course_lib.generation import _check_int
+from course_lib.validate import integer
 
 from .loop import check_prompt
 
@@ -70,8 +69,8 @@ def hf_assisted_generate(target_path_or_model, draft, input_ids, max_new_tokens:
     """
     target, assistant = load_hf(target_path_or_model), load_hf(draft)
     ids = check_prompt(input_ids)[None].to(target.device)
-    max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
-    draft_length = _check_int(draft_length, "draft_length", 1)
+    max_new_tokens = integer(max_new_tokens, "max_new_tokens", low=1)
+    draft_length = integer(draft_length, "draft_length", low=1)
     kw = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=float(temperature),
                                                             top_k=0, top_p=1.0)
     if seed is not None:

@@ -25,7 +25,8 @@ from typing import Callable
 
 import torch
 
-from course_lib.generation import SpecStats, _check_int, _model_device, _prompt_tensor, check_pair, generate
+from course_lib.generation import SpecStats, _model_device, _prompt_tensor, check_pair, generate
+from course_lib.validate import integer
 
 __all__ = ["SpecStats", "speculative_generate", "check_pair", "check_tokenizers", "check_prompt"]
 
@@ -75,7 +76,7 @@ def speculative_generate(target, draft, input_ids, max_new_tokens: int, draft_le
     check_pair(target, draft)
     prompt = check_prompt(input_ids)
     if eos_token_id is not None:
-        eos_token_id = _check_int(eos_token_id, "eos_token_id", 0)
+        eos_token_id = integer(eos_token_id, "eos_token_id", low=0)
     out = generate(target, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    generator=generator, eos_token_id=eos_token_id, draft=draft, draft_length=draft_length,
                    adaptive=adaptive, on_pass=on_pass)

@@ -14,9 +14,10 @@ import statistics
 
 import torch
 
-from course_lib.generation import _check_int, _model_device, check_pair, generate
+from course_lib.generation import _model_device, check_pair, generate
 from course_lib.kvcache import ContiguousCache
 from course_lib.perf.timing import interleave
+from course_lib.validate import integer
 
 from .loop import check_prompt, speculative_generate
 from .prompt_lookup import prompt_lookup_generate
@@ -70,8 +71,8 @@ def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_token
     prompts = [check_prompt(p) for p in prompts]
     if not prompts:
         raise ValueError("prompts must hold at least one prompt")
-    draft_lengths = [_check_int(g, "draft_lengths[i]", 1) for g in draft_lengths]
-    repeats = _check_int(repeats, "repeats", 1)
+    draft_lengths = [integer(g, f"draft_lengths[{i}]", low=1) for i, g in enumerate(draft_lengths)]
+    repeats = integer(repeats, "repeats", low=1)
     device = _model_device(target)
 
     # Costs: one token with a KV cache for both models, and k = 1..g+1 tokens for the target, after the
@@ -147,7 +148,7 @@ def measure_prompt_lookup(target, prompts, draft_lengths=(4, 8), max_new_tokens:
     """Prompt-lookup decoding vs plain greedy cached decoding, interleaved: one row per g with a,
     tokens per pass and the measured speed-up (c ~ 0: the draft is a search)."""
     prompts = [check_prompt(p) for p in prompts]
-    draft_lengths = [_check_int(g, "draft_lengths[i]", 1) for g in draft_lengths]
+    draft_lengths = [integer(g, f"draft_lengths[{i}]", low=1) for i, g in enumerate(draft_lengths)]
     max_new = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
     stats = {g: [] for g in draft_lengths}
     calls = {}
@@ -164,7 +165,7 @@ def measure_prompt_lookup(target, prompts, draft_lengths=(4, 8), max_new_tokens:
                     stats[key].append(st)
 
     timings = interleave({key: (lambda key=key: run(key)) for key in ["plain", *draft_lengths]}, warmup=0,
-                         repeats=_check_int(repeats, "repeats", 1), device=_model_device(target))
+                         repeats=integer(repeats, "repeats", low=1), device=_model_device(target))
     runs = {key: t.times for key, t in timings.items()}
     plain_s = statistics.median(runs["plain"])
     rows = []

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.generation import SpecStats, _check_int, _model_device, generate
+from course_lib.generation import SpecStats, _model_device, generate
 from course_lib.models.corpus import load_split
+from course_lib.validate import integer
 
 from .loop import check_prompt
 
@@ -24,8 +25,8 @@ def propose_ngram(tokens: torch.Tensor, draft_length: int, max_ngram: int = 3) -
     """Up to `draft_length` tokens that followed the most recent earlier occurrence of the text's last n
     tokens, trying n = max_ngram, ..., 1. tokens: [L] int64. Returns [k], 0 <= k <= draft_length
     (empty when no n-gram of the suffix occurs earlier)."""
-    draft_length = _check_int(draft_length, "draft_length", 1)
-    max_ngram = _check_int(max_ngram, "max_ngram", 1)
+    draft_length = integer(draft_length, "draft_length", low=1)
+    max_ngram = integer(max_ngram, "max_ngram", low=1)
     L = tokens.shape[0]
     for n in range(min(max_ngram, L - 1), 0, -1):
         suffix = tokens[L - n:]                                    # [n]
@@ -44,7 +45,7 @@ class PromptLookupDraft:
     sequence so far (at most the pass's budget, possibly nothing); ``generate`` verifies greedily."""
 
     def __init__(self, max_ngram: int = 3):
-        self.max_ngram = _check_int(max_ngram, "max_ngram", 1)
+        self.max_ngram = integer(max_ngram, "max_ngram", low=1)
 
     def propose(self, seq: torch.Tensor, budget: int, hidden=None) -> torch.Tensor:
         """seq: [n] the tokens so far; returns [k], k <= budget (the search reads no hidden state)."""
@@ -63,7 +64,7 @@ def prompt_lookup_generate(target, input_ids, max_new_tokens: int, draft_length:
     """
     prompt = check_prompt(input_ids)
     if eos_token_id is not None:
-        eos_token_id = _check_int(eos_token_id, "eos_token_id", 0)
+        eos_token_id = integer(eos_token_id, "eos_token_id", low=0)
     out = generate(target, prompt, max_new_tokens, eos_token_id=eos_token_id, draft=PromptLookupDraft(max_ngram),
                    draft_length=draft_length)
     device = _model_device(target)
@@ -79,7 +80,7 @@ def editing_prompts(tokenizer, num: int = 4, min_tokens: int = 60, max_tokens: i
     Returns a list of (prompt ids [T], body length in tokens) for `num` functions of min_tokens..max_tokens
     tokens, taken in a fixed order from the held-out split (never seen in training).
     """
-    num = _check_int(num, "num", 1)
+    num = integer(num, "num", low=1)
     out = []
     for text in load_split("heldout", max_files=max_files):
         for block in text.split("\n\n\n"):

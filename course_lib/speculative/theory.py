@@ -19,34 +19,19 @@ compute-bound and verify_cost grows with g: measure it and pass the measured val
 """
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Callable
 
 import torch
 
+from course_lib.validate import integer, number, probability
+
 __all__ = ["expected_tokens_per_pass", "speedup", "optimal_draft_length", "acceptance_rate"]
-
-
-def _check_rate(a):
-    if isinstance(a, bool) or not isinstance(a, numbers.Real) or math.isnan(a) or not 0 <= a <= 1:
-        raise ValueError(f"a (acceptance rate) must be a number in [0, 1], got {a!r}")
-
-
-def _check_g(g, name="g (draft length)", low=0):
-    if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {g!r}")
-
-
-def _check_positive(x, name):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real) or math.isnan(x) or math.isinf(x) or x < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {x!r}")
 
 
 def expected_tokens_per_pass(a: float, g: int) -> float:
     """(1 - a^(g+1)) / (1 - a): expected tokens one draft-verify pass emits (g + 1 at a = 1)."""
-    _check_rate(a)
-    _check_g(g)
+    a = probability(a, "a (acceptance rate)")
+    g = integer(g, "g (draft length)", low=0)
     if a == 1:
         return float(g + 1)
     return (1 - a ** (g + 1)) / (1 - a)
@@ -57,8 +42,8 @@ def speedup(a: float, g: int, c: float, verify_cost: float = 1.0) -> float:
 
     verify_cost: target pass over g+1 tokens / one plain decode step (1.0 = the GPU idealization).
     """
-    _check_positive(c, "c (draft/target cost ratio)")
-    _check_positive(verify_cost, "verify_cost")
+    c = number(c, "c (draft/target cost ratio)", 0)
+    verify_cost = number(verify_cost, "verify_cost", 0)
     tokens = expected_tokens_per_pass(a, g)
     cost = g * c + verify_cost
     if cost <= 0:
@@ -72,12 +57,12 @@ def optimal_draft_length(a: float, c: float, max_g: int = 16,
 
     verify_cost: a number (the same for every g) or a function g -> measured cost of verifying g drafts.
     """
-    _check_rate(a)
-    _check_positive(c, "c (draft/target cost ratio)")
-    _check_g(max_g, "max_g", low=1)
+    a = probability(a, "a (acceptance rate)")
+    c = number(c, "c (draft/target cost ratio)", 0)
+    max_g = integer(max_g, "max_g", low=1)
     cost = verify_cost if callable(verify_cost) else (lambda g: verify_cost)
     best_g, best = 1, -1.0
-    for g in range(1, int(max_g) + 1):
+    for g in range(1, max_g + 1):
         s = speedup(a, g, c, float(cost(g)))
         if s > best + 1e-12:
             best_g, best = g, s
