@@ -753,14 +753,6 @@ def _prompt_tensor(input_ids, why_one: str = "this runs one request (batch size 
     return ids[0]
 
 
-def _check_int(x, name: str, low: int) -> int:
-    # only course_lib.speculative still imports this (generate's checks use course_lib.validate); its
-    # messages are kept as they were until speculative/ moves to validate too: then delete it
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {x!r}")
-    return int(x)
-
-
 def _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id,
                     callback, cache, compile, return_logits, draft, draft_length, adaptive, on_pass):
     """Every argument of ``generate`` checked (ValueError/TypeError naming it). Returns the prompts [B, T]
