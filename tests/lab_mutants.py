@@ -200,7 +200,51 @@ def absmax_dequantize(codes, scale):
         ("the KV memory formula forgets the factor 2 (K and V are both cached)", {"memory_answer": 'def kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, batch=1, bytes_per_element=2):\n    """Bytes of the K and V caches of `batch` sequences of `tokens` tokens."""\n    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):\n        if not isinstance(value, int) or value <= 0:\n            raise ValueError(f"{name} must be a positive int, got {value!r}")\n    for name, value in (("tokens", tokens), ("batch", batch)):\n        if not isinstance(value, int) or value < 0:\n            raise ValueError(f"{name} must be a non-negative int, got {value!r}")\n    return int(num_layers * num_kv_heads * head_dim * bytes_per_element * tokens * batch)\n\n\ndef max_sequences(gpu_bytes, weight_bytes, num_layers, num_kv_heads, head_dim, tokens, bytes_per_element=2):\n    """How many sequences of `tokens` tokens fit in gpu_bytes - weight_bytes."""\n    free = gpu_bytes - weight_bytes\n    per_seq = kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, 1, bytes_per_element)\n    return max(0, int(free // per_seq)) if per_seq else 0'}),
     ],
     "lab06": [
-        ("a new block is allocated one token late (after the last block overflows, not when it is full)", {"blocks_answer": 'class BlockManager:\n    def __init__(self, allocator, block_size):\n        if not isinstance(block_size, int) or block_size < 1:\n            raise PagingError(f"block_size must be a positive int, got {block_size!r}")\n        self.allocator, self.block_size = allocator, block_size\n        self.tables, self.lengths = {}, {}\n\n    def add_sequence(self, seq_id, num_tokens):\n        if seq_id in self.tables:\n            raise PagingError(f"sequence {seq_id!r} already exists")\n        if not isinstance(num_tokens, int) or num_tokens < 1:\n            raise PagingError(f"num_tokens must be an int >= 1, got {num_tokens!r}")\n        need = -(-num_tokens // self.block_size)\n        if need > self.allocator.num_free:\n            raise OutOfBlocks(need, self.allocator.num_free)\n        self.tables[seq_id] = [self.allocator.allocate() for _ in range(need)]\n        self.lengths[seq_id] = num_tokens\n\n    def append_token(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):\n            if self.allocator.num_free == 0:\n                raise OutOfBlocks(1, 0)\n            self.tables[seq_id].append(self.allocator.allocate())\n        self.lengths[seq_id] += 1\n\n    def free(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        for b in reversed(self.tables[seq_id]):\n            self.allocator.free(b)\n        del self.tables[seq_id], self.lengths[seq_id]\n\n    def block_table(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return list(self.tables[seq_id])\n\n    def num_tokens(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return self.lengths[seq_id]'}),
+        ("a new block is allocated one token late (after the last block overflows, not when it is full); and "
+         "the predicted waste takes block_size / 2 empty slots per sequence",
+         {"blocks_answer": 'class BlockManager:\n    def __init__(self, allocator, block_size):\n        if not isinstance(block_size, int) or block_size < 1:\n            raise PagingError(f"block_size must be a positive int, got {block_size!r}")\n        self.allocator, self.block_size = allocator, block_size\n        self.tables, self.lengths = {}, {}\n\n    def add_sequence(self, seq_id, num_tokens):\n        if seq_id in self.tables:\n            raise PagingError(f"sequence {seq_id!r} already exists")\n        if not isinstance(num_tokens, int) or num_tokens < 1:\n            raise PagingError(f"num_tokens must be an int >= 1, got {num_tokens!r}")\n        need = -(-num_tokens // self.block_size)\n        if need > self.allocator.num_free:\n            raise OutOfBlocks(need, self.allocator.num_free)\n        self.tables[seq_id] = [self.allocator.allocate() for _ in range(need)]\n        self.lengths[seq_id] = num_tokens\n\n    def append_token(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):\n            if self.allocator.num_free == 0:\n                raise OutOfBlocks(1, 0)\n            self.tables[seq_id].append(self.allocator.allocate())\n        self.lengths[seq_id] += 1\n\n    def free(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        for b in reversed(self.tables[seq_id]):\n            self.allocator.free(b)\n        del self.tables[seq_id], self.lengths[seq_id]\n\n    def block_table(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return list(self.tables[seq_id])\n\n    def num_tokens(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return self.lengths[seq_id]', "predict_waste": '''\
+def predict_paged_waste(mean_len, block_size):
+    return (block_size / 2) / (mean_len + block_size / 2)
+'''},
+         ["a new block was allocated one token late: a sequence of n tokens owns exactly ceil(n / block_size) "
+          "blocks, so the append that finds the last block full (the length a multiple of block_size) allocates, "
+          "not the one after; see notebook 06, section '2. Blocks, block tables, and running out'",
+          "the last block holds 1 to block_size tokens, so on average (block_size - 1) / 2 of its slots are empty, "
+          "not block_size / 2; see notebook 06, section 'The block size knob'"]),
+        ("paged attention reads the whole last block: the slots past the sequence's length are not masked",
+         {"paged_answer": '''\
+def paged_attention(q, k_pool, v_pool, block_tables, context_lens):
+    if q.dim() != 3 or k_pool.dim() != 4 or k_pool.shape != v_pool.shape or k_pool.shape[3] != q.shape[2]:
+        raise ValueError(f"q must be [B, H, d] and k_pool, v_pool the same [num_blocks, Hkv, block_size, d], got "
+                         f"{tuple(q.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}")
+    B, H, d = q.shape
+    N, Hkv, bs, _ = k_pool.shape
+    if H % Hkv:
+        raise ValueError(f"query heads H={H} must be a multiple of KV heads Hkv={Hkv}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or tuple(context_lens.shape) != (B,):
+        raise ValueError(f"block_tables must be [B={B}, max_blocks] and context_lens [B={B}], got "
+                         f"{tuple(block_tables.shape)}, {tuple(context_lens.shape)}")
+    G, max_blocks = H // Hkv, block_tables.shape[1]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        if not 0 <= n <= max_blocks * bs:
+            raise ValueError(f"context_lens[{b}]={n} is outside [0, max_blocks * block_size = {max_blocks * bs}]")
+        if n == 0:
+            continue                                             # nothing to attend to: a zero row
+        used = [int(x) for x in block_tables[b, :-(-n // bs)]]
+        if min(used) < 0 or max(used) >= N:
+            raise ValueError(f"block_tables[{b}] points outside the pool of {N} blocks: {used}")
+        idx = torch.tensor(used)
+        k = k_pool[idx].permute(1, 0, 2, 3).reshape(Hkv, -1, d)      # [Hkv, blocks * block_size, d]
+        v = v_pool[idx].permute(1, 0, 2, 3).reshape(Hkv, -1, d)
+        s = q[b].reshape(Hkv, G, d) @ k.transpose(-1, -2) / math.sqrt(d)    # [Hkv, G, n]
+        out[b] = (s.softmax(-1) @ v).reshape(H, d)
+    return out
+'''},
+         ["the slots past a sequence's length in its last block were attended to: a block is filled only up to "
+          "context_lens[b], the rest holds stale K/V of earlier owners and must be masked; see notebook 06, "
+          "section '3. Attention through a block table'"]),
     ],
     "lab07": [
         ("the running sum is not rescaled when the running max grows; and the causal mask is aligned top-left "
