@@ -1,12 +1,17 @@
 # %% [markdown] id="c002"
 # # Lab 06 · Paged KV memory
 #
-# In this lab you write the memory manager at the heart of PagedAttention (Module 06):
+# In this lab you write the memory manager at the heart of PagedAttention (Module 06), and the attention
+# that reads through it:
 #
 # * **Part A (3 points): a block allocator.** A free list and reference counts.
-# * **Part B (4 points): block tables.** Sequences get blocks exactly when they need them and give them
-#   back when they finish.
-# * **Part C (3 points): fork with copy-on-write.** Parallel samples share their prompt's blocks.
+# * **Part B (4 points, contract): block tables.** Sequences get blocks exactly when they need them and
+#   give them back when they finish; you design the bookkeeping from its contract.
+# * **Part C (1 point): predict the waste.** How much of the memory paging leaves empty, from the
+#   notebook's model; then your block tables measure it on a serving workload.
+# * **Part D (3 points): fork with copy-on-write.** Parallel samples share their prompt's blocks.
+# * **Part E (4 points, contract): attention through a block table.** A decode step whose keys and values
+#   are scattered over a pool of blocks.
 #
 # How it works:
 #
@@ -15,18 +20,35 @@
 #   long random sequences of operations on your code and on the course's reference implementation and
 #   compare them after every step, so follow the specification exactly (including the order of the free
 #   list).
-# * Plain Python only. The exceptions `OutOfBlocks` and `PagingError` are imported for you; do not import
-#   anything else from `course_lib.paged`: the hidden tests check that the code is your own.
-# * Everything runs on a CPU in seconds. Total: 10 points.
+# * Plain Python for Parts A to D, PyTorch for Part E. The exceptions `OutOfBlocks` and `PagingError` are
+#   imported for you; do not use anything else from `course_lib.paged` in your answers: the hidden tests
+#   check that the code is your own.
+# * Everything runs on a CPU in seconds. Total: 15 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import random
 import time
 
-from course_lib.grading.checks import check_equal, check_raises
+import torch
+
+from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
 from course_lib.paged import OutOfBlocks, PagingError   # OutOfBlocks(needed, free); PagingError(message)
 from course_lib.paged import BlockAllocator as CourseAllocator   # the course's allocator, for the tests
+from course_lib.paged import contiguous_to_paged, paged_attention_reference   # for Part E's tests
+
+# The misconceptions the tests recognize: when your result matches one, the message names it.
+MISTAKES = {
+    "late_block": "a new block was allocated one token late: a sequence of n tokens owns exactly "
+                  "ceil(n / block_size) blocks, so the append that finds the last block full (the length a "
+                  "multiple of block_size) allocates, not the one after; see notebook 06, section "
+                  "'2. Blocks, block tables, and running out'",
+    "waste_half_block": "the last block holds 1 to block_size tokens, so on average (block_size - 1) / 2 of its "
+                        "slots are empty, not block_size / 2; see notebook 06, section 'The block size knob'",
+    "stale_tail": "the slots past a sequence's length in its last block were attended to: a block is filled "
+                  "only up to context_lens[b], the rest holds stale K/V of earlier owners and must be masked; "
+                  "see notebook 06, section '3. Attention through a block table'",
+}
 
 
 def _own_work(cls, name):
@@ -45,6 +67,18 @@ def _own_work(cls, name):
                 mod = getattr(val, "__module__", None) or getattr(val, "__name__", "")
                 if isinstance(mod, str) and mod.startswith("course_lib.paged"):
                     raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
+
+
+def _own_function(fn, name):
+    """The grader's check that the function `fn` is the student's own, calling nothing of course_lib.paged."""
+    if getattr(fn, "__module__", None) != "__main__":
+        raise AssertionError(f"{name} must be defined in this notebook (it comes from {fn.__module__})")
+    for ref in fn.__code__.co_names:
+        val = fn.__globals__.get(ref)
+        mod = getattr(val, "__module__", None) or getattr(val, "__name__", "")
+        if isinstance(mod, str) and mod.startswith("course_lib.paged") and not (
+                isinstance(val, type) and issubclass(val, BaseException)):
+            raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
 
 
 # %% [markdown] id="c004"
@@ -165,25 +199,37 @@ for _trial in range(40):
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c007"
-# ## Part B · Block tables (4 points)
+# ## Part B · Block tables (4 points, contract)
 #
-# A sequence of `n` tokens stores its K/V in `ceil(n / block_size)` blocks; its **block table** lists
-# them in order (logical block i -> physical block). Implement `BlockManager(allocator, block_size)`:
+# A sequence of `n` tokens stores its K/V in blocks of `block_size` token slots; its **block table** lists
+# them in order (logical block i -> physical block).
 #
-# * `add_sequence(seq_id, num_tokens)`: a new sequence with a prompt of `num_tokens >= 1` tokens gets
-#   `ceil(num_tokens / block_size)` blocks, allocated in order. If fewer blocks are free, raise
-#   `OutOfBlocks(needed, free)` **without allocating anything**.
-# * `append_token(seq_id)`: one more token. A new block is allocated exactly when the token has nowhere
-#   to go: when the current length is a multiple of `block_size`. If no block is free, raise
-#   `OutOfBlocks(1, 0)` and change nothing (a scheduler will preempt a sequence and retry).
-# * `free(seq_id)`: the sequence is finished; free its blocks **from the last to the first** (so that its
-#   tail is recycled first) and forget it.
-# * `block_table(seq_id)` (a list, in logical order) and `num_tokens(seq_id)`.
+# **Contract.** `BlockManager(allocator, block_size)` keeps one block table per sequence:
 #
-# Raise `PagingError` for an unknown `seq_id`, an `add_sequence` with an existing `seq_id`, a
-# `num_tokens` that is not an integer >= 1, and a `block_size` that is not a positive integer. Use only
-# the allocator's `allocate`, `free`, `incref`, `num_free` and `refcount` (the tests give you the
-# course's allocator, so this part does not depend on Part A).
+# * **methods**: `add_sequence(seq_id, num_tokens)` (a new sequence with a prompt of `num_tokens >= 1`
+#   tokens), `append_token(seq_id)` (one more token), `free(seq_id)` (the sequence is finished: its blocks
+#   go back and it is forgotten), `block_table(seq_id)` (a list, in logical order) and `num_tokens(seq_id)`;
+# * **invariant, after every call**: a sequence of `n` tokens owns exactly `ceil(n / block_size)` blocks:
+#   a block is allocated by the token that has nowhere else to go, never earlier, never later; blocks are
+#   taken from the allocator in logical order, and `free` gives them back from the **last to the first** (so
+#   that a sequence's tail is recycled first);
+# * **all or nothing**: when the allocator has too few free blocks, `add_sequence` raises
+#   `OutOfBlocks(needed, free)` and `append_token` raises `OutOfBlocks(1, 0)`, and **nothing changes** (a
+#   scheduler will preempt a sequence and retry);
+# * **raises** `PagingError` for an unknown `seq_id`, an `add_sequence` with an existing `seq_id`, a
+#   `num_tokens` that is not an integer >= 1, a `block_size` that is not a positive integer;
+# * **uses** only the allocator's `allocate`, `free`, `incref`, `num_free` and `refcount` (the tests give
+#   you the course's allocator, so this part does not depend on Part A).
+#
+# The hidden tests run long random sequences of operations on your manager and the course's and compare
+# the tables, lengths and free blocks after every step.
+#
+# <details><summary>Hint: when exactly does a block come?</summary>
+#
+# A sequence of length `n` has `block_size * len(table) - n` free slots in its last block. The next token
+# needs a new block exactly when that is 0, i.e. when `n % block_size == 0`. Check the free count before
+# you allocate anything, so that a failure leaves everything as it was.
+# </details>
 
 # %% id="c008" nbgrader={"grade": false, "grade_id": "blocks_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class BlockManager:
@@ -251,7 +297,8 @@ m.append_token("a")
 m.append_token("a")
 check_equal((m.num_tokens("a"), m.block_table("a")), (8, [0, 1]), "(num_tokens, table) at 8 tokens: 2 full blocks")
 m.append_token("a")
-check_equal(m.block_table("a"), [0, 1, 2], "block_table('a') after the 9th token: a new block, not earlier")
+check_equal(m.block_table("a"), [0, 1, 2], "block_table('a') after the 9th token: a new block, not earlier",
+            mistakes={MISTAKES["late_block"]: [0, 1]})
 m.add_sequence("b", 4)
 check_equal(m.block_table("b"), [3], "block_table('b') for a 4-token prompt")
 check_raises(lambda: m.add_sequence("c", 9), OutOfBlocks, "add_sequence('c', 9) with 2 free blocks")
@@ -307,13 +354,79 @@ for _trial in range(40):
         else:
             continue
         for _s in _ids:
-            check_equal(_mine.block_table(_s), _ref.block_table(_s), f"block_table({_s!r}) after {_what}")
+            # one block short of the reference's table: the late-allocation signature
+            check_equal(_mine.block_table(_s), _ref.block_table(_s), f"block_table({_s!r}) after {_what}",
+                        mistakes={MISTAKES["late_block"]: _ref.block_table(_s)[:-1]})
             check_equal(_mine.num_tokens(_s), _ref.num_tokens(_s), f"num_tokens({_s!r}) after {_what}")
         check_equal(_mine.allocator.num_free, _ref.num_free_blocks, f"free blocks after {_what}")
 ### END HIDDEN TESTS
 
+# %% [markdown] id="c020"
+# ## Part C · Predict the waste (1 point)
+#
+# Paging's only waste is the unfilled tail of each sequence's last block. Notebook 06 ("The block size
+# knob") models it: a sequence's length is as likely to end anywhere in its last block, so that block
+# holds 1, 2, ..., `block_size` tokens with equal chance.
+#
+# Implement `predict_paged_waste(mean_len, block_size)`: the expected **fraction** of the allocated KV
+# slots that hold no token, for sequences of mean length `mean_len` (expected empty slots per sequence
+# over expected allocated slots per sequence). The tests grade it against the model on their own inputs;
+# the cell after them measures it with your Part B manager on a serving workload's lengths.
+
+# %% id="c021" nbgrader={"grade": false, "grade_id": "predict_waste", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_paged_waste(mean_len, block_size):
+    """Expected fraction of allocated KV slots left empty by paging (sequences of mean length mean_len)."""
+    ### BEGIN SOLUTION
+    empty = (block_size - 1) / 2
+    return empty / (mean_len + empty)
+    ### END SOLUTION
+
+
+# %% id="c022" nbgrader={"grade": true, "grade_id": "predict_waste_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_close(predict_paged_waste(100, 1), 0.0, "predict_paged_waste(100, 1): blocks of one token waste nothing",
+            mistakes={MISTAKES["waste_half_block"]: 0.5 / 100.5})
+check_close(predict_paged_waste(455, 16), 7.5 / 462.5, "predict_paged_waste(455, 16)",
+            mistakes={MISTAKES["waste_half_block"]: 8 / 463})
+print("Part C: visible tests passed")
+### BEGIN HIDDEN TESTS
+_seed = time.time_ns() % 2**32
+_rng = random.Random(_seed)
+for _ in range(100):
+    _L, _bs = _rng.uniform(1, 5000), _rng.choice([1, 2, 4, 8, 16, 32, 64, 128, 256])
+    _e = (_bs - 1) / 2
+    check_close(predict_paged_waste(_L, _bs), _e / (_L + _e), f"predict_paged_waste({_L!r}, {_bs}) (seed {_seed})",
+                rtol=1e-9, mistakes={MISTAKES["waste_half_block"]: (_bs / 2) / (_L + _bs / 2)})
+### END HIDDEN TESTS
+
+# %% [markdown] id="c023"
+# ### Your prediction against your block tables (not graded)
+#
+# The lengths (prompt + output tokens) of 300 requests of the course's synthetic serving workload (notebook
+# 06, section 1), each given to your `BlockManager`: the measured waste is the fraction of the allocated
+# slots that hold no token.
+
+# %% id="c024"
+from course_lib.perf.workload import limited_workload
+
+_lengths = [r.prompt_tokens + r.output_tokens for r in limited_workload(300, seed=0)]
+_mean = sum(_lengths) / len(_lengths)
+for _bs in (1, 4, 16, 64, 256):
+    try:
+        _pred = predict_paged_waste(_mean, _bs)
+        _mgr = BlockManager(CourseAllocator(sum(-(-n // _bs) for n in _lengths)), _bs)
+        for _i, _n in enumerate(_lengths):
+            _mgr.add_sequence(_i, _n)
+    except NotImplementedError:
+        print("finish Parts B and C first")
+        break
+    except (OutOfBlocks, PagingError) as _e:
+        print(f"your BlockManager raised {type(_e).__name__}: {_e} (Part B's tests say where)")
+        break
+    _slots = sum(len(_mgr.block_table(_i)) for _i in range(len(_lengths))) * _bs
+    print(f"block_size {_bs:3d}: predicted waste {_pred:6.2%}, measured with your tables {1 - sum(_lengths) / _slots:6.2%}")
+
 # %% [markdown] id="c010"
-# ## Part C · Fork with copy-on-write (3 points)
+# ## Part D · Fork with copy-on-write (3 points)
 #
 # To sample several continuations of one prompt, a sequence is **forked**: the child gets the parent's
 # block table and length, and every block's reference count goes up by one - nothing is copied. Full
@@ -387,7 +500,7 @@ check_raises(lambda: m.fork("p", "c"), PagingError, "fork into an existing child
 m.free("p")
 m.free("c")
 check_equal(m.allocator.num_free, 8, "free blocks after freeing both (every shared block released once per user)")
-print("Part C: visible tests passed")
+print("Part D: visible tests passed")
 ### BEGIN HIDDEN TESTS
 from course_lib.paged import BlockManager as _RefM
 
@@ -436,3 +549,170 @@ for _trial in range(40):
             check_equal(_mine.block_table(_s), _ref.block_table(_s), f"block_table({_s!r}) after {_what}")
         check_equal(list(_mine.allocator.refcount), list(_ref.allocator.refcount), f"refcounts after {_what}")
 ### END HIDDEN TESTS
+
+# %% [markdown] id="c013"
+# ## Part E · Attention through a block table (4 points, contract)
+#
+# In a decode step each sequence brings one query, and its keys and values lie in blocks anywhere in the
+# pool, found through its block table (notebook 06, section 3). Write the attention that reads them there.
+#
+# **Contract.** `paged_attention(q, k_pool, v_pool, block_tables, context_lens)`:
+#
+# * **takes** `q` `[B, H, d]` (one query per sequence), `k_pool` and `v_pool` `[num_blocks, Hkv, block_size,
+#   d]` (the physical KV memory, float32), `block_tables` `[B, max_blocks]` (integers: row `b` lists the
+#   physical blocks of sequence `b` in order) and `context_lens` `[B]` (integers: its number of tokens).
+#   Token `t` of sequence `b` is in slot `t % block_size` of block `block_tables[b, t // block_size]`;
+# * **returns** `[B, H, d]`: for each sequence, `softmax(q K^T / sqrt(d)) V` over its `context_lens[b]`
+#   tokens, with query head `h` reading KV head `h // (H // Hkv)` (grouped-query attention); equal to the
+#   course's reference within `1e-5`; a sequence of length 0 gets a row of zeros;
+# * **reads only what the sequence owns**: the first `ceil(context_lens[b] / block_size)` entries of row `b`
+#   of the table and, in the last of those blocks, only the slots below the length. Everything else (the
+#   rest of the table row, the rest of the last block, the other blocks of the pool) may hold anything:
+#   stale K/V of earlier owners, `-1` table entries;
+# * **raises** `ValueError` for shapes that do not fit (`q` not 3-D, pools not equal and 4-D, a different
+#   `d`, `H` not a multiple of `Hkv`, tables or lengths not `B` rows), a length outside
+#   `[0, max_blocks * block_size]`, and a used table entry outside the pool.
+#
+# A Python loop over the sequences is fine (the vectorized and Triton versions are in `course_lib.paged`;
+# do not call them).
+#
+# <details><summary>Hint 1: from blocks to a contiguous K</summary>
+#
+# For one sequence, `k_pool[idx]` with `idx` its used blocks is `[nb, Hkv, block_size, d]`; put the block
+# axis next to the slot axis (`permute(1, 0, 2, 3)`), merge them (`reshape(Hkv, nb * block_size, d)`): the
+# tokens are now in order. Then keep the first `context_lens[b]` of them.
+# </details>
+#
+# <details><summary>Hint 2: GQA</summary>
+#
+# `q[b].reshape(Hkv, G, d)` groups the query heads by the KV head they read; `[Hkv, G, d] @ [Hkv, d, n]`
+# gives the scores `[Hkv, G, n]` without repeating K.
+# </details>
+
+# %% id="c014" nbgrader={"grade": false, "grade_id": "paged_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def paged_attention(q, k_pool, v_pool, block_tables, context_lens):
+    """One decode step through block tables: q [B, H, d], pools [N, Hkv, bs, d] -> [B, H, d]."""
+    ### BEGIN SOLUTION
+    if q.dim() != 3 or k_pool.dim() != 4 or k_pool.shape != v_pool.shape or k_pool.shape[3] != q.shape[2]:
+        raise ValueError(f"q must be [B, H, d] and k_pool, v_pool the same [num_blocks, Hkv, block_size, d], got "
+                         f"{tuple(q.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}")
+    B, H, d = q.shape
+    N, Hkv, bs, _ = k_pool.shape
+    if H % Hkv:
+        raise ValueError(f"query heads H={H} must be a multiple of KV heads Hkv={Hkv}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or tuple(context_lens.shape) != (B,):
+        raise ValueError(f"block_tables must be [B={B}, max_blocks] and context_lens [B={B}], got "
+                         f"{tuple(block_tables.shape)}, {tuple(context_lens.shape)}")
+    G, max_blocks = H // Hkv, block_tables.shape[1]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        if not 0 <= n <= max_blocks * bs:
+            raise ValueError(f"context_lens[{b}]={n} is outside [0, max_blocks * block_size = {max_blocks * bs}]")
+        if n == 0:
+            continue                                             # nothing to attend to: a zero row
+        used = [int(x) for x in block_tables[b, :-(-n // bs)]]
+        if min(used) < 0 or max(used) >= N:
+            raise ValueError(f"block_tables[{b}] points outside the pool of {N} blocks: {used}")
+        idx = torch.tensor(used)
+        k = k_pool[idx].permute(1, 0, 2, 3).reshape(Hkv, -1, d)[:, :n]      # [Hkv, n, d], tokens in order
+        v = v_pool[idx].permute(1, 0, 2, 3).reshape(Hkv, -1, d)[:, :n]
+        s = q[b].reshape(Hkv, G, d) @ k.transpose(-1, -2) / math.sqrt(d)    # [Hkv, G, n]
+        out[b] = (s.softmax(-1) @ v).reshape(H, d)
+    return out
+    ### END SOLUTION
+
+
+# %% id="c015" nbgrader={"grade": true, "grade_id": "paged_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+def _paged_case(lengths, H, Hkv, d, bs, gen, extra_blocks=3):
+    """Random contiguous K/V scattered into a shuffled pool, with stale values everywhere a sequence does
+    not own (the rest of its last block, the free blocks) and -1 past each row's used table entries."""
+    B = len(lengths)
+    k, v = (torch.randn(B, Hkv, max(max(lengths), 1), d, generator=gen) for _ in range(2))
+    need = sum(-(-n // bs) for n in lengths)
+    k_pool, v_pool, tables, lens = contiguous_to_paged(k, v, lengths, bs, num_blocks=need + extra_blocks,
+                                                       generator=gen)
+    owned = torch.zeros(k_pool.shape[0], bs, dtype=torch.bool)
+    tables = tables.long()
+    for b, n in enumerate(lengths):
+        nb = -(-n // bs)
+        for i in range(nb):
+            owned[tables[b, i], : min(bs, n - i * bs)] = True
+        tables[b, nb:] = -1
+    stale = ~owned[:, None, :, None].expand_as(k_pool)
+    k_pool[stale] = 3 * torch.randn(int(stale.sum()), generator=gen)
+    v_pool[stale] = 3 * torch.randn(int(stale.sum()), generator=gen)
+    q = torch.randn(B, H, d, generator=gen)
+    return q, k_pool, v_pool, tables, lens
+
+
+def _paged_check(case, what):
+    q, k_pool, v_pool, tables, lens = case
+    got = paged_attention(q, k_pool, v_pool, tables, lens)
+    check_shape(got, tuple(q.shape), what)
+    bs = k_pool.shape[2]
+    whole_blocks = (lens + bs - 1) // bs * bs                # the known mistake: the whole last block read
+    wrong = paged_attention_reference(q, k_pool, v_pool, tables.clamp(min=0), whole_blocks)
+    check_close(got, paged_attention_reference(q, k_pool, v_pool, tables, lens), what, rtol=1e-5, atol=1e-5,
+                mistakes={MISTAKES["stale_tail"]: wrong})
+
+
+_gen = torch.Generator().manual_seed(6)
+_paged_check(_paged_case([6], 1, 1, 2, 4, _gen), "paged_attention: one sequence of 6 tokens in 2 blocks of 4")
+_paged_check(_paged_case([9, 4, 1, 0, 12], 4, 2, 8, 4, _gen),
+             "paged_attention: 5 sequences of 9, 4, 1, 0, 12 tokens, blocks of 4, 4 query heads over 2 KV heads")
+_paged_check(_paged_case([5, 17], 6, 3, 4, 16, _gen), "paged_attention: blocks of 16, 6 query heads over 3 KV heads")
+_case = _paged_case([9, 4], 4, 2, 8, 4, _gen)
+check_raises(lambda: paged_attention(_case[0][:, :3], *_case[1:]), ValueError, "3 query heads over 2 KV heads")
+check_raises(lambda: paged_attention(*_case[:4], torch.tensor([9, 13])), ValueError,
+             "context_lens [9, 13] with tables of 3 blocks of 4 (13 > 12)")
+_bad = _case[3].clone()
+_bad[0, 1] = 99
+check_raises(lambda: paged_attention(*_case[:3], _bad, _case[4]), ValueError, "a used table entry 99 outside the pool")
+print("Part E: visible tests passed")
+### BEGIN HIDDEN TESTS
+_own_function(paged_attention, "paged_attention")
+_seed = time.time_ns() % 2**32
+_g = torch.Generator().manual_seed(_seed)
+_rng = random.Random(_seed)
+for _trial in range(15):
+    _bs, _Hkv, _G, _d = _rng.randint(1, 8), _rng.randint(1, 3), _rng.randint(1, 3), _rng.randint(1, 16)
+    _lens = [_rng.choice([0, _bs, 2 * _bs, _rng.randint(1, 40)]) for _ in range(_rng.randint(1, 4))]
+    _case = _paged_case(_lens, _Hkv * _G, _Hkv, _d, _bs, _g, extra_blocks=_rng.randint(0, 6))
+    _paged_check(_case, f"paged_attention: lengths {_lens}, block_size {_bs}, {_Hkv * _G} query heads over "
+                        f"{_Hkv} KV heads, d={_d} (random test, seed {_seed})")
+    if max(_lens) > 0:
+        _b = max(range(len(_lens)), key=lambda i: _lens[i])
+        _bad = _case[3].clone()
+        _bad[_b, (_lens[_b] - 1) // _bs] = _case[1].shape[0] + _rng.randint(0, 5)
+        check_raises(lambda: paged_attention(*_case[:3], _bad, _case[4]), ValueError,
+                     f"a used table entry outside the pool (lengths {_lens}, seed {_seed})")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c016"
+# ## Going further (not graded)
+#
+# * Your Part E gathers each sequence's blocks into a contiguous copy before attending;
+#   `course_lib/paged/triton_paged.py` reads the blocks in place. For a decode step of 8 sequences of 1,000
+#   tokens, 8 KV heads of dimension 128 in fp16 and blocks of 16, how many bytes of K/V does each move
+#   through main memory?
+# * With `course_lib.paged.BlockManager(num_blocks, 16, prefix_caching=True)`, two requests share a
+#   100-token system prompt and then differ. How many blocks do they share, and what happens to the last 4
+#   tokens of the prompt?
+
+# %% [markdown] id="c017" tags=["answer-key"]
+# ### Answer key
+#
+# * A sequence of 1,000 tokens owns ceil(1000 / 16) = 63 blocks = 1,008 slots; K and V take 2 x 8 heads x
+#   1,008 x 128 x 2 bytes = 4.13 MB per sequence, 33.0 MB for the 8. The kernel reads exactly these
+#   33.0 MB once (plus the queries and outputs, 8 x 32 heads x 128 x 2 bytes each: negligible). The gather
+#   reads the 33.0 MB from the pool, writes a contiguous copy (33.0 MB) and the attention reads that copy
+#   again (33.0 MB): about 99 MB, three times the traffic, and a decode step is memory-bound, so it is about
+#   three times slower at this size (plus the copy's allocation). That is why vLLM's PagedAttention is a
+#   kernel that follows the block table itself.
+# * 100 = 6 x 16 + 4: the 6 full blocks of the prompt are shared (prefix caching hashes full blocks only,
+#   each hash chained to the previous block's, so equal prefixes map to the same physical blocks: tables
+#   `[0, 1, 2, 3, 4, 5, 6]` and `[0, 1, 2, 3, 4, 5, 7]`). The 7th block holds the prompt's last 4 tokens
+#   and then each request's own tokens: it is partial when first written and becomes different for the two,
+#   so it is not cached and each request gets its own (the 4 tokens' K/V are computed twice). 6 of 7 blocks
+#   shared saves 6 blocks of KV memory and the prefill of 96 tokens for the second request.

@@ -144,7 +144,9 @@ def schedule(waiting, running, free_blocks, block_size, max_batch):
           "09, section '4. Iteration-level scheduling, KV blocks and preemption'"]),
     ],
     "lab08": [
-        ("on a rejection the replacement is sampled from p instead of the residual max(0, p - q)", {"accept_answer": '''\
+        ("on a rejection the replacement is sampled from p instead of the residual max(0, p - q); and the "
+         "expected tokens per pass count the accepted drafts only (no +1 for the target's token)",
+         {"accept_answer": '''\
 def accept_step(p, q, draft_tokens, generator=None):
     g = draft_tokens.shape[0]
     p, q = p.double(), q.double()
@@ -161,7 +163,24 @@ def accept_step(p, q, draft_tokens, generator=None):
         return out
     out.append(int(torch.multinomial(p[g], 1, generator=generator)))
     return out
-'''}),
+''', "predict_speedup": '''\
+def expected_tokens_per_pass(a, g):
+    if not 0 <= a <= 1:
+        raise ValueError(f"a must be in [0, 1], got {a}")
+    if g < 0:
+        raise ValueError(f"g must be >= 0, got {g}")
+    return float(sum(a ** k for k in range(1, g + 1)))
+
+
+def speedup(a, g, c, verify_cost=1.0):
+    return expected_tokens_per_pass(a, g) / (g * c + verify_cost)
+'''},
+         ["on a rejection the replacement was sampled from p[i] instead of the residual normalize(max(0, p[i] - "
+          "q[i])): the output then over-weights the tokens the draft likes; see notebook 08, section '2 · The "
+          "acceptance rule, and why the output follows the target'",
+          "the expected tokens per pass counted only the accepted drafts (a + a^2 + ... + a^g) and forgot the "
+          "token every pass gets from the target (the correction or the bonus): add 1; see notebook 08, section "
+          "'4 · How much does it buy? The speed-up model'"]),
         ("no bonus token when every draft is accepted", {"accept_answer": '''\
 def accept_step(p, q, draft_tokens, generator=None):
     g = draft_tokens.shape[0]
@@ -179,7 +198,9 @@ def accept_step(p, q, draft_tokens, generator=None):
         out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
         return out
     return out
-'''}),
+'''},
+         ["no bonus token when every draft is accepted: a pass must emit the accepted drafts plus one token of the "
+          "target, sampled from p[g] when nothing was rejected; see notebook 08, section '1 · One pass, by hand'"]),
     ],
     "lab00": [
         ("TPOT divides by the number of tokens, not the number of gaps (n - 1); the percentile's position is "
@@ -363,10 +384,56 @@ def predict_bits_per_weight(bits, group_size=None, scale_bits=16):
         ("the KV memory formula forgets the factor 2 (K and V are both cached)", {"memory_answer": 'def kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, batch=1, bytes_per_element=2):\n    """Bytes of the K and V caches of `batch` sequences of `tokens` tokens."""\n    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):\n        if not isinstance(value, int) or value <= 0:\n            raise ValueError(f"{name} must be a positive int, got {value!r}")\n    for name, value in (("tokens", tokens), ("batch", batch)):\n        if not isinstance(value, int) or value < 0:\n            raise ValueError(f"{name} must be a non-negative int, got {value!r}")\n    return int(num_layers * num_kv_heads * head_dim * bytes_per_element * tokens * batch)\n\n\ndef max_sequences(gpu_bytes, weight_bytes, num_layers, num_kv_heads, head_dim, tokens, bytes_per_element=2):\n    """How many sequences of `tokens` tokens fit in gpu_bytes - weight_bytes."""\n    free = gpu_bytes - weight_bytes\n    per_seq = kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, 1, bytes_per_element)\n    return max(0, int(free // per_seq)) if per_seq else 0'}),
     ],
     "lab06": [
-        ("a new block is allocated one token late (after the last block overflows, not when it is full)", {"blocks_answer": 'class BlockManager:\n    def __init__(self, allocator, block_size):\n        if not isinstance(block_size, int) or block_size < 1:\n            raise PagingError(f"block_size must be a positive int, got {block_size!r}")\n        self.allocator, self.block_size = allocator, block_size\n        self.tables, self.lengths = {}, {}\n\n    def add_sequence(self, seq_id, num_tokens):\n        if seq_id in self.tables:\n            raise PagingError(f"sequence {seq_id!r} already exists")\n        if not isinstance(num_tokens, int) or num_tokens < 1:\n            raise PagingError(f"num_tokens must be an int >= 1, got {num_tokens!r}")\n        need = -(-num_tokens // self.block_size)\n        if need > self.allocator.num_free:\n            raise OutOfBlocks(need, self.allocator.num_free)\n        self.tables[seq_id] = [self.allocator.allocate() for _ in range(need)]\n        self.lengths[seq_id] = num_tokens\n\n    def append_token(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):\n            if self.allocator.num_free == 0:\n                raise OutOfBlocks(1, 0)\n            self.tables[seq_id].append(self.allocator.allocate())\n        self.lengths[seq_id] += 1\n\n    def free(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        for b in reversed(self.tables[seq_id]):\n            self.allocator.free(b)\n        del self.tables[seq_id], self.lengths[seq_id]\n\n    def block_table(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return list(self.tables[seq_id])\n\n    def num_tokens(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return self.lengths[seq_id]'}),
+        ("a new block is allocated one token late (after the last block overflows, not when it is full); and "
+         "the predicted waste takes block_size / 2 empty slots per sequence",
+         {"blocks_answer": 'class BlockManager:\n    def __init__(self, allocator, block_size):\n        if not isinstance(block_size, int) or block_size < 1:\n            raise PagingError(f"block_size must be a positive int, got {block_size!r}")\n        self.allocator, self.block_size = allocator, block_size\n        self.tables, self.lengths = {}, {}\n\n    def add_sequence(self, seq_id, num_tokens):\n        if seq_id in self.tables:\n            raise PagingError(f"sequence {seq_id!r} already exists")\n        if not isinstance(num_tokens, int) or num_tokens < 1:\n            raise PagingError(f"num_tokens must be an int >= 1, got {num_tokens!r}")\n        need = -(-num_tokens // self.block_size)\n        if need > self.allocator.num_free:\n            raise OutOfBlocks(need, self.allocator.num_free)\n        self.tables[seq_id] = [self.allocator.allocate() for _ in range(need)]\n        self.lengths[seq_id] = num_tokens\n\n    def append_token(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):\n            if self.allocator.num_free == 0:\n                raise OutOfBlocks(1, 0)\n            self.tables[seq_id].append(self.allocator.allocate())\n        self.lengths[seq_id] += 1\n\n    def free(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        for b in reversed(self.tables[seq_id]):\n            self.allocator.free(b)\n        del self.tables[seq_id], self.lengths[seq_id]\n\n    def block_table(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return list(self.tables[seq_id])\n\n    def num_tokens(self, seq_id):\n        if seq_id not in self.tables:\n            raise PagingError(f"unknown sequence {seq_id!r}")\n        return self.lengths[seq_id]', "predict_waste": '''\
+def predict_paged_waste(mean_len, block_size):
+    return (block_size / 2) / (mean_len + block_size / 2)
+'''},
+         ["a new block was allocated one token late: a sequence of n tokens owns exactly ceil(n / block_size) "
+          "blocks, so the append that finds the last block full (the length a multiple of block_size) allocates, "
+          "not the one after; see notebook 06, section '2. Blocks, block tables, and running out'",
+          "the last block holds 1 to block_size tokens, so on average (block_size - 1) / 2 of its slots are empty, "
+          "not block_size / 2; see notebook 06, section 'The block size knob'"]),
+        ("paged attention reads the whole last block: the slots past the sequence's length are not masked",
+         {"paged_answer": '''\
+def paged_attention(q, k_pool, v_pool, block_tables, context_lens):
+    if q.dim() != 3 or k_pool.dim() != 4 or k_pool.shape != v_pool.shape or k_pool.shape[3] != q.shape[2]:
+        raise ValueError(f"q must be [B, H, d] and k_pool, v_pool the same [num_blocks, Hkv, block_size, d], got "
+                         f"{tuple(q.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}")
+    B, H, d = q.shape
+    N, Hkv, bs, _ = k_pool.shape
+    if H % Hkv:
+        raise ValueError(f"query heads H={H} must be a multiple of KV heads Hkv={Hkv}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or tuple(context_lens.shape) != (B,):
+        raise ValueError(f"block_tables must be [B={B}, max_blocks] and context_lens [B={B}], got "
+                         f"{tuple(block_tables.shape)}, {tuple(context_lens.shape)}")
+    G, max_blocks = H // Hkv, block_tables.shape[1]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        if not 0 <= n <= max_blocks * bs:
+            raise ValueError(f"context_lens[{b}]={n} is outside [0, max_blocks * block_size = {max_blocks * bs}]")
+        if n == 0:
+            continue                                             # nothing to attend to: a zero row
+        used = [int(x) for x in block_tables[b, :-(-n // bs)]]
+        if min(used) < 0 or max(used) >= N:
+            raise ValueError(f"block_tables[{b}] points outside the pool of {N} blocks: {used}")
+        idx = torch.tensor(used)
+        k = k_pool[idx].permute(1, 0, 2, 3).reshape(Hkv, -1, d)      # [Hkv, blocks * block_size, d]
+        v = v_pool[idx].permute(1, 0, 2, 3).reshape(Hkv, -1, d)
+        s = q[b].reshape(Hkv, G, d) @ k.transpose(-1, -2) / math.sqrt(d)    # [Hkv, G, n]
+        out[b] = (s.softmax(-1) @ v).reshape(H, d)
+    return out
+'''},
+         ["the slots past a sequence's length in its last block were attended to: a block is filled only up to "
+          "context_lens[b], the rest holds stale K/V of earlier owners and must be masked; see notebook 06, "
+          "section '3. Attention through a block table'"]),
     ],
     "lab07": [
-        ("the running sum is not rescaled when the running max grows", {"online_answer": '''\
+        ("the running sum is not rescaled when the running max grows; and the causal mask is aligned top-left "
+         "(query t sees keys up to t) when there are fewer queries than keys",
+         {"online_answer": '''\
 def online_softmax_update(m, l, piece):
     m_new = torch.maximum(m, piece.max(dim=-1).values)
     m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -382,32 +449,107 @@ def online_softmax(x, block_size):
     for start in range(0, x.shape[-1], block_size):
         m, l = online_softmax_update(m, l, x[:, start:start + block_size])
     return torch.exp(x - m[:, None]) / l[:, None]
-'''}),
-        ("causal: future tiles skipped but the diagonal tiles not masked", {"tiled_answer": '''\
-def tiled_attention(q, k, v, block_size, causal=False):
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    N, d = q.shape
-    out = torch.empty_like(q)
-    for i0 in range(0, N, block_size):
-        i1 = min(i0 + block_size, N)
-        m = torch.full((i1 - i0,), float("-inf"))
-        l = torch.zeros(i1 - i0)
-        acc = torch.zeros(i1 - i0, d)
-        for j0 in range(0, N, block_size):
-            if causal and j0 > i1 - 1:
-                break
-            j1 = min(j0 + block_size, N)
-            s = q[i0:i1] @ k[j0:j1].T / math.sqrt(d)
+''', "tiled_answer": '''\
+def tiled_attention(q, k, v, block_q, block_k, causal=False):
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"q must be [B, H, Tq, d] and k, v the same [B, Hkv, Tk, d], got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    B, H, Tq, d = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if k.shape[0] != B or k.shape[3] != d or Hkv < 1 or H % Hkv:
+        raise ValueError(f"k, v must be [B={B}, Hkv, Tk, d={d}] with H={H} a multiple of Hkv, got {tuple(k.shape)}")
+    if causal and Tq > Tk:
+        raise ValueError(f"causal attention needs Tq <= Tk (the queries are the last Tq positions), got "
+                         f"Tq={Tq}, Tk={Tk}")
+    G = H // Hkv
+    scale = 1.0 / math.sqrt(d)
+    qg = q.reshape(B, Hkv, G, Tq, d)                      # the G query heads of one KV head, side by side
+    out = torch.empty(B, Hkv, G, Tq, d, dtype=q.dtype)
+    offset = 0                                            # query t sees keys up to t
+    for i0 in range(0, Tq, block_q):
+        i1 = min(i0 + block_q, Tq)
+        qi = qg[:, :, :, i0:i1]
+        m = torch.full((B, Hkv, G, i1 - i0), float("-inf"))
+        l = torch.zeros(B, Hkv, G, i1 - i0)
+        acc = torch.zeros(B, Hkv, G, i1 - i0, d)
+        k_end = min(Tk, offset + i1) if causal else Tk    # keys from here on are in every row's future
+        for j0 in range(0, k_end, block_k):
+            j1 = min(j0 + block_k, Tk)
+            s = qi @ k[:, :, None, j0:j1].transpose(-1, -2) * scale          # [B, Hkv, G, rows, cols]
+            if causal and j1 - 1 > offset + i0:                              # crosses the diagonal
+                rows = torch.arange(i0, i1)[:, None] + offset
+                cols = torch.arange(j0, j1)[None, :]
+                s = s.masked_fill(cols > rows, float("-inf"))
             m_new = torch.maximum(m, s.max(dim=-1).values)
-            alpha = torch.exp(m - m_new)
-            p = torch.exp(s - m_new[:, None])
+            alpha = torch.exp(m - m_new)                  # every row sees key 0 first: m_new is finite
+            p = torch.exp(s - m_new[..., None])
             l = alpha * l + p.sum(dim=-1)
-            acc = alpha[:, None] * acc + p @ v[j0:j1]
+            acc = alpha[..., None] * acc + p @ v[:, :, None, j0:j1]
             m = m_new
-        out[i0:i1] = acc / l[:, None]
-    return out
-'''}),
+        out[:, :, :, i0:i1] = acc / l[..., None]
+    return out.reshape(B, H, Tq, d)
+'''},
+         ["the running sum l was not rescaled by exp(m_old - m_new) when the running max grew: it adds terms taken "
+          "against different maxima; see notebook 07, section '3. Online softmax, step by step'",
+          "the causal mask is aligned top-left: with Tq queries after Tk - Tq cached keys, query t sits at position "
+          "Tk - Tq + t and sees keys up to Tk - Tq + t (bottom-right alignment), not only keys up to t; see this "
+          "lab's Part C and notebook 07, section '4. Tiled exact attention'"]),
+        ("the accumulator is not rescaled when the running max grows (only the sum l is); and the predicted "
+         "traffic reads K and V once",
+         {"tiled_answer": '''\
+def tiled_attention(q, k, v, block_q, block_k, causal=False):
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"q must be [B, H, Tq, d] and k, v the same [B, Hkv, Tk, d], got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    B, H, Tq, d = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    if k.shape[0] != B or k.shape[3] != d or Hkv < 1 or H % Hkv:
+        raise ValueError(f"k, v must be [B={B}, Hkv, Tk, d={d}] with H={H} a multiple of Hkv, got {tuple(k.shape)}")
+    if causal and Tq > Tk:
+        raise ValueError(f"causal attention needs Tq <= Tk (the queries are the last Tq positions), got "
+                         f"Tq={Tq}, Tk={Tk}")
+    G = H // Hkv
+    scale = 1.0 / math.sqrt(d)
+    qg = q.reshape(B, Hkv, G, Tq, d)                      # the G query heads of one KV head, side by side
+    out = torch.empty(B, Hkv, G, Tq, d, dtype=q.dtype)
+    offset = Tk - Tq                                      # query t sits at position offset + t
+    for i0 in range(0, Tq, block_q):
+        i1 = min(i0 + block_q, Tq)
+        qi = qg[:, :, :, i0:i1]
+        m = torch.full((B, Hkv, G, i1 - i0), float("-inf"))
+        l = torch.zeros(B, Hkv, G, i1 - i0)
+        acc = torch.zeros(B, Hkv, G, i1 - i0, d)
+        k_end = min(Tk, offset + i1) if causal else Tk    # keys from here on are in every row's future
+        for j0 in range(0, k_end, block_k):
+            j1 = min(j0 + block_k, Tk)
+            s = qi @ k[:, :, None, j0:j1].transpose(-1, -2) * scale          # [B, Hkv, G, rows, cols]
+            if causal and j1 - 1 > offset + i0:                              # crosses the diagonal
+                rows = torch.arange(i0, i1)[:, None] + offset
+                cols = torch.arange(j0, j1)[None, :]
+                s = s.masked_fill(cols > rows, float("-inf"))
+            m_new = torch.maximum(m, s.max(dim=-1).values)
+            alpha = torch.exp(m - m_new)                  # every row sees key 0 first: m_new is finite
+            p = torch.exp(s - m_new[..., None])
+            l = alpha * l + p.sum(dim=-1)
+            acc = acc + p @ v[:, :, None, j0:j1]
+            m = m_new
+        out[:, :, :, i0:i1] = acc / l[..., None]
+    return out.reshape(B, H, Tq, d)
+''', "predict_flash_io": '''\
+def predict_flash_io(seq_len, head_dim, block_q):
+    return 4 * seq_len * head_dim
+'''},
+         ["the running sum l was rescaled when the max grew but the output accumulator was not: acc holds sums of "
+          "exp(s - m) v taken against the old max and needs the same factor exp(m_old - m_new) as l; see notebook "
+          "07, section '4. Tiled exact attention'",
+          "the traffic counts K and V once: with query tiles outside, every query tile reads all of K and V again, "
+          "so they are read ceil(N / block_q) times; see notebook 07, section '2. Counting the bytes: the IO model'"]),
     ],
     "lab10": [
         ("Wanda scored by the weight only (|W|, no activation norm): plain magnitude 2:4", {"wanda": '''\
