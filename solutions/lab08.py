@@ -26,6 +26,7 @@
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
+import os
 import time
 
 import torch
@@ -472,7 +473,9 @@ try:                                              # the measurement runs your ac
     _ready = [int(t) for t in accept_step(_oh, _oh[:1], torch.tensor([0]))] == [0, 0]
 except Exception:                                 # noqa: BLE001 - unfinished or wrong: Part A's tests say which
     _ready = False
-if not _ready:
+if os.environ.get("NBGRADER_EXECUTION"):        # a measurement, not a test: the grader skips it
+    print("the measurement is skipped while grading")
+elif not _ready:
     print("finish Part A first: the measurement runs your accept_step")
 else:
     _tm, _ = _load_model("tiny", device="cpu")
