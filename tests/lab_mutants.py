@@ -260,25 +260,66 @@ def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
 '''}),
     ],
     "lab03": [
-        ("GPTQ without error feedback: each column rounded on its own (plain RTN)", {"gptq_answer": '''\
-def gptq_columns(W, U, scale, zero, bits=4):
-    if U.shape != (W.shape[1], W.shape[1]):
-        raise ValueError(f"U must have shape ({W.shape[1]}, {W.shape[1]}), got {tuple(U.shape)}")
+        ("GPTQ spreads the error with the full inverse's entries [H^-1]_jj, [H^-1]_jk (the notes' formula), and "
+         "SmoothQuant divides the weight by s like the activations",
+         {"gptq_answer": '''\
+def gptq(W, H, bits=4, group_size=None, percdamp=0.01):
+    n_in = W.shape[1]
+    if not isinstance(H, torch.Tensor) or H.shape != (n_in, n_in):
+        raise ValueError(f"H must have shape ({n_in}, {n_in})")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"bits must be an int in 2..8, got {bits!r}")
+    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"group_size must be None or an int >= 1, got {group_size!r}")
+    if not 0 <= percdamp < 1:
+        raise ValueError(f"percdamp must be in [0, 1), got {percdamp!r}")
+    g = group_size or n_in
+    H = H.float() + percdamp * torch.diag(H.float()).mean() * torch.eye(n_in)
+    Hinv = torch.linalg.inv(H)
     W = W.clone().float()
     Q = torch.zeros_like(W)
-    for j in range(W.shape[1]):
-        Q[:, j:j + 1] = rtn_column(W[:, j:j + 1], scale, zero, bits)
+    for j in range(n_in):
+        if j % g == 0:
+            scale, zero = grid(W[:, j:j + g], bits)
+        q = rtn_column(W[:, j:j + 1], scale, zero, bits)
+        err = (W[:, j:j + 1] - q) / Hinv[j, j]
+        W[:, j + 1:] -= err @ Hinv[j:j + 1, j + 1:]
+        Q[:, j:j + 1] = q
     return Q
-'''}),
-        ("SmoothQuant scales the weight's output axis (rows) instead of its input columns", {"smooth_answer": '''\
+''',
+          "smooth_answer": '''\
 def smooth(x_absmax, W, alpha=0.5):
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
     a = x_absmax.float().clamp(min=1e-5)
-    w = W.abs().amax(dim=1).float().clamp(min=1e-5)
+    w = W.abs().amax(dim=0).float().clamp(min=1e-5)
     s = a.pow(alpha) / w.pow(1 - alpha)
-    return s, W * s[:, None]
-'''}),
+    return s, W / s[None, :]
+'''},
+         ["the error was spread with the entries of the full inverse H^-1",
+          "the weight was divided by s, like the activations"]),
+        ("GPTQ without error feedback: each column rounded on its own (plain RTN on the group grids)",
+         {"gptq_answer": '''\
+def gptq(W, H, bits=4, group_size=None, percdamp=0.01):
+    n_in = W.shape[1]
+    if not isinstance(H, torch.Tensor) or H.shape != (n_in, n_in):
+        raise ValueError(f"H must have shape ({n_in}, {n_in})")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"bits must be an int in 2..8, got {bits!r}")
+    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"group_size must be None or an int >= 1, got {group_size!r}")
+    if not 0 <= percdamp < 1:
+        raise ValueError(f"percdamp must be in [0, 1), got {percdamp!r}")
+    g = group_size or n_in
+    W = W.clone().float()
+    Q = torch.zeros_like(W)
+    for j in range(n_in):
+        if j % g == 0:
+            scale, zero = grid(W[:, j:j + g], bits)
+        Q[:, j:j + 1] = rtn_column(W[:, j:j + 1], scale, zero, bits)
+    return Q
+'''},
+         ["each column was rounded on its own (plain round-to-nearest)"]),
     ],
     "lab12": [
         ("the graph break moved, not removed: the argmax stays a tensor but .tolist() still leaves the graph",
