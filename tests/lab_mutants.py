@@ -40,21 +40,39 @@ MUTANTS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
         ("the lecture notes' double softmax: log_softmax of probabilities instead of logits",
          {"kd_answer": '''\
 def kd_loss(student_logits, teacher_logits, temperature=2.0):
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError("student_logits and teacher_logits must have the same shape")
+    if not float(temperature) > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
     T = float(temperature)
     soft_teacher = F.softmax(teacher_logits / T, dim=-1)
     soft_student = F.softmax(student_logits / T, dim=-1)
     V = soft_student.shape[-1]
     return F.kl_div(F.log_softmax(soft_student, dim=-1).reshape(-1, V), soft_teacher.reshape(-1, V),
                     reduction="batchmean") * T * T
-'''}),
-        ("the KD loss without the T^2 factor",
+'''},
+         ["a softmax was taken twice (log_softmax of probabilities, the lecture notes' bug)"]),
+        ("the KD loss without the T^2 factor, and the expected tokens per pass without the target's bonus token",
          {"kd_answer": '''\
 def kd_loss(student_logits, teacher_logits, temperature=2.0):
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError("student_logits and teacher_logits must have the same shape")
+    if not float(temperature) > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
     T = float(temperature)
     log_q = F.log_softmax(student_logits / T, dim=-1)
     log_p = F.log_softmax(teacher_logits / T, dim=-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-'''}),
+''',
+          "predict_tokens": '''\
+def predict_tokens_per_pass(a, g):
+    if not 0 <= a <= 1:
+        raise ValueError(f"a must be in [0, 1], got {a!r}")
+    if not isinstance(g, int) or g < 0:
+        raise ValueError(f"g must be an int >= 0, got {g!r}")
+    return sum(a ** i for i in range(1, g + 1))
+'''},
+         ["the loss lacks the T² factor", "the target's bonus token was forgotten"]),
     ],
     "lab09": [
         ("the scheduler admits waiting requests without checking the free KV blocks (only max_batch)",
