@@ -3,9 +3,13 @@
 #
 # In this lab you write the losses of Module 04 yourself:
 #
-# * **Part A (4 points): the KD loss** with a temperature and the T² factor.
+# * **Part A (4 points, contract): the KD loss** with a temperature, designed from its contract: what it
+#   takes, what it returns, and the properties it must keep (among them a gradient whose size does not
+#   depend on the temperature).
 # * **Part B (3 points): the combined loss** α·KD + (1 − α)·CE.
 # * **Part C (3 points): the acceptance rate** Σ min(p, q) of a draft distribution q against a target p.
+# * **Part D (2 points): predict** the tokens one speculative pass emits from the acceptance rate, then
+#   measure them by running the acceptance rule.
 #
 # How it works:
 #
@@ -15,7 +19,7 @@
 #   inputs against the course's reference implementation, so make it correct in general.
 # * Use `torch` and `torch.nn.functional`. Do not import the answers from `course_lib.distill`: the hidden
 #   tests check that the code is your own.
-# * Everything runs on a CPU in seconds. Total: 10 points.
+# * Everything runs on a CPU in seconds. Total: 12 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -25,6 +29,21 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+
+# What the known wrong answers mean (the tests name them when your answer matches one).
+MISTAKES = {
+    "double_softmax": "a softmax was taken twice (log_softmax of probabilities, the lecture notes' bug): "
+                      "log_softmax takes the logits divided by T; see notebook 04, section '2. Temperature and "
+                      "the T² factor'",
+    "no_t2": "the loss lacks the T² factor: the KL between softened distributions has gradients that shrink "
+             "like 1/T², and T² restores their size; see notebook 04, section '2. Temperature and the T² factor'",
+    "no_bonus": "the target's bonus token was forgotten: a pass emits the accepted draft tokens plus one token "
+                "from the target (the correction at the first rejection, or the bonus after g acceptances), so "
+                "E = 1 + a + ... + a^g; see notebook 08, section '4 · How much does it buy? The speed-up model'",
+    "independent": "every draft token was counted as if accepted independently (1 + g·a): a pass stops at the "
+                   "first rejection, so token i counts only if tokens 1..i are all accepted (probability a^i); "
+                   "see notebook 08, section '4 · How much does it buy? The speed-up model'",
+}
 
 
 def _own_work(fn, name):
@@ -40,26 +59,54 @@ def _own_work(fn, name):
 
 
 # %% [markdown] id="c004"
-# ## Part A · The KD loss (4 points)
+# ## Part A · The KD loss (4 points, contract)
 #
-# Implement `kd_loss(student_logits, teacher_logits, temperature)`: the forward KL divergence from the
-# teacher's softened distribution to the student's, times T²,
+# Write `kd_loss(student_logits, teacher_logits, temperature)`, the response-based distillation loss of
+# Module 04 (Hinton et al.): the student learns the teacher's distribution softened by a temperature T.
 #
-# $$T^2 \cdot \frac{1}{N}\sum_{n=1}^{N} \sum_x p_T(x)\,\log\frac{p_T(x)}{q_S(x)},\qquad
-#   p_T = \mathrm{softmax}(z_T / T),\quad q_S = \mathrm{softmax}(z_S / T),$$
+# **Contract.**
 #
-# averaged over the N positions. The logits have shape `[..., V]` (any number of leading dimensions, all of
-# them positions); return a scalar tensor. It must be differentiable with respect to `student_logits`.
+# * *Takes* two logit tensors of the same shape `[..., V]` (any number of leading dimensions, all of them
+#   positions) and a temperature T > 0.
+# * *Returns* a scalar tensor: the forward KL divergence KL(p_T ‖ q_S) from the teacher's softened
+#   distribution p_T = softmax(z_T / T) to the student's q_S = softmax(z_S / T), **averaged over the
+#   positions**, times a factor that makes the size of its gradient independent of T:
+#   $$T^2 \cdot \frac{1}{N}\sum_{n=1}^{N} \sum_x p_T(x)\,\log\frac{p_T(x)}{q_S(x)}.$$
+# * *Invariants*: differentiable with respect to `student_logits`; 0 when the student's logits equal the
+#   teacher's, or differ by a constant per position (a softmax ignores shifts); ≥ 0; at T = 1 it is the plain
+#   KL of the two softmaxes; the gradient's norm hardly changes between T = 5, 10 and 20.
+# * *Numerics*: no probabilities are logged (work with log-probabilities), so logits of size 50 do not
+#   produce `inf` or `nan`.
+# * *Refuses* (`ValueError`): logits of different shapes, a temperature that is not > 0.
 #
-# Hints: `F.log_softmax` of the **logits** divided by T gives log-probabilities directly (never take a
-# softmax twice); `F.kl_div(input, target, log_target=True)` computes Σ exp(target)·(target − input)
-# elementwise, that is KL(target ‖ input) — mind the order, and mind what its `reduction` divides by.
-# Why T²: the gradient of the KL shrinks like 1/T² as T grows; the factor keeps its size independent of T.
+# The hidden tests compare your loss with `course_lib.distill`'s on random logits of random shapes and
+# temperatures, and check the gradient's size across temperatures.
+#
+# <details><summary>Hint 1: which functions</summary>
+#
+# `F.log_softmax` of the **logits** divided by T gives log-probabilities directly (never take a softmax
+# twice). `F.kl_div(input, target, log_target=True)` computes Σ exp(target)·(target − input) elementwise,
+# that is KL(target ‖ input): mind the order, and mind what its `reduction` divides by (`"batchmean"`
+# divides by the first dimension only). Summing over the last dimension and taking `.mean()` is safest.
+# </details>
+#
+# <details><summary>Hint 2: why T²</summary>
+#
+# The gradient of the softened KL with respect to a student logit is (q_S − p_T) / T, and for large T both
+# softened distributions approach uniform with differences of order 1/T, so the gradient shrinks like
+# 1/T². Multiplying the loss by T² keeps its size independent of T (and comparable with the cross entropy
+# it is mixed with in Part B).
+# </details>
 
 # %% id="c005" nbgrader={"grade": false, "grade_id": "kd_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def kd_loss(student_logits, teacher_logits, temperature=2.0):
     """T^2 * mean over positions of KL(softmax(teacher / T) || softmax(student / T))."""
     ### BEGIN SOLUTION
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student_logits and teacher_logits must have the same shape, got "
+                         f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}")
+    if not float(temperature) > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
     T = float(temperature)
     log_q = F.log_softmax(student_logits / T, dim=-1)    # [..., V]
     log_p = F.log_softmax(teacher_logits / T, dim=-1)    # [..., V]
@@ -71,22 +118,34 @@ def kd_loss(student_logits, teacher_logits, temperature=2.0):
 # %% id="c006" nbgrader={"grade": true, "grade_id": "kd_t1_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 _s = torch.tensor([[0.0, 1.0, 2.0]])
 _t = torch.tensor([[2.0, 1.0, 0.0]])
-check_close(kd_loss(_s, _t, 1.0), 1.1504207, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=1)", atol=1e-5)
+check_close(kd_loss(_s, _t, 1.0), 1.1504207, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=1)", atol=1e-5,
+            mistakes={MISTAKES["double_softmax"]: 0.4503597})
 check_close(kd_loss(_s, _s, 1.0), 0.0, "kd_loss(x, x, T=1) (student == teacher)", atol=1e-6)
 check_close(kd_loss(_s + 5.0, _s, 1.0), 0.0, "kd_loss(x + 5, x, T=1) (shifting all logits changes nothing)",
             atol=1e-5)
 _s2 = torch.tensor([[[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 3.0, 0.0]]])
 _t2 = torch.tensor([[[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]])
 check_close(kd_loss(_s2, _t2, 1.0), 0.3726465, "kd_loss of a [1, 2, 4] batch at T=1 (mean over the 2 positions)",
-            atol=1e-5)
+            atol=1e-5, mistakes={MISTAKES["double_softmax"]: 0.0765866})
 check_shape(kd_loss(_s2, _t2, 1.0), (), "kd_loss(...) (a scalar)")
 # T = 1 is the plain KL divergence of the two softmaxes
 _p, _q = torch.softmax(_t2, -1), torch.softmax(_s2, -1)
 check_close(kd_loss(_s2, _t2, 1.0), (_p * (_p / _q).log()).sum(-1).mean(), "kd_loss at T=1 vs sum p log(p/q)",
             atol=1e-5)
+check_raises(lambda: kd_loss(_s, _s2, 1.0), ValueError, "kd_loss of shapes (1, 3) and (1, 2, 4)")
+check_raises(lambda: kd_loss(_s, _t, 0.0), ValueError, "kd_loss at T=0")
 print("Part A (T = 1): visible tests passed")
 ### BEGIN HIDDEN TESTS
 from course_lib.distill import kd_loss as _ref_kd
+
+
+def _planted_kd(s, t, T, mistake):
+    """A known wrong KD loss on the same inputs (the value its feedback names)."""
+    assert mistake == "double_softmax", mistake
+    p, q = F.softmax(t / T, -1), F.softmax(s / T, -1)
+    V = q.shape[-1]
+    return F.kl_div(F.log_softmax(q, -1).reshape(-1, V), p.reshape(-1, V), reduction="batchmean") * T * T
+
 
 _own_work(kd_loss, "kd_loss")
 _seed = time.time_ns() % 2**32
@@ -95,14 +154,19 @@ for _shape in ((5, 7), (3, 4, 50), (2, 2, 3, 11)):
     _a = torch.randn(*_shape, generator=_g) * 3
     _b = torch.randn(*_shape, generator=_g) * 3
     check_close(kd_loss(_a, _b, 1.0), _ref_kd(_a, _b, 1.0), f"kd_loss at T=1, random {_shape} (seed {_seed})",
-                atol=1e-4, rtol=1e-4)
+                atol=1e-4, rtol=1e-4, mistakes={MISTAKES["double_softmax"]: _planted_kd(_a, _b, 1.0, "double_softmax")})
     check_close(kd_loss(_a, _a, 1.0), 0.0, f"kd_loss(x, x, T=1), random {_shape}", atol=1e-5)
 ### END HIDDEN TESTS
 
 # %% id="c007" nbgrader={"grade": true, "grade_id": "kd_temperature_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-check_close(kd_loss(_s, _t, 2.0), 1.2806268, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=2)", atol=1e-5)
-check_close(kd_loss(_s, _t, 4.0), 1.3196300, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=4)", atol=1e-5)
-check_close(kd_loss(_s2, _t2, 3.0), 0.3662757, "kd_loss of the [1, 2, 4] batch at T=3", atol=1e-5)
+check_close(kd_loss(_s, _t, 2.0), 1.2806268, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=2)", atol=1e-5,
+            mistakes={MISTAKES["no_t2"]: 0.3201567, MISTAKES["double_softmax"]: 0.5498006})
+check_close(kd_loss(_s, _t, 4.0), 1.3196300, "kd_loss([[0, 1, 2]], [[2, 1, 0]], T=4)", atol=1e-5,
+            mistakes={MISTAKES["no_t2"]: 0.0824769})
+check_close(kd_loss(_s2, _t2, 3.0), 0.3662757, "kd_loss of the [1, 2, 4] batch at T=3", atol=1e-5,
+            mistakes={MISTAKES["no_t2"]: 0.0406973})
+check_close(kd_loss(_s * 50, _t * 50, 1.0), 100.0, "kd_loss([[0, 50, 100]], [[100, 50, 0]], T=1) (large logits: "
+            "no inf or nan)", rtol=1e-4)
 # the gradient's size hardly changes with T (that is what the T^2 is for)
 def _grad_norm(T, s, t):
     s = s.clone().requires_grad_(True)
@@ -114,6 +178,8 @@ _n8, _n16 = _grad_norm(8.0, _gs, _gt), _grad_norm(16.0, _gs, _gt)
 check_close(_n16 / _n8, 1.0, "gradient norm at T=16 / at T=8 (should be about 1)", atol=0.15)
 print("Part A (temperature): visible tests passed")
 ### BEGIN HIDDEN TESTS
+from course_lib.distill import kd_loss as _ref_kd
+
 _seed = time.time_ns() % 2**32
 _g = torch.Generator().manual_seed(_seed)
 for _ in range(20):
@@ -123,10 +189,12 @@ for _ in range(20):
     _a = torch.randn(*_shape, generator=_g) * 4
     _b = torch.randn(*_shape, generator=_g) * 4
     check_close(kd_loss(_a, _b, _T), _ref_kd(_a, _b, _T), f"kd_loss at T={_T:.2f}, random {_shape} (seed {_seed})",
-                atol=1e-4, rtol=1e-4)
+                atol=1e-4, rtol=1e-4, mistakes={MISTAKES["no_t2"]: _ref_kd(_a, _b, _T) / (_T * _T)})
 _a, _b = torch.randn(16, 64, generator=_g), torch.randn(16, 64, generator=_g)
 _ns = [_grad_norm(T, _a, _b) for T in (5.0, 10.0, 20.0)]
 check_close(max(_ns) / min(_ns), 1.0, f"gradient norms at T = 5, 10, 20 should be about equal: {_ns}", atol=0.3)
+check_raises(lambda: kd_loss(_a, _b, -1.0), ValueError, "kd_loss at T=-1")
+check_raises(lambda: kd_loss(_a, _b[:, :10], 2.0), ValueError, "kd_loss of shapes (16, 64) and (16, 10)")
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c008"
@@ -219,3 +287,110 @@ _x = torch.multinomial(_q[0], 200_000, replacement=True, generator=_g)
 _acc = (torch.rand(200_000, generator=_g) < (_p[0, _x] / _q[0, _x]).clamp(max=1)).float().mean()
 check_close(acceptance(_p[0], _q[0]), _acc, f"acceptance vs simulated speculative sampling (seed {_seed})", atol=0.01)
 ### END HIDDEN TESTS
+
+
+# %% [markdown] id="c014"
+# ## Part D · Predict: tokens per speculative pass (2 points)
+#
+# In speculative decoding (Module 08) the draft proposes g tokens, the target checks them in one pass and
+# keeps them up to the first rejection; then the target adds one token of its own (the correction at the
+# rejection, or a bonus token when all g were accepted). If every draft token is accepted with the same
+# probability a, independently of the others (the model of Leviathan et al. 2023), how many tokens does one
+# pass emit on average?
+#
+# Write `predict_tokens_per_pass(a, g)`: that expectation, for an acceptance rate `a` in [0, 1] and a draft
+# length `g` (an int >= 0). Raise `ValueError` for `a` outside [0, 1] or `g` not an int >= 0. Then the cell
+# after the tests runs the acceptance rule itself on a draft and a target distribution, with your
+# `acceptance(p, q)` as the rate, and shows your prediction next to the measured tokens per pass.
+
+# %% id="c015" nbgrader={"grade": false, "grade_id": "predict_tokens", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_tokens_per_pass(a, g):
+    """Expected tokens one draft-and-verify pass emits: g draft proposals, acceptance rate a each."""
+    ### BEGIN SOLUTION
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 1:
+        raise ValueError(f"a must be a number in [0, 1], got {a!r}")
+    if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+        raise ValueError(f"g must be an int >= 0, got {g!r}")
+    return sum(a ** i for i in range(g + 1))          # token i of the pass needs the first i drafts accepted
+    ### END SOLUTION
+
+
+# %% id="c016" nbgrader={"grade": true, "grade_id": "predict_tokens_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_close(predict_tokens_per_pass(0.0, 4), 1.0, "predict_tokens_per_pass(0, 4) (every draft rejected)")
+check_close(predict_tokens_per_pass(1.0, 4), 5.0, "predict_tokens_per_pass(1, 4) (every draft accepted)",
+            mistakes={MISTAKES["no_bonus"]: 4.0})
+check_close(predict_tokens_per_pass(0.8, 4), 3.3616, "predict_tokens_per_pass(0.8, 4)", rtol=1e-6,
+            mistakes={MISTAKES["no_bonus"]: 2.3616, MISTAKES["independent"]: 4.2})
+check_close(predict_tokens_per_pass(0.5, 0), 1.0, "predict_tokens_per_pass(0.5, 0) (no draft: plain decoding)")
+check_raises(lambda: predict_tokens_per_pass(1.5, 4), ValueError, "predict_tokens_per_pass(1.5, 4)")
+check_raises(lambda: predict_tokens_per_pass(0.5, -1), ValueError, "predict_tokens_per_pass(0.5, -1)")
+print("Part D: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.speculative.theory import expected_tokens_per_pass as _ref_tokens
+
+_own_work(predict_tokens_per_pass, "predict_tokens_per_pass")
+_seed = time.time_ns() % 2**32
+_g = torch.Generator().manual_seed(_seed)
+for _ in range(50):
+    _a = float(torch.rand(1, generator=_g))
+    _k = int(torch.randint(0, 17, (1,), generator=_g))
+    _want = _ref_tokens(_a, _k)
+    check_close(predict_tokens_per_pass(_a, _k), _want, f"predict_tokens_per_pass({_a:.4f}, {_k}) (random, seed {_seed})",
+                rtol=1e-6, mistakes={MISTAKES["no_bonus"]: _want - 1, MISTAKES["independent"]: 1 + _k * _a})
+check_close(predict_tokens_per_pass(1.0, 7), 8.0, "predict_tokens_per_pass(1, 7)")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c017"
+# ## Measure: tokens per pass (not graded)
+#
+# One position's target p and draft q (softmaxes of random logits; the draft a noisy copy of the target).
+# Each pass below runs the acceptance rule of Module 08 on g = 4 draft proposals x ~ q: accept while
+# u < p(x)/q(x), stop at the first rejection, then add the target's token. Your prediction from
+# `acceptance(p, q)`, next to the average over 20 000 simulated passes:
+
+# %% id="c018"
+try:
+    _g = torch.Generator().manual_seed(1)
+    _zt = torch.randn(50, generator=_g) * 2
+    _p = torch.softmax(_zt, -1)
+    print(f"{'draft noise':>12}{'a = sum min(p, q)':>20}{'predicted tokens/pass':>24}{'measured':>12}")
+    for _noise in (0.3, 1.5, 4.0):
+        _q = torch.softmax(_zt + torch.randn(50, generator=_g) * _noise, -1)
+        _a = float(acceptance(_p, _q))
+        _x = torch.multinomial(_q, 20_000 * 4, replacement=True, generator=_g).view(20_000, 4)
+        _ok = torch.rand(20_000, 4, generator=_g) < (_p[_x] / _q[_x]).clamp(max=1)
+        _measured = float(_ok.int().cumprod(dim=1).sum(dim=1).float().mean() + 1)   # accepted prefix + 1
+        print(f"{_noise:>12}{_a:>20.3f}{predict_tokens_per_pass(_a, 4):>24.3f}{_measured:>12.3f}")
+except NotImplementedError:
+    print("Finish the exercises above first.")
+
+# %% [markdown] id="c019"
+# ## Going further
+#
+# 1. **Why 1 − TV.** Show that Σ_x min(p(x), q(x)) = 1 − ½ Σ_x |p(x) − q(x)|, the identity the hidden
+#    tests use. What acceptance does a draft get that is the target with its two most likely tokens swapped?
+# 2. **The best draft length.** With an acceptance rate a = 0.8 and a draft whose pass costs c = 0.1 of the
+#    target's, the speed-up of speculative decoding is E[tokens per pass] / (g·c + 1) (Module 08). Which draft
+#    length g maximizes it, and why does a longer draft stop paying?
+# 3. **Forward or reverse.** Your `kd_loss` is KL(teacher ‖ student). What changes in the student if you
+#    train it with KL(student ‖ teacher) instead, and which one suits a draft for speculative decoding?
+
+# %% [markdown] id="c020" tags=["answer-key"]
+# ### Answer key
+#
+# 1. For every x, min(p, q) = (p + q − |p − q|) / 2. Summed over x, with Σp = Σq = 1, that gives
+#    Σ min(p, q) = 1 − ½ Σ|p − q| = 1 − TV(p, q). Swapping the target's two most likely tokens, with
+#    probabilities p₁ > p₂, changes only those two entries, each by p₁ − p₂: TV = p₁ − p₂ and the acceptance
+#    is 1 − (p₁ − p₂). With p₁ = 0.5 and p₂ = 0.3, 0.8: the draft is accepted 80 % of the time although its
+#    favourite token is wrong.
+# 2. E = (1 − 0.8^(g+1)) / 0.2 and the speed-up E / (0.1 g + 1): g = 1 gives 1.64, g = 3 gives 2.27,
+#    g = 5 gives 2.46, g = 6 gives 2.47 (the best), g = 8 gives 2.41, g = 10 gives 2.29
+#    (`course_lib.speculative.theory.optimal_draft_length(0.8, 0.1)` returns 6). Token i of a pass is kept
+#    only with probability a^i, so each extra draft token adds less (0.8⁷ = 0.21 tokens for the 7th) while
+#    it costs the same c = 0.1 pass: past the optimum the cost grows faster than the tokens.
+# 3. KL(student ‖ teacher) weighs the log-ratio by the student's probabilities: the student is punished for
+#    putting mass where the teacher has little, not for missing some of the teacher's modes, so it becomes
+#    mode-seeking (sharp, on the teacher's main mode). The forward KL is mass-covering: the student spreads to
+#    cover every token the teacher likes. The acceptance Σ min(p, q) = 1 − TV is symmetric but is lost
+#    wherever the draft's q misses the target's p, so a mass-covering draft (forward KL, or the TV itself)
+#    tends to suit speculative sampling better; notebook 04, section 3 fits both to a bimodal teacher.

@@ -5,9 +5,12 @@
 #
 # * **Part A (3 points): the memory formula.** How many bytes a KV cache takes, and how many sequences
 #   fit on a GPU.
-# * **Part B (4 points): a KV cache.** The `update` / `get_seq_length` contract the course model calls,
-#   checked against recomputation with the real model.
-# * **Part C (3 points): a sliding-window cache.** Keep exactly the last `window` tokens.
+# * **Part B (4 points, contract): a KV cache.** The `update` / `get_seq_length` contract the course model
+#   calls, checked against recomputation with the real model.
+# * **Part C (5 points, contract): a bounded cache with attention sinks** (StreamingLLM, Xiao et al., ICLR
+#   2024): keep the first `sinks` tokens forever and a window of the most recent ones; you design it from
+#   its contract, and the real model checks it against the definition of windowed attention.
+# * **Part D (1 point): predict** a cache's bytes for a model and a context, then measure your caches.
 #
 # How it works:
 #
@@ -17,7 +20,7 @@
 #   inputs against the course's reference implementation, so make it correct in general.
 # * Use plain Python and `torch`. Do not import the answers from `course_lib.kvcache`: the hidden tests
 #   check that the code is your own.
-# * Everything runs on a CPU in seconds. Total: 10 points.
+# * Everything runs on a CPU in seconds. Total: 13 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -30,6 +33,24 @@ from course_lib.models import load
 
 model, tok = load("tiny", device="cpu")
 cfg = model.config
+
+# What the known wrong answers mean (the tests name them when your answer matches one).
+MISTAKES = {
+    "one_factor": "the formula counts the keys only: every token stores a key AND a value vector per KV head "
+                  "and layer, a factor 2; see notebook 05, section '4. How much memory the cache takes'",
+    "length_per_update": "get_seq_length() counts every layer's update: one forward updates all L layers with "
+                         "the same T tokens, so the sequence grows by T, not L*T (the model takes the next "
+                         "token's position from it); see notebook 05, section '2. A KV cache from scratch'",
+    "window_off_by_one": "the new token was not counted in its own window: a query attends to at most W "
+                         "non-sink tokens ITSELF INCLUDED, so it sees the last W - 1 stored ones plus itself, "
+                         "and the cache keeps W; see notebook 05, section '6.2 Sliding window'",
+    "sinks_dropped": "the sinks were evicted with the window (or never kept): the first `sinks` tokens of the "
+                     "sequence stay in the cache forever; see notebook 05, section '6.3 Attention sinks "
+                     "(StreamingLLM)'",
+    "seen_vs_stored": "get_seq_length() returned the tokens stored: with absolute positions the next token's "
+                      "position is the number of tokens seen, stored or evicted; see notebook 05, section "
+                      "'6.2 Sliding window'",
+}
 
 
 def _own_work(obj, name):
@@ -92,7 +113,8 @@ def max_sequences(gpu_bytes, weight_bytes, num_layers, num_kv_heads, head_dim, t
 
 
 # %% id="c006" nbgrader={"grade": true, "grade_id": "memory_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-check_equal(kv_cache_bytes(32, 32, 128, 1), 512 * 1024, "kv_cache_bytes(32, 32, 128, 1) (Llama-2-7B, one token, fp16)")
+check_equal(kv_cache_bytes(32, 32, 128, 1), 512 * 1024, "kv_cache_bytes(32, 32, 128, 1) (Llama-2-7B, one token, fp16)",
+            mistakes={MISTAKES["one_factor"]: 256 * 1024})
 check_equal(kv_cache_bytes(32, 32, 128, 4096), 2 * 2**30, "kv_cache_bytes(32, 32, 128, 4096)")
 check_equal(kv_cache_bytes(32, 8, 128, 4096, batch=8), 4 * 2**30, "kv_cache_bytes(32, 8, 128, 4096, batch=8) (Llama-3-8B)")
 check_equal(kv_cache_bytes(6, 2, 32, 10, 3, 4), 2 * 6 * 2 * 32 * 4 * 10 * 3, "kv_cache_bytes(6, 2, 32, 10, 3, 4)")
@@ -118,7 +140,8 @@ for _ in range(100):
     _t, _b = int(torch.randint(0, 200000, (1,), generator=_g)), int(torch.randint(0, 64, (1,), generator=_g))
     _e = [0.5, 1, 2, 4][int(torch.randint(0, 4, (1,), generator=_g))]
     check_equal(kv_cache_bytes(*_a, _t, _b, _e), _ref_bytes(*_a, _t, _b, _e),
-                f"kv_cache_bytes{(*_a, _t, _b, _e)} (random, seed {_seed})")
+                f"kv_cache_bytes{(*_a, _t, _b, _e)} (random, seed {_seed})",
+                mistakes={MISTAKES["one_factor"]: _ref_bytes(*_a, _t, _b, _e) // 2})
 for _bad in ((-3, 8, 128, 5), (32, -1, 128, 5), (32, 8, 0, 5), (32, 8, 128, -7)):
     check_raises(lambda: kv_cache_bytes(*_bad), ValueError, f"kv_cache_bytes{_bad}")
 ### END HIDDEN TESTS
@@ -145,19 +168,27 @@ for _ in range(100):
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c008"
-# ## Part B · A KV cache (4 points)
+# ## Part B · A KV cache (4 points, contract)
 #
-# Inside each attention layer, the course model computes the keys and values of the **new** tokens,
-# `k` and `v` of shape `[batch, kv_heads, T, head_dim]` (keys already rotated by RoPE), and calls
+# Inside each attention layer, the course model computes the keys and values of the **new** tokens and
+# hands them to the cache it was given (`model(ids, cache=c)`). Write `KVCache`, a cache that keeps every
+# token.
 #
-#     k_all, v_all = cache.update(k, v, layer)
+# **Contract.** The one the course model calls (Hugging Face's shape):
 #
-# expecting back the keys and values of **all** tokens so far, `[batch, kv_heads, S, head_dim]` with the
-# new ones last. Before the first layer runs it calls `cache.get_seq_length()` to know the position of
-# the first new token (0 for an empty cache). Layers are updated in order 0, 1, ..., L-1 at every forward.
+# * `update(k, v, layer)`: `k`, `v` of shape `[batch, kv_heads, T, head_dim]` hold the T new tokens of
+#   `layer` (keys already rotated by RoPE at their positions). *Returns* `(k_all, v_all)`, the keys and values
+#   of **all** tokens of that layer so far, `[batch, kv_heads, S, head_dim]`, in order, the new ones last;
+#   the tokens stored before are returned unchanged.
+# * `get_seq_length()`: how many tokens the sequence holds, i.e. the position of the next new token (0 for
+#   an empty cache). The model calls it once per forward, before layer 0.
+# * *Call order*: at every forward the model updates layers 0, 1, ..., L-1 in order, each with the same T
+#   tokens; the first forward meets an empty cache (you may not know L in advance).
+# * *Invariant*: generating with the cache gives exactly the tokens of recomputing the whole sequence.
+# * *Memory*: what it stores grows by T tokens per layer and forward, nothing else.
 #
-# Implement `KVCache` that keeps one key tensor and one value tensor per layer and grows them along the
-# sequence axis. (`torch.cat` is fine.)
+# The hidden tests drive your cache and `course_lib.kvcache.ContiguousCache` with the same random updates,
+# and generate with the real model from random prompts. (`torch.cat` is fine.)
 
 # %% id="c009" nbgrader={"grade": false, "grade_id": "cache_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class KVCache:
@@ -190,7 +221,8 @@ k1, v1 = torch.arange(24.).view(1, 2, 3, 4), -torch.arange(24.).view(1, 2, 3, 4)
 for layer in range(2):
     ka, va = c.update(k1, v1, layer)
 check_shape(ka, (1, 2, 3, 4), "update(k [1, 2, 3, 4], v, layer=1) on an empty cache returns k_all of shape")
-check_equal(c.get_seq_length(), 3, "get_seq_length() after a 3-token prefill")
+check_equal(c.get_seq_length(), 3, "get_seq_length() after a 3-token prefill (2 layers updated)",
+            mistakes={MISTAKES["length_per_update"]: 6})
 k2, v2 = torch.full((1, 2, 1, 4), 100.), torch.full((1, 2, 1, 4), -100.)
 ka, va = c.update(k2, v2, 0)
 check_shape(ka, (1, 2, 4, 4), "k_all after one more token at layer 0")
@@ -198,7 +230,8 @@ check_equal(ka[:, :, :3], k1, "k_all[:, :, :3] (the prefill's keys, unchanged)")
 check_equal(ka[:, :, 3:], k2, "k_all[:, :, 3:] (the new key comes last)")
 check_equal(va[:, :, 3:], v2, "v_all[:, :, 3:] (the new value comes last)")
 check_shape(c.update(k2, v2, 1)[0], (1, 2, 4, 4), "k_all of layer 1 after one more token")
-check_equal(c.get_seq_length(), 4, "get_seq_length() after prefill + 1 token")
+check_equal(c.get_seq_length(), 4, "get_seq_length() after prefill + 1 token",
+            mistakes={MISTAKES["length_per_update"]: 8})
 print("Part B (contract): visible tests passed")
 ### BEGIN HIDDEN TESTS
 from course_lib.kvcache import ContiguousCache as _Ref
@@ -212,7 +245,8 @@ for _trial in range(20):
     _mine, _ref = KVCache(), _Ref()
     for _step in range(int(torch.randint(1, 6, (1,), generator=_g))):
         _T = int(torch.randint(1, 5, (1,), generator=_g))
-        check_equal(_mine.get_seq_length(), _ref.get_seq_length(), f"get_seq_length() before step {_step} (seed {_seed})")
+        check_equal(_mine.get_seq_length(), _ref.get_seq_length(), f"get_seq_length() before step {_step} (seed {_seed})",
+                    mistakes={MISTAKES["length_per_update"]: _ref.get_seq_length() * _L})
         for _layer in range(_L):
             _k, _v = torch.randn(_B, _K, _T, _D, generator=_g), torch.randn(_B, _K, _T, _D, generator=_g)
             _a, _b = _mine.update(_k, _v, _layer), _ref.update(_k, _v, _layer)
@@ -266,31 +300,66 @@ for _B in (1, 2):
 ### END HIDDEN TESTS
 
 # %% [markdown] id="c013"
-# ## Part C · A sliding-window cache (3 points)
+# ## Part C · A bounded cache with attention sinks (5 points, contract)
 #
-# A sliding window of size `W` keeps only recent tokens: a new token attends to at most `W` tokens,
-# **itself included**, and after every update the cache holds exactly `min(tokens seen, W)` tokens.
+# A cache that keeps every token grows without bound. A **sliding window** of size W keeps only recent
+# tokens; StreamingLLM (Xiao et al., "Efficient Streaming Language Models with Attention Sinks", ICLR 2024)
+# adds **attention sinks**: trained models park much attention on the first few tokens whatever they are,
+# so those `sinks` tokens are never evicted. Write `SinkKVCache(window, sinks=0)` (with `sinks=0` it is the
+# plain sliding window).
 #
-# Implement `SlidingWindowKVCache(window)` with, for each layer:
+# **Contract.** The conventions of `course_lib.kvcache.window`, with absolute positions:
 #
-# * `update(k, v, layer)` with `T` new tokens: return the concatenation of the **last `W - 1` stored
-#   tokens** (fewer if fewer are stored; none if `W == 1`) and the `T` new ones; then keep only the last
-#   `W` tokens of that concatenation.
-#   (For a decode step, `T = 1`, this is exactly "the last W tokens including the new one". For `T > 1` the
-#   model would also need a banded mask; the library's version provides it. You only handle the cache.)
-# * `get_seq_length()`: the position the next token gets, i.e. how many tokens have been **seen** so far
-#   (keys keep their absolute RoPE positions), not how many are stored.
-# * `stored_length(layer=0)`: how many tokens the layer holds.
+# * *Window*: a new token attends to the sinks and to at most `window` = W non-sink tokens, **itself
+#   included**. The first `sinks` tokens of the sequence are the sinks.
+# * `update(k, v, layer)` with T new tokens `[batch, kv_heads, T, head_dim]`: *returns* the keys and values
+#   the new tokens attend to, in sequence order: the stored sinks, the last W - 1 stored non-sink tokens
+#   (fewer if fewer are stored, none if W = 1), then the T new ones. *After it* the layer holds exactly the
+#   first `min(seen, sinks)` tokens ever seen and the last W non-sink ones: `min(seen, sinks + W)` tokens.
+# * *Positions*: keys arrive rotated by RoPE at their absolute positions and keep them (no re-rotation).
+#   `get_seq_length()` is the position of the next token: how many tokens have been **seen**, stored or not.
+#   `stored_length(layer=0)` is how many tokens the layer holds (0 before its first update).
+# * *Memory bound*: between forwards each layer holds at most `sinks + W` tokens, whatever the length of the
+#   sequence.
+# * *Refuses* (`ValueError`): `window` not an int ≥ 1, `sinks` not an int ≥ 0.
+# * *Invariant* checked with the real model: feeding a sequence through the cache (a prompt of at most W
+#   tokens, then one token per forward) gives the logits of one forward of the whole sequence under the
+#   **banded** mask, where query i sees key j when j ≤ i and (j < sinks or i − j < W). (A prefill longer
+#   than W would need that banded mask too; the library's cache provides it; yours need not.)
 #
-# Raise a `ValueError` if `window` is not an integer >= 1.
+# The hidden tests drive your cache and `course_lib.kvcache.SlidingWindowCache(window, sinks,
+# reposition=False)` with the same random updates (some of several tokens), and check the real model with
+# random windows, sinks and prompts.
+#
+# <details><summary>Hint 1: one update, step by step</summary>
+#
+# Per layer keep the stored keys and values and the count of tokens seen. In `update`:
+#
+# 1. split what is stored into the sinks (the first `min(stored, sinks)`) and the rest;
+# 2. of the rest (n tokens), keep the last W − 1: `rest[:, :, max(0, n - (W - 1)):]` (not `rest[:, :, -(W - 1):]`,
+#    which keeps everything when W = 1);
+# 3. return `cat([sinks, those, new])`;
+# 4. what stays: the first `sinks` tokens of *that* concatenation if they are sinks (with few tokens seen, new
+#    tokens can be sinks too: compare their positions with `sinks`), and the last W of the non-sinks.
+# </details>
+#
+# <details><summary>Hint 2: StreamingLLM's positions</summary>
+#
+# StreamingLLM itself re-positions: it gives the sinks positions 0..s−1 and the window the positions right
+# after, so a stream can run past the model's context (`course_lib.kvcache.SinkCache`, `reposition=True`;
+# notebook 05, 6.3). This part keeps absolute positions, like Mistral's sliding window: positions keep
+# growing, and our model refuses positions past 512.
+# </details>
 
 # %% id="c014" nbgrader={"grade": false, "grade_id": "window_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-class SlidingWindowKVCache:
-    def __init__(self, window):
+class SinkKVCache:
+    def __init__(self, window, sinks=0):
         ### BEGIN SOLUTION
-        if not isinstance(window, int) or window < 1:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an int >= 1, got {window!r}")
-        self.window = window
+        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+            raise ValueError(f"sinks must be an int >= 0, got {sinks!r}")
+        self.window, self.sinks = window, sinks
         self.k, self.v, self.seen = [], [], []
         ### END SOLUTION
 
@@ -300,13 +369,17 @@ class SlidingWindowKVCache:
             self.k.append(k[:, :, :0])
             self.v.append(v[:, :, :0])
             self.seen.append(0)
-        keep = self.window - 1                                  # old tokens the first new one may see
-        start = max(0, self.k[layer].shape[2] - keep)
-        old_k, old_v = self.k[layer][:, :, start:], self.v[layer][:, :, start:]
-        k_all = torch.cat([old_k, k], dim=2)
-        v_all = torch.cat([old_v, v], dim=2)
-        self.k[layer] = k_all[:, :, -self.window:]
-        self.v[layer] = v_all[:, :, -self.window:]
+        n = self.k[layer].shape[2]
+        s = min(n, self.sinks)                                  # stored sinks: the first tokens ever seen
+        start = max(s, n - (self.window - 1))                   # non-sinks the first new token may see
+        idx = list(range(s)) + list(range(start, n))
+        k_all = torch.cat([self.k[layer][:, :, idx], k], dim=2)
+        v_all = torch.cat([self.v[layer][:, :, idx], v], dim=2)
+        # what stays: the sinks (the first `sinks` tokens ever seen, new ones included while the sequence
+        # is shorter than that) and the last `window` non-sinks
+        n_sink = min(self.sinks, self.seen[layer] + k.shape[2])
+        keep = list(range(n_sink)) + list(range(n_sink, k_all.shape[2]))[-self.window:]
+        self.k[layer], self.v[layer] = k_all[:, :, keep], v_all[:, :, keep]
         self.seen[layer] += k.shape[2]
         return k_all, v_all
         ### END SOLUTION
@@ -328,41 +401,252 @@ def tokens(a, b):
     return torch.arange(a, b, dtype=torch.float32).view(1, 1, b - a, 1)
 
 
-w = SlidingWindowKVCache(4)
+w = SinkKVCache(4)                                               # a plain window of 4, no sinks
 ka, _ = w.update(tokens(0, 3), tokens(0, 3), 0)                 # a 3-token prompt
 check_equal(ka.flatten().tolist(), [0, 1, 2], "keys returned for a 3-token prompt (window 4)")
 check_equal(w.stored_length(), 3, "stored_length() after 3 tokens (window 4)")
 for t in range(3, 7):                                            # decode tokens 3, 4, 5, 6
     ka, _ = w.update(tokens(t, t + 1), tokens(t, t + 1), 0)
-check_equal(ka.flatten().tolist(), [3, 4, 5, 6], "keys returned when token 6 arrives (window 4: itself + 3 before)")
+check_equal(ka.flatten().tolist(), [3, 4, 5, 6], "keys returned when token 6 arrives (window 4: itself + 3 before)",
+            mistakes={MISTAKES["window_off_by_one"]: [2, 3, 4, 5, 6]})
 check_equal(w.stored_length(), 4, "stored_length() after 7 tokens (window 4)")
-check_equal(w.get_seq_length(), 7, "get_seq_length() after 7 tokens (tokens seen, not stored)")
+check_equal(w.get_seq_length(), 7, "get_seq_length() after 7 tokens (tokens seen, not stored)",
+            mistakes={MISTAKES["seen_vs_stored"]: 4})
 ka, _ = w.update(tokens(7, 10), tokens(7, 10), 0)                # 3 tokens at once
 check_equal(ka.flatten().tolist(), [4, 5, 6, 7, 8, 9], "keys returned for tokens 7, 8, 9 at once (3 old + 3 new)")
 check_equal(w.stored_length(), 4, "stored_length() after 10 tokens")
-one = SlidingWindowKVCache(1)
+one = SinkKVCache(1)
 one.update(tokens(0, 2), tokens(0, 2), 0)
 check_equal(one.update(tokens(2, 3), tokens(2, 3), 0)[0].flatten().tolist(), [2], "window 1: a token sees only itself")
-check_raises(lambda: SlidingWindowKVCache(0), ValueError, "SlidingWindowKVCache(0)")
+# two sinks and a window of 3
+sk = SinkKVCache(3, sinks=2)
+sk.update(tokens(0, 1), tokens(0, 1), 0)                         # a 1-token prompt: token 0 is a sink
+for t in range(1, 9):
+    ka, _ = sk.update(tokens(t, t + 1), tokens(t, t + 1), 0)
+check_equal(ka.flatten().tolist(), [0, 1, 6, 7, 8], "keys returned when token 8 arrives (sinks 2, window 3)",
+            mistakes={MISTAKES["window_off_by_one"]: [0, 1, 5, 6, 7, 8], MISTAKES["sinks_dropped"]: [6, 7, 8]})
+check_equal(sk.stored_length(), 5, "stored_length() after 9 tokens (sinks 2 + window 3)")
+ka, _ = sk.update(tokens(9, 11), tokens(9, 11), 0)               # 2 tokens at once
+check_equal(ka.flatten().tolist(), [0, 1, 7, 8, 9, 10], "keys returned for tokens 9, 10 at once (sinks 2, window 3)")
+check_raises(lambda: SinkKVCache(0), ValueError, "SinkKVCache(0)")
+check_raises(lambda: SinkKVCache(4, sinks=-1), ValueError, "SinkKVCache(4, sinks=-1)")
 print("Part C: visible tests passed")
 ### BEGIN HIDDEN TESTS
 from course_lib.kvcache import SlidingWindowCache as _RefW
 
-_own_work(SlidingWindowKVCache, "SlidingWindowKVCache")
+_own_work(SinkKVCache, "SinkKVCache")
 _seed = time.time_ns() % 2**32
 _g = torch.Generator().manual_seed(_seed)
-for _trial in range(30):
-    _W = int(torch.randint(1, 9, (1,), generator=_g))
+for _trial in range(40):
+    _W, _S = int(torch.randint(1, 9, (1,), generator=_g)), int(torch.randint(0, 4, (1,), generator=_g))
     _B, _K, _D = int(torch.randint(1, 3, (1,), generator=_g)), int(torch.randint(1, 3, (1,), generator=_g)), 4
-    _mine, _ref = SlidingWindowKVCache(_W), _RefW(_W)
-    for _step in range(int(torch.randint(1, 12, (1,), generator=_g))):
+    _mine, _ref = SinkKVCache(_W, sinks=_S), _RefW(_W, sinks=_S)
+    # the known wrong caches, driven with the same updates: a window one too wide, the sinks dropped
+    _wide, _nosink = _RefW(_W + 1, sinks=_S), _RefW(_W, sinks=0)
+    for _step in range(int(torch.randint(1, 14, (1,), generator=_g))):
         _T = int(torch.randint(1, 6, (1,), generator=_g)) if torch.rand(1, generator=_g) < 0.3 else 1
         for _layer in range(2):
             _k, _v = torch.randn(_B, _K, _T, _D, generator=_g), torch.randn(_B, _K, _T, _D, generator=_g)
             _a, _b = _mine.update(_k, _v, _layer), _ref.update(_k, _v, _layer)
-            _what = f"window {_W}, step {_step} with {_T} new tokens, layer {_layer} (seed {_seed})"
-            check_equal(_a[0], _b[0], "keys returned, " + _what)
+            _wrong = {MISTAKES["window_off_by_one"]: _wide.update(_k, _v, _layer)[0],
+                      MISTAKES["sinks_dropped"]: _nosink.update(_k, _v, _layer)[0]}
+            _what = f"sinks {_S}, window {_W}, step {_step} with {_T} new tokens, layer {_layer} (seed {_seed})"
+            check_equal(_a[0], _b[0], "keys returned, " + _what, mistakes=_wrong)
             check_equal(_a[1], _b[1], "values returned, " + _what)
             check_equal(_mine.stored_length(_layer), _ref.stored_length(_layer), "stored_length, " + _what)
-        check_equal(_mine.get_seq_length(), _ref.get_seq_length(), f"get_seq_length, window {_W} (seed {_seed})")
+        check_equal(_mine.get_seq_length(), _ref.get_seq_length(), f"get_seq_length, sinks {_S}, window {_W} "
+                    f"(seed {_seed})", mistakes={MISTAKES["seen_vs_stored"]: _ref.stored_length()})
+check_raises(lambda: SinkKVCache(3, sinks=1.5), ValueError, "SinkKVCache(3, sinks=1.5)")
 ### END HIDDEN TESTS
+
+# %% [markdown] id="c016"
+# The invariant on the real model: a sequence fed through your cache (the prompt in one forward, then one
+# token per forward) must give the logits of one forward of the whole sequence under the banded mask.
+
+# %% id="c017" nbgrader={"grade": true, "grade_id": "window_model_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+def band(n, window, sinks):
+    """The definition: query i sees key j when j <= i and (j < sinks or i - j < window). [n, n] bool."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return (j <= i) & ((j < sinks) | (i - j < window))
+
+
+@torch.no_grad()
+def streamed_logits(ids, prompt_len, cache):
+    """Logits of every position of ids [B, N]: the first prompt_len tokens in one forward, then one by one."""
+    out = [model(ids[:, :prompt_len], cache=cache)]
+    for t in range(prompt_len, ids.shape[1]):
+        out.append(model(ids[:, t:t + 1], cache=cache))
+    return torch.cat(out, dim=1)
+
+
+_ids = torch.randint(1, cfg.vocab_size, (1, 24), generator=torch.Generator().manual_seed(5))
+with torch.no_grad():
+    _want = model(_ids, attn_mask=band(24, 6, 2))
+    _wrong = {MISTAKES["window_off_by_one"]: model(_ids, attn_mask=band(24, 7, 2)),
+              MISTAKES["sinks_dropped"]: model(_ids, attn_mask=band(24, 6, 0))}
+_c = SinkKVCache(6, sinks=2)
+check_close(streamed_logits(_ids, 4, _c), _want, "logits of 24 tokens streamed through SinkKVCache(6, sinks=2) vs "
+            "one forward under the banded mask", atol=1e-3, rtol=0, mistakes=_wrong)
+check_equal([_c.stored_length(l) for l in range(cfg.num_hidden_layers)], [8] * cfg.num_hidden_layers,
+            "stored_length(layer) of every layer after 24 tokens (sinks 2 + window 6)")
+print("Part C (model): visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.kvcache import SlidingWindowCache as _RefW
+
+_seed = time.time_ns() % 2**32
+_g = torch.Generator().manual_seed(_seed)
+for _ in range(2):
+    _W, _S = int(torch.randint(2, 9, (1,), generator=_g)), int(torch.randint(0, 4, (1,), generator=_g))
+    _B, _N = int(torch.randint(1, 3, (1,), generator=_g)), int(torch.randint(_W + _S + 3, 28, (1,), generator=_g))
+    _P = int(torch.randint(1, _W + 1, (1,), generator=_g))
+    _ids = torch.randint(1, cfg.vocab_size, (_B, _N), generator=_g)
+    _what = f"{_N} tokens of batch {_B} through SinkKVCache({_W}, sinks={_S}), prompt {_P} (seed {_seed})"
+    with torch.no_grad():
+        _want = model(_ids, attn_mask=band(_N, _W, _S))
+        _wrong = {MISTAKES["window_off_by_one"]: model(_ids, attn_mask=band(_N, _W + 1, _S)),
+                  MISTAKES["sinks_dropped"]: model(_ids, attn_mask=band(_N, _W, 0))}
+    _c = SinkKVCache(_W, sinks=_S)
+    check_close(streamed_logits(_ids, _P, _c), _want, "logits of " + _what + " vs the banded mask", atol=1e-3, rtol=0,
+                mistakes=_wrong)
+    check_equal(_c.get_seq_length(), _N, "get_seq_length() after " + _what)
+    # greedy generation: the same tokens as with course_lib's cache
+    _p = _ids[:, :_P]
+    check_equal(greedy_cached(_p, 6, SinkKVCache(_W, sinks=_S)), greedy_cached(_p, 6, _RefW(_W, sinks=_S)),
+                f"greedy tokens with SinkKVCache({_W}, sinks={_S}) vs course_lib's (seed {_seed})")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c018"
+# ## Part D · Predict: the bytes of a cache (1 point)
+#
+# Write `predict_cache_bytes(config, tokens, window=None, sinks=0, batch=1, bytes_per_element=2)`: the bytes
+# of the keys and values a cache holds after `tokens` tokens of `batch` sequences, for a model whose
+# `config` has `num_hidden_layers`, `num_key_value_heads` and `head_dim`. `window=None` is the full cache of
+# Part B; otherwise the sink cache of Part C. Use your `kv_cache_bytes`. Raise `ValueError` if `window` is
+# neither `None` nor an int ≥ 1, or `sinks` is not an int ≥ 0. The cell after the tests measures the bytes
+# of your two caches' tensors after a real generation and shows them next to your prediction.
+
+# %% id="c019" nbgrader={"grade": false, "grade_id": "predict_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_cache_bytes(config, tokens, window=None, sinks=0, batch=1, bytes_per_element=2):
+    """Bytes a cache holds after `tokens` tokens: all of them, or at most sinks + window."""
+    ### BEGIN SOLUTION
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an int >= 1, got {window!r}")
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise ValueError(f"sinks must be an int >= 0, got {sinks!r}")
+    held = tokens if window is None else min(tokens, sinks + window)
+    return kv_cache_bytes(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, held, batch,
+                          bytes_per_element)
+    ### END SOLUTION
+
+
+# %% id="c020" nbgrader={"grade": true, "grade_id": "predict_bytes_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+from types import SimpleNamespace
+
+_llama7b = SimpleNamespace(num_hidden_layers=32, num_key_value_heads=32, head_dim=128)
+check_equal(predict_cache_bytes(_llama7b, 4096), 2 * 2**30, "predict_cache_bytes(Llama-2-7B, 4096 tokens) (fp16)")
+check_equal(predict_cache_bytes(_llama7b, 4096, window=1020, sinks=4), 2**29,
+            "predict_cache_bytes(Llama-2-7B, 4096 tokens, window=1020, sinks=4) (1024 tokens held)",
+            mistakes={MISTAKES["sinks_dropped"]: 1020 * 2**19})
+check_equal(predict_cache_bytes(_llama7b, 100, window=1020, sinks=4), 100 * 2**19,
+            "predict_cache_bytes(Llama-2-7B, 100 tokens, window=1020, sinks=4) (fewer tokens than the window)")
+check_equal(predict_cache_bytes(cfg, 100, window=32, sinks=4, batch=2, bytes_per_element=4), 221184,
+            "predict_cache_bytes(the course model, 100 tokens, window 32, sinks 4, batch 2, fp32)")
+check_raises(lambda: predict_cache_bytes(cfg, 10, window=0), ValueError, "predict_cache_bytes(cfg, 10, window=0)")
+print("Part D: visible tests passed")
+### BEGIN HIDDEN TESTS
+from course_lib.kvcache import kv_cache_bytes as _ref_bytes
+
+_own_work(predict_cache_bytes, "predict_cache_bytes")
+_seed = time.time_ns() % 2**32
+_g = torch.Generator().manual_seed(_seed)
+for _ in range(50):
+    _c = SimpleNamespace(num_hidden_layers=int(torch.randint(1, 81, (1,), generator=_g)),
+                         num_key_value_heads=int(torch.randint(1, 33, (1,), generator=_g)),
+                         head_dim=int(torch.randint(1, 5, (1,), generator=_g)) * 32)
+    _t, _b = int(torch.randint(0, 100000, (1,), generator=_g)), int(torch.randint(1, 9, (1,), generator=_g))
+    _w = None if torch.rand(1, generator=_g) < 0.3 else int(torch.randint(1, 8192, (1,), generator=_g))
+    _s = int(torch.randint(0, 9, (1,), generator=_g))
+    _e = [0.5, 1, 2, 4][int(torch.randint(0, 4, (1,), generator=_g))]
+    _held = _t if _w is None else min(_t, _s + _w)
+    _args = (_c.num_hidden_layers, _c.num_key_value_heads, _c.head_dim)
+    check_equal(predict_cache_bytes(_c, _t, _w, _s, _b, _e), _ref_bytes(*_args, _held, _b, _e),
+                f"predict_cache_bytes(config {_args}, {_t} tokens, window={_w}, sinks={_s}, batch={_b}, "
+                f"{_e} bytes) (random, seed {_seed})",
+                mistakes={MISTAKES["sinks_dropped"]: _ref_bytes(*_args, _held if _w is None else min(_t, _w), _b, _e)})
+### END HIDDEN TESTS
+
+# %% [markdown] id="c021"
+# ## Measure: the bytes your caches hold (not graded)
+#
+# Generate 40 tokens with each of your caches, then add up the bytes of the tensors they hold (found by
+# walking their attributes). `storage` counts the memory behind those tensors: a slice of a bigger tensor
+# keeps the whole of it alive, which the formula does not see.
+
+# %% id="c022"
+def _tensors(obj, seen=None):
+    """Every tensor reachable from obj through attributes, lists, tuples and dicts."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    elif hasattr(obj, "__dict__"):
+        items = vars(obj).values()
+    else:
+        return []
+    return [t for x in items for t in _tensors(x, seen)]
+
+
+try:
+    _prompt = torch.tensor([[5, 17, 300, 42, 1000, 7]])
+    print(f"{'cache':<26}{'tokens':>8}{'predicted bytes':>17}{'measured':>10}{'storage':>10}")
+    for _name, _cache, _kw in [("KVCache", KVCache(), {}), ("SinkKVCache(16, sinks=4)", SinkKVCache(16, sinks=4),
+                                                             {"window": 16, "sinks": 4})]:
+        with torch.no_grad():
+            _logits = model(_prompt, cache=_cache)[:, -1]
+            for _ in range(40 - _prompt.shape[1]):
+                _logits = model(_logits.argmax(-1, keepdim=True), cache=_cache)[:, -1]
+        _ts = _tensors(_cache)
+        _measured = sum(t.numel() * t.element_size() for t in _ts)
+        _storage = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _ts}.values())
+        _predicted = predict_cache_bytes(cfg, _cache.get_seq_length(), batch=1, bytes_per_element=4, **_kw)
+        print(f"{_name:<26}{_cache.get_seq_length():>8}{_predicted:>17,}{_measured:>10,}{_storage:>10,}")
+except NotImplementedError:
+    print("Finish the exercises above first.")
+
+# %% [markdown] id="c023"
+# ## Going further
+#
+# 1. **Past the context.** Our model refuses positions past 512, so your `SinkKVCache` cannot stream
+#    forever. How does StreamingLLM's re-positioning (notebook 05, section 6.3) change `update` and
+#    `get_seq_length` so that a stream of 10 000 tokens runs with a 64-token cache?
+# 2. **A long context.** Llama-3-8B has 32 layers and 8 KV heads of 128. How many bytes does its fp16 KV cache
+#    take for one sequence of 131 072 tokens, and with 4 sinks and a window of 4092?
+# 3. **Heavy hitters.** H2O (Zhang et al., NeurIPS 2023) keeps the most-attended tokens instead of the
+#    first ones. What does its cache need from the model that yours does not, and what does that cost?
+
+# %% [markdown] id="c024" tags=["answer-key"]
+# ### Answer key
+#
+# 1. Store keys without their rotation: on arrival, rotate the new keys back by their absolute positions
+#    (RoPE rotations compose by adding angles, so rotating by −p undoes p). When returning, rotate the kept
+#    keys at their index in the cache: sinks at 0..s−1, the window right after, the new tokens last. Then
+#    `get_seq_length()` must return the position the next token gets inside the cache, the number of stored
+#    tokens it will attend to (the sinks and at most W − 1 others), not the number seen; the model picks the
+#    new tokens' positions from it. Positions stay below sinks + W + T, so the stream never reaches 512.
+#    Each key is rotated exactly twice (undo, then at its current index), so no rounding error piles up.
+#    `course_lib.kvcache.SinkCache` does this; the notebook streams past the context with it.
+# 2. 2 (K and V) x 32 x 8 x 128 x 2 bytes = 128 KiB per token; x 131 072 tokens = 16 GiB (17.2 GB), about as
+#    much as the model's weights in fp16 (16 GB). With 4 sinks and a window of 4092 the cache holds 4096 tokens at most:
+#    512 MiB, 32 times less, whatever the length of the stream.
+# 3. The attention weights: H2O scores every cached token by the attention it has received, summed over
+#    every query since it arrived, so the cache needs the new tokens' queries (the course model passes
+#    `q` to `update` for this) and evicts per layer and per KV head, each head keeping different tokens.
+#    The cost: computing the softmax of q·Kᵀ a second time (or taking it from the attention kernel, which
+#    fused kernels such as FlashAttention never materialize), a score per token and head, and a top-k per
+#    step. A sink cache needs nothing but positions.

@@ -40,21 +40,39 @@ MUTANTS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
         ("the lecture notes' double softmax: log_softmax of probabilities instead of logits",
          {"kd_answer": '''\
 def kd_loss(student_logits, teacher_logits, temperature=2.0):
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError("student_logits and teacher_logits must have the same shape")
+    if not float(temperature) > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
     T = float(temperature)
     soft_teacher = F.softmax(teacher_logits / T, dim=-1)
     soft_student = F.softmax(student_logits / T, dim=-1)
     V = soft_student.shape[-1]
     return F.kl_div(F.log_softmax(soft_student, dim=-1).reshape(-1, V), soft_teacher.reshape(-1, V),
                     reduction="batchmean") * T * T
-'''}),
-        ("the KD loss without the T^2 factor",
+'''},
+         ["a softmax was taken twice (log_softmax of probabilities, the lecture notes' bug)"]),
+        ("the KD loss without the T^2 factor, and the expected tokens per pass without the target's bonus token",
          {"kd_answer": '''\
 def kd_loss(student_logits, teacher_logits, temperature=2.0):
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError("student_logits and teacher_logits must have the same shape")
+    if not float(temperature) > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
     T = float(temperature)
     log_q = F.log_softmax(student_logits / T, dim=-1)
     log_p = F.log_softmax(teacher_logits / T, dim=-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-'''}),
+''',
+          "predict_tokens": '''\
+def predict_tokens_per_pass(a, g):
+    if not 0 <= a <= 1:
+        raise ValueError(f"a must be in [0, 1], got {a!r}")
+    if not isinstance(g, int) or g < 0:
+        raise ValueError(f"g must be an int >= 0, got {g!r}")
+    return sum(a ** i for i in range(1, g + 1))
+'''},
+         ["the loss lacks the T² factor", "the target's bonus token was forgotten"]),
     ],
     "lab09": [
         ("the scheduler admits waiting requests without checking the free KV blocks (only max_batch); the batch "
@@ -381,7 +399,61 @@ def predict_bits_per_weight(bits, group_size=None, scale_bits=16):
           "arithmetic for 7B and 70B models')"]),
     ],
     "lab05": [
-        ("the KV memory formula forgets the factor 2 (K and V are both cached)", {"memory_answer": 'def kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, batch=1, bytes_per_element=2):\n    """Bytes of the K and V caches of `batch` sequences of `tokens` tokens."""\n    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):\n        if not isinstance(value, int) or value <= 0:\n            raise ValueError(f"{name} must be a positive int, got {value!r}")\n    for name, value in (("tokens", tokens), ("batch", batch)):\n        if not isinstance(value, int) or value < 0:\n            raise ValueError(f"{name} must be a non-negative int, got {value!r}")\n    return int(num_layers * num_kv_heads * head_dim * bytes_per_element * tokens * batch)\n\n\ndef max_sequences(gpu_bytes, weight_bytes, num_layers, num_kv_heads, head_dim, tokens, bytes_per_element=2):\n    """How many sequences of `tokens` tokens fit in gpu_bytes - weight_bytes."""\n    free = gpu_bytes - weight_bytes\n    per_seq = kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, 1, bytes_per_element)\n    return max(0, int(free // per_seq)) if per_seq else 0'}),
+        ("the KV memory formula forgets the factor 2 (K and V are both cached), and get_seq_length counts every "
+         "layer's update", {"memory_answer": 'def kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, batch=1, bytes_per_element=2):\n    """Bytes of the K and V caches of `batch` sequences of `tokens` tokens."""\n    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):\n        if not isinstance(value, int) or value <= 0:\n            raise ValueError(f"{name} must be a positive int, got {value!r}")\n    for name, value in (("tokens", tokens), ("batch", batch)):\n        if not isinstance(value, int) or value < 0:\n            raise ValueError(f"{name} must be a non-negative int, got {value!r}")\n    return int(num_layers * num_kv_heads * head_dim * bytes_per_element * tokens * batch)\n\n\ndef max_sequences(gpu_bytes, weight_bytes, num_layers, num_kv_heads, head_dim, tokens, bytes_per_element=2):\n    """How many sequences of `tokens` tokens fit in gpu_bytes - weight_bytes."""\n    free = gpu_bytes - weight_bytes\n    per_seq = kv_cache_bytes(num_layers, num_kv_heads, head_dim, tokens, 1, bytes_per_element)\n    return max(0, int(free // per_seq)) if per_seq else 0',
+          "cache_answer": '''\
+class KVCache:
+    def __init__(self):
+        self.k, self.v, self.n = [], [], 0
+
+    def update(self, k, v, layer):
+        if layer == len(self.k):
+            self.k.append(k)
+            self.v.append(v)
+        else:
+            self.k[layer] = torch.cat([self.k[layer], k], dim=2)
+            self.v[layer] = torch.cat([self.v[layer], v], dim=2)
+        self.n += k.shape[2]
+        return self.k[layer], self.v[layer]
+
+    def get_seq_length(self):
+        return self.n
+'''},
+         ["the formula counts the keys only", "get_seq_length() counts every layer's update"]),
+        ("the sink cache does not count the new token in its own window (W stored tokens + the new one)",
+         {"window_answer": '''\
+class SinkKVCache:
+    def __init__(self, window, sinks=0):
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an int >= 1, got {window!r}")
+        if not isinstance(sinks, int) or sinks < 0:
+            raise ValueError(f"sinks must be an int >= 0, got {sinks!r}")
+        self.window, self.sinks = window, sinks
+        self.k, self.v, self.seen = [], [], []
+
+    def update(self, k, v, layer):
+        if layer == len(self.k):
+            self.k.append(k[:, :, :0])
+            self.v.append(v[:, :, :0])
+            self.seen.append(0)
+        n = self.k[layer].shape[2]
+        s = min(n, self.sinks)
+        idx = list(range(s)) + list(range(max(s, n - self.window), n))
+        k_all = torch.cat([self.k[layer][:, :, idx], k], dim=2)
+        v_all = torch.cat([self.v[layer][:, :, idx], v], dim=2)
+        n_sink = min(self.sinks, self.seen[layer] + k.shape[2])
+        keep = list(range(n_sink)) + list(range(n_sink, k_all.shape[2]))[-self.window:]
+        self.k[layer], self.v[layer] = k_all[:, :, keep], v_all[:, :, keep]
+        self.seen[layer] += k.shape[2]
+        return k_all, v_all
+
+    def get_seq_length(self):
+        return self.seen[0] if self.seen else 0
+
+    def stored_length(self, layer=0):
+        return self.k[layer].shape[2] if layer < len(self.k) else 0
+'''},
+         ["the new token was not counted in its own window"]),
     ],
     "lab06": [
         ("a new block is allocated one token late (after the last block overflows, not when it is full); and "
@@ -614,25 +686,66 @@ def predict_bubble(p, m):
           "11, section '6 · Pipeline parallelism and its bubble'"]),
     ],
     "lab03": [
-        ("GPTQ without error feedback: each column rounded on its own (plain RTN)", {"gptq_answer": '''\
-def gptq_columns(W, U, scale, zero, bits=4):
-    if U.shape != (W.shape[1], W.shape[1]):
-        raise ValueError(f"U must have shape ({W.shape[1]}, {W.shape[1]}), got {tuple(U.shape)}")
+        ("GPTQ spreads the error with the full inverse's entries [H^-1]_jj, [H^-1]_jk (the notes' formula), and "
+         "SmoothQuant divides the weight by s like the activations",
+         {"gptq_answer": '''\
+def gptq(W, H, bits=4, group_size=None, percdamp=0.01):
+    n_in = W.shape[1]
+    if not isinstance(H, torch.Tensor) or H.shape != (n_in, n_in):
+        raise ValueError(f"H must have shape ({n_in}, {n_in})")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"bits must be an int in 2..8, got {bits!r}")
+    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"group_size must be None or an int >= 1, got {group_size!r}")
+    if not 0 <= percdamp < 1:
+        raise ValueError(f"percdamp must be in [0, 1), got {percdamp!r}")
+    g = group_size or n_in
+    H = H.float() + percdamp * torch.diag(H.float()).mean() * torch.eye(n_in)
+    Hinv = torch.linalg.inv(H)
     W = W.clone().float()
     Q = torch.zeros_like(W)
-    for j in range(W.shape[1]):
-        Q[:, j:j + 1] = rtn_column(W[:, j:j + 1], scale, zero, bits)
+    for j in range(n_in):
+        if j % g == 0:
+            scale, zero = grid(W[:, j:j + g], bits)
+        q = rtn_column(W[:, j:j + 1], scale, zero, bits)
+        err = (W[:, j:j + 1] - q) / Hinv[j, j]
+        W[:, j + 1:] -= err @ Hinv[j:j + 1, j + 1:]
+        Q[:, j:j + 1] = q
     return Q
-'''}),
-        ("SmoothQuant scales the weight's output axis (rows) instead of its input columns", {"smooth_answer": '''\
+''',
+          "smooth_answer": '''\
 def smooth(x_absmax, W, alpha=0.5):
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
     a = x_absmax.float().clamp(min=1e-5)
-    w = W.abs().amax(dim=1).float().clamp(min=1e-5)
+    w = W.abs().amax(dim=0).float().clamp(min=1e-5)
     s = a.pow(alpha) / w.pow(1 - alpha)
-    return s, W * s[:, None]
-'''}),
+    return s, W / s[None, :]
+'''},
+         ["the error was spread with the entries of the full inverse H^-1",
+          "the weight was divided by s, like the activations"]),
+        ("GPTQ without error feedback: each column rounded on its own (plain RTN on the group grids)",
+         {"gptq_answer": '''\
+def gptq(W, H, bits=4, group_size=None, percdamp=0.01):
+    n_in = W.shape[1]
+    if not isinstance(H, torch.Tensor) or H.shape != (n_in, n_in):
+        raise ValueError(f"H must have shape ({n_in}, {n_in})")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"bits must be an int in 2..8, got {bits!r}")
+    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"group_size must be None or an int >= 1, got {group_size!r}")
+    if not 0 <= percdamp < 1:
+        raise ValueError(f"percdamp must be in [0, 1), got {percdamp!r}")
+    g = group_size or n_in
+    W = W.clone().float()
+    Q = torch.zeros_like(W)
+    for j in range(n_in):
+        if j % g == 0:
+            scale, zero = grid(W[:, j:j + g], bits)
+        Q[:, j:j + 1] = rtn_column(W[:, j:j + 1], scale, zero, bits)
+    return Q
+'''},
+         ["each column was rounded on its own (plain round-to-nearest)"]),
     ],
     "lab12": [
         ("the graph break moved, not removed: the argmax stays a tensor but .tolist() still leaves the graph",
