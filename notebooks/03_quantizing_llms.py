@@ -274,13 +274,32 @@ assert loss_alpha1 > min(res.losses)
 #
 # For one layer, GPTQ minimizes $\lVert XW^\top - XW_q^\top \rVert^2$ with $H = 2X^\top X$ from calibration
 # inputs. It quantizes one column at a time and spreads that column's rounding error over the columns not
-# yet quantized, $w_k \mathrel{-}= \frac{w_j - q_j}{[H^{-1}]_{jj}}[H^{-1}]_{jk}$: the rows of the upper
-# Cholesky factor of $H^{-1}$ hold these updates. Damping, lazy batches, groups, act-order and dead columns
-# are in `course_lib/quant/gptq.py`. The objective, layer by layer, on calibration and held-out inputs:
+# yet quantized, $F = \{j, j+1, \dots\}$: $w_k \mathrel{-}= \frac{w_j - q_j}{[H_F^{-1}]_{jj}}[H_F^{-1}]_{jk}$,
+# where $H_F^{-1}$ is the inverse of $H$ restricted to those columns, not the full inverse's entries (after
+# the first column they differ: quantizing a column removes it from the problem). Recomputing an inverse per
+# column would cost $O(d^4)$; the upper Cholesky factor $U$ of $H^{-1}$ ($H^{-1} = U^\top U$) holds every
+# step's row at once: row $j$ of $U$ is row $j$ of $H_F^{-1}$ divided by $\sqrt{[H_F^{-1}]_{jj}}$, so
+# $U_{jk}/U_{jj} = [H_F^{-1}]_{jk}/[H_F^{-1}]_{jj}$, the ratio the update needs (Frantar et al., "GPTQ: Accurate
+# Post-Training Quantization for Generative Pre-trained Transformers", ICLR 2023). The next cell checks this on
+# this layer's Hessian. Damping, lazy batches, groups, act-order and dead columns are in
+# `course_lib/quant/gptq.py`. The objective, layer by layer, on calibration and held-out inputs:
 
 # %% id="c025"
 lins = Q.named_linears(model)
 hess = Q.input_hessians(model, calib, list(lins))
+# The identity above, on the first layer's (damped) Hessian, in float64: U's row ratios are those of the
+# inverse restricted to the remaining columns; the full inverse's are not (after column 0).
+_H = hess[next(iter(lins))][0].double()
+_H = _H + 0.01 * _H.diagonal().mean() * torch.eye(_H.shape[0], dtype=_H.dtype)
+_U = torch.linalg.cholesky(torch.linalg.inv(_H), upper=True)
+_full = torch.linalg.inv(_H)
+for _j in (0, 1, _H.shape[0] // 2):
+    _HF = torch.linalg.inv(_H[_j:, _j:])
+    _ok = torch.allclose(_U[_j, _j:] / _U[_j, _j], _HF[0] / _HF[0, 0], rtol=1e-6, atol=1e-9)
+    _dev = float(((_full[_j, _j:] / _full[_j, _j]) - _HF[0] / _HF[0, 0]).abs().max())
+    assert _ok, f"column {_j}: U's row ratio differs from the restricted inverse's"
+    print(f"column {_j:3d}: U[j,k]/U[j,j] = [H_F^-1]_jk/[H_F^-1]_jj: {_ok}; the full inverse's ratio is off by "
+          f"up to {_dev:.3g}")
 held_x = Q.capture_inputs(model, held_ids, list(lins))
 ratio_cal, ratio_held = [], []
 for name, l in lins.items():

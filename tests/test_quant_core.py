@@ -276,3 +276,19 @@ def test_quantization_stays_on_the_data_device(device, scheme):
     assert mse(x, fake_quantize(x, 3, scheme, "group", group_size=64, clip_ratio=best)) <= float(curve.min()) + 1e-9
     n = nf4_quantize(x, double_quant=True)
     assert n.packed.device == x.device and nf4_dequantize(n).device == x.device
+
+
+def test_gptq_cholesky_rows_are_the_restricted_inverse_ratios():
+    """quant/gptq.py's docstring: row j of U (H^-1 = U^T U) is row j of H_F^-1 (F = the columns from j on)
+    divided by sqrt([H_F^-1]_jj); the full inverse's entries are not what the update uses."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(40, 8, generator=g, dtype=torch.float64)
+    h = 2 * x.T @ x
+    u = torch.linalg.cholesky(torch.linalg.inv(h), upper=True)
+    full = torch.linalg.inv(h)
+    for j in range(8):
+        hf = torch.linalg.inv(h[j:, j:])
+        assert torch.allclose(u[j, j] ** 2, hf[0, 0])
+        assert torch.allclose(u[j, j:] / u[j, j], hf[0] / hf[0, 0])
+        if 0 < j < 7:  # earlier columns quantized changed the problem: the full inverse's ratios differ (the last row is [1])
+            assert not torch.allclose(full[j, j:] / full[j, j], hf[0] / hf[0, 0])

@@ -3,14 +3,18 @@ rounding error onto the columns not yet quantized, weighted by the inverse Hessi
 error. Second-order (it uses H = 2 X^T X of the calibration inputs), not gradient-based.
 
 For one row w of W [out, in] and inputs X [n, in], the error is ||(w - q) X^T||^2 = (w - q) H (w - q)^T / 2
-with H = 2 X^T X. Quantizing column j to q_j and re-solving the remaining columns optimally (OBS) gives
+with H = 2 X^T X. Quantizing column j to q_j and re-solving the columns not yet quantized optimally (OBS)
+gives, with F = {j, j+1, ...} those columns and H_F^-1 the inverse of H restricted to them (not the full
+inverse's entries, once columns have been quantized),
 
-    err   = (w_j - q_j) / [H^-1]_jj
-    w_k  -= err * [H^-1]_jk          for the columns k after j
+    err   = (w_j - q_j) / [H_F^-1]_jj
+    w_k  -= err * [H_F^-1]_jk        for the columns k after j
 
-and H^-1 of the remaining columns is what Gaussian elimination of column j leaves: the rows of the upper
-Cholesky factor U of H^-1 (H^-1 = U^T U) hold every one of these updates at once, so [H^-1]_jk above is
-U[j, k] (and [H^-1]_jj is U[j, j]): the "Cholesky of the inverse" of the paper.
+The upper Cholesky factor U of H^-1 (H^-1 = U^T U) holds every step's row at once: row j of U is row j of
+H_F^-1 divided by sqrt([H_F^-1]_jj), so U[j, j]^2 = [H_F^-1]_jj and U[j, k] / U[j, j] = [H_F^-1]_jk / [H_F^-1]_jj,
+the ratio the update needs (the entries themselves are not equal): err = (w_j - q_j) / U[j, j] and
+w_k -= err * U[j, k] make the same update. This is the "Cholesky of the inverse" of the paper;
+tests/test_quant_core.py checks the identity on random Hessians.
 
 Details that matter (each has a test): damping (H + lambda I, lambda = percdamp * mean diag H) keeps H
 invertible; a column that never sees a non-zero input (diag H = 0, a "dead" column) is set to 0 and its
