@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises
+from course_lib.checks import check_close, check_equal, check_raises
 
 
 def _own_work(fn, name):

@@ -20,7 +20,7 @@ import os
 import random
 import time
 
-from course_lib.grading.checks import check_close, check_equal
+from course_lib.checks import check_close, check_equal
 
 # Numbers you will need (dense, from the datasheets; course_lib.perf.GPUS has them all):
 A100_FP16_FLOPS = 312e12       # NVIDIA A100 (80 GB SXM): fp16 tensor cores, FLOP/s

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.checks import check_close, check_equal, check_raises, check_shape
 
 
 def rtn_column(w, scale, zero, bits):

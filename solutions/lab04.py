@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.checks import check_close, check_equal, check_raises, check_shape
 
 
 def _own_work(fn, name):

@@ -24,7 +24,7 @@ import math
 import random
 import time
 
-from course_lib.grading.checks import check_equal, check_raises
+from course_lib.checks import check_equal, check_raises
 from course_lib.paged import OutOfBlocks, PagingError   # OutOfBlocks(needed, free); PagingError(message)
 from course_lib.paged import BlockAllocator as CourseAllocator   # the course's allocator, for the tests
 

@@ -25,7 +25,7 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from course_lib.grading.checks import check_close, check_raises, check_shape
+from course_lib.checks import check_close, check_raises, check_shape
 
 
 class _LargestScores(TorchFunctionMode):

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_lib.grading.checks import check_close, check_equal, check_raises
+from course_lib.checks import check_close, check_equal, check_raises
 
 torch.set_num_threads(1)
 

@@ -26,7 +26,7 @@ import time
 import torch
 
 from course_lib.compile_tools import explain_breaks
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.checks import check_close, check_equal, check_raises, check_shape
 from course_lib.kvcache import StaticCache
 from course_lib.models import LlamaForCausalLM, as_config
 
