@@ -1,4 +1,4 @@
-"""nbgrader settings for `course build-labs` and `course grade` (read by course_lib.grading).
+"""nbgrader settings for `course build-labs` and `course grade` (read by course_grading).
 
 The course does not use nbgrader's folder layout (its labs are flat: solutions/labNN.ipynb ->
 labs/labNN.ipynb), so run the course's commands, not `nbgrader ...`, from the repository root:

@@ -32,7 +32,7 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from course_lib import INSTALL_SPEC, __version__
-from course_lib.grading.build import answer_sources, fill_answers, is_answer, is_test, lab_names, read_notebook
+from course_grading.build import answer_sources, fill_answers, is_answer, is_test, lab_names, read_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("colab_env", ROOT / "tools" / "colab_env.py")

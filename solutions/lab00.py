@@ -32,7 +32,7 @@ import time
 import numpy as np
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, diagnose
+from course_lib.checks import check_close, check_equal, check_raises, diagnose
 
 # Known misconceptions: when a test finds one of these in your answer, its message names it.
 MISTAKES = {

@@ -23,7 +23,7 @@ import os
 import random
 import time
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, diagnose
+from course_lib.checks import check_close, check_equal, check_raises, diagnose
 
 # Known misconceptions: when a test finds one of these in your answer, its message names it.
 MISTAKES = {

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape, diagnose
+from course_lib.checks import check_close, check_equal, check_raises, check_shape, diagnose
 from course_lib.quant import nf4_codebook
 
 # The 16 NF4 levels (QLoRA), sorted, from -1 to 1; index 7 is exactly 0 (exercise 6; notebook 02, section 9).

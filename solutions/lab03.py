@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape, diagnose
+from course_lib.checks import check_close, check_equal, check_raises, check_shape, diagnose
 
 # What the known wrong answers mean (the hidden tests name them when your answer matches one).
 MISTAKES = {

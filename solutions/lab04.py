@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.checks import check_close, check_equal, check_raises, check_shape
 
 # What the known wrong answers mean (the tests name them when your answer matches one).
 MISTAKES = {

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.checks import check_close, check_equal, check_raises, check_shape
 from course_lib.models import load
 
 model, tok = load("tiny", device="cpu")

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.checks import check_close, check_equal, check_raises, check_shape
 from course_lib.paged import OutOfBlocks, PagingError   # OutOfBlocks(needed, free); PagingError(message)
 from course_lib.paged import BlockAllocator as CourseAllocator   # the course's allocator, for the tests
 from course_lib.paged import contiguous_to_paged, paged_attention_reference   # for Part E's tests

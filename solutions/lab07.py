@@ -27,7 +27,7 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
-from course_lib.grading.checks import check_close, check_raises, check_shape
+from course_lib.checks import check_close, check_raises, check_shape
 
 # The misconceptions the tests recognize: when your result matches one, the message names it.
 MISTAKES = {

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises
+from course_lib.checks import check_close, check_equal, check_raises
 
 # The misconceptions the tests recognize: when your result matches one, the message names it.
 MISTAKES = {

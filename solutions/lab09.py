@@ -27,7 +27,7 @@ import math
 import random
 import time
 
-from course_lib.grading.checks import check_close, check_equal
+from course_lib.checks import check_close, check_equal
 from course_lib.serving import (ContinuousBatching, Decision, Request, SeqView, StepCostModel, check_invariants,
                                 make_workload, simulate)
 

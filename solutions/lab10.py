@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.checks import check_close, check_equal, check_raises, check_shape
 
 # Known misconceptions: a test that recognises one names it (public text, pointing to notebook 10)
 MISTAKES = {

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_lib.grading.checks import check_close, check_equal, check_raises
+from course_lib.checks import check_close, check_equal, check_raises
 from course_lib.models.config import LlamaConfig
 from course_lib.parallel import ModelSpec, bubble_fraction, gpipe_schedule, launch, pipeline_run, sequence
 from course_lib.parallel.checks import mlp_reference, random_mlp, run_parallel_mlp

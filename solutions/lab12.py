@@ -32,7 +32,7 @@ import torch
 
 from course_lib import device_bench
 from course_lib.compile_tools import explain_breaks
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape
+from course_lib.checks import check_close, check_equal, check_raises, check_shape
 from course_lib.kvcache import StaticCache
 from course_lib.models import LlamaForCausalLM, as_config
 from course_lib.perf.hardware import get_gpu

@@ -23,7 +23,7 @@ the lab in CI.
 
 The third element lists the explanations the mutant's feedback page must show: each hidden test that
 catches the mistake passes the lab's public ``MISTAKES[...]`` text with the wrong value to
-``check_close(..., mistakes={MISTAKES["key"]: wrong_value})`` (course_lib/grading/checks.py), so the
+``check_close(..., mistakes={MISTAKES["key"]: wrong_value})`` (course_lib/checks.py), so the
 student reads the misconception and the notebook section that explains it, not only the numbers. A mutant
 may plant mistakes in several answer cells (one per part), to keep the number of autogrades small.
 

@@ -3,7 +3,7 @@ known misconception by name when the student's value is the one that mistake giv
 import pytest
 import torch
 
-from course_lib.grading.checks import check_close, check_equal, check_raises, check_shape, diagnose
+from course_lib.checks import check_close, check_equal, check_raises, check_shape, diagnose
 
 MISTAKES = {"top-left": "the causal mask is aligned top-left; see notebook 07", "x2": "doubled"}
 

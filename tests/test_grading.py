@@ -25,12 +25,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading.build import (answer_sources, build_labs, duplicate_grade_ids, fill_answers, find_leaks,
+from course_grading.build import (answer_sources, build_labs, duplicate_grade_ids, fill_answers, find_leaks,
                                       grade_id, is_answer, lab_names, notebook_text, read_notebook,
                                       secret_and_public_lines)
-from course_lib.grading.collect import collect, parse_name, strip_copy_decorations
-from course_lib.grading.pipeline import build_labs_main, grade, grade_main
-from course_lib.grading.repair import repair
+from course_grading.collect import collect, parse_name, strip_copy_decorations
+from course_grading.pipeline import build_labs_main, grade, grade_main
+from course_grading.repair import repair
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lab_mutants import MUTANTS  # noqa: E402

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading.collect import UnsafeSubmission, collect, read_submission
-from course_lib.grading.build import build_labs
-from course_lib.grading.pipeline import grade_main
+from course_grading.collect import UnsafeSubmission, collect, read_submission
+from course_grading.build import build_labs
+from course_grading.pipeline import grade_main
 
 DATA = Path(__file__).parent / "data" / "solutions"
 LABS = {99: "lab99"}

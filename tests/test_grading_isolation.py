@@ -21,13 +21,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading import sandbox
-from course_lib.grading.autograde import csv_safe, file_keys
-from course_lib.grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
-from course_lib.grading.execute import wrap_hidden
-from course_lib.grading.pipeline import grade, grade_main
-from course_lib.grading.references import answer_table, reference_imports
-from course_lib.grading.repair import repair
+from course_grading import sandbox
+from course_grading.autograde import csv_safe, file_keys
+from course_grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
+from course_grading.execute import wrap_hidden
+from course_grading.pipeline import grade, grade_main
+from course_grading.references import answer_table, reference_imports
+from course_grading.repair import repair
 
 DATA = Path(__file__).parent / "data" / "solutions"
 SLEEP_MARK = "4321.987"  # `sleep 4321.987`: the attacker's leftover processes, found by their command line
@@ -45,7 +45,7 @@ def lab98_source():
     """A fixture lab whose tests use the check functions and whose hidden tests use `_dev`."""
     return nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# Lab 98: isolation fixture"),
-        code("import random\nfrom course_lib.grading.checks import check_close, check_equal"),
+        code("import random\nfrom course_lib.checks import check_close, check_equal"),
         code("def scale(x, k):\n    ### BEGIN SOLUTION\n    return x * k\n    ### END SOLUTION",
              grade_id="scale_answer", solution=True),
         code('check_close(scale(2, 3), 6, "scale(2, 3)")\n### BEGIN HIDDEN TESTS\n_dev = random.Random()\n'
@@ -118,6 +118,10 @@ def test_bwrap_command_line(tmp_path):
     assert binds == [(str(work), str(work)), (str(run), str(run))]
     ro = [(argv[k + 1], argv[k + 2]) for k, a in enumerate(argv) if a in ("--ro-bind", "--ro-bind-try")]
     assert (str(pkg), f"{sandbox.BWRAP_LIB}/course_lib") in ro
+    # beside it the guard's copy (RunScratch puts only guard.py there), and no other package of the grader
+    assert (str(pkg.parent / "course_grading"), f"{sandbox.BWRAP_LIB}/course_grading") in ro
+    assert [dst for _, dst in ro if dst.startswith(sandbox.BWRAP_LIB)] == [f"{sandbox.BWRAP_LIB}/course_lib",
+                                                                        f"{sandbox.BWRAP_LIB}/course_grading"]
     assert all(src != str(sandbox.course_lib_root()) for src, _ in ro), "the repository must not be visible"
     assert ("/", "/") not in ro
     assert f"--chdir {work}" in joined and "PYTHONPATH /opt/course" in joined

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import jobs
-from course_lib.grading.build import answer_sources, build_labs, fill_answers, notebook_text, read_notebook
-from course_lib.grading.pipeline import grade, grade_main
-from course_lib.grading.sandbox import Isolation
+from course_grading import jobs
+from course_grading.build import answer_sources, build_labs, fill_answers, notebook_text, read_notebook
+from course_grading.pipeline import grade, grade_main
+from course_grading.sandbox import Isolation
 
 DATA = Path(__file__).parent / "data" / "solutions"
 

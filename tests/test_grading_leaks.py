@@ -27,11 +27,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
-from course_lib.grading.feedback import (HIDDEN_NOTE, WIDGET_STATE, LeakBlocked, feedback_notebook, scrub_value,
+from course_grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
+from course_grading.feedback import (HIDDEN_NOTE, WIDGET_STATE, LeakBlocked, feedback_notebook, scrub_value,
                                          write_checked)
-from course_lib.grading.leaks import LabSecrets, normalize, png_texts
-from course_lib.grading.pipeline import grade
+from course_grading.leaks import LabSecrets, normalize, png_texts
+from course_grading.pipeline import grade
 
 DATA = Path(__file__).parent / "data" / "solutions"
 FIX = "lab99"

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading import sandbox
-from course_lib.grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
-from course_lib.grading.pipeline import grade, grade_main
+from course_grading import sandbox
+from course_grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
+from course_grading.pipeline import grade, grade_main
 
 DATA = Path(__file__).parent / "data" / "solutions"
 LAB = "lab97"
@@ -657,9 +657,13 @@ def test_gradebook_folder_modes(tmp_path, monkeypatch):
     try:
         assert stat.S_IMODE(sc.private.stat().st_mode) == 0o700
         assert stat.S_IMODE(sc.base.stat().st_mode) == 0o711
-        assert (sc.lib / "grading" / "sandbox.py").exists() and not (sc.lib.parent / "solutions").exists()
-        assert (sc.lib / "grading" / "__pycache__").is_dir()  # compiled: the kernel writes no bytecode
-        assert all(stat.S_IMODE(p.stat().st_mode) in (0o644, 0o755) for p in sc.lib.rglob("*"))
+        assert (sc.lib / "checks.py").exists() and not (sc.lib.parent / "solutions").exists()
+        # of the grader's package, the kernel gets the guard its cells call, not the pipeline
+        assert sorted(p.name for p in sc.guard.glob("*.py")) == sorted(sandbox.GUARD_FILES)
+        assert sc.guard == sc.lib.parent / "course_grading" and not (sc.guard / "sandbox.py").exists()
+        for pkg in (sc.lib, sc.guard):  # compiled: the kernel writes no bytecode
+            assert (pkg / "__pycache__").is_dir()
+            assert all(stat.S_IMODE(p.stat().st_mode) in (0o644, 0o755) for p in pkg.rglob("*"))
         ks = sc.kernel("s001")
         assert ks.work.stat().st_uid == 65534 and stat.S_IMODE(ks.work.stat().st_mode) == 0o700
         sc.release(ks)

@@ -1,5 +1,6 @@
 """The import graph of course_lib: no cycles, no module imports a layer above its own, and no folder
-imports a layer above its own.
+imports a layer above its own; and the split between course_lib (what students install and labs import)
+and course_grading (the instructor's pipeline), which meet only in the cli's grading sub-commands.
 
 The layers (bottom to top) are the ones ARCHITECTURE.md describes; every module of the package must be
 placed in one, so a new module is placed deliberately. A folder (a subpackage) sits at the lowest layer of
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "course_lib"
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / "course_lib"
+PACKAGES = ("course_lib", "course_grading")   # the course: the students' library and the instructor's pipeline
 
 # module prefix -> layer; the longest matching prefix wins. Keep in step with ARCHITECTURE.md.
 LAYERS = {
@@ -34,22 +37,28 @@ LAYERS = {
     "course_lib.parallel": 5,
     "course_lib.quant_eval": 5,
     "course_lib.compile_tools": 5, "course_lib.capstone": 5,
-    # 6. applications: training scripts, widgets, command line, grading
+    # 6. applications: training scripts, widgets, command line; the instructor's pipeline (a package of its
+    # own that imports nothing of course_lib: test_grading_and_the_course_meet_only_in_the_cli)
     "course_lib.training": 6, "course_lib.viz": 6,
-    "course_lib.doctor": 6, "course_lib.cli": 6, "course_lib.bench": 6, "course_lib.grading": 6,
+    "course_lib.doctor": 6, "course_lib.cli": 6, "course_lib.bench": 6, "course_grading": 6,
 }
 
 
+def in_package(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
 
 
 def course_targets(node: ast.AST, name: str) -> set[str]:
-    """The course_lib modules one import statement of module ``name`` imports (none for another node)."""
+    """The course modules (course_lib, course_grading) one import statement of module ``name`` imports (none
+    for another node)."""
     package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
     if isinstance(node, ast.Import):
         targets = [a.name for a in node.names]
@@ -67,13 +76,13 @@ def course_targets(node: ast.AST, name: str) -> set[str]:
     for t in targets:
         while t and t not in MODULES:          # `import course_lib.x.y` of a name inside a module
             t = t.rpartition(".")[0]
-        if t.startswith("course_lib") and t != name:
+        if any(in_package(t, p) for p in PACKAGES) and t != name:
             found.add(t)
     return found
 
 
 def imports_of(name: str) -> set[str]:
-    """The course_lib modules that ``name`` imports, anywhere in the file (package faces included)."""
+    """The course modules that ``name`` imports, anywhere in the file (package faces included)."""
     path = MODULES[name]
     return {t for node in ast.walk(ast.parse(path.read_text(), str(path))) for t in course_targets(node, name)}
 
@@ -88,7 +97,7 @@ def layer(name: str, layers: dict[str, int] = LAYERS) -> int | None:
 
 def folder(name: str) -> str:
     """The subpackage a module lives in (a package face is in its own folder); a top-level module of
-    course_lib is a place of its own."""
+    course_lib is a place of its own, and course_grading is one folder."""
     parent = name if MODULES.get(name, Path()).name == "__init__.py" else name.rpartition(".")[0]
     return name if parent in ("course_lib", "") else parent
 
@@ -200,8 +209,9 @@ def test_relative_imports_resolve(name):
 IN_FUNCTION_ALLOWED = {
     ("course_lib.cli", "course_lib.doctor"):
         "`course` loads the sub-command it runs: `course --help` starts in 0.02 s, not 4.6 s with all loaded",
-    ("course_lib.cli", "course_lib.grading.pipeline"):
-        "`course build-labs` / `grade` need nbgrader (the dev extra), which a student's `course doctor` lacks",
+    ("course_lib.cli", "course_grading.pipeline"):
+        "`course build-labs` / `grade` run the instructor's pipeline, which needs nbgrader (the grading extra): "
+        "a student's install lacks it, and `course` says how to install it",
     ("course_lib.cli", "course_lib.serving.server"):
         "`course` loads the sub-command it runs (the server brings torch and the engine, ~2 s)",
     ("course_lib.doctor", "course_lib.quant_eval"):
@@ -233,7 +243,7 @@ def unexplained_in_function_imports(sources: dict[str, str] | None = None) -> li
     """One line per in-function import of the course that IN_FUNCTION_ALLOWED does not name (``sources``:
     {module: text} read in place of those files)."""
     sources = sources or {}
-    return [f"{MODULES[m].relative_to(ROOT.parent)}:{line}: {m} imports {t} inside {fn}() (import it at the "
+    return [f"{MODULES[m].relative_to(REPO)}:{line}: {m} imports {t} inside {fn}() (import it at the "
             f"top, or add it with its reason to IN_FUNCTION_ALLOWED and ARCHITECTURE.md)"
             for m in MODULES
             for line, fn, t in (in_function_imports(m, sources[m]) if m in sources else IN_FUNCTION[m])
@@ -267,8 +277,53 @@ def test_the_checker_sees_a_planted_in_function_import():
     assert len(found) == 2
 
 
-def test_grading_imports_nothing_from_the_course():
-    # the instructor pipeline runs untrusted submissions; it must not depend on (or be changed by) the course code
-    leaks = [f"{src} imports {dst}" for src, dsts in GRAPH.items() if src.startswith("course_lib.grading")
-             for dst in sorted(dsts) if not dst.startswith("course_lib.grading")]
-    assert not leaks, "\n".join(leaks)
+def top_level_imports(name: str) -> set[str]:
+    """The course modules ``name`` imports outside its functions (when the module is imported)."""
+    path = MODULES[name]
+    found, todo = set(), list(ast.parse(path.read_text(), str(path)).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        found |= course_targets(node, name)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+TOP_LEVEL = {m: top_level_imports(m) for m in MODULES}
+
+
+def split_leaks(graph: dict[str, set[str]], top_level: dict[str, set[str]]) -> list[str]:
+    """Imports across the split: course_grading importing anything of course_lib (it runs untrusted
+    submissions and must not depend on, or be changed by, the code they are graded on), and course_lib
+    importing course_grading other than in a function IN_FUNCTION_ALLOWED names (the cli's sub-commands):
+    a student's install has no course_grading and needs none."""
+    out = []
+    for src, dsts in graph.items():
+        for dst in sorted(dsts):
+            if in_package(src, "course_grading") and in_package(dst, "course_lib"):
+                out.append(f"{src} imports {dst}")
+            elif in_package(src, "course_lib") and in_package(dst, "course_grading") and (
+                    (src, dst) not in IN_FUNCTION_ALLOWED or dst in top_level.get(src, set())):
+                out.append(f"{src} imports {dst}" + (" at its top" if dst in top_level.get(src, set()) else ""))
+    return out
+
+
+def test_grading_and_the_course_meet_only_in_the_cli():
+    leaks = split_leaks(GRAPH, TOP_LEVEL)
+    assert not leaks, "imports across course_lib / course_grading:\n" + "\n".join(leaks)
+    assert GRAPH["course_lib.cli"] >= {"course_grading.pipeline"} and not TOP_LEVEL["course_lib.cli"] & {
+        m for m in MODULES if in_package(m, "course_grading")}
+
+
+def test_the_checker_sees_imports_across_the_split():
+    # the guard importing the checks it watches; the cli importing the pipeline at its top; a library module
+    # importing the pipeline anywhere
+    planted = {**GRAPH, "course_grading.guard": GRAPH["course_grading.guard"] | {"course_lib.checks"},
+               "course_lib.generation": GRAPH["course_lib.generation"] | {"course_grading.build"}}
+    top = {**TOP_LEVEL, "course_lib.cli": TOP_LEVEL["course_lib.cli"] | {"course_grading.pipeline"}}
+    assert sorted(split_leaks(planted, top)) == [
+        "course_grading.guard imports course_lib.checks",
+        "course_lib.cli imports course_grading.pipeline at its top",
+        "course_lib.generation imports course_grading.build"]
+    assert "course_grading.guard" in MODULES and "course_lib.checks" in MODULES

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.grading.build import is_answer_key, lab_names, read_notebook
+from course_grading.build import is_answer_key, lab_names, read_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = lab_names(ROOT / "solutions")

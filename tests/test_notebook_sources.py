@@ -38,7 +38,7 @@ def test_check_passes_on_the_repository_and_every_source_has_its_notebook():
 
 
 def test_labs_and_grading_see_only_the_notebooks():
-    from course_lib.grading.build import lab_names
+    from course_grading.build import lab_names
     assert lab_names(ROOT / "solutions") == sorted(p.stem for p in ROOT.glob("solutions/lab*.ipynb"))
 
 

@@ -181,6 +181,37 @@ def test_student_extras_have_no_instructor_tools_and_dev_has_all_of_them():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert not any(d.startswith(("nbgrader", "pytest", "nbclient")) for d in extras["course"]), extras["course"]
     assert set(extras["course"]) <= set(extras["dev"])
+    assert set(extras["grading"]) <= set(extras["dev"])
+    assert any(d.startswith("nbgrader") for d in extras["grading"]), extras["grading"]
+
+
+def test_the_distribution_holds_the_library_and_the_grading_pipeline_apart():
+    """One pyproject installs two packages: course_lib (what students and labs import; `course_lib.checks`
+    is a lab's only grading import) and course_grading (the instructor's pipeline, its dependencies the
+    grading extra)."""
+    from setuptools import find_packages
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    found = find_packages(str(ROOT), include=find["include"])
+    assert {"course_lib", "course_lib.models", "course_grading"} <= set(found), found
+    assert not [p for p in found if p.startswith("course_grading.")], "course_grading is one flat package"
+    assert (ROOT / "course_grading" / "jail.py").is_file()
+    assert not list((ROOT / "course_lib" / "grading").glob("*.py")), "the pipeline lives in course_grading/"
+    for lab in sorted(ROOT.glob("solutions/lab*.py")):
+        imports = set(re.findall(r"^\s*(?:from|import) (course_\w+(?:\.\w+)*)", lab.read_text(), re.M))
+        assert imports and not {m for m in imports if m.startswith("course_grading")}, (lab.name, imports)
+        assert "course_lib.checks" in imports, (lab.name, imports)
+
+
+@pytest.mark.parametrize("cmd", ["grade", "build-labs"])
+def test_grading_commands_say_how_to_install_the_pipeline(cmd):
+    """Without the grading extra (nbgrader missing), `course grade` / `build-labs` stop with what to install,
+    not a traceback."""
+    code = ("import sys; sys.modules['nbgrader'] = None  # as if not installed\n"
+            f"from course_lib.cli import main; sys.exit(main([{cmd!r}, '--help']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert 'pip install "course_lib[grading]"' in out.stderr and "make setup-dev" in out.stderr, out.stderr
+    assert "nbgrader" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_quick_mode_follows_the_device_unless_forced(monkeypatch):

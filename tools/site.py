@@ -52,7 +52,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from course_lib import RELEASE, REPO_URL, colab_url  # noqa: E402
-from course_lib.grading.build import SECRET_MARKERS  # noqa: E402  (nbgrader's delimiters, one list)
+from course_grading.build import SECRET_MARKERS  # noqa: E402  (nbgrader's delimiters, one list)
 from tools import nbexec  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent / "site_assets"

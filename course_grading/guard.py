@@ -30,10 +30,10 @@ import builtins
 import sys
 import types
 
-import course_lib.grading.checks  # noqa: F401 - loaded before setup records its functions as the originals
-
 MIME = "application/vnd.course-grade.guard+json"
-CHECK_MODULE = "course_lib.grading.checks"
+# The student-side checks the labs import. The guard watches that module by name and imports nothing of
+# course_lib: the grader's setup cell imports it in the kernel before `setup` records its functions.
+CHECK_MODULE = "course_lib.checks"
 CHECK_NAMES = ("check_close", "check_equal", "check_shape", "check_raises")
 BUILTIN_NAMES = ("__import__", "exec", "eval", "compile", "isinstance", "getattr", "abs", "len", "range",
                  "AssertionError", "Exception", "print", "float", "int", "max", "min", "all", "any")
@@ -228,7 +228,8 @@ def _restore(ip, orig: dict, ns: dict | None) -> None:
         setattr(builtins, n, f)
     sys.settrace(orig["trace"])
     sys.setprofile(orig["profile"])
-    sys.modules[CHECK_MODULE] = orig["checks_module"]
+    if orig["checks_module"] is not None:
+        sys.modules[CHECK_MODULE] = orig["checks_module"]
     sys.modules[__name__] = orig["guard_module"]
     for n, f in orig["checks"].items():
         setattr(orig["checks_module"], n, f)
@@ -302,6 +303,8 @@ def verify(nonce: str, grade_id: str, answers=()) -> None:
         _publish(report)
         return
     problems += _compare(_state(ip), _orig)
+    if _orig["checks_module"] is None:  # nothing to bind: the tests would call whatever the notebook defines
+        problems.append(f"{CHECK_MODULE} was not loaded before the grader's setup")
     if _audit_attempts:
         problems.append("an audit hook was added (sys.addaudithook; refused)")
     if problems:

@@ -15,7 +15,8 @@ What they find goes to JSON files the grader reads (in the per-submission course
 kernel cannot reach at the ``user`` and ``bwrap`` levels).
 
     check_kernel     before grading: starts a real kernel at the chosen isolation level and checks what it
-                     sees (its user, its course_lib, no repository), so that a kernel that cannot start
+                     sees (its user, its course_lib and guard, no pipeline, no repository), so that a
+                     kernel that cannot start
                      stops `course grade` with the reason instead of failing every submission.
 """
 from __future__ import annotations
@@ -119,10 +120,12 @@ class InjectGuard(NbGraderPreprocessor):
             gid = _meta(cell).get("grade_id")
             cell.metadata[GUARD_META] = {"original": cell.source}
             names = list(self.answers.get(gid, []))
-            line = (f"import course_lib.grading.guard as __course_guard__; __course_guard__.verify("
+            line = (f"import course_grading.guard as __course_guard__; __course_guard__.verify("
                     f"{cell_nonce(self.secret, gid)!r}, {gid!r}, {names!r})")
             cell.source = line + "\n" + wrap_hidden(cell.source)
-        setup = new_code_cell("import course_lib.grading.guard as __course_guard__; "
+        # the kernel loads the labs' checks before the guard records them as the originals (the guard
+        # itself imports nothing of course_lib)
+        setup = new_code_cell("import course_lib.checks, course_grading.guard as __course_guard__; "
                               f"__course_guard__.setup({cell_nonce(self.secret, '-setup-')!r})")
         setup.metadata[GUARD_META] = {"setup": True}
         nb.cells.insert(0, setup)
@@ -310,9 +313,11 @@ def check_kernel(iso: Isolation, scratch: RunScratch, timeout: float = 120.0) ->
     conn = ks.run / "kernel.json"
     spec = kernel_spec(iso, ks, conn, "check", None, scratch.lib)
     repo = str(course_lib_root().resolve())
-    code = ("import json, os, course_lib, course_lib.grading.guard\n"
+    code = ("import json, os, importlib.util, course_lib, course_lib.checks, course_grading.guard\n"
             f"print({CHECK_MARK!r} + json.dumps({{'uid': os.getuid(), "
             "'lib': os.path.dirname(os.path.dirname(os.path.abspath(course_lib.__file__))), "
+            "'guard': os.path.dirname(os.path.dirname(os.path.abspath(course_grading.guard.__file__))), "
+            "'pipeline': importlib.util.find_spec('course_grading.sandbox') is not None, "
             f"'repo': sorted(os.listdir({repo!r})) if os.path.isdir({repo!r}) else []}}))")
     nb = new_notebook(cells=[new_code_cell(code)])
     client = _Client(nb, timeout=int(timeout), startup_timeout=int(timeout), kernel_name="python3",
@@ -354,6 +359,11 @@ def check_kernel(iso: Isolation, scratch: RunScratch, timeout: float = 120.0) ->
         problems.append(f"it can see the repository ({repo}: {', '.join(sorted(set(seen['repo']) - bound))})")
     if iso.private and seen["lib"] != LIB_MOUNT:
         problems.append(f"it imports course_lib from {seen['lib']}, not its private copy")
+    if iso.private and seen["guard"] != LIB_MOUNT:
+        problems.append(f"it imports the grader's guard from {seen['guard']}, not its private copy")
+    # the kernel gets the guard of course_grading, not the pipeline (its sandbox, gradebook and feedback code)
+    if iso.private and seen["pipeline"]:
+        problems.append("it can import the grader's pipeline (course_grading.sandbox)")
     if problems:
         raise SandboxUnavailable(f"the grading kernel at {where} is not isolated as it should be: "
                                  + "; ".join(problems))

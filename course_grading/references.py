@@ -3,8 +3,8 @@
 Each graded exercise compares the student's function with `course_lib`'s reference in its hidden tests
 (``from course_lib.perf.ops import matmul_cost as _ref_matmul_cost``). Those imports are the
 table: a student's cell that imports one of these names, or the module holding one, is handing in the
-reference instead of an answer, and that exercise is flagged for review. The grading helpers
-(`course_lib.grading`) are never answers.
+reference instead of an answer, and that exercise is flagged for review. The check helpers
+(`course_lib.checks`) are never answers.
 
     answer_table(source_nb)       -> AnswerTable(tests: {test grade_id: [answer names]},
                                                  references: {test grade_id: {"module.name", ...}})
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .build import grade_id, is_answer, nbgrader_meta
 
-NOT_ANSWERS = ("course_lib.grading",)
+NOT_ANSWERS = ("course_lib.checks",)
 
 
 @dataclass
@@ -39,7 +39,7 @@ class AnswerTable:
 
 def _is_module(qualified: str) -> bool:
     """Is `course_lib.a.b` a module (a file or package of the installed course_lib)? No import needed."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1] / "course_lib"  # beside this package (one distribution)
     rel = qualified.split(".")[1:]
     if not rel:
         return True

@@ -4,7 +4,8 @@ Isolation levels (the strongest one available is used; `course grade` prints whi
 
 ``bwrap``    bubblewrap is installed: the kernel runs in bubblewrap's namespaces (user, mount, PID,
              network, IPC, UTS, cgroup) with a read-only view of the system (/usr, /etc's basics,
-             /lib*, the Python installation), a private copy of the `course_lib` package and its
+             /lib*, the Python installation), a private copy of the `course_lib` package and of
+             the kernel-side guard (`course_grading`'s `guard.py`, not the pipeline), and its
              writable scratch folders only; /proc shows its own processes, /tmp, /var/tmp and
              /dev/shm are its own. Nothing else of the machine exists in it (no home folders, no
              repository, no other submissions, no instructor sources, no gradebook, no /run and its
@@ -60,6 +61,9 @@ DEFAULT_DISK = 1 * 2**30          # a submission's files in all (working folder,
                                   # at most a quarter of the memory limit (tmpfs files are memory)
 PATH = "/usr/local/bin:/usr/bin:/bin"
 LIB_MOUNT = "/opt/course"         # where the kernel finds its copy of course_lib at the bwrap and user levels
+# What the kernel gets of this package: the guard the grader's cells call, not the pipeline (a kernel that
+# imports course_grading.sandbox finds nothing; execute.check_kernel checks it).
+GUARD_FILES = ("__init__.py", "guard.py")
 BWRAP_LIB = LIB_MOUNT
 SCRATCH_PATH_MAX = 60             # the scratch folder's path length: Unix socket paths end at 107 bytes
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/alternatives",
@@ -376,7 +380,8 @@ class Isolation:
                 "process": "the grader's own user (no sandbox: use for trusted notebooks only)"}[self.level]
         extra = []
         if self.private:
-            extra.append("private filesystem (read-only system and Python, a copy of course_lib, its scratch "
+            extra.append("private filesystem (read-only system and Python, a copy of course_lib and the "
+                         "grader's guard, its scratch "
                          "folder; own /proc, /tmp, /var/tmp, /dev/shm; no /run, repository or home folders)")
         elif self.level == "user":
             extra.append("filesystem NOT private (it can read world-readable files and use the machine's /tmp)")
@@ -532,7 +537,7 @@ def probe(level: str | None = None, require_sandbox: bool = False, sandbox_user=
         env = {"PATH": PATH, "PYTHONPATH": LIB_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"}
         spec = {"uid": iso.uid, "gid": iso.gid, "env": env,
                 "root": {"ops": root_ops(None, lib)}}
-        iso.private_fs = _jail_ok(spec, (sys.executable, "-c", "import course_lib.grading.guard"))
+        iso.private_fs = _jail_ok(spec, (sys.executable, "-c", "import course_lib.checks, course_grading.guard"))
         if not iso.private_fs:
             iso.notes.append("cannot build a private filesystem for the kernel here (no mount namespace): it can "
                              "read world-readable files, e.g. a world-readable repository and its solutions/")
@@ -607,6 +612,7 @@ class RunScratch:
         <base>/        0711  (0700 at level process)
           p/           0700  the grader's only: the gradebook copy, the per-submission course folders
           lib/course_lib     a copy of the course package (the kernel imports this, not the repository)
+          lib/course_grading the guard only (GUARD_FILES): what the grader's cells call in the kernel
           k/<key>/     0711  one submission's kernel folders (a tmpfs where the grader can mount one)
     """
 
@@ -621,6 +627,8 @@ class RunScratch:
             self.private.mkdir(mode=0o700)
             self.lib = self.base / "lib" / "course_lib"
             copy_package(course_lib_root() / "course_lib", self.lib)
+            self.guard = guard_copy(self.lib)
+            copy_package(Path(__file__).resolve().parent, self.guard, only=GUARD_FILES)
             self.kernels = self.base / "k"
             self.kernels.mkdir(mode=0o711)
             if iso.cgroup is not None:
@@ -688,12 +696,17 @@ class RunScratch:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def copy_package(src: Path, dst: Path) -> None:
-    """A readable copy of the course package, compiled (the kernel writes no bytecode, and compiling what
-    a lab imports from course_lib costs each kernel about a second), folders 0755 and files 0644 whatever
-    the modes in the checkout (safetensors writes 0600)."""
+def copy_package(src: Path, dst: Path, only: tuple[str, ...] | None = None) -> None:
+    """A readable copy of a package (of its files named in `only`, if given), compiled (the kernel writes
+    no bytecode, and compiling what a lab imports from course_lib costs each kernel about a second),
+    folders 0755 and files 0644 whatever the modes in the checkout (safetensors writes 0600)."""
     import compileall
-    shutil.copytree(src, dst)  # with __pycache__: copy2 keeps the sources' times, so those stay valid
+    if only is None:
+        shutil.copytree(src, dst)  # with __pycache__: copy2 keeps the sources' times, so those stay valid
+    else:
+        dst.mkdir(parents=True)
+        for name in only:
+            shutil.copy2(src / name, dst / name)
     compileall.compile_dir(str(dst), quiet=2)
     os.chmod(dst.parent, 0o755)
     for d, dirs, files in os.walk(dst):
@@ -723,10 +736,21 @@ def kernel_env(work: Path, pythonpath: str | Path | None, marker: str = "", tmpd
     return env
 
 
+def guard_copy(package: Path) -> Path:
+    """Where the guard's copy sits beside `package`, the kernel's copy of course_lib (RunScratch)."""
+    return package.parent / "course_grading"
+
+
+def kernel_packages(package: Path) -> list[tuple[str, str]]:
+    """(source, where the kernel sees it) for the packages the kernel imports at the bwrap and user levels:
+    `package` (the copy of course_lib) and the guard's copy beside it; nothing else of the grader."""
+    return [(str(package), f"{LIB_MOUNT}/course_lib"), (str(guard_copy(package)), f"{LIB_MOUNT}/course_grading")]
+
+
 def bwrap_argv(bwrap: str, work: Path, run: Path, package: Path, marker: str = "", tmp: Path | None = None,
                shm: Path | None = None, size: int | None = DEFAULT_DISK) -> list[str]:
     """bubblewrap's arguments: a read-only system, the Python installation and the course package
-    (`package`, a copy: not the repository), the scratch folders `work` (the kernel's home and working
+    (`package`, a copy: not the repository) with the guard's copy beside it, the scratch folders `work` (the kernel's home and working
     folder) and `run` (its connection file and sockets) writable, /tmp and /var/tmp (`tmp`) and /dev/shm
     (`shm`) its own (the submission's folders where given, else tmpfs of `size` bytes), no network, its
     own PID/IPC/UTS/cgroup namespaces, dies with its parent. No --new-session: the kernel must stay in
@@ -741,7 +765,8 @@ def bwrap_argv(bwrap: str, work: Path, run: Path, package: Path, marker: str = "
         argv += ["--ro-bind-try", p, p]
     for p in python_paths():
         argv += ["--ro-bind", p, p]
-    argv += ["--ro-bind", str(package), f"{LIB_MOUNT}/course_lib"]
+    for src, dst in kernel_packages(package):
+        argv += ["--ro-bind", src, dst]
     argv += ["--bind", str(work), str(work), "--bind", str(run), str(run), "--chdir", str(work)]
     for k, v in sorted(kernel_env(work, LIB_MOUNT, marker, "/tmp").items()):
         argv += ["--setenv", k, v]
@@ -760,7 +785,8 @@ def root_ops(ks: KernelScratch | None, package: Path) -> list[list]:
         ops += [["tmpfs", 2**20, "1777", "/tmp"]]
     ops += [["ro-try", p, p] for p in SYSTEM_RO]
     ops += [["ro", p, p] for p in python_paths()]
-    ops += [["ro", str(package), f"{LIB_MOUNT}/course_lib"], ["dev", "/dev"], ["proc", "/proc"]]
+    ops += [["ro", src, dst] for src, dst in kernel_packages(package)]
+    ops += [["dev", "/dev"], ["proc", "/proc"]]
     if ks is not None:
         ops += [["rw", str(ks.shm), "/dev/shm"], ["rw", str(ks.work), str(ks.work)], ["rw", str(ks.run), str(ks.run)]]
     return ops
@@ -768,7 +794,8 @@ def root_ops(ks: KernelScratch | None, package: Path) -> list[list]:
 
 def kernel_spec(iso: Isolation, ks: KernelScratch, connection_file: Path, marker: str, cpu_seconds: int | None,
                 package: Path) -> dict:
-    """The jail's spec for one submission's kernel (see jail.py); `package` is the course_lib copy."""
+    """The jail's spec for one submission's kernel (see jail.py); `package` is the course_lib copy (the
+    guard's copy beside it)."""
     rl = {"core": 0, "fsize": DEFAULT_FSIZE, "nofile": DEFAULT_NOFILE}
     if iso.memory_gb and iso.cgroup is None:
         # the fallback: address space per process (with a cgroup it is not needed, and it is not memory:
@@ -798,8 +825,9 @@ def kernel_spec(iso: Isolation, ks: KernelScratch, connection_file: Path, marker
 
 
 def course_lib_root() -> Path:
-    """The folder holding the `course_lib` package the grader runs (the kernel gets a copy of it)."""
-    return Path(__file__).resolve().parents[2]
+    """The folder holding the `course_lib` package beside this one (one distribution installs both; the
+    repository in a checkout): the kernel gets a copy of that course_lib, found without importing it."""
+    return Path(__file__).resolve().parents[1]
 
 
 def jail_command(spec: dict, cmd: list[str]) -> list[str]:
