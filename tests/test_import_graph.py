@@ -12,6 +12,7 @@ import of a course module sits at the top of its module unless IN_FUNCTION_ALLOW
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,53 @@ def test_the_checker_sees_imports_across_the_split():
         "course_lib.cli imports course_grading.pipeline at its top",
         "course_lib.generation imports course_grading.build"]
     assert "course_grading.guard" in MODULES and "course_lib.checks" in MODULES
+
+
+def place_graph(graph: dict[str, set[str]] = GRAPH) -> dict[str, set[str]]:
+    """Place -> the other places it imports (a place: a folder, or a top-level module; the package face
+    `course_lib/__init__` is left out), with the course_lib. prefix dropped."""
+    short = lambda m: m.removeprefix("course_lib.")  # noqa: E731
+    places = {short(folder(m)): set() for m in graph if m != "course_lib"}
+    for src, dsts in graph.items():
+        for dst in dsts:
+            if "course_lib" not in (src, dst) and folder(src) != folder(dst):
+                places[short(folder(src))].add(short(folder(dst)))
+    return places
+
+
+def drawn_graph(text: str) -> dict[str, set[str]]:
+    """ARCHITECTURE.md's "Import graph" table: | `place` | layer | `a`, `b` |, with "validate" implied where the
+    row says so."""
+    section = text.split("## Import graph", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([\w.]+)/?` \| (\d) \| (.*?) \|$", section, re.M)
+    return {place: set(re.findall(r"`([\w.]+)/?`", imports)) | ({"validate"} if "validate" in imports else set())
+            for place, _, imports in rows}
+
+
+def test_architecture_draws_the_import_graph():
+    """The place-level import graph in ARCHITECTURE.md is the code's (regenerate the table with
+    `python tests/test_import_graph.py`)."""
+    drawn = drawn_graph((REPO / "ARCHITECTURE.md").read_text(encoding="utf-8"))
+    code = place_graph()
+    wrong = {p: (sorted(drawn.get(p, set())), sorted(code.get(p, set()))) for p in set(drawn) | set(code)
+             if drawn.get(p) != code.get(p)}
+    assert not wrong, ("ARCHITECTURE.md's import graph differs from the code (place: drawn, code); regenerate it "
+                       f"with `python tests/test_import_graph.py`: {wrong}")
+
+
+def graph_table() -> str:
+    rows = ["| place | layer | imports (+ validate: the argument checks, which most places use) |", "|---|---|---|"]
+    g = place_graph()
+    order = sorted(g, key=lambda p: (-layer(p if p.startswith("course_grading") else "course_lib." + p), p))
+    for p in order:
+        full = p if p.startswith("course_grading") else "course_lib." + p
+        deps = sorted(g[p] - {"validate"})
+        text = ", ".join(f"`{d}`" for d in deps)
+        if "validate" in g[p]:
+            text = f"{text} + validate" if text else "validate only"
+        rows.append(f"| `{p}` | {layer(full)} | {text or 'nothing of the course'} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(graph_table())
