@@ -32,10 +32,10 @@ HELD_FILES = 3 if QUICK else 12            # held-out files scored for bits per 
 HELD_CHARS = 3000 if QUICK else 20000      # characters kept of each
 AWQ_GRID = 10 if QUICK else 20             # alphas tried per scaling group
 AWQ_ROWS = 512 if QUICK else 4096          # calibration tokens used by the AWQ search
-DECODE_TOKENS = 16 if QUICK else 64        # tokens timed for decode ms/token
+DECODE_TOKENS = 8 if QUICK else 64         # tokens timed for decode ms/token
 GROUP = 128                                # group size of the 4-bit formats
 KQ_ROWS = 64 if QUICK else 1024            # rows of the random 1024-wide tensor for the k-quant comparison
-QAT_STEPS = 20 if QUICK else 200           # QAT fine-tuning steps (4 x 128 tokens each)
+QAT_STEPS = 12 if QUICK else 200           # QAT fine-tuning steps (4 x 128 tokens each)
 SCAN_BITS = (4, 3) if QUICK else (8, 4, 3)  # bit widths of the sensitivity scan
 SEED = 0
 
