@@ -441,8 +441,9 @@ assert 4 < fp8_db[("gaussian", "fp8 e4m3", "row")] - fp8_db[("gaussian", "fp8 e5
 #
 # PTQ rounds the trained weights once. QAT rounds them in every forward pass and lets the loss move the
 # float weights so that their *rounded* values work; the rounding's zero gradient is replaced by the
-# identity (the straight-through estimator). Here: int3 with one scale per row, the tiny model, 20 steps of
-# 4 x 128 tokens distilling from the float model, held-out bits per byte before and after. (In production:
+# identity (the straight-through estimator). Here: int3 with one scale per row, the tiny model, `QAT_STEPS` steps of
+# 4 x 128 tokens (12 in quick mode, 200 in full) distilling from the float model, held-out bits per byte before
+# and after. (In production:
 # torchao's `torchao.quantization.qat`; `torch.ao.quantization` is the legacy CNN-era workflow.)
 
 # %% id="c027h"
