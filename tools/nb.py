@@ -25,6 +25,11 @@ This file adds only what jupytext's text formats cannot hold:
   (course_lib.INSTALL_SPEC, colab_url), so the build writes them, not each source.
 - the notebook metadata: a python3 kernelspec and language_info {"name": "python"} in place of jupytext's;
   no outputs; jupytext's layout keys (lines_to_next_cell, ...) are not written as cell metadata.
+- citations: a markdown cell's `[@key]` (an entry of references.yaml) is written as the student reads it,
+  `([Kwon et al., 2023](https://arxiv.org/abs/2309.06180 "title. venue, year."))`, linked to the paper
+  (tools/references.py); a key that is not in references.yaml fails the build, naming it and the cell. So a
+  change to an entry of references.yaml changes the notebooks that cite it: `check` names them, `build`
+  rewrites them.
 `jupytext --to py:percent` does not write cell ids, so a notebook edited as .ipynb has no exact way back:
 `source_text` (below) is the inverse the tests and the one-time conversion used.
 """
@@ -51,6 +56,7 @@ except ImportError as e:   # an error, not an exit: pytest reports this file and
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from course_lib import INSTALL_SPEC, colab_url  # noqa: E402
+from tools import references  # noqa: E402
 
 FMT = "py:percent"
 DEFAULT_DIRS = ("notebooks", "solutions")
@@ -142,11 +148,30 @@ def parse(text: str, where: str = "source"):
     return jnb, cells, missing
 
 
+def _bibliography(where: str) -> dict:
+    try:
+        return references.current()
+    except references.ReferenceError as e:
+        raise SourceError(f"{where}: cites from references.yaml, which is not valid:\n{e}") from None
+
+
+def _citations(cells, where: str, convert) -> None:
+    """Apply `convert(markdown, bibliography)` (references.render or unrender) to every markdown cell that
+    may hold a citation; the bibliography is read only when one does."""
+    for n, cell in enumerate(cells):
+        if cell.cell_type == "markdown" and ("[@" in cell.source or '"))' in cell.source):
+            try:
+                cell.source = convert(cell.source, _bibliography(where))
+            except references.ReferenceError as e:
+                raise SourceError(f"{where}: cell {n + 1} (id {cell.get('id')!r}): {e}") from None
+
+
 def notebook(text: str, relpath: str, where: str = "source"):
     """The notebook a source builds (relpath: the notebook's path in the repository, for its badge)."""
     nb = nbformat.v4.new_notebook()
     nb.metadata = copy.deepcopy(NB_METADATA)
     nb.cells = fixed_cells(relpath) + parse(text, where)[1]
+    _citations(nb.cells[2:], where, references.render)
     try:
         nbformat.validate(nb)
     except nbformat.ValidationError as e:
@@ -177,6 +202,7 @@ def source_text(nb, where: str = "notebook") -> str:
     jnb = nbformat.v4.new_notebook()
     jnb.metadata = {"jupytext": {"notebook_metadata_filter": "-all"}}   # no YAML header
     jnb.cells = copy.deepcopy(cells[2:])
+    _citations(jnb.cells, where, references.unrender)   # the source writes [@key] where the notebook links
     text = _with_ids(jnb, jnb.cells)
     built = notebook(text, "x/x.ipynb", where)
     for n, (a, b) in enumerate(itertools.zip_longest(built.cells[2:], cells[2:]), start=3):
