@@ -235,14 +235,19 @@ assert warm.min <= warm.median <= max(warm.times)
 #
 # | metric | definition | what it measures |
 # |---|---|---|
-# | **TTFT** (time to first token) | `t_0 - start` | the prefill of the whole prompt + one step: how long a user stares at nothing |
+# | **TTFT** (time to first token) | `t_0 - start` | queueing (none here) + the prefill, whose forward pass yields the first token's logits, + sampling it: how long a user stares at nothing |
 # | **TPOT** (time per output token) | `(t_{n-1} - t_0) / (n - 1)` | the mean gap between tokens after the first (= mean inter-token latency) |
 # | **E2E latency** | `t_{n-1} - start` | the whole request; `E2E = TTFT + (n-1)·TPOT` |
 # | **tokens/s** (per request) | `n / E2E` | what one user sees, prefill included |
 # | decode rate | `1 / TPOT` | tokens/s once the first token is out |
 #
 # TPOT divides by `n - 1`, not `n`: there are `n - 1` gaps between `n` tokens, and the first token's
-# time is already TTFT. The model we use is a placeholder-sized model: the *text* it writes is not the
+# time is already TTFT. The prefill *is* the first step: its forward pass over the prompt gives the logits
+# of the first new token, so TTFT holds no separate decode step. A server adds the time a request waits in
+# its queue (Module 09), and a TTFT measured at the client also holds detokenization and the network.
+# These are the names serving systems are judged by: DistServe, for one, gives each request a TTFT target
+# for its prefill and a TPOT target for its decode, and counts as *goodput* the requests served within
+# both [@zhong2024distserve]. The model we use is a placeholder-sized model: the *text* it writes is not the
 # point here, the timings are.
 
 # %% id="c019"
@@ -642,3 +647,21 @@ print(f"  weights {format_bytes(w)}; autograd would add {format_bytes(per_token)
 # Next: **Module 01** splits the time into prefill and decode and asks *why* each costs what it costs
 # (FLOPs, bytes and the roofline); **Module 05** removes the recomputation you saw growing in the
 # per-token plot.
+
+# %% [markdown] id="further-reading"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * *DistServe* [@zhong2024distserve]: TTFT and TPOT as separate latency targets for the prefill and the
+#   decode, and goodput, the rate of requests served within both (section 4; Module 09 measures it).
+# * *Hierarchical Neural Story Generation* [@fan2018hierarchical]: top-k sampling (section 10).
+# * *The Curious Case of Neural Text Degeneration* [@holtzman2020curious]: top-p (nucleus) sampling, and why
+#   greedy decoding loops (section 10).
+#
+# To go further:
+#
+# * *Making Deep Learning Go Brrrr From First Principles* [@he2022brrr]: compute, memory bandwidth and
+#   overhead, the three things a timing can be made of, and why a small model's step is mostly overhead.
+# * *Orca* [@yu2022orca]: a server that schedules many requests step by step, where TTFT starts to include
+#   queueing (Module 09).

@@ -148,7 +148,7 @@ print(f"prefill Q projection: {float(notes_pre[0].intensity):.0f} multiply-adds 
 # > * Memory moves **bytes**: an element is 4 bytes in fp32, 2 in fp16/bf16, 1 in int8/fp8.
 # > * In fp16 the two factors of 2 cancel, so the tables' numbers happen to be right in FLOP/byte — but
 # >   only in fp16: in fp32 they are 2× too high, in int8 2× too low.
-# > * Scores are scaled by `1/√(head dim)`, not `1/√D`: with `1/√D` the logits of every head are
+# > * Scores are scaled by `1/√(head dim)` [@vaswani2017attention], not `1/√D`: with `1/√D` the logits of every head are
 # >   `√n_h` times too small and the softmax is nearly uniform.
 # > * And the architecture moved on: Llama models use grouped-query attention (fewer K/V heads than
 # >   query heads, so smaller K/V projections and KV cache), a SwiGLU MLP with three matrices, RMSNorm,
@@ -287,7 +287,7 @@ assert weights_share > 0.9
 # ## 5. Rooflines: T4, L4, A100, H100, H200 and this machine
 #
 # A device with peak `P` FLOP/s and memory bandwidth `W` bytes/s can run an op of intensity `I` at most
-# at `min(P, I·W)`. The two limits meet at the **ridge point** `P/W`: below it an op is memory-bound,
+# at `min(P, I·W)`: the **roofline** model [@williams2009roofline]. The two limits meet at the **ridge point** `P/W`: below it an op is memory-bound,
 # above it compute-bound. The table (dense tensor-core rates, no sparsity; sources in
 # `course_lib/perf/hardware.py`):
 
@@ -313,7 +313,7 @@ print(local.source)
 assert local.bandwidth_gbs > 0 and all(v > 0 for v in local.peak_tflops.values())
 
 # %% [markdown] id="c025"
-# The rooflines, with Llama-2-7B's prefill (circles) and decode (crosses) operations placed on the
+# The rooflines, with Llama-2-7B's [@touvron2023llama] prefill (circles) and decode (crosses) operations placed on the
 # A100's (the first device; a measured CPU is dashed and drawn in fp32, the only rate it has):
 
 # %% id="c026"
@@ -440,7 +440,9 @@ assert math.isclose(ratio, 4 * 4800 / 320)  # 4x fewer bytes, 15x the bandwidth
 #
 # $$ B^* = \frac{R\,a\,d_{in}\,d_{out}}{2\,d_{in}\,d_{out} - R\,a\,(d_{in} + d_{out})}, \qquad R = P/W. $$
 #
-# For large matrices `B* ≈ R·a/2`: in fp16, about the ridge point itself.
+# For large matrices `B* ≈ R·a/2`: in fp16, about the ridge point itself. This is the reason servers batch
+# decode steps, and why at large batch the KV cache's traffic, which batching does not share, takes over
+# [@pope2023efficiently].
 
 # %% id="c034"
 print(f"{'GPU':>10}  {'ridge fp16':>10}  {'B* 4096x4096':>12}  {'B* ' + big.name + ' step':>22}")
@@ -562,3 +564,21 @@ print(f"decode / prefill cost per token here: {t_decode / (t_prefill / SEQ_LEN):
       f"7B fp16 on A100 80GB: >= {t7 * 1e3:.2f} ms/token; "
       f"decode turns compute-bound at batch {decode_critical_batch(big, 'A100-80GB'):.0f} on an A100 "
       f"and {decode_critical_batch(big, 'H100-SXM'):.0f} on an H100 (fp16)")
+
+# %% [markdown] id="further-reading"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * *Roofline: An Insightful Visual Performance Model for Multicore Architectures* [@williams2009roofline]:
+#   the roofline, `min(peak, intensity × bandwidth)`, and its ridge point (section 5).
+# * *Attention Is All You Need* [@vaswani2017attention]: the transformer layer the tables describe and its
+#   `1/√(head dim)` score scale (section 3).
+# * *Llama 2* [@touvron2023llama]: the 7B model whose sizes the tables and rooflines use.
+# * *Efficiently Scaling Transformer Inference* [@pope2023efficiently]: decode as a memory-bound step that
+#   batching amortizes, and the KV cache's traffic at large batch (section 7).
+#
+# To go further:
+#
+# * *Making Deep Learning Go Brrrr From First Principles* [@he2022brrr]: the same compute / memory /
+#   overhead reasoning applied to PyTorch programs, with operator fusion as the cure for memory-bound ops.

@@ -420,14 +420,18 @@ print(f"{len(stream_ids)} held-out sequences of {QUALITY_TOKENS} tokens ({stream
 # %% [markdown] id="c025"
 # ### 6.1 GQA and MQA: fewer KV heads
 #
-# Multi-query attention (MQA) gives all query heads one shared K/V head; grouped-query attention (GQA)
-# one per group. The cache shrinks by the same factor. Our model has 8 query heads and 2 KV heads. We
+# Multi-query attention (MQA) [@shazeer2019fast] gives all query heads one shared K/V head; grouped-query
+# attention (GQA) [@ainslie2023gqa] one per group. The cache shrinks by the same factor. Our model has 8 query heads and 2 KV heads. We
 # convert it both ways with `regroup_kv_heads`: to 8 KV heads by *repeating* each of the 2 four times (an MHA
 # model whose 8 KV heads are 2 groups of 4 identical copies: it computes the same function as before, with
 # four times the cache), and to 1 KV head by
 # *mean-pooling* the K and V projections of the two groups (what the GQA paper starts from before a short
 # re-training; without it, the drop measured here is an upper bound). Quality: bits per byte of held-out
 # text (lower is better), scored in 512-token windows.
+#
+# > **Claim checked.** Course notes list Shazeer (2019) among the KV-caching papers. It is the
+# > multi-query attention paper: it takes the KV cache as given (incremental decoding already reuses the
+# > keys and values) and makes it smaller by sharing one K/V head, because decode is bound by reading it.
 
 # %% id="c026"
 files = [t[:GQA_CHARS] for t in heldout[:GQA_FILES]]
@@ -487,7 +491,7 @@ except ValueError as e:
 # ### 6.3 Attention sinks (StreamingLLM)
 #
 # Trained models put a large share of attention on the first few tokens whatever they are ("attention
-# sinks"); evicting them hurts more than evicting anything else. A sink cache keeps the first `s` tokens
+# sinks" [@xiao2024efficient]); evicting them hurts more than evicting anything else. A sink cache keeps the first `s` tokens
 # forever plus a window of recent ones.
 #
 # **RoPE positions.** Keys reach the cache already rotated by RoPE at their position. To run past the
@@ -515,7 +519,7 @@ print(f"generated {SINK_TOKENS} tokens (context {cfg.max_position_embeddings}) w
 # %% [markdown] id="c033"
 # ### 6.4 Heavy hitters (H2O)
 #
-# H2O keeps the `recent` newest tokens plus the `heavy` tokens that have received the most attention so
+# H2O [@zhang2023h2o] keeps the `recent` newest tokens plus the `heavy` tokens that have received the most attention so
 # far (summed over every query since they arrived), separately for each layer and KV head. It needs the
 # attention weights, so the contract hands every cache the new tokens' rotated queries too,
 # `cache.update(k, v, layer, q=q)` with `q` of shape `[batch, heads, T, head_dim]` (the caches above
@@ -535,7 +539,7 @@ print(f"after {QUALITY_TOKENS} tokens each layer/head keeps {kept}: {BUDGET // 2
 # ### 6.5 Quantized KV: int8 and int4
 #
 # Store the cache in 8 or 4 bits with a scale and a zero point (min-max, asymmetric). *How* to group
-# matters (KIVI): in trained models a few key **channels** are large for every token, so keys get one
+# matters (KIVI [@liu2024kivi]): in trained models a few key **channels** are large for every token, so keys get one
 # scale per channel (over a group of tokens), while values have no such structure and get one scale per
 # **token**. The newest tokens stay in full precision until a whole group can be quantized, which also
 # keeps the most attended-to recent tokens exact.
@@ -578,7 +582,7 @@ print(f"{QUALITY_TOKENS - 1} tokens: {fp_n} full precision, {t8} int8, {t4} int4
 # %% [markdown] id="c039"
 # ### 6.7 A latent (MLA-style) cache
 #
-# DeepSeek's multi-head latent attention caches one low-dimensional vector per token and layer and
+# DeepSeek's multi-head latent attention [@deepseekai2024deepseekv2] caches one low-dimensional vector per token and layer and
 # rebuilds K and V from it with a learned up-projection (which it folds into the attention matrices;
 # RoPE gets a separate small key). Our model was not trained that way, so we fit the best linear
 # compression after the fact: principal component analysis of each layer's `[k; v]` (keys before RoPE,
@@ -698,3 +702,23 @@ print(f"on this model and text: smallest change {ranked[0]['cache']} ({ranked[0]
 #   batch it exceeds the weights, so the serving engine's memory management (Module 06) matters.
 # * Fewer KV heads (GQA/MQA/MLA), fewer tokens (window, sinks, H2O) and fewer bits (int8/int4, tiers)
 #   all shrink it; the table above measures the price of each on held-out text.
+
+# %% [markdown] id="further-reading"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * *Fast Transformer Decoding: One Write-Head is All You Need* [@shazeer2019fast]: multi-query attention.
+# * *GQA* [@ainslie2023gqa]: grouped-query attention, and mean-pooled KV heads as the start of uptraining.
+# * *Efficient Streaming Language Models with Attention Sinks* [@xiao2024efficient]: sinks plus a window, with
+#   positions given inside the cache (StreamingLLM).
+# * *H2O* [@zhang2023h2o]: keeping the recent tokens and the heavy hitters of accumulated attention.
+# * *KIVI* [@liu2024kivi]: keys quantized per channel, values per token.
+# * *DeepSeek-V2* [@deepseekai2024deepseekv2]: multi-head latent attention, a learned low-rank cache.
+#
+# To go further:
+#
+# * *Efficiently Scaling Transformer Inference* [@pope2023efficiently]: multi-query attention and the KV
+#   cache at the scale of a 540B model served on many chips.
+# * *Efficient Memory Management for Large Language Model Serving with PagedAttention* [@kwon2023efficient]:
+#   once the cache is as small as it will get, how a server hands its memory out (Module 06).

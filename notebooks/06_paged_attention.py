@@ -6,7 +6,7 @@
 # not the weights, decides how many sequences fit in memory. So how that memory is handed out decides the
 # batch size, and with it the throughput.
 #
-# Before vLLM, serving systems gave each request one **contiguous** region big enough for the longest
+# Before vLLM [@kwon2023efficient], serving systems gave each request one **contiguous** region big enough for the longest
 # output it might produce. PagedAttention borrows the operating system's answer to the same problem,
 # virtual memory: cut the KV memory into fixed-size **blocks**, give each sequence a **block table**
 # (logical block -> physical block, like a page table), allocate a block only when the previous one is
@@ -504,3 +504,18 @@ assert st["utilization"] > 1 - st["contiguous_waste"]
 #   attention, and the model generates the same tokens from paged memory.
 # * Reference counts make sharing cheap: fork + copy-on-write for parallel sampling and beam search, and
 #   prefix caching with chained, verified block hashes for shared prompts.
+
+# %% [markdown] id="further-reading"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * *Efficient Memory Management for Large Language Model Serving with PagedAttention* [@kwon2023efficient]:
+#   blocks, block tables, copy-on-write for parallel sampling and beam search, and vLLM.
+#
+# To go further:
+#
+# * *Orca* [@yu2022orca]: iteration-level scheduling (continuous batching), the scheduler that allocating
+#   blocks on demand serves (Module 09).
+# * *SGLang* [@zheng2024sglang]: RadixAttention, prefix caching over a radix tree of cached prefixes instead
+#   of a table of block hashes.
