@@ -4,7 +4,11 @@ r"""The course as a static site (`make site`): every module's notebook, executed
     python tools/site.py check SITE                 check every link and asset of a built site (exit 1 if any fails)
 
 Pages: the syllabus (syllabus.md) is the home page; then module by module the notebook, executed, and the
-lab, its student version (labs/, never solutions/), each with the module list and previous/next links.
+lab, its student version (labs/, never solutions/), each with the module list and previous/next links; and,
+linked from every page's navigation, the bibliography (references.yaml) and the glossary (glossary.yaml).
+A citation on a page (`[@key]` in a source, which tools/nb.py writes as the author and year linked to the
+paper) links to its entry on the bibliography page, which says which pages cite it; the first use of each
+glossary term on a notebook page links to the term (tools/references.py, tools/glossary.py).
 
 Executed notebooks come from, in this order: a GPU-executed copy committed in executed/gpu/, then the copy
 the tests left in build/executed/ (root conftest.py), each only if it recorded the sha256 of exactly the
@@ -53,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from course_lib import RELEASE, REPO_URL, colab_url  # noqa: E402
 from course_grading.build import SECRET_MARKERS  # noqa: E402  (nbgrader's delimiters, one list)
-from tools import nbexec  # noqa: E402
+from tools import glossary, nbexec, references  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent / "site_assets"
 EXECUTED_DIR = "build/executed"    # what the tests leave (root conftest.py)
@@ -74,7 +78,7 @@ class SiteError(Exception):
 class Page:
     src: str                  # repository path: syllabus.md, notebooks/NN_slug.ipynb, labs/labNN.ipynb
     out: str                  # site path: index.html, notebooks/NN_slug.html, labs/labNN.html
-    kind: str                 # "home", "notebook", "lab"
+    kind: str                 # "home", "notebook", "lab", "bibliography", "glossary"
     title: str
     module: str | None = None
 
@@ -92,7 +96,14 @@ class Plan:
     course_title: str
     pages: list[Page]
     modules: list[Module] = field(default_factory=list)
+    extras: list[Page] = field(default_factory=list)    # bibliography and glossary: in the navigation, not in
+    #                                                     the reading order (no previous / next)
     warnings: list[str] = field(default_factory=list)   # filled by build: claims that did not hold, per page
+
+
+# the reference pages, each built from a data file at the repository root when it exists
+EXTRAS = (("references.yaml", "bibliography.html", "bibliography", "Bibliography"),
+          ("glossary.yaml", "glossary.html", "glossary", "Glossary"))
 
 
 def _first_heading(text: str) -> str | None:
@@ -132,7 +143,8 @@ def plan(root: Path = ROOT) -> Plan:
                 pages.append(page)
                 setattr(module, kind, page.out)
         modules.append(module)
-    return Plan(course_title, pages, modules)
+    extras = [Page(src, out, kind, title) for src, out, kind, title in EXTRAS if (root / src).is_file()]
+    return Plan(course_title, pages, modules, extras)
 
 
 # --- executed notebooks ----------------------------------------------------------------------------------
@@ -404,6 +416,98 @@ def replace_widgets(nb, colab: str) -> int:
     return n
 
 
+# --- bibliography and glossary -------------------------------------------------------------------------
+
+@dataclass
+class Scholarship:
+    """The bibliography and glossary a build links to, and what it found while building the pages: which
+    pages cite each work, which notebook pages link each term."""
+    refs: dict
+    terms: dict
+    cited: dict = field(default_factory=dict)    # key -> [Page]
+    used: dict = field(default_factory=dict)     # term id -> [Page]
+
+    @classmethod
+    def load(cls, root: Path) -> "Scholarship":
+        try:
+            return cls(references.load(root / "references.yaml"), glossary.load(root / "glossary.yaml"))
+        except references.ReferenceError as e:
+            raise SiteError(f"the bibliography or glossary is not valid:\n{e}") from None
+
+
+def link_scholarship(nb, page: Page, sch: Scholarship) -> None:
+    """Point each citation of the page's markdown at its bibliography entry, and (notebook pages) link the
+    first use of each glossary term to the glossary; record both in `sch`. The links are written as links to
+    references.yaml#key and glossary.yaml#term, which `rewrite_links` turns into the pages' URLs."""
+    base = posixpath.dirname(page.src) or "."
+
+    def to(src: str, anchor: str) -> str:
+        return f"{posixpath.relpath(src, base)}#{anchor}"
+    linker = glossary.Linker(sch.terms, lambda t: to("glossary.yaml", t)) if page.kind == "notebook" else None
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        try:
+            cell.source, keys = references.link_citations(cell.source, sch.refs, lambda k: to("references.yaml", k))
+        except references.ReferenceError as e:
+            raise SiteError(f"{page.src}: cell {i}: {e}") from None
+        for key in keys:
+            if page not in sch.cited.setdefault(key, []):
+                sch.cited[key].append(page)
+        if linker is not None:
+            cell.source = linker.link(cell.source)
+    for term in linker.linked if linker is not None else []:
+        sch.used.setdefault(term, []).append(page)
+
+
+def _page_links(pages: list[Page]) -> str:
+    return ", ".join(f'<a href="{html.escape(p.src)}">{html.escape(p.title)}</a>' for p in pages)
+
+
+def bibliography_notebook(sch: Scholarship):
+    """The bibliography page: every entry (anchor = its key), sorted by key (first author, year), with its
+    links, what the course takes from it and the pages that cite it."""
+    items = []
+    for key in sorted(sch.refs):
+        r = sch.refs[key]
+        authors = ", ".join(r.authors[:-1]) + " " + r.authors[-1] if r.authors[-1] == references.ET_AL \
+            else ", ".join(r.authors)
+        links = " · ".join(f'<a href="{html.escape(url)}">{html.escape(label)}</a>' for label, url in r.links)
+        cited = _page_links(sch.cited.get(key, [])) or "no page yet"
+        items.append(f'<dt id="{key}">{html.escape(authors)}. <cite>{html.escape(r.title)}</cite>. '
+                     f'{html.escape(r.venue)}, {r.year}.</dt>'
+                     f'<dd><span class="course-bib-links">{links}</span><br>{html.escape(r.uses)}<br>'
+                     f'<span class="course-bib-cited">Cited in: {cited}</span></dd>')
+    text = ("# Bibliography\n\nEvery work the course's notebooks and labs cite, with what the course takes from it "
+            "and where. In a notebook a citation reads as the author and year, linked to the work; on this site "
+            "it links here. Each notebook ends with its own *Further reading*.\n\n"
+            f'<dl class="course-bib">{"".join(items)}</dl>\n')
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(text)]
+    return nb
+
+
+def glossary_notebook(sch: Scholarship, site: Plan):
+    """The glossary page: every term (anchor = its id), alphabetically, with its definition, the module that
+    teaches it, the notebook pages whose first use of it links here, and related terms."""
+    notebooks = {p.module: p for p in site.pages if p.kind == "notebook"}
+    cells = ["# Glossary\n\nThe course's terms, each as the module that teaches it defines it. On a notebook page "
+             "the first use of each term links here."]
+    for tid, e in sorted(sch.terms.items(), key=lambda kv: kv[1].term.lower()):
+        meta = []
+        if e.module in notebooks:
+            meta.append(f"Taught in {_page_links([notebooks[e.module]])}")
+        if sch.used.get(tid):
+            meta.append(f"linked from {_page_links(sch.used[tid])}")
+        if e.see:
+            meta.append("see also " + ", ".join(f'<a href="#{s}">{html.escape(sch.terms[s].term)}</a>' for s in e.see))
+        cells.append(f'<h3 id="{tid}">{html.escape(e.term)}</h3>\n\n{e.definition}\n\n'
+                     f'<p class="course-gloss-meta">{"; ".join(meta)}.</p>')
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("\n\n".join(cells) + "\n")]
+    return nb
+
+
 # --- links -------------------------------------------------------------------------------------------
 
 CONTENT_START, CONTENT_END = "<!-- course:content -->", "<!-- /course:content -->"   # set by the template
@@ -524,7 +628,7 @@ def _info(page: Page, nb) -> str:
     """The line under the navigation: where the outputs come from, and where to run or read the source."""
     src_link = f'<a href="{html.escape(f"{REPO_URL}/blob/{RELEASE}/{page.src}")}">source on GitHub</a>'
     colab = f'<a href="{html.escape(colab_url(page.src))}">run it on Colab</a>'
-    if page.kind == "home":
+    if page.kind not in ("notebook", "lab"):
         return ""
     if page.kind == "lab":
         return f"The lab as a student gets it (autograded; open it in Jupyter or {colab}) · {src_link}"
@@ -575,12 +679,19 @@ def build(out: Path, root: Path = ROOT, log=print, strict: bool = False, warn=_w
 
 def _build_pages(site: Plan, out: Path, root: Path, exporter, log, warn) -> None:
     _copy_assets(out)
-    site_pages = {p.src: p.out for p in site.pages}
+    site_pages = {p.src: p.out for p in site.pages + site.extras}
     modules = [vars(m) for m in site.modules]
-    for i, page in enumerate(site.pages):
+    extras = [_link(p) for p in site.extras]
+    sch = Scholarship.load(root)
+    n = len(site.pages)
+    for i, page in enumerate(site.pages + site.extras):   # the reference pages last: they list the others
         t0 = time.perf_counter()
         origin, banner = "", ""
-        if page.kind == "home":
+        if page.kind == "bibliography":
+            nb = bibliography_notebook(sch)
+        elif page.kind == "glossary":
+            nb = glossary_notebook(sch, site)
+        elif page.kind == "home":
             nb = _home_notebook(root)
         elif page.kind == "notebook":
             nb, origin, failed, again = page_notebook(root / page.src, page.src, root, log)
@@ -596,12 +707,14 @@ def _build_pages(site: Plan, out: Path, root: Path, exporter, log, warn) -> None
             nb = nbformat.read(root / page.src, as_version=4)
             check_student_lab(nb, page.src)
         fix_math(nb)
+        if page.kind in ("home", "notebook", "lab"):
+            link_scholarship(nb, page, sch)
         nb.metadata["title"] = page.title if page.kind != "home" else site.course_title
         nav = {"base": "../" * page.out.count("/"), "course_title": site.course_title,
                "modules": modules, "module": page.module, "is_home": page.kind == "home",
-               "info": _info(page, nb), "banner": banner,
-               "prev": _link(site.pages[i - 1]) if i > 0 else None,
-               "next": _link(site.pages[i + 1]) if i + 1 < len(site.pages) else None}
+               "info": _info(page, nb), "banner": banner, "extras": extras, "page": page.out,
+               "prev": _link(site.pages[i - 1]) if 0 < i < n else None,
+               "next": _link(site.pages[i + 1]) if i + 1 < n else None}
         body, _ = exporter.from_notebook_node(nb, resources={"site": nav})
         body = rewrite_links(body, page, site_pages, root)
         dest = out / page.out
