@@ -129,6 +129,86 @@ def test_course_site_pages_navigation_and_links(course):
     assert site_tool.check(out) == []
 
 
+BIB = """shazeer2019fast:
+  authors: [Noam Shazeer]
+  title: "Fast Transformer Decoding: One Write-Head is All You Need"
+  venue: arXiv preprint
+  year: 2019
+  arxiv: "1911.02150"
+  uses: "Multi-query attention."
+"""
+GLOSSARY = """kv-cache:
+  term: KV cache
+  match: [KV cache]
+  module: "00"
+  definition: The keys and values of the tokens so far, kept for the next step.
+  see: [prefill]
+
+prefill:
+  term: Prefill
+  match: [prefill]
+  module: "00"
+  definition: The forward pass over the `prompt`.
+"""
+
+
+def test_bibliography_and_glossary_pages_and_the_links_to_them(course):
+    """With references.yaml and glossary.yaml the site has a bibliography and a glossary page, in every page's
+    navigation; a citation, in its source form or as tools/nb.py writes it, links to its entry, which lists
+    the pages citing it; the first use of a term on a notebook page links to the glossary, never in code."""
+    from tools import references
+    root, _ = course
+    (root / "references.yaml").write_text(BIB)
+    (root / "glossary.yaml").write_text(GLOSSARY)
+    nb_path = root / "notebooks" / "00_basics.ipynb"
+    nb = nbformat.read(nb_path, as_version=4)
+    nb.cells[0].source += "\n\nThe KV cache [@shazeer2019fast] after the prefill; the KV cache again; `KV cache`."
+    built = references.render("## Further reading\n\n* [@shazeer2019fast]: MQA.", references.load(root / "references.yaml"))
+    assert "https://arxiv.org/abs/1911.02150" in built            # as tools/nb.py writes it
+    nb.cells.append(nbformat.v4.new_markdown_cell(built))
+    nbformat.write(nb, nb_path)
+    _executed(nb_path, root / "build" / "executed")
+    out = _build(root)
+    pages = _pages(out)
+    assert sorted(pages) == ["bibliography.html", "glossary.html", "index.html", "labs/lab00.html", "labs/lab01.html",
+                             "notebooks/00_basics.html", "notebooks/01_widgets.html"]
+    nb0 = pages["notebooks/00_basics.html"]
+    assert nb0.count('href="../bibliography.html#shazeer2019fast"') == 2, nb0
+    assert ">Shazeer, 2019</a>" in nb0 and "[@" not in nb0 and "arxiv.org" not in nb0
+    assert nb0.count('href="../glossary.html#kv-cache"') == 1 and nb0.count('href="../glossary.html#prefill"') == 1
+    assert "<code>KV cache</code>" in nb0
+    for rel, page in pages.items():
+        assert 'glossary.html">Glossary</a>' in page and 'bibliography.html">Bibliography</a>' in page, rel
+    assert 'class="course-prev" href="labs/lab01.html"' not in pages["bibliography.html"]   # not in the reading order
+    bib = pages["bibliography.html"]
+    assert '<dt id="shazeer2019fast">Noam Shazeer. <cite>Fast Transformer Decoding: One Write-Head is All You ' \
+           'Need</cite>. arXiv preprint, 2019.</dt>' in bib
+    assert '<a href="https://arxiv.org/abs/1911.02150">arXiv:1911.02150</a>' in bib and "Multi-query attention." in bib
+    assert 'Cited in: <a href="notebooks/00_basics.html">Module 00 · Basics</a>' in bib
+    glossary_page = pages["glossary.html"]
+    assert '<h3 id="kv-cache">KV cache</h3>' in glossary_page and "<code>prompt</code>" in glossary_page
+    assert 'Introduced in <a href="notebooks/00_basics.html">Module 00 · Basics</a>' in glossary_page
+    assert '<a href="#prefill">Prefill</a>' in glossary_page
+    assert site_tool.check(out) == []
+
+
+def test_a_citation_of_a_missing_entry_fails_the_build(course):
+    root, _ = course
+    (root / "references.yaml").write_text(BIB)
+    nb_path = root / "labs" / "lab00.ipynb"
+    nb = nbformat.read(nb_path, as_version=4)
+    nb.cells[0].source += " See [@nosuch2020key]."
+    nbformat.write(nb, nb_path)
+    with pytest.raises(site_tool.SiteError, match=r"labs/lab00.ipynb: cell 0: the citation key 'nosuch2020key'"):
+        _build(root)
+
+
+def test_the_real_course_has_a_bibliography_and_a_glossary_page():
+    plan = site_tool.plan(ROOT)
+    assert [(p.src, p.out) for p in plan.extras] == [("references.yaml", "bibliography.html"),
+                                                     ("glossary.yaml", "glossary.html")]
+
+
 def test_widget_becomes_its_figure_controls_and_a_colab_link(course):
     """From the state nbclient recorded (tests/data/site/widget_notebook.ipynb): the figure the Output widget
     holds, the HTML widget's text, the controls and their values, a Colab link; nothing of the widget

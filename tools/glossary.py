@@ -3,7 +3,7 @@
     ttft:                                   # the anchor on the glossary page
       term: TTFT (time to first token)      # the entry's title
       match: [TTFT, time to first token]    # the forms linked in notebooks (a plural s/es is matched too)
-      module: "00"                          # where the course teaches it
+      module: "00"                          # the module that introduces it
       definition: >-                        # 1-3 sentences of markdown, in the course's words
         ...
       see: [tpot, prefill]                  # optional: related entries

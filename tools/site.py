@@ -489,14 +489,14 @@ def bibliography_notebook(sch: Scholarship):
 
 def glossary_notebook(sch: Scholarship, site: Plan):
     """The glossary page: every term (anchor = its id), alphabetically, with its definition, the module that
-    teaches it, the notebook pages whose first use of it links here, and related terms."""
+    introduces it, the notebook pages whose first use of it links here, and related terms."""
     notebooks = {p.module: p for p in site.pages if p.kind == "notebook"}
-    cells = ["# Glossary\n\nThe course's terms, each as the module that teaches it defines it. On a notebook page "
+    cells = ["# Glossary\n\nThe course's terms, each as the module that introduces it uses it. On a notebook page "
              "the first use of each term links here."]
     for tid, e in sorted(sch.terms.items(), key=lambda kv: kv[1].term.lower()):
         meta = []
         if e.module in notebooks:
-            meta.append(f"Taught in {_page_links([notebooks[e.module]])}")
+            meta.append(f"Introduced in {_page_links([notebooks[e.module]])}")
         if sch.used.get(tid):
             meta.append(f"linked from {_page_links(sch.used[tid])}")
         if e.see:
