@@ -148,8 +148,8 @@ print(f"prefill Q projection: {float(notes_pre[0].intensity):.0f} multiply-adds 
 # > * Memory moves **bytes**: an element is 4 bytes in fp32, 2 in fp16/bf16, 1 in int8/fp8.
 # > * In fp16 the two factors of 2 cancel, so the tables' numbers happen to be right in FLOP/byte — but
 # >   only in fp16: in fp32 they are 2× too high, in int8 2× too low.
-# > * Scores are scaled by `1/√(head dim)` [@vaswani2017attention], not `1/√D`: with `1/√D` the logits of every head are
-# >   `√n_h` times too small and the softmax is nearly uniform.
+# > * Scores are scaled by `1/√(head dim)` [@vaswani2017attention], not `1/√D`: with `1/√D` the logits of
+# >   every head are `√n_h` times too small and the softmax is nearly uniform.
 # > * And the architecture moved on: Llama models use grouped-query attention (fewer K/V heads than
 # >   query heads, so smaller K/V projections and KV cache), a SwiGLU MLP with three matrices, RMSNorm,
 # >   rotary embeddings, and an LM head over the vocabulary. The refined table below counts all of them.
@@ -287,8 +287,8 @@ assert weights_share > 0.9
 # ## 5. Rooflines: T4, L4, A100, H100, H200 and this machine
 #
 # A device with peak `P` FLOP/s and memory bandwidth `W` bytes/s can run an op of intensity `I` at most
-# at `min(P, I·W)`: the **roofline** model [@williams2009roofline]. The two limits meet at the **ridge point** `P/W`: below it an op is memory-bound,
-# above it compute-bound. The table (dense tensor-core rates, no sparsity; sources in
+# at `min(P, I·W)`: the **roofline** model [@williams2009roofline]. The two limits meet at the **ridge
+# point** `P/W`: below it an op is memory-bound, above it compute-bound. The table (dense tensor-core rates, no sparsity; sources in
 # `course_lib/perf/hardware.py`):
 
 # %% id="c022"
@@ -313,8 +313,8 @@ print(local.source)
 assert local.bandwidth_gbs > 0 and all(v > 0 for v in local.peak_tflops.values())
 
 # %% [markdown] id="c025"
-# The rooflines, with Llama-2-7B's [@touvron2023llama] prefill (circles) and decode (crosses) operations placed on the
-# A100's (the first device; a measured CPU is dashed and drawn in fp32, the only rate it has):
+# The rooflines, with Llama-2-7B's [@touvron2023llama] prefill (circles) and decode (crosses) operations
+# placed on the A100's (the first device; a measured CPU is dashed and drawn in fp32, the only rate it has):
 
 # %% id="c026"
 plot_roofline(["A100-80GB", "T4", "L4", "A100-40GB", "H100-SXM", "H200", local], "fp16",
@@ -582,3 +582,5 @@ print(f"decode / prefill cost per token here: {t_decode / (t_prefill / SEQ_LEN):
 #
 # * *Making Deep Learning Go Brrrr From First Principles* [@he2022brrr]: the same compute / memory /
 #   overhead reasoning applied to PyTorch programs, with operator fusion as the cure for memory-bound ops.
+# * *Data Movement Is All You Need* [@ivanov2021data]: every operator of a transformer layer classified by
+#   its intensity as this notebook does, and how much of the time the memory-bound ones take.

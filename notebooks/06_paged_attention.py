@@ -6,8 +6,8 @@
 # not the weights, decides how many sequences fit in memory. So how that memory is handed out decides the
 # batch size, and with it the throughput.
 #
-# Before vLLM [@kwon2023efficient], serving systems gave each request one **contiguous** region big enough for the longest
-# output it might produce. PagedAttention borrows the operating system's answer to the same problem,
+# Before vLLM [@kwon2023efficient], serving systems gave each request one **contiguous** region big enough
+# for the longest output it might produce. PagedAttention borrows the operating system's answer to the same problem,
 # virtual memory: cut the KV memory into fixed-size **blocks**, give each sequence a **block table**
 # (logical block -> physical block, like a page table), allocate a block only when the previous one is
 # full, and let attention read K/V through the table. This notebook builds and measures all of it with
