@@ -42,9 +42,10 @@ MISTAKES = {
 # %% [markdown] id="c004"
 # ## Exercise 1 — Wanda with a 2:4 constraint (4 points, contract)
 #
-# Wanda scores weight `W[i, j]` (output row i, input feature j) by `|W[i, j]| * ||X[:, j]||_2`: its
-# magnitude times the L2 norm of input feature j over the calibration tokens. The 2:4 pattern that sparse
-# tensor cores run: in each row, every group of 4 consecutive inputs (`j = 0..3`, `4..7`, ...) keeps 2.
+# Wanda [@sun2024simple] scores weight `W[i, j]` (output row i, input feature j) by `|W[i, j]| * ||X[:, j]||_2`:
+# its magnitude times the L2 norm of input feature j over the calibration tokens. The 2:4 pattern that sparse
+# tensor cores run [@mishra2021accelerating]: in each row, every group of 4 consecutive inputs (`j = 0..3`,
+# `4..7`, ...) keeps 2.
 #
 # **Contract.** `wanda_24_mask(W, X)`:
 #
@@ -126,7 +127,8 @@ for _ in range(10):
 # ## Exercise 2 — Capacity (2 points)
 #
 # Each of `E` experts takes at most `capacity = ceil(capacity_factor * N * k / E)` assignments from a batch
-# of `N` tokens that each go to `k` experts (never more than `N`). `capacity_factor=None` means no limit
+# of `N` tokens that each go to `k` experts (never more than `N`; the capacity factor of the Switch
+# Transformer [@fedus2022switch], for `k` choices). `capacity_factor=None` means no limit
 # (`N`). Write `expert_capacity(N, E, k, capacity_factor)`.
 
 # %% id="c008" nbgrader={"grade": false, "grade_id": "capacity", "locked": false, "schema_version": 3, "solution": true, "task": false}
