@@ -422,7 +422,8 @@ except NotImplementedError:
 #   at 0.75, 1.0, 1.25, 1.5 and 2.0). The no-drop factor is `max load / even share`, set by the busiest
 #   expert, not by the average: this router's bias sends twice the even share to the last expert. The
 #   load-balancing loss of notebook 10, section 5, pulls the busiest expert towards the even share, which is
-#   what lets real MoE models run at a capacity factor of 1.0 to 1.25 and drop only a few percent.
+#   what lets an MoE model run at a capacity factor close to 1 without dropping much (how much: measure it
+#   on your router's loads, as above; the Switch Transformer's loss is this one [@fedus2022switch]).
 # * **2:4 storage.** Dense: 4096 * 4096 * 2 bytes = 32 MiB. 2:4 keeps 8,388,608 values (16 MiB) plus 2 bits
 #   of position for each (2 MiB): 18 MiB, 1.78x smaller. A sparse tensor core skips the zero half of the
 #   multiply-adds, so the matmul itself gains at most 2x; a whole model gains less, because attention, the
