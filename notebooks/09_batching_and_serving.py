@@ -209,7 +209,7 @@ plt.tight_layout(); plt.show()
 # > engine kept both (`PreemptionMode.SWAP` and `RECOMPUTE`): recompute by default, swap by default only
 # > for requests with several sequences sharing blocks (parallel sampling, beam search: vLLM never
 # > implemented recomputing those), or when `--preemption-mode swap` asked for it; `swap_space` set the
-# > CPU memory. The V1 engine (vLLM's default since v0.8, 2025; the only engine since v0.11, October 2025,
+# > CPU memory. The V1 engine (vLLM's default since v0.8, 2025; the only engine since v0.11, late 2025,
 # > when V0's code was removed) preempts **only by recomputation**: its scheduler pops the last-admitted
 # > running request (FCFS), frees its KV blocks, resets its computed-token count to 0 and puts it back at
 # > the head of the waiting queue (`_preempt_request` in `vllm/v1/core/sched/scheduler.py`, read in
