@@ -5,7 +5,9 @@
 # the weights to produce a single token, so the GPU waits on memory, not on arithmetic. Scoring **several**
 # tokens in one forward costs about the same as scoring one. Speculative decoding exploits that: a cheap
 # **draft** guesses `g` tokens, the expensive **target** checks all of them in one pass, and a clever
-# acceptance rule keeps the output distributed **exactly** as if the target had sampled alone.
+# acceptance rule keeps the output distributed **exactly** as if the target had sampled alone. Two groups
+# published it independently: *speculative decoding* at Google [@leviathan2023fast] and *speculative
+# sampling* at DeepMind [@chen2023accelerating]; the rule below is the same in both.
 #
 # In this notebook:
 #
@@ -139,7 +141,18 @@ assert len(res.tokens) == res.num_accepted + 1
 #
 # Together: `min(p(x), q(x)) + max(0, p(x) - q(x)) = p(x)`. Nothing about `q` survives: a bad draft only
 # makes us reject more often, it never changes what we emit. The acceptance rate of one proposal is
-# `a = sum_x min(p(x), q(x)) = 1 - TV(p, q)`, one minus the total variation distance.
+# `a = sum_x min(p(x), q(x)) = 1 - TV(p, q)`, one minus the total variation distance. This is the proof of
+# both papers [@leviathan2023fast; @chen2023accelerating], in the notation of `course_lib.speculative`.
+#
+# > **Claim checked: the lecture notes cite "Accelerating Large Language Model Decoding with Speculative
+# > Sampling" as Leviathan et al., 2023.** That title is Chen, Borgeaud, Irving, Lespiau, Sifre and Jumper
+# > (DeepMind, arXiv 2302.01318, February 2023), who sped up Chinchilla 70B by 2-2.5x
+# > [@chen2023accelerating]. Leviathan, Kalman and Matias (Google) wrote "Fast Inference from Transformers
+# > via Speculative Decoding" (arXiv 2211.17192, November 2022; ICML 2023), with T5-XXL
+# > [@leviathan2023fast]. The two papers found the same acceptance rule independently; the notes' line
+# > merges them into one that does not exist. Cite each for what it did: Leviathan et al. for the name
+# > *speculative decoding*, the analysis of section 4 and the expected-speed-up model; Chen et al. for
+# > *speculative sampling* and its measurements on a 70B model.
 #
 # **The empirical check.** Below, real `p` and `q` from the two models at one position (top-6 filtered so
 # the histogram is readable; the rule then reproduces the filtered target), fresh drafts from `q` each
@@ -299,8 +312,9 @@ print("continuation:", repr(tok.decode(out[0, -GEN_TOKENS:].tolist())[:80]))
 # %% [markdown] id="c015"
 # ## 4 · How much does it buy? The speed-up model
 #
-# Suppose each proposal passes independently with probability `a`. A pass emits `k + 1` tokens when the
-# first `k` pass (the `+ 1` is the corrected or bonus token), so
+# Suppose each proposal passes independently with probability `a` (the simplification Leviathan et al.
+# analyse [@leviathan2023fast]). A pass emits `k + 1` tokens when the first `k` pass (the `+ 1` is the
+# corrected or bonus token), so
 #
 # `E[tokens per pass] = 1 + a + a^2 + ... + a^g = (1 - a^(g+1)) / (1 - a)`     (`g + 1` at `a = 1`).
 #
@@ -459,7 +473,7 @@ print(f"section 5, tiny-draft at g = {G_CMP} on {len(prompts)} prompts: a = {r_g
 #
 # When the output copies from the input (editing code, answering from a document, summarizing), the
 # cheapest draft is the input itself: find the last few generated tokens earlier in the context and propose
-# what followed them there (n-gram matching, "prompt lookup decoding"). `c ≈ 0` (a search, no model), and
+# what followed them there (n-gram matching, "prompt lookup decoding" [@saxena2023prompt]). `c ≈ 0` (a search, no model), and
 # greedy verification keeps the output exactly the target's. We test it on an input-grounded task: a
 # held-out function, then its first line again, so continuing means largely repeating the body.
 
@@ -482,8 +496,9 @@ for r in measure_prompt_lookup(target, [pr for pr, _ in edit], draft_lengths=(4,
 # ## 8 · Medusa heads and tree verification
 #
 # Medusa drops the separate draft: small extra **heads** on the target's own last hidden state guess the
-# tokens 2, 3, 4 steps ahead. Each head gives its top-k candidates, and instead of one chain we verify a
-# **tree** of candidate continuations in one target forward. The trick is the **tree attention mask**: all
+# tokens 2, 3, 4 steps ahead [@cai2024medusa]. Each head gives its top-k candidates, and instead of one chain
+# we verify a **tree** of candidate continuations in one target forward (token-tree verification, introduced
+# by SpecInfer [@miao2024specinfer]). The trick is the **tree attention mask**: all
 # tree nodes sit in one sequence, but each node may attend only to the context, its ancestors and itself,
 # so every branch is scored as if it were alone. Greedy verification then keeps the longest branch that
 # agrees with the target's argmax, plus one token of the target's own.
@@ -543,6 +558,30 @@ for thr_ in (None, 0.3, 0.6):
     wasted.append(st.drafted - st.accepted)
 assert wasted[0] > wasted[1] >= wasted[2], wasted
 
+# %% [markdown] id="c027a"
+# > **Claim checked: the notes' model labels.** The lecture notes list speculative decoding's variants
+# > with a model in brackets: "Distilled Draft Models (GPT-oss)", "Adaptive Token Budget (DeepSeek)",
+# > "Tree-based Verification (Qwen-2)", "Multi-stage Pipeline (Llama 3 via vLLM)", and "Claude, GPT-4" as
+# > users. Each technique is real and measured in this notebook; the labels are not sources, and the
+# > notes give none. What is documented (checked in November 2026):
+# >
+# > * **A distilled draft for gpt-oss**: the drafts we found published for gpt-oss-120b come from third
+# >   parties, e.g. NVIDIA's EAGLE-3 head (Hugging Face, August 2025), a one-layer draft trained on the
+# >   target's hidden states: a property of a deployment, not of the model. Distilling a draft from its
+# >   target works for any pair (section 6, Module 04).
+# > * **Adaptive drafting for DeepSeek**: what DeepSeek-V3 documents is a multi-token-prediction (MTP)
+# >   module, trained with the model, that engines run as the draft (vLLM's and SGLang's `mtp` method).
+# >   Choosing the draft length from the draft's confidence is an engine- or algorithm-side rule that works
+# >   for any model (section 9); nothing makes it DeepSeek's.
+# > * **Tree verification for Qwen-2**: token-tree verification comes from SpecInfer [@miao2024specinfer]
+# >   and Medusa [@cai2024medusa] and runs on any decoder (section 8); the notes give no source tying it to
+# >   Qwen-2.
+# > * **Llama 3 via vLLM**, **Claude, GPT-4**: a serving engine's features, not a model's; and how Claude or
+# >   GPT-4 are served is not public, so "used by" cannot be checked.
+# >
+# > As with "block-based KV cache (Llama 3)" in Module 06: the techniques belong to the inference engine or
+# > the training recipe, and work for any decoder.
+
 # %% [markdown] id="c028"
 # ## 10 · The outside oracle: transformers' assisted generation
 #
@@ -564,7 +603,8 @@ print(f"transformers assisted generation == ours ({GEN_TOKENS} greedy tokens, {h
 # > variants on the web sometimes include it. It is not: Tree of Thoughts is a *prompting/search* strategy in which a model
 # > explores several lines of reasoning and evaluates them; it changes *what* is generated. Speculative
 # > decoding changes only *how fast* the target's own distribution is sampled. The tree-shaped relatives
-# > of speculative decoding are **tree-based verification** methods such as SpecInfer and Medusa (section 8):
+# > of speculative decoding are **tree-based verification** methods such as SpecInfer [@miao2024specinfer]
+# > and Medusa [@cai2024medusa] (section 8):
 # > several candidate continuations verified in one forward with a tree attention mask, output unchanged.
 
 # %% [markdown] id="c031"
@@ -601,3 +641,19 @@ stepper
 #   The GPU idealization `verify_cost = 1` over-predicts on a CPU, where verifying more tokens costs more.
 # * The draft matters through `a = sum min(p, q)`: match the target's distribution (distillation), or
 #   draft from the input (prompt lookup), or from the target itself (Medusa heads, verified as a tree).
+
+# %% [markdown] id="c034"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * [@leviathan2023fast]: speculative decoding; the acceptance rule, its proof and the speed-up analysis.
+# * [@chen2023accelerating]: speculative sampling, found independently; measured on a 70B model.
+# * [@saxena2023prompt]: prompt lookup decoding, drafts copied from the input.
+# * [@cai2024medusa]: Medusa heads and their tree verification.
+# * [@miao2024specinfer]: token-tree verification with a tree attention mask.
+#
+# To go further:
+#
+# * [@stern2018blockwise]: blockwise parallel decoding, the draft-and-verify idea before it was exact.
+# * [@li2024eagle]: EAGLE, drafting from the target's hidden features; its heads are what engines ship today.

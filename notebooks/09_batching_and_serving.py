@@ -188,9 +188,9 @@ plt.tight_layout(); plt.show()
 #
 # ## 4. Iteration-level scheduling, KV blocks and preemption
 #
-# **Continuous batching** (Orca's *iteration-level scheduling*, vLLM's scheduler) re-forms the batch at
-# **every step**: finished requests leave, waiting ones join, and a prefill can run in the same step as
-# the decodes of the others. No padding, no waiting for stragglers.
+# **Continuous batching** (Orca's *iteration-level scheduling* [@yu2022orca], vLLM's scheduler
+# [@kwon2023efficient]) re-forms the batch at **every step**: finished requests leave, waiting ones join,
+# and a prefill can run in the same step as the decodes of the others. No padding, no waiting for stragglers.
 #
 # What limits admission is KV memory (Module 06). With paged KV, a request holding c tokens needs
 # ⌈c / block_size⌉ blocks and gets one more block each time the last one fills. The scheduler
@@ -199,9 +199,25 @@ plt.tight_layout(); plt.show()
 # 1. **grow**: each running request (oldest first) gets the block its next token needs; if none is
 #    free, the **newest** running request is **preempted**: its blocks are freed and it goes back to the
 #    **head** of the queue, to be prefilled again later with the tokens it had already generated
-#    (*recompute*; vLLM can also swap the blocks to CPU memory);
+#    (*recompute*, as vLLM's current engine does; the box below says what changed there);
 # 2. **admit** waiting requests in arrival order (first come, first served: no overtaking) while their
 #    prompt's blocks fit and the batch has room.
+#
+# > **Claim checked: "vLLM can also swap the blocks to CPU memory."** True of vLLM's first engine, not of
+# > the current one. The PagedAttention paper describes two ways to evict a request, *swapping* its blocks
+# > to CPU memory and *recomputing* them later, and compares their cost [@kwon2023efficient]. vLLM's V0
+# > engine kept both (`PreemptionMode.SWAP` and `RECOMPUTE`): recompute by default, swap by default only
+# > for requests with several sequences sharing blocks (parallel sampling, beam search: vLLM never
+# > implemented recomputing those), or when `--preemption-mode swap` asked for it; `swap_space` set the
+# > CPU memory. The V1 engine (vLLM's default since v0.8, 2025; the only engine since v0.11, late 2025,
+# > when V0's code was removed) preempts **only by recomputation**: its scheduler pops the last-admitted
+# > running request (FCFS), frees its KV blocks, resets its computed-token count to 0 and puts it back at
+# > the head of the waiting queue (`_preempt_request` in `vllm/v1/core/sched/scheduler.py`, read in
+# > November 2026); V1 refused `--preemption-mode` (it fell back to V0), and `swap_space` is deprecated
+# > and ignored. One refinement our simulator leaves out: with prefix caching on (V1's default), the freed
+# > full blocks stay in the cache until another request needs the memory, so a resumed request may find
+# > part of its prefix still there and recompute less. Offloading KV to CPU memory now lives in KV
+# > connectors, for reuse across requests, not in preemption.
 #
 # Admission does not reserve room for future tokens, so a tight pool over-admits and then preempts. A
 # scarce pool shows it:
@@ -281,13 +297,70 @@ print(f"at {top} req/s: static {at('static', top, 'throughput_tok_s'):.0f} tok/s
       f"continuous {at('continuous', top, 'throughput_tok_s'):.0f} tok/s")
 assert at("continuous", top, "throughput_tok_s") > 2 * at("static", top, "throughput_tok_s")
 
+# %% [markdown] id="c019a"
+# > **Claim checked: "continuous batching gives 2-10x throughput."** The number is real somewhere, but it
+# > is not a property of continuous batching: it is a ratio between two systems on one workload at one
+# > load. The papers report their own: Orca measured 36.9x NVIDIA FasterTransformer's throughput at the
+# > same latency on GPT-3 175B [@yu2022orca]; vLLM 2-4x FasterTransformer's and Orca's at the same latency,
+# > more with longer sequences and larger models [@kwon2023efficient], a gain that comes mostly from
+# > fitting more sequences into the KV memory, not from the scheduling alone. The cell below measures what
+# > the ratio depends on, on our simulated 7B server, continuous against static batching:
+# >
+# > * **load**: while both policies keep up they serve everything that arrives, throughput equals the
+# >   offered load and the ratio is about 1; a saturated server shows the gap (the sweep above). At light
+# >   load a long-tailed workload still shows some: one very long output holds a static batch, and the
+# >   requests that arrive meanwhile, for many seconds;
+# > * **length spread**: static batching pads every request to its batch's longest prompt and output, so
+# >   the ratio grows with the spread of the output lengths (lognormal sigma below; 0 = equal outputs);
+# > * **batch cap and memory**: with the same cap of 16 the ratio is the padding and waiting saved; letting
+# >   the continuous server batch as many requests as its KV pool admits adds the memory effect on top.
+
+# %% id="c019b"
+N_RATIO = 150                                           # the simulation is seeded: same numbers in both modes
+ratio_rows = []
+for sigma in (0.0, 0.8, 1.2):
+    for rate in (RATES[0], 40.0):                       # well below and well above saturation
+        wl = make_workload(N_RATIO, rate, output_sigma=sigma, seed=5)
+        s_st, s_co = (simulate(wl, pol, cost=cost, num_blocks=NUM_BLOCKS, block_size=BLOCK).summary()
+                      for pol in (StaticBatching(16, 1.0), ContinuousBatching(16)))
+        ratio_rows.append({"output sigma": sigma, "req/s": rate, "static tok/s": round(s_st["throughput_tok_s"]),
+                           "continuous tok/s": round(s_co["throughput_tok_s"]),
+                           "ratio": round(s_co["throughput_tok_s"] / s_st["throughput_tok_s"], 2),
+                           "note": f"static padding {s_st['padding_waste']:.0%}"})
+wl = make_workload(N_RATIO, 40.0, seed=5)
+s_st = simulate(wl, StaticBatching(16, 1.0), cost=cost, num_blocks=NUM_BLOCKS, block_size=BLOCK).summary()
+cap_ratio = {}
+for cap in (16, 64, 256):
+    s_co = simulate(wl, ContinuousBatching(cap), cost=cost, num_blocks=NUM_BLOCKS, block_size=BLOCK).summary()
+    cap_ratio[cap] = s_co["throughput_tok_s"] / s_st["throughput_tok_s"]
+    ratio_rows.append({"output sigma": 0.8, "req/s": 40.0, "static tok/s": round(s_st["throughput_tok_s"]),
+                       "continuous tok/s": round(s_co["throughput_tok_s"]), "ratio": round(cap_ratio[cap], 2),
+                       "note": f"cap {cap}, mean batch {s_co['mean_batch']:.0f}"})
+print(" ".join(f"{k:>16s}" for k in ratio_rows[0]))
+for r in ratio_rows:
+    print(" ".join(f"{str(v):>16s}" for v in list(r.values())[:-1]), " ", r["note"])
+low = [r["ratio"] for r in ratio_rows[:6] if r["req/s"] == RATES[0]]
+high = [r["ratio"] for r in ratio_rows[:6] if r["req/s"] == 40.0]
+print(f"light load: ratios {low}; saturated, same cap 16: {high}; saturated, cap 16/64/256: "
+      f"{[round(v, 2) for v in cap_ratio.values()]}")
+assert all(lo < hi for lo, hi in zip(low, high))   # for every length spread the gap needs load
+assert low[0] < 1.1                                # equal outputs, light load: no gap to speak of
+assert high == sorted(high)                        # saturated, it grows with the spread of the outputs
+assert cap_ratio[256] > cap_ratio[16]              # a larger batch (KV memory permitting) adds to it
+
+# %% [markdown] id="c019c"
+# So on one simulated GPU the same two policies give anything from about 1x (light load, equal lengths)
+# to several times (saturated, long-tailed outputs, a large KV pool; the table prints this run's): "2-10x"
+# is a range of workloads, not a constant. Quote a speed-up with its baseline, its workload, its load and
+# its latency target.
+
 # %% [markdown] id="c020"
 # ## 6. SLOs and goodput
 #
 # A service promises a **service-level objective** (SLO), e.g. "first token within 1 s and at least 20
 # tokens/s afterwards" (TTFT ≤ 1 s, TPOT ≤ 50 ms). **Goodput** counts only the requests that met the SLO,
-# per second. Throughput can keep rising while goodput collapses: the server is busy, but with answers
-# that come too late.
+# per second [@zhong2024distserve]. Throughput can keep rising while goodput collapses: the server is busy,
+# but with answers that come too late.
 
 # %% id="c021"
 print("goodput (req/s meeting TTFT <= 1 s and TPOT <= 50 ms) / offered load")
@@ -311,7 +384,8 @@ assert all(r["goodput_req_s"] <= r["requests_per_s"] + 1e-9 for r in rows)
 # In plain continuous batching a newly admitted prompt is prefilled whole, *in the same step* as everyone
 # else's decode. A 3000-token prompt makes that step long, so every decoding user sees a hiccup: the
 # time between two of their tokens jumps. **Chunked prefill** gives each step a token budget: first one
-# token per decoding request, then prompt chunks with what is left. A long prompt is spread over
+# token per decoding request, then prompt chunks with what is left (Sarathi-Serve's stall-free batching
+# [@agrawal2024taming]). A long prompt is spread over
 # several steps, each of bounded length. The price: that prompt's own first token comes a little later.
 
 # %% id="c023"
@@ -334,8 +408,8 @@ plt.show()
 # %% [markdown] id="c024"
 # ## 8. Prefill/decode disaggregation
 #
-# Chunking limits the interference between prefill and decode; **disaggregation** removes it. One pool of
-# workers only prefills, another only decodes; after its prefill a request's KV cache is shipped to a
+# Chunking limits the interference between prefill and decode; **disaggregation** removes it
+# [@zhong2024distserve]. One pool of workers only prefills, another only decodes; after its prefill a request's KV cache is shipped to a
 # decode worker (here over a 25 GB/s link: the time is proportional to the prompt's KV bytes). Each pool
 # can be sized and batched for its own phase (prefill is compute-bound, decode memory-bound). To be fair
 # the comparison uses the same two GPUs: disaggregated (1 prefill + 1 decode worker) against two
@@ -380,6 +454,16 @@ assert len(dis.preemptions) == 0
 # link speed decides the deal. In production it pays when prompts are long, TPOT targets tight and the
 # link fast (NVLink, InfiniBand); for short prompts one mixed pool with chunked prefill is simpler and
 # just as good.
+#
+# > **Claim checked: the notes' model labels.** The lecture notes file the techniques of this notebook
+# > under models: "Iteration-level Scheduling (DeepSeek)", "Dynamic Batching with Optimized Kernels
+# > (GPT-oss)", "Hybrid Approach with Prefill-Decode Separation (Qwen-2)", "PagedAttention (Llama 3 via
+# > vLLM)". None is a property of a model, and the notes give no source for the pairings. Iteration-level
+# > scheduling is Orca's (2022) [@yu2022orca], paged KV memory vLLM's (2023) [@kwon2023efficient],
+# > chunked prefill and disaggregation are serving-system designs [@agrawal2024taming; @zhong2024distserve];
+# > all of them live in the serving engine (vLLM, SGLang, TGI, TensorRT-LLM) and serve any decoder, as this
+# > notebook's simulator and engine serve ours. The same holds for "block-based KV cache (Llama 3)"
+# > (Module 06).
 #
 # ## 9. Explore
 #
@@ -479,3 +563,19 @@ assert table[0]["tokens"] == table[1]["tokens"] == sum(r.output_tokens for r in 
 #   peak throughput.
 # * Chunked prefill bounds step time and so the decode hiccups; disaggregation removes prefill from the
 #   decode workers at the price of a KV transfer.
+
+# %% [markdown] id="c032"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * [@yu2022orca]: iteration-level scheduling and selective batching (continuous batching).
+# * [@kwon2023efficient]: PagedAttention and vLLM; KV blocks, admission, preemption by swap or recompute.
+# * [@agrawal2024taming]: chunked prefill with a token budget per step (Sarathi-Serve).
+# * [@zhong2024distserve]: prefill/decode disaggregation and goodput under TTFT and TPOT targets.
+#
+# To go further:
+#
+# * [@patel2024splitwise]: disaggregation sized by the phases' different compute and power needs.
+# * vLLM's V1 scheduler, `vllm/v1/core/sched/scheduler.py` in the vLLM repository: what `fcfs_schedule`
+#   does, plus prefix caching, speculative tokens and KV connectors.

@@ -124,7 +124,7 @@ print(f"global {SPARSITIES[-1]:.0%}: least pruned {lo} ({per_layer[lo]:.0%}), mo
 # %% [markdown] id="c011"
 # ## 2. Wanda and the 2:4 pattern
 #
-# Magnitude ignores what a weight multiplies. **Wanda** (Sun et al., 2023) scores weight *W_ij* by
+# Magnitude ignores what a weight multiplies. **Wanda** [@sun2024simple] scores weight *W_ij* by
 # |W_ij| · ‖X_j‖₂, the norm of its input feature over a few calibration tokens, and compares weights within
 # each output row. It needs one forward pass, no gradient and no weight update.
 #
@@ -134,7 +134,8 @@ print(f"global {SPARSITIES[-1]:.0%}: least pruned {lo} ({per_layer[lo]:.0%}), mo
 # s · in rounds up (as for a `down_proj` row at 35%, below).
 #
 # **2:4** keeps exactly 2 of every 4 consecutive weights of a row. NVIDIA's sparse tensor cores (Ampere and
-# later) store the 2 values plus 2-bit positions and run the matmul at up to twice the dense rate.
+# later) store the 2 values plus 2-bit positions and run the matmul at up to twice the dense rate
+# [@mishra2021accelerating].
 
 # %% id="c012"
 x_calib = calib[:, :-1]
@@ -257,8 +258,10 @@ for row in sweep:
 # %% [markdown] id="c022"
 # > **Claim checked.** The notes say pruning gives "30-90% parameter reduction". On `tiny` (a 4.7M
 # > parameter model trained to its capacity, with no redundancy to spare) we measure which prunings stay
-# > within 5% of the dense model's bits per byte. Large models tolerate more (Wanda and SparseGPT report
-# > 50% unstructured on LLaMA-7B and larger at a small loss), but 90% is not free for any model measured here,
+# > within 5% of the dense model's bits per byte. Large models tolerate more: SparseGPT prunes OPT-175B and
+# > BLOOM-176B to 50-60% unstructured with a negligible perplexity increase [@frantar2023sparsegpt], Wanda
+# > LLaMA-7B to 65B to 50% at a loss that shrinks with size [@sun2024simple]; but 90% is not free for any
+# > model measured here,
 # > and the parameters counted must be the ones really removed: 50% unstructured zeros leave the model the
 # > same size in memory (section 2) unless stored sparse.
 
@@ -280,7 +283,8 @@ print("at every target, structured pruning (a really smaller model) costs more b
 # outputs mixed by a softmax over the k selected router logits. Three things make it work in practice:
 #
 # * a **load-balancing loss** E · Σᵢ fᵢ Pᵢ (fᵢ the share of assignments expert i got, Pᵢ its mean router
-#   probability; 1 when even) so the router does not send everything to a few experts;
+#   probability; 1 when even) so the router does not send everything to a few experts (the Switch
+#   Transformer's auxiliary loss [@fedus2022switch]);
 # * a **capacity**: each expert takes at most ⌈cf · N · k / E⌉ tokens per batch, so its matmul has a fixed
 #   size; the overflow is **dropped** (first choices are placed before second choices);
 # * a **batched dispatch**: sort the assignments by expert, run each expert once on its tokens, scatter back.
@@ -342,8 +346,8 @@ assert sum(hists[0.1]["aux"][-10:]) <= sum(hists[0.0]["aux"][-10:]) + 0.05
 # %% [markdown] id="c028"
 # ## 6. Sparse attention patterns
 #
-# Longformer: each token sees a **sliding window** of recent tokens plus a few **global** tokens; BigBird adds
-# **random blocks**. The cost per head is 4·Dh FLOPs per allowed (query, key) pair, against T(T+1)/2 pairs for
+# Longformer: each token sees a **sliding window** of recent tokens plus a few **global** tokens
+# [@beltagy2020longformer]; BigBird adds **random blocks** [@zaheer2020big]. The cost per head is 4·Dh FLOPs per allowed (query, key) pair, against T(T+1)/2 pairs for
 # dense causal attention. The course model already takes a boolean `attn_mask`, so a pattern is imposed by
 # wrapping the model (`MaskedAttentionModel`); the default path (SDPA's `is_causal`) is untouched. (Through
 # SDPA a mask only hides scores: the *speed* needs a kernel that skips masked blocks.)
@@ -395,3 +399,19 @@ assert attn_rows[f"window {WINDOWS[0]}"] > attn_rows[f"window {WINDOWS[-1]}"] >=
 # * MoE buys parameters without FLOPs (top-2 of 8: 1/4 of the dense FLOPs at the same parameter count), at
 #   the price of routing, balance and capacity; the batched dispatch equals the per-token loop.
 # * Sparse attention cuts the pairs computed; imposed on a model not trained for it, it costs quality.
+
+# %% [markdown] id="c032"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * [@sun2024simple]: Wanda, pruning by weight x activation norm, row by row, without weight updates.
+# * [@frantar2023sparsegpt]: SparseGPT, one-shot second-order pruning of 100B-class models.
+# * [@mishra2021accelerating]: the 2:4 pattern and NVIDIA's sparse tensor cores.
+# * [@fedus2022switch]: Switch Transformers; the load-balancing loss and expert capacity.
+# * [@beltagy2020longformer] and [@zaheer2020big]: sliding-window, global and random-block attention.
+#
+# To go further:
+#
+# * [@frankle2019lottery]: the lottery ticket hypothesis, sparse subnetworks that train as well as the whole.
+# * [@shazeer2017outrageously]: the sparsely-gated mixture-of-experts layer that today's MoE models descend from.

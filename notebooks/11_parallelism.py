@@ -22,8 +22,8 @@
 # 5. time per token measured at TP = 1, 2, 4 on this machine, against the model;
 # 6. pipeline parallelism: stages, micro-batches and the measured bubble against `(p-1)/(m+p-1)`.
 #
-# ZeRO and FSDP (sharding *training* state: optimizer moments, gradients, parameters gathered on use)
-# are named in the notes beside TP and PP; for inference they reduce to sharded weights gathered per
+# ZeRO [@rajbhandari2020zero] and FSDP (sharding *training* state: optimizer moments, gradients, parameters
+# gathered on use) are named in the notes beside TP and PP; for inference they reduce to sharded weights gathered per
 # layer, and we do not build them here.
 
 # %% id="c003" tags=["parameters"]
@@ -72,8 +72,8 @@ print(f"{CORES} CPU cores here; CUDA GPUs: {torch.cuda.device_count()}")
 #   slice of `x` it computes a **partial sum** of the whole `y`. Summing the partial sums over the ranks
 #   (an all-reduce) gives `y`. The bias belongs to the sum: it is added **once**, after it.
 #
-# Megatron-LM's trick: a column-parallel layer leaves each rank exactly the slice of the hidden
-# activations that a row-parallel layer needs next. An MLP (up: column, down: row) costs **one**
+# Megatron-LM's trick [@shoeybi2019megatron]: a column-parallel layer leaves each rank exactly the slice
+# of the hidden activations that a row-parallel layer needs next. An MLP (up: column, down: row) costs **one**
 # all-reduce, and so does attention (Q, K, V: column by heads; O: row). Check it in one process first,
 # playing all ranks in turn:
 
@@ -100,8 +100,9 @@ assert torch.allclose(y, ref, atol=1e-5)
 assert torch.allclose(wrong - ref, (p - 1) * lin2.bias.expand_as(ref), atol=1e-5)
 
 # %% [markdown] id="c007"
-# The ReLU between the two layers is why the split works: it acts element by element, so each rank
-# applies it to its own slice. (A layer norm between them would need the whole row, and a collective.)
+# The split survives the ReLU between the two layers because the ReLU acts element by element, so each rank
+# applies it to its own slice (so do GELU and SwiGLU's `silu(gate) * up`, with gate and up split the same
+# way). A layer norm between them would need the whole row, and a collective.
 #
 # ## 2 · A real process group, from a notebook
 #
@@ -238,7 +239,8 @@ for out in (tp2, tp4):
 # ## 4 · What it costs
 #
 # **Communication.** A ring all-reduce of `N` bytes over `p` ranks has each rank send `2(p-1)/p · N`
-# bytes, in `2(p-1)` steps (a reduce-scatter, then an all-gather). With TP, every layer all-reduces the
+# bytes, in `2(p-1)` steps (a reduce-scatter, then an all-gather); no all-reduce algorithm can send less
+# per rank [@patarasuk2009bandwidth]. With TP, every layer all-reduces the
 # activations `[tokens, D]` twice. Per generated token of Llama-2-70B in bf16, at TP=8:
 
 # %% id="c016"
@@ -389,7 +391,7 @@ else:
 # Cut the layers into `p` stages, one per rank. A batch is split into `m` micro-batches: stage `s` runs
 # micro-batch `i` once it has finished `i-1` and stage `s-1` has handed over `i`. With equal stage times
 # the run takes `m + p - 1` stage-times, each rank is busy for `m` of them, and the idle share, the
-# **bubble**, is `(p-1)/(m+p-1)`. The ideal schedule:
+# **bubble**, is `(p-1)/(m+p-1)` (GPipe's analysis [@huang2019gpipe]). The ideal schedule:
 
 # %% id="c030"
 sch = gpipe_schedule(4, 6)
@@ -453,3 +455,18 @@ timing_claim(f"more micro-batches shrink the bubble: m={MICRO_BATCHES[-1]} idles
 # * TP costs `2L` all-reduces per token: bandwidth `2(p-1)/p` of the activations each, and latency
 #   `2(p-1)` hops each: keep it on NVLink. PP crosses machines; its bubble is `(p-1)/(m+p-1)`.
 # * "11B parameters per GPU" is 22 GB in fp16 before the KV cache: count bytes, not parameters.
+
+# %% [markdown] id="c034"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * [@shoeybi2019megatron]: Megatron-LM's column/row-parallel split, one all-reduce per MLP and per attention.
+# * [@patarasuk2009bandwidth]: the ring all-reduce and its bandwidth optimality, `2(p-1)/p` of the data per rank.
+# * [@huang2019gpipe]: GPipe's micro-batched pipeline and its bubble.
+#
+# To go further:
+#
+# * [@narayanan2021efficient]: TP inside a node, PP across nodes, data parallelism on top, and the
+#   interleaved schedule that shrinks the bubble, at the scale of thousands of GPUs.
+# * [@rajbhandari2020zero]: ZeRO, sharding the training state that TP and PP leave replicated.

@@ -11,7 +11,9 @@
 #   average, and what that buys in time; then the course's `tiny` / `tiny-draft` pair measures both.
 #
 # Notation (the same as the notebook and `course_lib.speculative`): `p` = TARGET probabilities, `q` = DRAFT
-# probabilities, `g` = draft length, `a` = acceptance rate, `c` = draft/target cost ratio per token.
+# probabilities, `g` = draft length, `a` = acceptance rate, `c` = draft/target cost ratio per token. The
+# method is Leviathan et al.'s speculative decoding and Chen et al.'s speculative sampling, found
+# independently [@leviathan2023fast; @chen2023accelerating].
 #
 # How it works:
 #

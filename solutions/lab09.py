@@ -1,7 +1,8 @@
 # %% [markdown] id="c002"
 # # Lab 09 · A continuous-batching scheduler
 #
-# In this lab you design the heart of a continuous-batching server (Module 09): the scheduler that, at
+# In this lab you design the heart of a continuous-batching server (Module 09, after Orca's iteration-level
+# scheduling [@yu2022orca]): the scheduler that, at
 # every engine step, decides which requests run, which new ones start, and which one gives its memory
 # back when the KV cache is full. You plug it into the course's serving simulator and compare it with
 # the reference; then you predict, from the step-cost model, how long a batch takes, and let the
@@ -135,7 +136,7 @@ for _ in range(500):
 # ## Part B · The scheduler (6 points, contract)
 #
 # Design `schedule(waiting, running, free_blocks, block_size, max_batch)`, the first-come-first-served
-# policy of vLLM's default scheduler.
+# policy of vLLM's default scheduler [@kwon2023efficient].
 #
 # **Contract.**
 #
@@ -492,8 +493,8 @@ except NotImplementedError:
 #   `w = 8`: 53, 14 ms, 25.6 s, 957 tok/s; `w = 16`: 27, 14 ms, 25.7 s, 949 tok/s; `w = 32`: 5, 12 ms,
 #   27.6 s, 897 tok/s. A small watermark is the better trade: it halves the recomputation and cuts p99 TPOT
 #   (a preempted request stalls, which is what the tail of TPOT measures) at no cost in throughput; a large
-#   one leaves blocks idle, the batch shrinks, throughput and p99 end-to-end latency get worse. vLLM keeps a
-#   watermark of about 1% of the blocks for this reason.
+#   one leaves blocks idle, the batch shrinks, throughput and p99 end-to-end latency get worse. vLLM's original
+#   block manager kept a watermark of 1% of the blocks by default (`watermark=0.01`) for this reason.
 # * **ChunkedPrefill.** Your scheduler only sees `waiting`, `running`, `free_blocks` and each request's `need`;
 #   chunked prefill changes how many prompt tokens a step processes, not which requests run, so the same
 #   function works unchanged. With a budget of 512 tokens per step at 256 blocks: 962 tok/s, p99 TTFT 23.2 s against 23.6 s whole-prompt; the gain

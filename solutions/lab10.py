@@ -42,9 +42,10 @@ MISTAKES = {
 # %% [markdown] id="c004"
 # ## Exercise 1 — Wanda with a 2:4 constraint (4 points, contract)
 #
-# Wanda scores weight `W[i, j]` (output row i, input feature j) by `|W[i, j]| * ||X[:, j]||_2`: its
-# magnitude times the L2 norm of input feature j over the calibration tokens. The 2:4 pattern that sparse
-# tensor cores run: in each row, every group of 4 consecutive inputs (`j = 0..3`, `4..7`, ...) keeps 2.
+# Wanda [@sun2024simple] scores weight `W[i, j]` (output row i, input feature j) by `|W[i, j]| * ||X[:, j]||_2`:
+# its magnitude times the L2 norm of input feature j over the calibration tokens. The 2:4 pattern that sparse
+# tensor cores run [@mishra2021accelerating]: in each row, every group of 4 consecutive inputs (`j = 0..3`,
+# `4..7`, ...) keeps 2.
 #
 # **Contract.** `wanda_24_mask(W, X)`:
 #
@@ -126,7 +127,8 @@ for _ in range(10):
 # ## Exercise 2 — Capacity (2 points)
 #
 # Each of `E` experts takes at most `capacity = ceil(capacity_factor * N * k / E)` assignments from a batch
-# of `N` tokens that each go to `k` experts (never more than `N`). `capacity_factor=None` means no limit
+# of `N` tokens that each go to `k` experts (never more than `N`; the capacity factor of the Switch
+# Transformer [@fedus2022switch], for `k` choices). `capacity_factor=None` means no limit
 # (`N`). Write `expert_capacity(N, E, k, capacity_factor)`.
 
 # %% id="c008" nbgrader={"grade": false, "grade_id": "capacity", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -420,7 +422,8 @@ except NotImplementedError:
 #   at 0.75, 1.0, 1.25, 1.5 and 2.0). The no-drop factor is `max load / even share`, set by the busiest
 #   expert, not by the average: this router's bias sends twice the even share to the last expert. The
 #   load-balancing loss of notebook 10, section 5, pulls the busiest expert towards the even share, which is
-#   what lets real MoE models run at a capacity factor of 1.0 to 1.25 and drop only a few percent.
+#   what lets an MoE model run at a capacity factor close to 1 without dropping much (how much: measure it
+#   on your router's loads, as above; the Switch Transformer's loss is this one [@fedus2022switch]).
 # * **2:4 storage.** Dense: 4096 * 4096 * 2 bytes = 32 MiB. 2:4 keeps 8,388,608 values (16 MiB) plus 2 bits
 #   of position for each (2 MiB): 18 MiB, 1.78x smaller. A sparse tensor core skips the zero half of the
 #   multiply-adds, so the matmul itself gains at most 2x; a whole model gains less, because attention, the

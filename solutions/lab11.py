@@ -1,7 +1,8 @@
 # %% [markdown] id="c002"
 # # Lab 11 — A tensor-parallel MLP on `torch.distributed`
 #
-# In this lab you split a two-layer MLP over two processes the way Megatron-LM does (module 11): the first
+# In this lab you split a two-layer MLP over two processes the way Megatron-LM does [@shoeybi2019megatron]
+# (module 11): the first
 # layer **column-parallel**, the second **row-parallel**, one **all-reduce** between them, and run it in a
 # real 2-process gloo group on your CPU. You design the parallel MLP from its contract (it must equal the
 # unsharded MLP on every rank), and you predict a pipeline's bubble before two ranks measure it.
@@ -114,7 +115,7 @@ check_raises(lambda: shard_row(torch.randn(3, 7), 0, 2), ValueError, "shard_row,
 # ## Exercise 2 — What the all-reduce costs (2 points)
 #
 # A ring all-reduce of `nbytes` bytes over `p` ranks has every rank send `2 (p - 1) / p * nbytes` bytes
-# (a reduce-scatter, then an all-gather, `p - 1` steps each). In a Megatron transformer each layer
+# (a reduce-scatter, then an all-gather, `p - 1` steps each; bandwidth-optimal [@patarasuk2009bandwidth]). In a Megatron transformer each layer
 # all-reduces its `[tokens, hidden]` activations **twice** (after attention and after the MLP).
 #
 # * `ring_allreduce_bytes(nbytes, p)`: bytes each rank sends (0 for one rank).
