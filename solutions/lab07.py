@@ -22,8 +22,7 @@
 #   on random shapes and lengths that are not multiples of the tile sizes, against the course's reference.
 # * PyTorch only (and Triton in Part E); do not import `course_lib.attention` (the hidden tests check that the
 #   code is your own).
-# * Everything runs on a CPU: Parts A-D in seconds, Part E in Triton's interpreter in about a minute. Total:
-#   16 points.
+# * Everything runs on a CPU in seconds (Part E in Triton's interpreter, on small shapes). Total: 16 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
