@@ -104,8 +104,8 @@ def main(argv=None):
         for name in ("lab07 kernel", "sdpa"):
             t = cmp.time(name)
             rows.append({"seq": N, "impl": name, "time_ms": round(t * 1e3, 3), "TFLOP/s": round(flops / t / 1e12, 2),
-                         "vs_sdpa": round(cmp.ratio(name, "sdpa"), 2), "max_err": f"{err:.1e}" if name != "sdpa" else "",
-                         "note": cmp.note()})
+                         "vs_sdpa": round(cmp.ratio(name, "sdpa"), 2),
+                         "max_err": f"{err:.1e}" if name != "sdpa" else "", "note": cmp.note()})
     cc = compute_capability()
     print(f"{torch.cuda.get_device_name()} (compute capability {cc[0]}.{cc[1]}): B={B} H={H} Hkv={K} d={D} fp16 "
           f"causal, tiles {args.block}x{args.block}; vs_sdpa = kernel time / SDPA time (paired rounds)")

@@ -569,8 +569,9 @@ for _bq in (16, 64, 256):
 # before triton was imported: Triton then runs your kernel in its **interpreter**, in NumPy, tile by tile:
 # exact, and slow (seconds for a few thousand elements). Grading always runs there, on CPU tensors. On a
 # CUDA GPU, Triton compiles it. Triton's README lists NVIDIA GPUs of compute capability 8.0 and newer
-# (Ampere and newer: A100, RTX 30xx, L4, H100), and its maintainers decline fixes for older ones (triton-lang/triton
-# issue 10918, 2026: "sm75 is not currently supported. It may work at times"). On Colab's **T4**
+# (Ampere and newer: A100, RTX 30xx, L4, H100), and its maintainers decline fixes for older ones
+# (triton-lang/triton issue 10918, 2026: "sm75 is not currently supported. It may work at times"). On
+# Colab's **T4**
 # (compute capability 7.5, Turing), with the triton 3.x that PyTorch installs: the setup cell lets Triton
 # compile your kernel there (unsupported, not refused: PyTorch's own `torch.compile` generates Triton
 # kernels for these GPUs), the visible tests run it on the T4 and say whether it is right; it compiles
