@@ -11,23 +11,43 @@
 #   fewer queries than keys (a KV cache): skip the tiles in the future, mask the ones that cross it.
 # * **Part D (1 point): predict the memory traffic.** How many elements your loop moves, from the IO model;
 #   then a cell counts what your function really reads.
+# * **Part E (4 points, contract): a FlashAttention kernel in Triton.** The same loop as one GPU kernel,
+#   written from its specification; graded in Triton's CPU interpreter, timed against PyTorch's SDPA when
+#   there is a GPU.
 #
 # How it works:
 #
 # * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
 # * Each part is followed by a test cell with fixed examples. When grading, **hidden tests** run your code
 #   on random shapes and lengths that are not multiples of the tile sizes, against the course's reference.
-# * PyTorch only; do not import `course_lib.attention` (the hidden tests check that the code is your own).
-# * Everything runs on a CPU in seconds. Total: 12 points.
+# * PyTorch only (and Triton in Part E); do not import `course_lib.attention` (the hidden tests check that the
+#   code is your own).
+# * Everything runs on a CPU in seconds (Part E in Triton's interpreter, on small shapes). Total: 16 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
+import os
+import sys
 import time
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from course_lib.checks import check_close, check_raises, check_shape
+from course_lib.env import TRITON_FLOOR_CAPABILITY, compute_capability, has_package, triton_interpreting
+
+# Part E's kernel runs compiled on a CUDA GPU Triton builds for (compute capability 7.0 and up: a T4 is 7.5,
+# see Part E), else in Triton's interpreter on the CPU: a CPU runtime, a laptop, and always while grading, so
+# that every submission is graded alike. TRITON_INTERPRET=1 chooses the interpreter; triton reads it when it
+# is first imported, so it is set here, before any cell imports triton.
+KERNEL_ON_GPU = (not os.environ.get("NBGRADER_EXECUTION") and has_package("triton")
+                 and (compute_capability() or (0, 0)) >= TRITON_FLOOR_CAPABILITY)
+if not KERNEL_ON_GPU:
+    if "triton" in sys.modules and not triton_interpreting():
+        print("triton was imported before this cell without its interpreter: restart the runtime and run the "
+              "lab from the top, or Part E's kernel cannot run on the CPU")
+    os.environ["TRITON_INTERPRET"] = "1"
+KERNEL_DEVICE = "cuda" if KERNEL_ON_GPU else "cpu"
 
 # The misconceptions the tests recognize: when your result matches one, the message names it.
 MISTAKES = {
@@ -44,6 +64,15 @@ MISTAKES = {
     "io_kv_once": "the traffic counts K and V once: with query tiles outside, every query tile reads all of K "
                   "and V again, so they are read ceil(N / block_q) times; see notebook 07, section "
                   "'2. Counting the bytes: the IO model'",
+    "kernel_causal_top_left": "your kernel's causal mask is aligned top-left: with T queries after S - T cached "
+                              "keys, query row t sits at position S - T + t and sees the keys j <= t + S - T "
+                              "(bottom-right, as in Part C), not only j <= t; the offset S - T belongs in the "
+                              "mask and in the last key tile the loop visits; see this lab's Part C and notebook "
+                              "07, section '4. Tiled exact attention'",
+    "kernel_acc_not_rescaled": "your kernel rescales the running sum l when the running max grows but not the "
+                               "accumulator acc: acc holds sums of exp(s - m_old) v and needs the same factor "
+                               "exp(m_old - m_new) before the new tile's p @ v is added; see notebook 07, "
+                               "sections '3. Online softmax, step by step' and '5. A Triton kernel'",
 }
 
 
@@ -113,6 +142,27 @@ def _causal_checked(q, k, v, block_q, block_k, what):
         raise AssertionError(f"{what}: your matmuls produced {watch.matmul_elements} elements, more than the "
                              f"{allowed} of the tiles a query may read: skip the key tiles wholly in the future")
     return got
+
+
+def _kernel_checked(q, k, v, causal, what, block_m=16, block_n=16):
+    """flash_attention (Part E) on KERNEL_DEVICE, under watch: the shape and dtype of the contract, the
+    attention done by the kernel (no matmul in PyTorch), and no host tensor larger than q or k (GQA by index,
+    no copy of K and V per query head). Returns the result on the CPU."""
+    q, k, v = (x.to(KERNEL_DEVICE) for x in (q, k, v))
+    with _Watch() as watch:
+        got = flash_attention(q, k, v, causal=causal, block_m=block_m, block_n=block_n)
+    check_shape(got, tuple(q.shape), what)
+    if got.dtype != q.dtype:
+        raise AssertionError(f"{what}: the output must have q's dtype {q.dtype}, got {got.dtype}")
+    if watch.matmul_elements:
+        raise AssertionError(f"{what}: PyTorch matmuls produced {watch.matmul_elements} elements: the attention "
+                             "must be computed by your Triton kernel, not by torch in the launcher")
+    limit = max(q.numel(), k.numel())
+    if watch.largest > limit:
+        raise AssertionError(f"{what}: a tensor of {watch.largest} elements (shape {watch.largest_shape}) was "
+                             f"created, more than the contract's bound {limit}: read KV head h // G in the "
+                             "kernel instead of copying K and V for every query head")
+    return got.cpu()
 
 
 # %% [markdown] id="c004"
@@ -505,6 +555,317 @@ for _bq in (16, 64, 256):
           f"{_t.reads + _t.writes:7d} ({_t.reads} read, {_t.writes} written); standard attention "
           f"{4 * _N * _d + 4 * _N * _N}")
 
+# %% [markdown] id="c019"
+# ## Part E · A FlashAttention kernel in Triton (4 points, contract)
+#
+# On a GPU the loop of Parts B and C is one kernel: a **program** (a block of threads) per query tile and
+# (batch, head) loads its Q tile once, walks the keys in tiles with the running (m, l, acc) in registers,
+# and writes only its output tile. Notebook 07, section '5. A Triton kernel', describes the course's own
+# (`course_lib/attention/triton_flash.py`, autotuned, with fp16/bf16 tensor-core paths); here you write
+# yours, short and plain, in [Triton](https://triton-lang.org): Python functions decorated with
+# `@triton.jit` that work on whole tiles (`tl.load` a tile of pointers, `tl.dot` two tiles, `tl.store`).
+#
+# **Where it runs.** On a CPU (a Colab CPU runtime, a laptop) the setup cell set `TRITON_INTERPRET=1`
+# before triton was imported: Triton then runs your kernel in its **interpreter**, in NumPy, tile by tile:
+# exact, and slow (seconds for a few thousand elements). Grading always runs there, on CPU tensors. On a
+# CUDA GPU, Triton compiles it. Triton's README lists NVIDIA GPUs of compute capability 8.0 and newer
+# (Ampere and newer: A100, RTX 30xx, L4, H100), and its maintainers decline fixes for older ones
+# (triton-lang/triton issue 10918, 2026: "sm75 is not currently supported. It may work at times"). On
+# Colab's **T4**
+# (compute capability 7.5, Turing), with the triton 3.x that PyTorch installs: the setup cell lets Triton
+# compile your kernel there (unsupported, not refused: PyTorch's own `torch.compile` generates Triton
+# kernels for these GPUs), the visible tests run it on the T4 and say whether it is right; it compiles
+# (the course's `tests/test_triton_targets.py` builds this lab's answer kernel for sm_75, with triton 3.9)
+# with its `tl.dot`s on the ordinary FMA units, no tensor-core instruction, so expect it well behind SDPA
+# there; and **no bf16**: ptxas rejects bf16 code for sm_75 ("Feature '.bf16' requires .target sm_80 or
+# higher", triton-lang/triton issue 1941). That is why the contract asks for fp32 and fp16 only. A GPU
+# below compute capability 7.0 runs the interpreter, as a CPU does.
+#
+# **Contract.** `flash_attention(q, k, v, causal=False, block_m=16, block_n=16)`, a launcher in Python
+# that runs **one** `@triton.jit` kernel of yours (its name and arguments are yours):
+#
+# * **takes** `q` `[B, H, T, D]` and `k`, `v` `[B, Hkv, S, D]`, all float32 or all float16, on one device
+#   (`KERNEL_DEVICE`: `cuda` where the kernel compiles, else `cpu`), with `H` a multiple of `Hkv` (query
+#   head `h` reads KV head `h // (H // Hkv)`, as in Part B), `D` one of 16, 32, 64, 128, `S >= 1`; tile
+#   sizes `block_m` (query rows per program) and `block_n` (keys per step), powers of two `>= 16` (the
+#   smallest `tl.dot`) that need **not** divide `T` or `S`;
+# * **returns** `O` `[B, H, T, D]` in `q`'s dtype: `softmax(q k^T / sqrt(D)) v` per head, with, when
+#   `causal`, query `t` at position `S - T + t` seeing the keys `j <= t + S - T` (bottom-right, Part C's
+#   alignment and `course_lib.attention.reference_attention`'s); within `1e-4` (relative, fp32) or `2e-3`
+#   (fp16) of the reference on inputs of magnitude a few units;
+# * **memory bound**: the scores exist only as one `[block_m, block_n]` tile inside a program; the
+#   launcher creates no tensor larger than `q` or `k` (the tests watch every torch operation it calls) and
+#   does no matmul in PyTorch: K and V are read from their KV head in the kernel, never copied per query
+#   head;
+# * **raises** `ValueError` when the shapes do not fit (as Part B), `D` or a tile size is not allowed, the
+#   dtypes are not all float32 or all float16, or `causal` with `T > S`.
+#
+# The tests run it on small shapes with tiles of 16 (the interpreter is slow), lengths that are not
+# multiples of the tiles, GQA, causal with `T != S` and a decode step (`T = 1`), against the reference.
+#
+# <details><summary>Hint 1: the grid and one program</summary>
+#
+# Launch `kernel[grid](...)` with `grid = (triton.cdiv(T, block_m), B * H)`: program `(i, bh)` takes the
+# query rows `i * BLOCK_M + tl.arange(0, BLOCK_M)` of batch `bh // H`, head `bh % H`, and KV head
+# `(bh % H) // GROUP`. Pass the tile sizes, `H`, `GROUP`, `D` and `CAUSAL` as `tl.constexpr` arguments
+# (compile-time constants: `tl.arange` needs them), the lengths `T`, `S`, the scale and the strides as
+# ordinary ones. With `q.contiguous()` (and k, v, and `O = torch.empty_like(q)`) a row of a head starts at
+# `b * q.stride(0) + h * q.stride(1) + row * D`; a tile of pointers is `base + rows[:, None] * D +
+# tl.arange(0, D)[None, :]`.
+# </details>
+#
+# <details><summary>Hint 2: the tile loop and the online softmax</summary>
+#
+# Keep per row, in fp32, `m = tl.full([BLOCK_M], float("-inf"), tl.float32)`, `l = tl.zeros(...)` and
+# `acc = tl.zeros([BLOCK_M, D], tl.float32)`; then `for start in range(0, hi, BLOCK_N):` with
+# `cols = start + tl.arange(0, BLOCK_N)`:
+#
+# 1. load the K and V tiles, `s = tl.dot(q, tl.trans(k)) * scale` (`[BLOCK_M, BLOCK_N]`);
+# 2. `m_new = tl.maximum(m, tl.max(s, axis=1))`, `alpha = tl.exp(m - m_new)`, `p = tl.exp(s - m_new[:, None])`;
+# 3. `l = l * alpha + tl.sum(p, axis=1)` and `acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)`:
+#    both sums were taken against the old max (Part B's hint 2, notebook 07 section '3. Online softmax,
+#    step by step');
+# 4. `m = m_new`; after the loop store `acc / l[:, None]`, cast to the output's dtype
+#    (`.to(O.dtype.element_ty)`).
+#
+# In fp32 pass `input_precision="ieee"` to both `tl.dot`s: on an Ampere or newer GPU the default is tf32
+# (10-bit mantissas), about `1e-3` off, which fails the fp32 tolerance (the interpreter computes in full
+# fp32 either way).
+# </details>
+#
+# <details><summary>Hint 3: masks, with tl.where and other=</summary>
+#
+# * The last query tile and the last key tile stick out of `T` and `S`: load with
+#   `tl.load(ptrs, mask=rows[:, None] < T, other=0.0)` (zeros, never out of bounds), store with the same
+#   mask, and set the scores of keys `cols >= S` to `-inf` with `tl.where(valid, s, float("-inf"))`, so that
+#   `exp` gives them weight 0.
+# * Causal: `valid` also needs `cols[None, :] <= (rows + S - T)[:, None]`; and the loop may stop at
+#   `hi = tl.minimum(S, (i + 1) * BLOCK_M + S - T)`, the position after the tile's last query (Part C's
+#   skipped tiles).
+# * No NaN: with `T <= S` every row (the padded rows past `T` too) sees key 0 in the first tile, so `m` is
+#   finite after it and `exp(-inf - m)` is 0; `exp(m - m_new)` with `m = -inf` at the start is 0 too.
+# * Under the interpreter of triton older than 3.9 with NumPy 2.4 or newer, a loop bound that is not a
+#   constexpr (`S`, `hi`) fails ("only 0-dimensional arrays can be converted to Python scalars"): pass the
+#   number of keys also as a `tl.constexpr`, loop to it and let the masks do the rest, or upgrade triton.
+# </details>
+
+# %% id="c020" nbgrader={"grade": false, "grade_id": "flash_kernel_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+import triton
+import triton.language as tl
+
+# Your @triton.jit kernel here (its name and arguments are yours), then the launcher below it.
+### BEGIN SOLUTION
+@triton.jit
+def _flash_fwd(Q, K, V, O, T, S, scale, s_qb, s_qh, s_kb, s_kh,
+               H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+               PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: BLOCK_M query rows of one (batch, head) against every key they may see."""
+    i, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    q_base = Q + b * s_qb + h * s_qh                   # q and O: [B, H, T, D], contiguous
+    k_base = K + b * s_kb + (h // GROUP) * s_kh        # GQA: the KV head of this query head, read in place
+    v_base = V + b * s_kb + (h // GROUP) * s_kh        # k and v: [B, Hkv, S, D], contiguous
+    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)         # the last tile sticks out of T: masked
+    d = tl.arange(0, D)
+    q = tl.load(q_base + rows[:, None] * D + d[None, :], mask=rows[:, None] < T, other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of each row's scores
+    l = tl.zeros([BLOCK_M], tl.float32)                # running sum of exp(score - m)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)           # running sum of exp(score - m) * v, unnormalized
+    pos = rows + S - T                                 # query t sits at position S - T + t (bottom-right)
+    hi = S
+    if CAUSAL:                                         # keys after the tile's last query: never loaded
+        hi = tl.minimum(S, (i + 1) * BLOCK_M + S - T)
+    for start in range(0, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k = tl.load(k_base + cols[:, None] * D + d[None, :], mask=cols[:, None] < S, other=0.0)
+        v = tl.load(v_base + cols[:, None] * D + d[None, :], mask=cols[:, None] < S, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale       # [BLOCK_M, BLOCK_N]
+        valid = cols[None, :] < S
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= pos[:, None])
+        s = tl.where(valid, s, float("-inf"))          # weight exp(-inf) = 0
+        m_new = tl.maximum(m, tl.max(s, axis=1))       # finite: every row sees key 0 in the first tile
+        alpha = tl.exp(m - m_new)                      # l and acc were summed against m: rescale both
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    tl.store(O + b * s_qb + h * s_qh + rows[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty),
+             mask=rows[:, None] < T)
+### END SOLUTION
+
+
+def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
+    """FlashAttention's forward pass as one Triton kernel: q [B, H, T, D], k/v [B, Hkv, S, D] -> [B, H, T, D]."""
+    ### BEGIN SOLUTION
+    for name, size in (("block_m", block_m), ("block_n", block_n)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 16 or size & (size - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.arange, tl.dot), got {size!r}")
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"q must be [B, H, T, D] and k, v the same [B, Hkv, S, D], got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D or Hkv < 1 or H % Hkv or S < 1:
+        raise ValueError(f"k, v must be [B={B}, Hkv, S>=1, D={D}] with H={H} a multiple of Hkv, got {tuple(k.shape)}")
+    if D not in (16, 32, 64, 128):
+        raise ValueError(f"the head dim D must be 16, 32, 64 or 128, got {D}")
+    if q.dtype not in (torch.float32, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must be all float32 or all float16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if causal and T > S:
+        raise ValueError(f"causal attention needs T <= S (the queries are the last T positions), got T={T}, S={S}")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    grid = (triton.cdiv(T, block_m), B * H)            # one program per (query tile, batch and head)
+    _flash_fwd[grid](q, k, v, out, T, S, 1.0 / math.sqrt(D), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                     H=H, GROUP=H // Hkv, D=D, CAUSAL=bool(causal),
+                     PRECISION="ieee" if q.dtype == torch.float32 else None, BLOCK_M=block_m, BLOCK_N=block_n)
+    return out
+    ### END SOLUTION
+
+
+# %% id="c021" nbgrader={"grade": true, "grade_id": "flash_kernel_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+# One query, two key tiles of 16: 16 keys of score 0 (value 1), then one of score 2 (value 0). The second
+# tile raises the max from 0 to 2, so the first tile's terms must be rescaled by exp(-2) in l AND in acc.
+_q1 = torch.zeros(1, 1, 1, 16)
+_q1[..., 0] = 1.0
+_k1, _v1 = torch.zeros(1, 1, 17, 16), torch.zeros(1, 1, 17, 16)
+_k1[0, 0, 16, 0] = 8.0                                  # score 8 / sqrt(16) = 2
+_v1[0, 0, :16, 0] = 1.0
+_what = "flash_attention: one query, 16 keys of score 0 and value 1, then one of score 2 and value 0"
+check_close(_kernel_checked(_q1, _k1, _v1, False, _what)[0, 0, 0, 0], 16 / (16 + math.exp(2)), _what, rtol=1e-5,
+            mistakes={MISTAKES["kernel_acc_not_rescaled"]: 16 / (16 * math.exp(-2) + 1)})
+_gen = torch.Generator().manual_seed(9)
+_q = torch.randn(1, 4, 37, 16, generator=_gen)                  # 4 query heads, 37 rows: not a multiple of 16
+_k, _v = (torch.randn(1, 2, 37, 16, generator=_gen) for _ in range(2))   # read 2 KV heads
+for _causal in (False, True):
+    _what = f"flash_attention(q [1, 4, 37, 16], k/v [1, 2, 37, 16], causal={_causal})"
+    check_close(_kernel_checked(_q, _k, _v, _causal, _what), _attention(_q, _k, _v, causal=_causal), _what, rtol=1e-4,
+                atol=1e-5)
+_k, _v = (torch.randn(1, 2, 40, 16, generator=_gen) for _ in range(2))
+for _T in (5, 1):
+    _what = f"flash_attention(q [1, 4, {_T}, 16], k/v [1, 2, 40, 16], causal=True): {_T} new queries after {40 - _T} cached keys"
+    check_close(_kernel_checked(_q[:, :, :_T], _k, _v, True, _what), _attention(_q[:, :, :_T], _k, _v, True), _what,
+                rtol=1e-4, atol=1e-5,
+                mistakes={MISTAKES["kernel_causal_top_left"]: _attention(_q[:, :, :_T], _k, _v, True, top_left=True)})
+_what = "flash_attention in float16, q [1, 4, 5, 16], k/v [1, 2, 40, 16], causal=True"
+check_close(_kernel_checked(_q[:, :, :5].half(), _k.half(), _v.half(), True, _what),
+            _attention(_q[:, :, :5].half().float(), _k.half().float(), _v.half().float(), True), _what, rtol=2e-3,
+            atol=2e-3)
+_qd, _kd = _q.to(KERNEL_DEVICE), _k.to(KERNEL_DEVICE)
+check_raises(lambda: flash_attention(_qd[:, :3], _kd, _kd), ValueError, "flash_attention with 3 query heads over 2 KV heads")
+check_raises(lambda: flash_attention(_qd, _kd[:, :, :4], _kd[:, :, :4], causal=True), ValueError,
+             "flash_attention, causal with 37 queries and 4 keys")
+check_raises(lambda: flash_attention(_qd, _kd, _kd, block_m=24), ValueError, "flash_attention with block_m=24")
+print("Part E: visible tests passed" + ("" if KERNEL_ON_GPU else " (in Triton's interpreter, on the CPU)"))
+### BEGIN HIDDEN TESTS
+from course_lib.attention import reference_attention as _ref_attention
+from course_lib.attention.triton_flash import flash_attention_triton as _ref_flash_attention_triton
+
+
+def _planted_kernel_acc_not_rescaled(q, k, v, causal, block_n):
+    """The planted mistake, computed per row: key tiles of block_n, the running max after each tile, l
+    rescaled (it is the true sum in the end) but acc never: acc = sum over tiles of exp(s - m_then) v."""
+    G, T, S = q.shape[1] // k.shape[1], q.shape[2], k.shape[2]
+    kr, vr = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = q @ kr.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.arange(S)[None, :] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    tiles = -(-S // block_n)
+    padded = torch.cat([s, s.new_full((*s.shape[:-1], tiles * block_n - S), float("-inf"))], -1)
+    m_then = padded.reshape(*s.shape[:-1], tiles, block_n).amax(-1).cummax(-1).values
+    acc = torch.exp(s - m_then.repeat_interleave(block_n, -1)[..., :S]) @ vr
+    return acc / torch.exp(s - s.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+
+
+_seed = time.time_ns() % 2 ** 31
+_g = torch.Generator().manual_seed(_seed)
+_ri = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=_g))
+# (causal, how T relates to S, block_m, block_n): every case of the contract, on fresh shapes
+for _causal, _kind, _bm, _bn in ((False, "T != S", 16, 16), (True, "T < S", 16, 16), (True, "decode", 16, 16),
+                                 (True, "T == S", 16, 16), (False, "decode", 16, 16), (True, "T < S", 32, 16),
+                                 (False, "T != S", 16, 32)):
+    _B, _Hkv, _G, _D = _ri(1, 2), _ri(1, 2), _ri(1, 3), (16, 32)[_ri(0, 1)]
+    _S = 16 * _ri(1, 3) + _ri(1, 15)                    # 17..63 keys: never a multiple of the tile
+    _T = {"T != S": _ri(1, 48), "T < S": _ri(2, _S - 1), "decode": 1, "T == S": _S}[_kind]
+    _q = torch.randn(_B, _Hkv * _G, _T, _D, generator=_g) * 2
+    _k, _v = (torch.randn(_B, _Hkv, _S, _D, generator=_g) * 2 for _ in range(2))
+    _what = (f"flash_attention(q {list(_q.shape)}, k/v {list(_k.shape)}, causal={_causal}, block_m={_bm}, "
+             f"block_n={_bn}) (random test, {_kind}, seed {_seed})")
+    _mistakes = {MISTAKES["kernel_acc_not_rescaled"]: _planted_kernel_acc_not_rescaled(_q, _k, _v, _causal, _bn)}
+    if _causal:
+        _mistakes[MISTAKES["kernel_causal_top_left"]] = _attention(_q, _k, _v, True, top_left=True)
+    check_close(_kernel_checked(_q, _k, _v, _causal, _what, _bm, _bn), _ref_attention(_q, _k, _v, causal=_causal),
+                _what, rtol=1e-4, atol=1e-5, mistakes=_mistakes)
+# float16 against the course's kernel in the same interpreter (the same precision path: fp16 tiles, fp32
+# sums), and against the fp32 reference on the same fp16 inputs
+_S = 16 * _ri(1, 2) + _ri(1, 15)
+_q = (torch.randn(1, 4, _ri(2, _S - 1), 32, generator=_g)).half()
+_k, _v = ((torch.randn(1, 2, _S, 32, generator=_g)).half() for _ in range(2))
+_what = f"flash_attention in float16 (q {list(_q.shape)}, k/v {list(_k.shape)}, causal=True, seed {_seed})"
+_got = _kernel_checked(_q, _k, _v, True, _what)
+check_close(_got, _ref_flash_attention_triton(_q, _k, _v, causal=True), _what + " against the course's kernel",
+            rtol=2e-3, atol=2e-3, mistakes={MISTAKES["kernel_causal_top_left"]:
+                                             _attention(_q.float(), _k.float(), _v.float(), True, top_left=True)})
+check_close(_got, _ref_attention(_q.float(), _k.float(), _v.float(), causal=True), _what, rtol=2e-3, atol=2e-3)
+_q, _k = torch.randn(1, 4, 20, 16), torch.randn(1, 2, 30, 16)
+for _bad, _args, _kw in (("3 query heads over 2 KV heads", (_q[:, :3], _k, _k), {}),
+                         ("k and v of different lengths", (_q, _k, _k[:, :, :29]), {}),
+                         ("a head dim of 24", (torch.randn(1, 4, 20, 24), torch.randn(1, 2, 30, 24),
+                                              torch.randn(1, 2, 30, 24)), {}),
+                         ("float64 inputs", (_q.double(), _k.double(), _k.double()), {}),
+                         ("causal with 20 queries and 10 keys", (_q, _k[:, :, :10], _k[:, :, :10]), {"causal": True}),
+                         ("block_n=8", (_q, _k, _k), {"block_n": 8}), ("block_m=True", (_q, _k, _k), {"block_m": True})):
+    check_raises(lambda: flash_attention(*_args, **_kw), ValueError, f"flash_attention with {_bad} (seed {_seed})")
+### END HIDDEN TESTS
+
+# %% [markdown] id="c022"
+# ### Your kernel against SDPA (not graded)
+#
+# On a CUDA GPU the cell below times your kernel against PyTorch's `scaled_dot_product_attention` (SDPA,
+# which picks its fastest backend: FlashAttention-2 from compute capability 8.0, the memory-efficient
+# kernel on a T4), interleaved (`course_lib.perf.timing.compare`), causal, float16 (the 16-bit type every
+# GPU Triton builds for computes, the T4 included), tiles of 64. A plain kernel like the solution's
+# reaches a fraction of SDPA's speed on an A100 or H100 (no autotuning, no software-pipelining choices,
+# the key loop masked everywhere); on a T4, without tensor cores, expect several times slower. On a CPU
+# your kernel ran in Triton's interpreter: there a timing measures NumPy, not the kernel, and the cell says
+# so instead of timing anything.
+
+# %% id="c023"
+if os.environ.get("NBGRADER_EXECUTION"):        # a measurement, not a test: the grader skips it
+    print("the measurement is skipped while grading")
+elif not KERNEL_ON_GPU:
+    print("Your kernel ran in Triton's interpreter on the CPU (TRITON_INTERPRET=1): each tile is a NumPy "
+          "operation in Python, so a timing here would measure the interpreter, not the kernel, and is "
+          "meaningless. On a CUDA GPU (compute capability 7.0 or more, e.g. Colab's T4) this cell times your "
+          "compiled kernel against SDPA.")
+else:
+    import torch.nn.functional as F
+
+    from course_lib.perf.claims import timing_claim
+    from course_lib.perf.timing import compare
+
+    _B, _H, _N, _D = 4, 16, 2048, 64
+    _q, _k, _v = (torch.randn(_B, _H, _N, _D, device="cuda", dtype=torch.float16) for _ in range(3))
+    try:
+        _mine = flash_attention(_q, _k, _v, causal=True, block_m=64, block_n=64)
+    except (NotImplementedError, NameError):
+        _mine = None
+        print("finish Part E first: this cell times your flash_attention")
+    if _mine is not None:
+        _sdpa = F.scaled_dot_product_attention(_q, _k, _v, is_causal=True)
+        _err = (_mine.float() - _sdpa.float()).abs().max().item()
+        print(f"{torch.cuda.get_device_name()} (compute capability {compute_capability()}): max |yours - SDPA| "
+              f"= {_err:.1e} at B={_B}, H={_H}, N={_N}, D={_D}, float16, causal")
+        _cmp = compare({"your kernel": lambda: flash_attention(_q, _k, _v, causal=True, block_m=64, block_n=64),
+                        "SDPA": lambda: F.scaled_dot_product_attention(_q, _k, _v, is_causal=True)},
+                       warmup=2, repeats=10, device="cuda")
+        _ratio = _cmp.ratio("your kernel", "SDPA")
+        timing_claim("your kernel is within 2x of SDPA's time on this GPU", held=_ratio <= 2.0,
+                     measured=f"yours takes {_ratio:.2f}x SDPA's time; {_cmp.describe()}",
+                     advice="a plain kernel is expected to lose here (see above); on a T4 it has no tensor "
+                            "cores; try block_n=32 or 128, and see notebook 07, section '5. A Triton kernel'")
+
 # %% [markdown] id="c017"
 # ## Going further (not graded)
 #
@@ -515,6 +876,9 @@ for _bq in (16, 64, 256):
 #   kernel, and its key-loop step (`online_softmax_tile` in `course_lib/attention/triton_online_softmax.py`)
 #   works in log2 units: `exp2`, with `log2(e)` folded into the scale. Why is the result the same, and what
 #   do `m` and `l` hold there?
+# * Give your Part E kernel a second output, the log-sum-exp of each row's scores, `LSE [B, H, T]` (fp32):
+#   what is it in terms of the kernel's final `m` and `l`, and why do FlashAttention's backward pass and
+#   flash-decoding's split merge (notebook 07, section '7. Flash-decoding: splitting the keys') need it?
 
 # %% [markdown] id="c018" tags=["answer-key"]
 # ### Answer key
@@ -535,3 +899,10 @@ for _bq in (16, 64, 256):
 #   `sum exp(s_nat - m_nat)`), and `acc` the unnormalized output, so `acc / l` is unchanged; a log-sum-exp
 #   read from the kernel must be multiplied by `ln 2` (`m + log2(l)` is in log2 units). `exp2` is one
 #   hardware instruction, `exp` a multiply more.
+# * With the kernel's natural-log scores, after the last tile `m` is the row's max score and `l` the sum of
+#   `exp(s - m)`, so `LSE = m + log(l)` = `log sum_j exp(s_j)`; one more `tl.store` of `m + tl.log(l)` with
+#   the mask `rows < T` (one fp32 per row, `T` of them per head: nothing next to the output). The backward
+#   pass recomputes each tile's probabilities as `exp(s - LSE)` instead of storing the `T x S` matrix
+#   (FlashAttention's recomputation); flash-decoding merges the partial outputs of key splits weighted by
+#   `exp(LSE_split - LSE_total)`, which needs each split's LSE (`combine_splits` in notebook 07, section 7).
+#   In the course's kernel (log2 units) the stored value is `(m + log2(l)) / log2(e)`.

@@ -93,3 +93,28 @@ def test_quant_bench_runs_and_measures_ratios_in_one_run(tmp_path):
     mb = {k.split()[0]: r["MB/layer"] for k, r in rows.items()}
     assert mb["int8"] < 0.52 * mb["bf16"] and mb.get("int4", 0) < 0.3 * mb["bf16"]   # the bytes the kernels read
     assert "gpt-fast" in res.stdout
+
+
+def test_lab07_kernel_bench_times_the_answer_key_or_says_why_not(tmp_path):
+    """bench/lab07_kernel.py (make gpu-check): the kernel of Lab 07 Part E's answer cell against SDPA on a
+    GPU; without one it exits 0 and says why (the interpreter grades the kernel, its times mean nothing)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, COURSE_BENCH_RESULTS=str(tmp_path), OMP_NUM_THREADS="1")
+    env.pop("TRITON_INTERPRET", None)
+    res = subprocess.run([sys.executable, str(root / "bench" / "lab07_kernel.py"), "--seq", "256", "--repeats", "3"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    if not torch.cuda.is_available():
+        assert "skipped: no CUDA GPU" in res.stdout and not list(tmp_path.glob("*.json")), res.stdout
+        return
+    if "skipped:" in res.stdout:                # a GPU below compute capability 7.0, or no triton package
+        assert not list(tmp_path.glob("*.json")), res.stdout
+        return
+    data = json.loads((tmp_path / "lab07_kernel-cuda.json").read_text())
+    assert [r["impl"] for r in data["rows"]] == ["lab07 kernel", "sdpa"] and all(r["time_ms"] > 0 for r in data["rows"])

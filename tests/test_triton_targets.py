@@ -97,3 +97,42 @@ def test_kernel_compiles_for_the_target(kernel, cc, dtype):
             assert "mma" in ptx, f"{kernel}: {dtype} dots not on tensor cores on sm_{cc}"
     if spec.loops:
         assert "cp.async" in ptx, f"{kernel}: K/V loads not pipelined on sm_{cc}"
+
+
+def _lab07_answer() -> dict:
+    """Lab 07 Part E's answer cell (solutions/lab07.ipynb), run as bench/lab07_kernel.py runs it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lab07_kernel_bench", ROOT / "bench" / "lab07_kernel.py")
+    bench = importlib.util.module_from_spec(spec)
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))          # its `from _common import ...`
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return bench.load_answer()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", [75, 80])
+def test_lab07_answer_kernel_builds_for_a_t4_and_an_a100(cc):
+    """What Lab 07 Part E tells a T4 student: the answer key's kernel compiles for sm_75 in fp16 (the lab's
+    16-bit type) with no bf16 and no tensor cores, and for sm_80 on tensor cores."""
+    pytest.importorskip("triton")
+    _skip_if_interpreting()
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    const = dict(H=16, GROUP=4, D=64, CAUSAL=True, PRECISION=None, BLOCK_M=64, BLOCK_N=64)  # the bench's launch
+    sig = {name: "*fp16" for name in ("Q", "K", "V", "O")}
+    sig.update({"T": "i32", "S": "i32", "scale": "fp32", "s_qb": "i32", "s_qh": "i32", "s_kb": "i32", "s_kh": "i32"},
+               **{k: "constexpr" for k in const})
+    build = triton.compile(ASTSource(fn=_lab07_answer()["_flash_fwd"], signature=sig, constexprs=const),
+                           target=GPUTarget("cuda", cc, 32), options=dict(num_warps=4, num_stages=2))
+    ptx = build.asm["ptx"]
+    assert re.search(rf"^\.target sm_{cc}a?\b", ptx, re.M) and len(build.asm["cubin"]) > 0
+    assert "bf16" not in build.asm["ttir"], "an fp16 launch of the lab's kernel asks for bf16"
+    if cc < 80:
+        assert "mma" not in ptx, "Triton now uses tensor cores on sm_75: update Lab 07 Part E's T4 paragraph"
+    else:
+        assert "mma" in ptx, "the lab's fp16 dots are not on tensor cores on sm_80"

@@ -19,8 +19,9 @@ status=0
 rm -rf build/executed   # only this run's copies (no quick CPU copy of a notebook that failed here)
 COURSE_QUICK=0 "$py" -m pytest -q -p no:cacheprovider notebooks 2>&1 | tee "$out/notebooks.log" || status=1
 mkdir -p "$out/executed" && cp build/executed/*.ipynb "$out/executed/" 2>/dev/null || true
-# 3. The benches that the GPU issue measures.
-for b in decode paged_attention serving; do
+# 3. The benches that the GPU issue measures, and lab 07's Part E kernel (the answer key's, read from
+#    solutions/lab07.ipynb) timed against SDPA after a correctness check (on a CPU it would say why not).
+for b in decode paged_attention serving lab07_kernel; do
   [ -f "bench/$b.py" ] && { "$py" "bench/$b.py" 2>&1 | tee "$out/bench-$b.log" || status=1; }
 done
 exit $status
