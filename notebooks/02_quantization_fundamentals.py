@@ -115,8 +115,7 @@ print("70000 in FP16:", torch.tensor(70000.0).half().item(), "| in BF16:", torch
 # **FP8** comes in two flavours that split the same 8 bits differently: **E4M3** (more precision, max 448;
 # the "fn" variant has no infinities, which frees the top exponent for numbers) is used for weights and
 # activations, **E5M2** (more range, max 57344) for gradients [@micikevicius2022fp8]. Floats keep the
-# *relative* gap between
-# neighbours roughly constant; integers keep the *absolute* gap constant. The plot shows every positive
+# *relative* gap between neighbours roughly constant; integers keep the *absolute* gap constant. The plot shows every positive
 # value of each 8-bit format and the relative gap to its neighbour (INT8 codes scaled so its max is 448).
 
 # %% id="c013"
