@@ -506,6 +506,15 @@ chunk = tiled_attention(qf[:, :, -T_CHUNK:], kf, vf, causal=True, block_q=4, blo
 decode = reference_attention(qf[:, :, -1:], kf, vf, causal=True)               # one query, all keys
 top_left = torch.ones(T_CHUNK, S_FULL).tril().bool()                          # query t sees keys 0..t
 wrong = F.scaled_dot_product_attention(qf[:, :, -T_CHUNK:], kf, vf, attn_mask=top_left)
+sdpa_causal = F.scaled_dot_product_attention(qf[:, :, -T_CHUNK:], kf, vf, is_causal=True)
+assert torch.allclose(sdpa_causal, wrong, atol=1e-6)                           # PyTorch's is_causal: top-left
+try:
+    from torch.nn.attention.bias import causal_lower_right                    # a prototype API in PyTorch 2.x
+    lower_right = F.scaled_dot_product_attention(qf[:, :, -T_CHUNK:], kf, vf, causal_lower_right(T_CHUNK, S_FULL))
+    assert torch.allclose(lower_right, full[:, :, -T_CHUNK:], atol=1e-5)
+    print("SDPA with is_causal=True is top-left; with causal_lower_right it matches the bottom-right result")
+except ImportError:
+    print("(torch.nn.attention.bias is not in this PyTorch)")
 print(f"{T_CHUNK} queries against {S_FULL} keys, bottom-right: max |chunk - last rows of full| = "
       f"{(chunk - full[:, :, -T_CHUNK:]).abs().max():.1e}; one decode query: "
       f"{(decode - full[:, :, -1:]).abs().max():.1e}")
