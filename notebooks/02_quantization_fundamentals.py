@@ -114,9 +114,8 @@ print("70000 in FP16:", torch.tensor(70000.0).half().item(), "| in BF16:", torch
 # %% [markdown] id="c012"
 # **FP8** comes in two flavours that split the same 8 bits differently: **E4M3** (more precision, max 448;
 # the "fn" variant has no infinities, which frees the top exponent for numbers) is used for weights and
-# activations, **E5M2** (more range, max 57344) for gradients (Micikevicius et al., *FP8 formats for deep
-# learning*, 2022). Floats keep the *relative* gap between
-# neighbours roughly constant; integers keep the *absolute* gap constant. The plot shows every positive
+# activations, **E5M2** (more range, max 57344) for gradients [@micikevicius2022fp8]. Floats keep the
+# *relative* gap between neighbours roughly constant; integers keep the *absolute* gap constant. The plot shows every positive
 # value of each 8-bit format and the relative gap to its neighbour (INT8 codes scaled so its max is 448).
 
 # %% id="c013"
@@ -229,7 +228,8 @@ assert all(abs(s - Q.DB_PER_BIT) < 0.6 for s in slopes[3:])   # 5 -> 8 bits: the
 # * **per tensor**: one scale;
 # * **per channel**: one scale per output channel (row of an `nn.Linear` weight `[out, in]`, `axis=0`);
 # * **per group**: each row cut into groups of `group_size` consecutive inputs (`axis=-1`), one scale
-#   each: GPTQ/AWQ use 128, GGUF 32, NF4 64.
+#   each: GPTQ/AWQ use 128 [@frantar2023gptq; @lin2024awq], GGUF's Q4_0 and Q8_0 32 [@ggml2023gguf],
+#   NF4 64 [@dettmers2023qlora].
 #
 # We use a real weight matrix: the up-projection of the course model's first MLP (`load("tiny")`).
 
@@ -294,7 +294,7 @@ print({b: [round(v, 2) for v in by_size[b]] for b in by_size}, "for group sizes"
 # ## 4. Outliers: why one value can ruin a whole tensor
 #
 # Trained LLMs have a few weights and, much more so, a few **activation channels** that are tens of times
-# larger than the rest (Dettmers et al., *LLM.int8()*, 2022). With one scale, the largest value sets Δ for
+# larger than the rest [@dettmers2022llmint8]. With one scale, the largest value sets Δ for
 # everybody. Here is one planted weight, 20 times the largest weight of our matrix, at 4 bits:
 
 # %% id="c029"
@@ -328,9 +328,11 @@ print(f"group 128: {int(outside.sum()):,} of {W.numel() - 1:,} other weights qua
 # quantized on the fly, per token (row), while the matmul `X @ W.T` wants scales along rows of X and rows
 # of W, not along features. Two fixes, built in module 03, in a synthetic preview:
 #
-# * **LLM.int8()** pulls the few outlier feature columns out and multiplies them in 16-bit; the rest is int8.
-# * **SmoothQuant** divides each feature of X by $s_j$ and multiplies the matching column of W by $s_j$:
-#   the product is unchanged in exact arithmetic, and the outliers move from activations into the weights.
+# * **LLM.int8()** [@dettmers2022llmint8] pulls the few outlier feature columns out and multiplies them in
+#   16-bit; the rest is int8.
+# * **SmoothQuant** [@xiao2023smoothquant] divides each feature of X by $s_j$ and multiplies the matching
+#   column of W by $s_j$: the product is unchanged in exact arithmetic, and the outliers move from
+#   activations into the weights.
 
 # %% id="c031"
 g2 = torch.Generator().manual_seed(SEED + 1)
@@ -362,7 +364,7 @@ assert mixed > plain + 10 and smooth > plain + 5
 # Absmax makes sure no value is clipped, but for bell-shaped data the extreme values are rare: shrinking
 # the range to `clip_ratio × absmax` saturates a few values and refines the step for all the others.
 # Two ways to choose the ratio: a **percentile** of |x| (cheap, a guess), or a **search** for the ratio with
-# the lowest MSE (what AWQ does per group). On Gaussian data and on our weight matrix, at 3 and 4 bits:
+# the lowest MSE (what AWQ does per group [@lin2024awq]). On Gaussian data and on our weight matrix, at 3 and 4 bits:
 
 # %% id="c033"
 grid = torch.linspace(0.3, 1.0, CLIP_STEPS)
@@ -459,11 +461,36 @@ ratio = Q.weight_bytes(real["LLaMA-7B"], "fp16") / int4_keep_emb
 print(f"FP16 -> INT4 (g128, FP16 embeddings): {ratio:.2f}x smaller")
 assert 3.3 < ratio < 3.7
 
+# %% [markdown] id="c041a"
+# > **Claim checked.** The notes credit INT4 with "higher throughput" as if the arithmetic got faster. An
+# > H100 has **no INT4 tensor cores**: NVIDIA's H100 datasheet lists tensor-core rates for FP64, TF32,
+# > BF16/FP16, FP8 and INT8, and no INT4 line (the course's hardware table, `course_lib.perf.hardware`,
+# > copies those rows and refuses `int4` for the H100, below). INT4 tensor-core operations exist on Turing
+# > (T4) and Ampere (A100: 1,248 dense INT4 TOPS in its datasheet), and Blackwell adds FP4. What weight-only
+# > INT4 (W4A16: GPTQ, AWQ, NF4) really speeds up is **memory-bound decode**: the weights are unpacked to
+# > 16-bit inside the kernel and multiplied in FP16/BF16, so the arithmetic is no faster; what shrinks is the
+# > bytes read per token. The bound, for LLaMA-7B on an H100 at batch 1 (every weight read once per token):
+
+# %% id="c041b"
+from course_lib.perf.hardware import get_gpu
+
+h100_hw = get_gpu("H100-SXM")
+try:
+    h100_hw.peak_flops("int4")
+    raise AssertionError("the hardware table lists no INT4 rate for the H100")
+except ValueError as e:
+    print("ValueError:", e)
+t16 = Q.weight_bytes(real["LLaMA-7B"], "fp16") / h100_hw.bandwidth
+t4 = int4_keep_emb / h100_hw.bandwidth
+print(f"weights read per token at {h100_hw.bandwidth / 1e12:.2f} TB/s: FP16 {t16 * 1e3:.2f} ms, INT4 g128 "
+      f"{t4 * 1e3:.2f} ms -> at most {t16 / t4:.1f}x faster decode at batch 1, from bytes alone")
+assert abs(t16 / t4 - ratio) < 1e-9          # the speedup bound is the byte ratio, not an arithmetic rate
+
 # %% [markdown] id="c042"
 # ## 8. Block formats: GGUF Q8_0 and Q4_0, byte for byte
 #
-# llama.cpp's GGUF files store quantized tensors as **blocks of 32 values**, each block an fp16 scale `d`
-# followed by the codes:
+# llama.cpp's [@gerganov2023llamacpp] GGUF files [@ggml2023gguf] store quantized tensors as **blocks of
+# 32 values**, each block an fp16 scale `d` followed by the codes:
 #
 # | format | bytes per block | codes | decode |
 # |---|---|---|---|
@@ -512,10 +539,37 @@ for name, data in [("Gaussian", g_data.reshape(-1, 32 * 25)), ("up_proj weight",
     if name == "Gaussian":
         assert res["Q4_0 (4.5 b)"] > res["INT4 absmax g32 (4.5 b)"]   # 16 levels instead of 15, no wasted code
 
+# %% [markdown] id="c046a"
+# > **Claim checked.** The lecture notes describe Q4_0 as "4-bit with 32-bit block scaling". The 32 is the
+# > **block size**: 32 weights share one scale, and that scale is an **fp16** number (2 bytes), not a 32-bit
+# > one. A block is 2 + 16 = 18 bytes for 32 weights: 4.5 bits per weight (an fp32 scale would make it 20
+# > bytes, 5 bits). The cell reads the scale back from the first two bytes of a block as an fp16 and checks the
+# > block size against the `gguf` package's table.
+
+# %% id="c046b"
+import numpy as np
+
+from course_lib.quant.gguf import BLOCK_BYTES
+
+d_bytes = b4[0, :2].numpy().tobytes()                      # the block's first two bytes
+d_fp16 = np.frombuffer(d_bytes, dtype=np.float16)[0]
+print(f"Q4_0 block: {BLOCK_BYTES['q4_0']} bytes per 32 weights; scale bytes {d_bytes.hex()} read as fp16 = "
+      f"{float(d_fp16)}; describe_block's d = {info['d']}")
+assert float(d_fp16) == info["d"] and BLOCK_BYTES["q4_0"] == 18 and b4.shape[1] == 2 * 18   # fp16 scale
+assert 18 * 8 / 32 == 4.5
+try:
+    import gguf
+    assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0] == (32, 18)    # (weights, bytes) per block
+    print("gguf's table: Q4_0 =", gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0],
+          "(weights, bytes) per block")
+except ImportError:
+    print("(the `gguf` package is not installed)")
+
 # %% [markdown] id="c047"
 # ## 9. NF4: a codebook shaped like the weights
 #
-# Uniform grids spend as many levels on the rare tails as on the crowded middle. NF4 (QLoRA) instead takes
+# Uniform grids spend as many levels on the rare tails as on the crowded middle. NF4 (QLoRA,
+# [@dettmers2023qlora]) instead takes
 # its 16 levels at **quantiles of the standard normal distribution**, so that each level covers about the same
 # share of normally distributed weights, then scales them into [-1, 1]. Two details:
 #
@@ -560,12 +614,34 @@ print(f"up_proj weight: NF4 {w_nf:.2f} dB vs INT4 absmax g64 {w_int4:.2f} dB")
 
 # %% [markdown] id="c050"
 # **Double quantization.** The fp32 absmax of every 64 weights costs 0.5 bits per weight. QLoRA quantizes
-# these scales too: subtract their mean (the **offset**; the scales are all positive, so without it half of
-# a signed 8-bit code would never be used), then quantize them to 8 bits in blocks of 256 with one fp32 scale
-# each. Cost: 4 + 8/64 + 32/(64·256) = 4.127 bits per weight, for an SQNR change of a few hundredths of a dB
-# (above). On a 70B model:
+# these scales too, "with 8-bit floats with a blocksize of 256" [@dettmers2023qlora]. What bitsandbytes does
+# (`quantize_4bit(..., compress_statistics=True)`, which `bnb_4bit_use_double_quant=True` switches on):
+# subtract the mean of the absmax values (the **offset**, kept in fp32), then `quantize_blockwise` the
+# centred values in blocks of 256, each block divided by its own absmax (fp32) and rounded to the nearest
+# entry of bitsandbytes' **dynamic 8-bit map**. That map is a float-like code, not an int8 grid: one sign
+# bit, then a decimal exponent written as a run of zero bits ended by a 1, and the remaining bits a linear
+# fraction in [0.1, 1]. Each extra zero divides the value by 10 and costs a fraction bit, so per sign there
+# are 64 codes in [0.1, 1), 32 in [0.01, 0.1), ... down to 1 code below 1e-6, plus 0 and 1 (counted below).
+# It is signed, which is why the offset matters: the scales are all positive, and without centring them
+# the 127 negative codes would never be used. Cost:
+# 4 + 8/64 + 32/(64·256) = 4.127 bits per weight, for an SQNR change of a few hundredths of a dB (above).
+# On a 70B model:
 
 # %% id="c051"
+from course_lib.quant.nf4 import dynamic_map
+
+code8 = dynamic_map()                                # bitsandbytes' signed "dynamic" 8-bit code, 256 values
+pos = code8[code8 > 0]
+decades = [int(((pos >= 10.0 ** -(k + 1)) & (pos < 10.0 ** -k)).sum()) for k in range(7)]
+print(f"dynamic map: {code8.numel()} codes in [{code8.min():.3f}, {code8.max():.0f}], {int((code8 < 0).sum())} "
+      f"negative; positive codes per decade [0.1, 1), [0.01, 0.1), ...: {decades}, smallest {pos.min():.1e}")
+assert code8.numel() == 256 and int((code8 < 0).sum()) == 127
+assert decades == [64, 32, 16, 8, 4, 2, 1]                   # one fraction bit fewer per decade
+try:
+    import bitsandbytes.functional as bnbF
+    assert torch.equal(code8, bnbF.create_dynamic_map().cpu())     # the same table as bitsandbytes'
+except ImportError:
+    pass
 saved = Q.weight_bytes(70e9, "nf4") - Q.weight_bytes(70e9, "nf4-dq")
 print(f"offset = {nf_dq.offset:.4f} (mean absmax); 70B parameters: NF4 {Q.weight_bytes(70e9, 'nf4') / 1e9:.1f} GB, "
       f"with double quantization {Q.weight_bytes(70e9, 'nf4-dq') / 1e9:.1f} GB, saving {saved / 1e9:.2f} GB")
@@ -624,3 +700,20 @@ assert s_group > s_tensor
 #
 # **Next (module 03):** quantizing whole LLMs: weight-only W4A16 with GPTQ and AWQ, LLM.int8 and
 # SmoothQuant for activations, bitsandbytes through transformers, and perplexity against memory and speed.
+#
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * [@micikevicius2022fp8]: the FP8 formats E4M3 and E5M2, and which tensors each is for.
+# * [@dettmers2022llmint8]: outlier features in LLM activations, and the mixed-precision fix of section 4.
+# * [@xiao2023smoothquant]: migrating the activations' outliers into the weights (section 4's preview).
+# * [@dettmers2023qlora]: NF4, its block size of 64, and double quantization (section 9).
+# * [@frantar2023gptq; @lin2024awq]: the group size 128 of weight-only INT4, and AWQ's searched scales.
+# * [@ggml2023gguf; @gerganov2023llamacpp]: the GGUF block formats Q8_0 and Q4_0 (section 8).
+#
+# To go further:
+#
+# * [@jacob2018quantization]: integer-only inference with scale and zero point, the scheme behind
+#   asymmetric quantization and most int8 deployments.
+# * [@gholami2021survey]: a survey of quantization methods for neural network inference.

@@ -7,12 +7,14 @@
 #
 # 1. **weight-only** W8A16 / W4A16 round-to-nearest (RTN) with group scales, packed int4, measured bytes;
 # 2. **activations**: dynamic per-token int8 (W8A8) and the **outlier channels** of the real model;
-# 3. **LLM.int8()**: outlier columns in floating point, the rest int8, checked against `bitsandbytes`;
-# 4. **SmoothQuant**: move the activations' difficulty into the weights, then W8A8;
-# 5. **AWQ**: a *searched* per-channel scale folded into the previous op;
-# 6. **GPTQ**: second-order error feedback through the inverse Hessian;
-# 7. **GGUF k-quants** (Q4_K, Q6_K): super-blocks with quantized scales, and what the "K" is not;
-# 8. **FP8** E4M3 / E5M2 against int8;
+# 3. **LLM.int8()** [@dettmers2022llmint8]: outlier columns in floating point, the rest int8, checked
+#    against `bitsandbytes`;
+# 4. **SmoothQuant** [@xiao2023smoothquant]: move the activations' difficulty into the weights, then W8A8;
+# 5. **AWQ** [@lin2024awq]: a *searched* per-channel scale folded into the previous op;
+# 6. **GPTQ** [@frantar2023gptq]: second-order error feedback through the inverse Hessian;
+# 7. **GGUF k-quants** (Q4_K, Q6_K) [@gerganov2023llamacpp]: super-blocks with quantized scales, and what
+#    the "K" is not;
+# 8. **FP8** E4M3 / E5M2 [@micikevicius2022fp8] against int8;
 # 9. **quantization-aware training**: fake quantization with a straight-through estimator;
 # 10. **layer-wise mixed precision** from a sensitivity scan, under a byte budget;
 # 11. **fast weight-only kernels**: int8 / int4 matmuls that read the packed weights;
@@ -146,9 +148,9 @@ plt.show()
 # %% [markdown] id="c012"
 # One residual-stream channel stands out in every layer, at a few times the median: the same phenomenon as
 # in large LLMs, much milder (Dettmers et al. report channels 20x and more above the rest from about
-# 6.7 B parameters on). The `down_proj` inputs (after SiLU · up) are large everywhere, not in a few channels.
-# Per-token int8 of the activations, on real inputs: the error of W8A8 against W8A16 on the norm-fed layer
-# with the largest outlier ratio.
+# 6.7 B parameters on [@dettmers2022llmint8]). The `down_proj` inputs (after SiLU · up) are large
+# everywhere, not in a few channels. Per-token int8 of the activations, on real inputs: the error of W8A8
+# against W8A16 on the norm-fed layer with the largest outlier ratio.
 
 # %% id="c013"
 lin = model.get_submodule(worst["layer"])
@@ -163,9 +165,9 @@ assert e_w8a8 > e_w8a16
 # %% [markdown] id="c014"
 # ## 3. LLM.int8(): keep the outlier columns in floating point
 #
-# Dettmers et al. (2022) split the input features: the columns where some token has |x| ≥ 6 are multiplied
-# in floating point, the rest in int8 (per-token scales for x, per-row scales for W). The weights are stored
-# once, in int8. Our reference (`LLMInt8Linear`) and `bitsandbytes.nn.Linear8bitLt` on the same real inputs:
+# Dettmers et al. [@dettmers2022llmint8] split the input features: the columns where some token has |x| ≥ 6 are
+# multiplied in floating point, the rest in int8 (per-token scales for x, per-row scales for W). The weights are
+# stored once, in int8. Our reference (`LLMInt8Linear`) and `bitsandbytes.nn.Linear8bitLt` on the same real inputs:
 
 # %% id="c015"
 import bitsandbytes as bnb
@@ -195,10 +197,10 @@ assert diff < 1e-2 and e_mixed <= e_w8a8 * 1.01
 # %% [markdown] id="c017"
 # ## 4. SmoothQuant: migrate the difficulty into the weights
 #
-# For each input channel j, $s_j = \max|X_j|^{\alpha} / \max|W_{:,j}|^{1-\alpha}$; dividing the activations
-# by s (folded into the RMSNorm gain, or the previous linear's rows) and multiplying the weight columns by s
-# leaves the product unchanged. First the check that matters: the smoothed model, **before** quantization,
-# computes the same function.
+# For each input channel j, $s_j = \max|X_j|^{\alpha} / \max|W_{:,j}|^{1-\alpha}$ [@xiao2023smoothquant]; dividing the
+# activations by s (folded into the RMSNorm gain, or the previous linear's rows) and multiplying the weight columns by
+# s leaves the product unchanged. First the check that matters: the smoothed model, **before** quantization, computes
+# the same function.
 
 # %% id="c018"
 smoothed = copy.deepcopy(model)
@@ -231,7 +233,8 @@ assert better > len(errs) / 2
 # %% [markdown] id="c020"
 # ## 5. AWQ: search the scale
 #
-# AWQ protects the weight columns that meet large activations by scaling them up before rounding:
+# AWQ [@lin2024awq] protects the weight columns that meet large activations by scaling them up before
+# rounding:
 # $s = \overline{|x|}^{\alpha}$, normalized, and it **searches** α on a grid, measuring each trial's output
 # error on calibration data. Each trial quantizes a scaled *copy*, so the weights are unchanged between
 # trials; the winner is folded into the previous op. α = 0 is plain RTN, so the search can only help on the
@@ -279,8 +282,8 @@ assert loss_alpha1 > min(res.losses)
 # the first column they differ: quantizing a column removes it from the problem). Recomputing an inverse per
 # column would cost $O(d^4)$; the upper Cholesky factor $U$ of $H^{-1}$ ($H^{-1} = U^\top U$) holds every
 # step's row at once: row $j$ of $U$ is row $j$ of $H_F^{-1}$ divided by $\sqrt{[H_F^{-1}]_{jj}}$, so
-# $U_{jk}/U_{jj} = [H_F^{-1}]_{jk}/[H_F^{-1}]_{jj}$, the ratio the update needs (Frantar et al., "GPTQ: Accurate
-# Post-Training Quantization for Generative Pre-trained Transformers", ICLR 2023). The next cell checks this on
+# $U_{jk}/U_{jj} = [H_F^{-1}]_{jk}/[H_F^{-1}]_{jj}$, the ratio the update needs [@frantar2023gptq]. The next
+# cell checks this on
 # this layer's Hessian. Damping, lazy batches, groups, act-order and dead columns are in
 # `course_lib/quant/gptq.py`. The objective, layer by layer, on calibration and held-out inputs:
 
@@ -357,7 +360,8 @@ assert e["notes' rule (H)"] > e["RTN"] > e["GPTQ (H^-1)"]
 # %% [markdown] id="c027a"
 # ## 7. GGUF k-quants: super-blocks with quantized scales
 #
-# Q4_0 stores one fp16 scale per 32 weights. The k-quants of llama.cpp group 256 weights into a
+# Q4_0 stores one fp16 scale per 32 weights (module 02 reads it back from a block's bytes). The k-quants of
+# llama.cpp [@gerganov2023llamacpp] group 256 weights into a
 # *super-block* and quantize the per-sub-block scales themselves: Q4_K keeps, for each of 8 sub-blocks of
 # 32, a 6-bit scale and a 6-bit minimum (an affine code, `x ~ d*sc*q - dmin*m`) plus two fp16 numbers for
 # the whole super-block: 144 bytes per 256 weights, the same 4.5 bits per weight as Q4_0. Q6_K uses
@@ -415,13 +419,27 @@ except ImportError:
 # %% [markdown] id="c027e"
 # ## 8. FP8: a logarithmic grid
 #
-# FP8 E4M3 has 3 mantissa bits, so its step is a fixed share of the value (about 6%), wherever the value sits;
-# int8's step is fixed in absolute terms. On a bell-shaped tensor int8 wins (more levels where the values are);
-# with heavy tails and one scale per tensor FP8 wins, since its outliers do not stretch the step of the small
-# values. E5M2 trades a mantissa bit for range: about 6 dB worse.
+# FP8 E4M3 [@micikevicius2022fp8] has 3 mantissa bits, so the step between neighbours is 2^-3 of the power of two
+# below the value, wherever the value sits: relative to a value 1.m x 2^e it is 2^-3 / 1.m, 12.5% just above a power
+# of two (1.m = 1) down to 6.7% just below the next (1.m = 1.875, the largest mantissa; 6.25% measured against the
+# upper neighbour). Rounding to the nearest costs at most half a step: 3.1-6.25% of the value. (A round "about 6%" for
+# the step is the best case, not the rule; the cell below computes the spacing of every normal E4M3 value.) int8's
+# step is fixed in absolute terms. On a bell-shaped tensor int8 wins (more levels where the values are); with heavy
+# tails and one scale per tensor FP8 wins, since its outliers do not stretch the step of the small values. E5M2 trades
+# a mantissa bit for range: about 6 dB worse.
 
 # %% id="c027f"
 from course_lib.quant import fp8_error_rows
+
+e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+normal = e4m3[(e4m3 >= 2.0 ** -6) & e4m3.isfinite()].unique()           # positive normal values, sorted
+gap_rel = (normal[1:] - normal[:-1]) / normal[:-1]                       # step to the next value, per value
+mant = normal[:-1] / 2.0 ** normal[:-1].log2().floor()                   # 1.m of each value
+assert torch.allclose(gap_rel, 2.0 ** -3 / mant)                         # step = 2^-3 / 1.m
+print(f"E4M3: {normal.numel()} positive normal values up to {normal.max():.0f}; step to the next value "
+      f"{gap_rel.min():.2%} to {gap_rel.max():.2%} of the value; the worst rounding error is half of it, "
+      f"{gap_rel.max() / 2:.2%}")
+assert abs(gap_rel.max() - 0.125) < 1e-9 and abs(gap_rel.min() - 0.125 / 1.875) < 1e-9
 
 g = torch.Generator().manual_seed(1)
 z = torch.randn(3, 256, 512, generator=g)
@@ -441,7 +459,8 @@ assert 4 < fp8_db[("gaussian", "fp8 e4m3", "row")] - fp8_db[("gaussian", "fp8 e5
 #
 # PTQ rounds the trained weights once. QAT rounds them in every forward pass and lets the loss move the
 # float weights so that their *rounded* values work; the rounding's zero gradient is replaced by the
-# identity (the straight-through estimator). Here: int3 with one scale per row, the tiny model, `QAT_STEPS` steps of
+# identity (the straight-through estimator), as in the simulated quantization of [@jacob2018quantization].
+# Here: int3 with one scale per row, the tiny model, `QAT_STEPS` steps of
 # 4 x 128 tokens (12 in quick mode, 200 in full) distilling from the float model, held-out bits per byte before
 # and after. (In production:
 # torchao's `torchao.quantization.qat`; `torch.ao.quantization` is the legacy CNN-era workflow.)
@@ -516,9 +535,10 @@ assert mb["int8"] < 0.52 * mb[base_dtype]                     # the bytes halve;
 # %% [markdown] id="c027m"
 # ## 12. bitsandbytes int8 and NF4 (double quantization)
 #
-# `BitsAndBytesConfig(load_in_8bit=True)` (LLM.int8) and `load_in_4bit=True, bnb_4bit_quant_type="nf4",
-# bnb_4bit_use_double_quant=True`. Where transformers refuses (it asks for `accelerate`, even on a CPU), the
-# same bitsandbytes modules are put in by hand; the route taken is printed. Their rows join the table below.
+# `BitsAndBytesConfig(load_in_8bit=True)` (LLM.int8 [@dettmers2022llmint8]) and `load_in_4bit=True,
+# bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True` (QLoRA's NF4 and double quantization
+# [@dettmers2023qlora]; module 02 takes both apart). Where transformers refuses (it asks for `accelerate`, even on a
+# CPU), the same bitsandbytes modules are put in by hand; the route taken is printed. Their rows join the table below.
 #
 # **What bitsandbytes (0.50) computes on a CPU**, read from its code:
 #
@@ -721,3 +741,21 @@ except ImportError:
 #   previous op; GPTQ feeds each column's error forward through $H^{-1}$ and beats RTN layer by layer.
 # * On a CPU the reference layers are slower than fp32: the speed of quantization comes from kernels that
 #   read packed weights (a GPU's int8/int4 weight-only matmul).
+#
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * [@dettmers2022llmint8]: outlier features and the mixed-precision int8 matmul of section 3.
+# * [@xiao2023smoothquant]: the smoothing scale and W8A8 of section 4.
+# * [@lin2024awq]: activation-aware scales, searched, for weight-only INT4 (section 5).
+# * [@frantar2023gptq]: GPTQ's column-by-column error feedback and its Cholesky form (section 6).
+# * [@gerganov2023llamacpp; @ggml2023gguf]: the k-quant formats of section 7.
+# * [@micikevicius2022fp8]: E4M3 and E5M2 (section 8).
+# * [@jacob2018quantization]: quantization-aware training with simulated quantization (section 9).
+# * [@dettmers2023qlora]: NF4 and double quantization as bitsandbytes implements them (section 12).
+#
+# To go further:
+#
+# * [@frantar2022optimal]: Optimal Brain Compression, the exact per-weight method GPTQ approximates at scale.
+# * [@gholami2021survey]: a survey of quantization for neural network inference.

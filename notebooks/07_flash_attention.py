@@ -4,8 +4,9 @@
 # Attention compares every query with every key: for a sequence of N tokens that is an N x N matrix of
 # scores per head. Written out in full, that matrix is the largest tensor of the whole forward pass at
 # long contexts, and moving it to and from the GPU's main memory (HBM) costs more time than the
-# arithmetic. FlashAttention computes **exactly** the same result without ever writing the matrix: it
-# walks the keys in tiles that fit in the chip's fast on-chip memory (SRAM) and keeps a running softmax.
+# arithmetic. FlashAttention [@dao2022flashattention] computes **exactly** the same result without ever
+# writing the matrix: it walks the keys in tiles that fit in the chip's fast on-chip memory (SRAM) and keeps
+# a running softmax [@milakov2018online; @rabe2021selfattention].
 #
 # Lecture notes often say it is "2-4x faster", that it "reduces memory I/O by a factor of sqrt(N)", and
 # that "you usually don't need to implement it yourself". This notebook checks the first two and does the
@@ -18,7 +19,8 @@
 # 5. a Triton kernel, against the reference and every SDPA backend this machine has;
 # 6. PyTorch's SDPA backends and the flash-attn package: which one runs here, and why a T4 has no flash;
 # 7. flash-decoding: splitting the keys of one decode step, merged by log-sum-exp;
-# 8. what FlashAttention-2 and -3 changed.
+# 8. what FlashAttention-2 and -3 changed;
+# 9. causal masks when there are fewer queries than keys (decode, chunked prefill).
 
 # %% id="c003" tags=["parameters"]
 import course_lib.env
@@ -47,7 +49,8 @@ from course_lib.attention import (IOCounter, combine_splits, flash_attention_io,
                                   flash_backend_reason, flash_decode_torch, flash_io_theta, hf_attn_implementation,
                                   io_reduction, online_softmax, reference_attention, scores_bytes,
                                   sdpa_backend_report, sdpa_default_backend, softmax_stats_update, split_partials,
-                                  sram_block_rows, standard_attention_io, tiled_attention, triton_status)
+                                  sram_block_cols, sram_block_rows, standard_attention_io, tiled_attention,
+                                  triton_status)
 from course_lib.attention.backends import BACKEND_NAMES, run_backend
 from course_lib.perf.hardware import get_gpu
 from course_lib.perf.claims import timing_claim
@@ -92,14 +95,26 @@ assert rows[0]["scores / QKVO"] == 512 / (4 * 128)                    # N / 4d: 
 # ## 2. Counting the bytes: the IO model
 #
 # A GPU has two memories that matter here: HBM (tens of GB, ~3 TB/s on an H100) and the SRAM of each
-# streaming multiprocessor (228 KB per SM on an H100, ~20x faster). Per head, with N tokens, head dim d
+# streaming multiprocessor (up to 228 KB of shared memory per SM on an H100), with about an order of
+# magnitude more bandwidth (the FlashAttention paper's figure: 19 TB/s of SRAM against 1.5 TB/s of HBM on
+# an A100 [@dao2022flashattention]). Per head, with N tokens, head dim d
 # and M elements of SRAM (`course_lib.attention.io_model` derives these):
 #
 # * **standard attention** reads Q and K, writes S, reads S, writes P, reads P and V, writes O:
 #   4Nd + 4N^2 elements, Theta(Nd + N^2);
 # * **tiled attention** (query tiles outside, key tiles inside, as FlashAttention-2) reads each query
-#   tile once, K and V once per query tile, writes O once: Nd + 2Nd * ceil(N / B_r) + Nd. Sized from the
-#   SRAM the paper's way (B_r = M / 4d rows), that is Theta(N^2 d^2 / M).
+#   tile once, K and V once per query tile, writes O once: Nd + 2Nd * ceil(N / B_r) + Nd, about
+#   2N^2 d / B_r for long sequences.
+#
+# How big can the tiles be? The FlashAttention paper (Algorithm 1 of [@dao2022flashattention]) sets
+# **B_c = ceil(M / 4d)** key rows and **B_r = min(ceil(M / 4d), d)** query rows. The K and V tiles take
+# B_c x d = M/4 each; the Q and O tiles at most M/4 each; and the B_r x B_c score tile at most
+# d x M/4d = M/4. The cap at d is what makes the **score tile** fit too: with B_r = B_c = M/4d the four
+# d-wide tiles alone would fill M, and the (M/4d)^2 scores would come on top. On an H100 SM at d = 128,
+# M/4d = 228 rows, so B_r = d = 128. (`sram_block_rows` and `sram_block_cols` compute the two.) The
+# paper's own loop order puts the key tiles outside and re-reads Q and O once per key tile, which is its
+# Theta(N^2 d^2 / M); in our loop order K and V are re-read once per **query** tile, and the count is
+# 2N^2 d / B_r: the paper's Theta while M < 4d^2 (B_r = M/4d), and 2N^2 once B_r reaches d.
 #
 # The model is checked against the loads `tiled_attention` counts (an `IOCounter` records every tile it
 # reads): they must agree exactly, causal or not, for lengths that are not tile multiples.
@@ -127,30 +142,47 @@ theta = [flash_io_theta(N, d, M) for N in IO_LENS]
 red = [io_reduction(N, d, M) for N in IO_LENS]
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
 a1.loglog(IO_LENS, std, "o-", label="standard: 4Nd + 4N^2")
-a1.loglog(IO_LENS, fla, "s-", label=f"tiled, B_r = M/4d = {sram_block_rows(d, M)}")
-a1.loglog(IO_LENS, theta, "k:", label="N^2 d^2 / M")
+b_r, b_c = sram_block_rows(d, M), sram_block_cols(d, M)
+print(f"H100 SM: M = {M} fp16 elements, d = {d}: M/4d = {b_c}, so B_c = {b_c} key rows and "
+      f"B_r = min({b_c}, {d}) = {b_r} query rows")
+print(f"  tiles: K, V {b_c}x{d} = {b_c * d} each; Q, O {b_r}x{d} = {b_r * d} each; scores {b_r}x{b_c} = "
+      f"{b_r * b_c}; together {(2 * b_c * d + 2 * b_r * d + b_r * b_c) / M:.2f} M (the paper's O(M))")
+print(f"  with B_r = B_c = {b_c}: the score tile alone is {b_c * b_c} = {b_c * b_c / M:.2f} M, on top of "
+      f"{4 * b_c * d / M:.2f} M of Q, O, K, V")
+assert b_c == math.ceil(M / (4 * d)) and b_r == min(b_c, d) == 128
+assert b_r * b_c <= M / 4 + d and b_c * b_c > M / 4                  # the cap at d is what makes the scores fit
+a1.loglog(IO_LENS, fla, "s-", label=f"tiled, B_r = min(M/4d, d) = {b_r}")
+a1.loglog(IO_LENS, theta, "k:", label="N^2 d^2 / M (the paper's loop order)")
 a1.set(xlabel="N", ylabel="elements moved per head", title=f"H100 SRAM per SM: {h100.smem_per_sm_kb} KB, d={d}")
 a1.legend(fontsize=8)
 a2.semilogx(IO_LENS, red, "o-", label="measured reduction (model)")
 a2.semilogx(IO_LENS, [math.sqrt(N) for N in IO_LENS], "r--", label="sqrt(N), the notes' claim")
-a2.axhline(M / (2 * d * d), color="gray", ls=":", label="M / 2d^2")
+a2.axhline(2 * b_r / d, color="gray", ls=":", label="2 B_r / d")
 a2.set(xlabel="N", ylabel="standard / tiled", title="IO reduction")
 a2.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
-print(f"tiled / (N^2 d^2 / M) at N = {IO_LENS[-1]}: {fla[-1] / theta[-1]:.2f} (the constant of the Theta)")
-print("reduction standard / tiled:", ", ".join(f"N={N}: {r:.1f}x" for N, r in zip(IO_LENS[::3], red[::3])))
-assert 7.5 < fla[-1] / theta[-1] < 8.5
-assert abs(red[-1] / red[-2] - 1) < 0.02 and abs(red[-1] - M / (2 * d * d)) / (M / (2 * d * d)) < 0.05
+print(f"tiled / (N^2 d^2 / M) at N = {IO_LENS[-1]}: {fla[-1] / theta[-1]:.2f} "
+      f"(2M / (d B_r) = {2 * M / (d * b_r):.2f}: a constant, whatever N)")
+print("reduction standard / tiled:", ", ".join(f"N={N}: {r:.2f}x" for N, r in zip(IO_LENS[::3], red[::3])))
+assert abs(fla[-1] / theta[-1] / (2 * M / (d * b_r)) - 1) < 0.01
+assert abs(red[-1] / red[-2] - 1) < 0.02 and abs(red[-1] - 2 * b_r / d) < 0.02        # 2x at d = 128
+small_m = 32 * 1024                                   # an SRAM below 4 d^2: B_r = M/4d and the paper's M / 2d^2
+print(f"for contrast, M = {small_m} elements at d = {d}: B_r = {sram_block_rows(d, small_m)}, reduction "
+      f"{io_reduction(IO_LENS[-1], d, small_m):.2f}x = M / 2d^2 = {small_m / (2 * d * d):.2f}")
+assert abs(io_reduction(IO_LENS[-1], d, small_m) - small_m / (2 * d * d)) < 0.02
 
 # %% [markdown] id="c010"
 # > **Claim checked.** The notes say FlashAttention "reduces memory I/O cost by a factor of sqrt(N)". The
-# > IO model says otherwise, and the counted loads agree with the model: the reduction grows at short
-# > lengths and then **levels off at about M / 2d^2** (3.6x for d = 128 on an H100's 228 KB SM, more for
-# > d = 64), whatever N is; sqrt(N) would keep growing (16x at 256 tokens, 362x at 131k). The paper's
-# > result is Theta(N^2 d^2 / M) accesses against Theta(Nd + N^2): the gain is set by how many d x d
-# > worth of data fit in SRAM, not by the sequence length. Where FlashAttention's advantage does grow with
-# > N is **memory** (section 1: O(N) instead of O(N^2)) - and it is exact, not an approximation.
+# > IO model says otherwise, and the counted loads agree with the model: with the paper's tiles the
+# > reduction is **2 B_r / d, a constant**: 2x for d = 128 on an H100's 228 KB SM (B_r = d, so tiled
+# > attention moves 2N^2 + 2Nd elements against standard attention's 4N^2 + 4Nd), and M / 2d^2 on an SRAM
+# > smaller than 4d^2, whatever N is; sqrt(N) would keep growing (16x at 256 tokens, 362x at 131k). An
+# > earlier version of this notebook sized the query tile as M/4d rows and got 3.6x: that tile leaves no
+# > room for the scores. The paper's result is Theta(N^2 d^2 / M) accesses against Theta(Nd + N^2)
+# > [@dao2022flashattention]: the gain is set by the SRAM against d^2, not by the sequence length. Where
+# > FlashAttention's advantage does grow with N is **memory** (section 1: O(N) instead of O(N^2)) - and it
+# > is exact, not an approximation.
 #
 # ## 3. Online softmax, step by step
 #
@@ -427,17 +459,20 @@ if course_lib.env.triton_gpu_supported():
 # %% [markdown] id="c024"
 # ## 8. What FlashAttention-2 and -3 changed
 #
-# * **FlashAttention (2022)**: tiling plus online softmax, the IO analysis of section 2, recomputation of
-#   the scores in the backward pass instead of storing them. Key/value tiles in the outer loop.
-# * **FlashAttention-2 (2023)**: query tiles in the outer loop (our loop order), so each program owns its
-#   output rows and never writes partial results; parallelism over the sequence, not only batch x heads;
-#   fewer non-matmul FLOPs (the division by l once at the end, not per tile: tensor cores do matmuls
-#   ~16x faster than the exp and the rescaling); work split between warps so that they share less
-#   through shared memory. About 2x FlashAttention-1, ~50-70% of an A100's peak in the forward pass.
-# * **FlashAttention-3 (2024, Hopper)**: warp specialization (producer warps load tiles with the TMA
-#   engine while consumer warps compute), asynchronous wgmma matmuls overlapped with the softmax of the
-#   previous tile (ping-pong between warp groups), and FP8 with block quantization and incoherent
-#   processing to keep the error down. It reaches ~75% of an H100's bf16 peak.
+# * **FlashAttention (2022)** [@dao2022flashattention]: tiling plus online softmax, the IO analysis of
+#   section 2, recomputation of the scores in the backward pass instead of storing them. Key/value tiles
+#   in the outer loop.
+# * **FlashAttention-2 (2023)** [@dao2023flashattention2]: query tiles in the outer loop (our loop order),
+#   so each program owns its output rows and never writes partial results; parallelism over the sequence,
+#   not only batch x heads; fewer non-matmul FLOPs (the division by l once at the end, not per tile: an
+#   A100 does matmuls ~16x faster than other FP32 arithmetic, 312 against 19.5 TFLOP/s); work split between
+#   warps so that they share less through shared memory. About 2x FlashAttention-1, ~50-70% of an A100's
+#   peak in the forward pass.
+# * **FlashAttention-3 (2024, Hopper)** [@shah2024flashattention3]: warp specialization (producer warps
+#   load tiles with the TMA engine while consumer warps compute), asynchronous wgmma matmuls overlapped
+#   with the softmax of the previous tile (ping-pong between warp groups), and FP8 with block quantization
+#   and incoherent processing to keep the error down. It reaches ~75% of an H100's FP16 peak
+#   (740 TFLOP/s).
 #
 # Our Triton kernel is FlashAttention-2's algorithm; Triton's compiler does the pipelining of the loads
 # (cp.async / TMA) but not FlashAttention-3's warp specialization. The speed table of section 5 shows
@@ -446,3 +481,63 @@ if course_lib.env.triton_gpu_supported():
 
 # %% id="c025"
 print(format_records([r for r in speed if r["N"] == N_big], floatfmt=".3g"))
+
+# %% [markdown] id="c026"
+# ## 9. Causal masks when there are fewer queries than keys
+#
+# In training and in a prefill without a cache, queries and keys are the same N positions, and "causal"
+# means query i sees keys 0..i: the mask is the lower triangle of a square. In **decode** (1 new query
+# against S cached keys) and in **chunked prefill** (a chunk of T queries appended to S - T cached keys),
+# the T queries are the **last** T positions of the sequence. Query t sits at absolute position
+# S - T + t and must see keys 0..S - T + t: the diagonal of the mask runs into the **bottom-right** corner
+# of the T x S rectangle. The other convention, top-left (query t sees keys 0..t), would let the one decode
+# query see only the first key. `course_lib.attention` uses bottom-right everywhere (`allowed_mask`, the
+# tiled version, the Triton kernels), the convention of the flash-attn package since its version 2.1.
+# PyTorch's `scaled_dot_product_attention(is_causal=True)` aligns top-left when T != S;
+# `torch.nn.attention.bias.causal_lower_right` builds the bottom-right mask for it. The check: the T queries
+# of a chunk, attended causally against all S keys, give exactly the last T rows of full causal attention,
+# and the top-left mask does not.
+
+# %% id="c027"
+S_FULL, T_CHUNK = 40, 7
+qf, kf, vf = (torch.randn(1, 2, S_FULL, 16, generator=g) for _ in range(3))
+full = reference_attention(qf, kf, vf, causal=True)                            # square: T = S
+chunk = tiled_attention(qf[:, :, -T_CHUNK:], kf, vf, causal=True, block_q=4, block_k=8)
+decode = reference_attention(qf[:, :, -1:], kf, vf, causal=True)               # one query, all keys
+top_left = torch.ones(T_CHUNK, S_FULL).tril().bool()                          # query t sees keys 0..t
+wrong = F.scaled_dot_product_attention(qf[:, :, -T_CHUNK:], kf, vf, attn_mask=top_left)
+sdpa_causal = F.scaled_dot_product_attention(qf[:, :, -T_CHUNK:], kf, vf, is_causal=True)
+assert torch.allclose(sdpa_causal, wrong, atol=1e-6)                           # PyTorch's is_causal: top-left
+try:
+    from torch.nn.attention.bias import causal_lower_right                    # a prototype API in PyTorch 2.x
+    lower_right = F.scaled_dot_product_attention(qf[:, :, -T_CHUNK:], kf, vf, causal_lower_right(T_CHUNK, S_FULL))
+    assert torch.allclose(lower_right, full[:, :, -T_CHUNK:], atol=1e-5)
+    print("SDPA with is_causal=True is top-left; with causal_lower_right it matches the bottom-right result")
+except ImportError:
+    print("(torch.nn.attention.bias is not in this PyTorch)")
+print(f"{T_CHUNK} queries against {S_FULL} keys, bottom-right: max |chunk - last rows of full| = "
+      f"{(chunk - full[:, :, -T_CHUNK:]).abs().max():.1e}; one decode query: "
+      f"{(decode - full[:, :, -1:]).abs().max():.1e}")
+print(f"top-left alignment instead: max difference {(wrong - full[:, :, -T_CHUNK:]).abs().max():.2f}")
+assert torch.allclose(chunk, full[:, :, -T_CHUNK:], atol=1e-5) and torch.allclose(decode, full[:, :, -1:], atol=1e-5)
+assert not torch.allclose(wrong, full[:, :, -T_CHUNK:], atol=1e-2)
+
+# %% [markdown] id="c028"
+# ## Further reading
+#
+# Used in this notebook:
+#
+# * [@dao2022flashattention]: tiling with online softmax, the IO analysis and the tile sizes of section 2,
+#   the SRAM and HBM bandwidths.
+# * [@dao2023flashattention2]: query tiles outside, fewer non-matmul FLOPs, parallelism over the sequence
+#   (our loop order, section 8).
+# * [@shah2024flashattention3]: warp specialization, asynchronous wgmma, FP8 attention on Hopper.
+# * [@milakov2018online]: the online softmax normalizer of section 3.
+# * [@rabe2021selfattention]: exact attention in O(sqrt(n)) memory by chunking keys and queries, the same
+#   running-max idea, before FlashAttention.
+#
+# To go further:
+#
+# * [@dao2023flashdecoding]: flash-decoding (section 7) with its measurements on long contexts.
+# * The FlashAttention paper's backward pass (the scores recomputed from the saved softmax statistics
+#   instead of stored) and its block-sparse extension [@dao2022flashattention].

@@ -3,7 +3,8 @@
 #
 # In this lab you write the core of integer quantization from module 02: absmax (symmetric) and
 # zero-point (asymmetric) quantization and their inverses, per-group scales, packing two 4-bit codes
-# into one byte, the SQNR error metric, and NF4, the 4-bit codebook format of QLoRA. Exercises 3 and 6 are
+# into one byte, the SQNR error metric, and NF4, the 4-bit codebook format of QLoRA [@dettmers2023qlora].
+# Exercises 3 and 6 are
 # specified by their **contract** (what the functions take, return, keep invariant and refuse): you
 # design the steps; hints you open on purpose (the ▸ lines) hold a recipe. Exercise 7 asks you to
 # **predict** a format's storage cost before the last cell measures it.
@@ -223,7 +224,7 @@ for _ in range(20):
 #
 # One scale for a whole weight matrix lets its single largest value set the step for everybody. Per-group
 # quantization gives each run of `group_size` **consecutive** weights of a row its own absmax scale (GPTQ
-# and AWQ use 128, GGUF 32; notebook 02, section 3).
+# and AWQ use 128 [@frantar2023gptq; @lin2024awq], GGUF's Q4_0 32; notebook 02, section 3).
 #
 # **Contract.** `group_quantize(w, bits, group_size)` returns `(codes, scales)`:
 #
@@ -440,8 +441,7 @@ for _ in range(20):
 # ## Exercise 6 — NF4: a 16-level codebook, blockwise (4 points, contract)
 #
 # A uniform grid spends as many of its 16 levels on the rare tails of a weight distribution as on its crowded
-# middle. NF4 (Dettmers et al., "QLoRA: Efficient Finetuning of Quantized LLMs", 2023; notebook 02,
-# section 9) puts its 16 levels at quantiles of the normal distribution instead, scaled into [-1, 1]. They
+# middle. NF4 ([@dettmers2023qlora]; notebook 02, section 9) puts its 16 levels at quantiles of the normal distribution instead, scaled into [-1, 1]. They
 # are given: `NF4` (setup cell), a sorted float32 tensor of 16 values, `NF4[0] = -1`, `NF4[7] = 0`,
 # `NF4[15] = 1`, unevenly spaced. A weight is stored as the index (0..15) of a level, in blocks of
 # `blocksize` consecutive values, each block with its absmax.

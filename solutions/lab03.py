@@ -3,11 +3,11 @@
 #
 # Two pieces of module 03 that are easy to get subtly wrong, and one prediction:
 #
-# 1. **GPTQ** (6 points, contract): you design GPTQ's column loop from its contract: quantize a weight matrix
-#    one column at a time and push each column's rounding error onto the columns not yet quantized, through
-#    the inverse Hessian, with groups.
-# 2. **SmoothQuant's smoothing** (4 points): per-channel scales that move the activations' outliers into
-#    the weights without changing the layer's function.
+# 1. **GPTQ** [@frantar2023gptq] (6 points, contract): you design GPTQ's column loop from its contract:
+#    quantize a weight matrix one column at a time and push each column's rounding error onto the columns
+#    not yet quantized, through the inverse Hessian, with groups.
+# 2. **SmoothQuant's smoothing** [@xiao2023smoothquant] (4 points): per-channel scales that move the
+#    activations' outliers into the weights without changing the layer's function.
 # 3. **Predict: bits per weight** (1 point): what a group layout costs, before you measure a packed layer.
 #
 # * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).

@@ -62,7 +62,7 @@ def _own_work(fn, name):
 # ## Part A · The KD loss (4 points, contract)
 #
 # Write `kd_loss(student_logits, teacher_logits, temperature)`, the response-based distillation loss of
-# Module 04 (Hinton et al.): the student learns the teacher's distribution softened by a temperature T.
+# Module 04 [@hinton2015distilling]: the student learns the teacher's distribution softened by a temperature T.
 #
 # **Contract.**
 #
@@ -251,7 +251,8 @@ check_raises(lambda: combined_loss(_a, _b, _lab, -0.1, 2.0), ValueError, "combin
 # %% [markdown] id="c011"
 # ## Part C · The acceptance rate (3 points)
 #
-# In speculative sampling a draft proposes x ~ q and the target accepts it with probability
+# In speculative sampling [@leviathan2023fast; @chen2023accelerating] a draft proposes x ~ q and the target
+# accepts it with probability
 # min(1, p(x) / q(x)). Averaged over the draft's proposals, the acceptance probability is Σ_x min(p(x), q(x)).
 # Implement `acceptance(p, q)` for probability tensors of shape `[..., V]`, returning a tensor `[...]`
 # (one rate per position). Raise a `ValueError` when the shapes differ.
@@ -295,7 +296,7 @@ check_close(acceptance(_p[0], _q[0]), _acc, f"acceptance vs simulated speculativ
 # In speculative decoding (Module 08) the draft proposes g tokens, the target checks them in one pass and
 # keeps them up to the first rejection; then the target adds one token of its own (the correction at the
 # rejection, or a bonus token when all g were accepted). If every draft token is accepted with the same
-# probability a, independently of the others (the model of Leviathan et al. 2023), how many tokens does one
+# probability a, independently of the others (the model of [@leviathan2023fast]), how many tokens does one
 # pass emit on average?
 #
 # Write `predict_tokens_per_pass(a, g)`: that expectation, for an acceptance rate `a` in [0, 1] and a draft

@@ -19,8 +19,8 @@ from course_lib.attention import (IOCounter, combine_splits, flash_attention_io,
                                   flash_backend_reason, flash_decode_torch, flash_io_theta, hf_attn_implementation,
                                   io_reduction, merge_softmax_stats, online_softmax, online_softmax_stats,
                                   reference_attention, scores_bytes, sdpa_backend_report, sdpa_default_backend,
-                                  softmax_stats_update, split_partials, sram_block_rows, standard_attention_io,
-                                  tiled_attention)
+                                  softmax_stats_update, split_partials, sram_block_cols, sram_block_rows,
+                                  standard_attention_io, tiled_attention)
 from course_lib.attention.flash_decoding import split_bounds
 from course_lib.attention.online_softmax import split_sizes
 
@@ -183,19 +183,38 @@ def test_io_counter_matches_the_io_model():
     assert standard_attention_io(1024, 64)["total"] == 4 * 1024 * 64 + 4 * 1024 ** 2
 
 
+def test_io_model_tile_sizes_are_the_papers():
+    """Dao et al. 2022, Algorithm 1: B_c = ceil(M / 4d), B_r = min(ceil(M / 4d), d): the score tile
+    B_r x B_c fits in M/4 (up to the ceil's one row), next to the Q, O, K, V tiles."""
+    for d, M in ((64, 48 * 1024), (128, 116736), (128, 32768), (256, 116736), (80, 1000)):
+        b_r, b_c = sram_block_rows(d, M), sram_block_cols(d, M)
+        assert b_c == math.ceil(M / (4 * d)) and b_r == min(b_c, d), (d, M, b_r, b_c)
+        assert b_r * b_c <= M / 4 + d and b_r * d <= M / 4 + d and b_c * d <= M / 4 + d
+        io = flash_attention_io(1000, d, sram_elements=M)
+        assert (io["block_q"], io["block_k"]) == (min(b_r, 1000), b_c)
+    # the old sizing B_r = B_c = M / 4d: at d = 128 on an H100 SM the score tile alone exceeds M / 4
+    assert sram_block_cols(128, 116736) ** 2 > 116736 / 4 and sram_block_rows(128, 116736) == 128
+
+
 def test_io_model_theta_and_the_sqrt_n_claim():
-    """Tiled IO / (N^2 d^2 / M) tends to a constant (8): Theta(N^2 d^2 / M). The reduction over standard
-    attention tends to M / (2 d^2) and stops growing with N: it is not a factor of sqrt(N)."""
-    d, M = 64, 48 * 1024                        # 96 KB of SRAM in fp16 elements
-    assert sram_block_rows(d, M) == 192
-    ratios = [flash_attention_io(N, d, sram_elements=M)["total"] / flash_io_theta(N, d, M)
-              for N in (2 ** 14, 2 ** 16, 2 ** 18)]
-    assert all(7.5 < r < 8.5 for r in ratios), ratios
-    reductions = [io_reduction(N, d, M) for N in (2 ** 12, 2 ** 14, 2 ** 16, 2 ** 18)]
-    assert abs(reductions[-1] / reductions[-2] - 1) < 0.02            # flat in N ...
-    assert abs(reductions[-1] - M / (2 * d * d)) / (M / (2 * d * d)) < 0.05   # ... at M / 2d^2
+    """The reduction over standard attention tends to 2 B_r / d and stops growing with N: it is not a factor
+    of sqrt(N). Large SRAM (M >= 4 d^2): B_r = d, the reduction is 2 and tiled IO is 2 N^2 (+ 2 N d), a constant
+    2 M / d^2 times the paper's N^2 d^2 / M. Small SRAM (M < 4 d^2): B_r = M / 4d, tiled IO / (N^2 d^2 / M)
+    tends to 8 (the paper's Theta) and the reduction to M / 2d^2."""
     sqrt_growth = math.sqrt(2 ** 18 / 2 ** 12)                        # what sqrt(N) would predict: 8x
-    assert reductions[-1] / reductions[0] < sqrt_growth / 4
+    for d, M, b_r in ((64, 48 * 1024, 64), (128, 32 * 1024, 64)):
+        assert sram_block_rows(d, M) == b_r
+        ratios = [flash_attention_io(N, d, sram_elements=M)["total"] / flash_io_theta(N, d, M)
+                  for N in (2 ** 14, 2 ** 16, 2 ** 18)]
+        theta_constant = 2 * M / (d * b_r)                            # 2 N^2 d / B_r over N^2 d^2 / M
+        assert all(abs(r / theta_constant - 1) < 0.01 for r in ratios), (d, M, ratios)
+        reductions = [io_reduction(N, d, M) for N in (2 ** 12, 2 ** 14, 2 ** 16, 2 ** 18)]
+        assert abs(reductions[-1] / reductions[-2] - 1) < 0.02                    # flat in N ...
+        assert abs(reductions[-1] - 2 * b_r / d) / (2 * b_r / d) < 0.02           # ... at 2 B_r / d
+        assert reductions[-1] / reductions[0] < sqrt_growth / 4
+    assert 2 * M / (d * b_r) == 8 and 2 * b_r / d == M / (2 * d * d)             # the small-SRAM case: Theta's 8
+    # at d = 128 on an H100 SM (228 KB): B_r = d and standard attention moves exactly twice the elements
+    assert all(io_reduction(N, 128, 116736) == 2 for N in (256, 4096, 2 ** 17))
 
 
 def test_io_model_errors():
