@@ -106,7 +106,8 @@ def test_course_site_pages_navigation_and_links(course):
     out = _build(root)
     pages = _pages(out)
     assert sorted(pages) == ["index.html", "labs/lab00.html", "labs/lab01.html", "notebooks/00_basics.html",
-                             "notebooks/01_widgets.html"]
+                             "notebooks/01_widgets.html", "slides/00_basics.slides.html",
+                             "slides/01_widgets.slides.html"]
     assert calls == [], "both executed copies were current: nothing should run"
     home, nb0 = pages["index.html"], pages["notebooks/00_basics.html"]
     # the syllabus is the home page; its code spans naming notebooks and labs link to their pages
@@ -126,6 +127,25 @@ def test_course_site_pages_navigation_and_links(course):
     assert "$E = mc^2$" in nb0 and (out / "assets" / "mathjax" / "MathJax.js").is_file()
     assert 'src="../assets/mathjax/MathJax.js?config=' in nb0 and "highlight" in nb0 and "out\n" in nb0
     assert "Outputs from a run on cpu, quick mode" in nb0
+    assert site_tool.check(out) == []
+
+
+def test_each_module_has_its_slide_deck_linked_from_its_page_and_the_module_list(course):
+    """`make site` builds a deck per notebook (tools/slides.py) from the same executed copy, beside the pages:
+    reveal.js from the site's assets, links rewritten as on the pages, linked from the module's page and from
+    every page's module list; the link check covers the decks."""
+    root, calls = course
+    out = _build(root)
+    pages = _pages(out)
+    nb0, home, deck = pages["notebooks/00_basics.html"], pages["index.html"], pages["slides/00_basics.slides.html"]
+    assert calls == []
+    assert '<a href="../slides/00_basics.slides.html">slides</a>' in nb0       # the info line
+    assert '<a href="slides/01_widgets.slides.html">slides</a>' in home        # the module list
+    assert 'src="../assets/reveal.js/dist/reveal.js"' in deck and (out / "assets/reveal.js/dist/reveal.js").is_file()
+    assert "out\n" in deck and "Energy $E = mc^2$" in deck                    # the executed copy's outputs, the math
+    assert 'href="../labs/lab00.html#Exercise-1"' in deck and 'href="../notebooks/00_basics.html"' in deck
+    widgets = pages["slides/01_widgets.slides.html"]                             # widgets as their stand-ins
+    assert 'class="course-widget"' in widgets and site_tool.WIDGET_STATE not in widgets
     assert site_tool.check(out) == []
 
 
