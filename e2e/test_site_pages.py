@@ -58,5 +58,5 @@ def test_every_slide_deck_starts_reveal_and_moves_through_its_slides(page):
             page.evaluate("Reveal.next()")
             assert page.evaluate("Reveal.getIndices().h + Reveal.getIndices().v") == 1, f"{rel}: did not move on"
             first = page.locator(".reveal .slides > section").first
-            assert first.locator("h1").count() == 1, f"{rel}: the first slide is not the notebook's title (its # heading)"
+            assert first.locator("h1").count() == 1, f"{rel}: the first slide is not the notebook's # title"
     assert not page.log.problems(), page.log.problems()
