@@ -14,7 +14,7 @@ TORCH  ?= torch==2.13.0
 # JupyterLab refuses to run as root (containers, cloud VMs) unless told it may.
 ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: course workdir test site release e2e browser-test colab-test setup setup-dev notebooks labs grade doctor bench train clean gpu-check
+.PHONY: course workdir test site slides release e2e browser-test colab-test setup setup-dev notebooks labs grade doctor bench train clean gpu-check
 
 # $(call make-env,<venv>,<extras>): a venv with torch (only if it has none) and the package with those extras.
 define make-env
@@ -72,6 +72,13 @@ test: setup-dev
 site: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python tools/site.py build --out build/site
 	$(DEV)/bin/python tools/site.py check build/site
+
+## Instructors: a reveal.js slide deck per module in build/slides/ (open build/slides/index.html: arrows to move,
+## S for speaker notes), from the executed notebooks `make site` uses, offline (tools/slides.py states the rule
+## that makes slides from headings); then the decks' link check. `make site` builds them too, in build/site/slides/.
+slides: setup-dev
+	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python tools/slides.py build --out build/slides
+	$(DEV)/bin/python tools/site.py check build/slides
 
 ## Maintainers: is this commit ready to release? The tag RELEASE at HEAD, a clean tree, every badge, install
 ## cell and link at REPO and RELEASE, the version, the site built in strict mode and its link check; says

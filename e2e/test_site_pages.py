@@ -39,3 +39,24 @@ def test_math_with_text_escapes_renders_as_in_jupyterlab(page):
     assert all("kv_heads" in t and "head_dim" in t and "\\" not in t for t in formula), formula
     assert not [t for t in shown if "\\" in t], "a formula still shows a backslash"
     assert not page.log.problems(), page.log.problems()
+
+
+def test_every_slide_deck_starts_reveal_and_moves_through_its_slides(page):
+    """Each module's deck (slides/, tools/slides.py) starts reveal.js from the site's own copy: the test
+    above checks that it loads clean; here reveal must be running, with slides from the notebook's headings,
+    and move to the next slide, still with no console error and no request off this machine."""
+    decks = sorted((SITE / "slides").glob("*.slides.html"))
+    if not decks:
+        skip_or_fail(f"no slide deck in {SITE / 'slides'}: build the site first with {BUILD}")
+    with serve_directory(SITE) as base:
+        for deck in decks:
+            rel = deck.relative_to(SITE).as_posix()
+            page.goto(base + rel, wait_until="networkidle")
+            page.wait_for_function("document.body.dataset.courseDeck === 'ready'", timeout=15_000)
+            total, horizontal = page.evaluate("[Reveal.getTotalSlides(), Reveal.getHorizontalSlides().length]")
+            assert horizontal >= 3 and total >= horizontal, f"{rel}: {total} slides, {horizontal} horizontal"
+            page.evaluate("Reveal.next()")
+            assert page.evaluate("Reveal.getIndices().h + Reveal.getIndices().v") == 1, f"{rel}: did not move on"
+            first = page.locator(".reveal .slides > section").first
+            assert first.locator("h1").count() == 1, f"{rel}: the first slide is not the notebook's # title"
+    assert not page.log.problems(), page.log.problems()

@@ -106,7 +106,8 @@ def test_course_site_pages_navigation_and_links(course):
     out = _build(root)
     pages = _pages(out)
     assert sorted(pages) == ["index.html", "labs/lab00.html", "labs/lab01.html", "notebooks/00_basics.html",
-                             "notebooks/01_widgets.html"]
+                             "notebooks/01_widgets.html", "slides/00_basics.slides.html",
+                             "slides/01_widgets.slides.html"]
     assert calls == [], "both executed copies were current: nothing should run"
     home, nb0 = pages["index.html"], pages["notebooks/00_basics.html"]
     # the syllabus is the home page; its code spans naming notebooks and labs link to their pages
@@ -171,13 +172,16 @@ def test_bibliography_and_glossary_pages_and_the_links_to_them(course):
     out = _build(root)
     pages = _pages(out)
     assert sorted(pages) == ["bibliography.html", "glossary.html", "index.html", "labs/lab00.html", "labs/lab01.html",
-                             "notebooks/00_basics.html", "notebooks/01_widgets.html"]
+                             "notebooks/00_basics.html", "notebooks/01_widgets.html",
+                             "slides/00_basics.slides.html", "slides/01_widgets.slides.html"]
     nb0 = pages["notebooks/00_basics.html"]
     assert nb0.count('href="../bibliography.html#shazeer2019fast"') == 2, nb0
     assert ">Shazeer, 2019</a>" in nb0 and "[@" not in nb0 and "arxiv.org" not in nb0
     assert nb0.count('href="../glossary.html#kv-cache"') == 1 and nb0.count('href="../glossary.html#prefill"') == 1
     assert "<code>KV cache</code>" in nb0
     for rel, page in pages.items():
+        if rel.startswith("slides/"):   # a deck has no navigation: it links back to its module's page
+            continue
         assert 'glossary.html">Glossary</a>' in page and 'bibliography.html">Bibliography</a>' in page, rel
     assert 'class="course-prev" href="labs/lab01.html"' not in pages["bibliography.html"]   # not in the reading order
     bib = pages["bibliography.html"]
@@ -207,6 +211,25 @@ def test_the_real_course_has_a_bibliography_and_a_glossary_page():
     plan = site_tool.plan(ROOT)
     assert [(p.src, p.out) for p in plan.extras] == [("references.yaml", "bibliography.html"),
                                                      ("glossary.yaml", "glossary.html")]
+
+
+def test_each_module_has_its_slide_deck_linked_from_its_page_and_the_module_list(course):
+    """`make site` builds a deck per notebook (tools/slides.py) from the same executed copy, beside the pages:
+    reveal.js from the site's assets, links rewritten as on the pages, linked from the module's page and from
+    every page's module list; the link check covers the decks."""
+    root, calls = course
+    out = _build(root)
+    pages = _pages(out)
+    nb0, home, deck = pages["notebooks/00_basics.html"], pages["index.html"], pages["slides/00_basics.slides.html"]
+    assert calls == []
+    assert '<a href="../slides/00_basics.slides.html">slides</a>' in nb0       # the info line
+    assert '<a href="slides/01_widgets.slides.html">slides</a>' in home        # the module list
+    assert 'src="../assets/reveal.js/dist/reveal.js"' in deck and (out / "assets/reveal.js/dist/reveal.js").is_file()
+    assert "out\n" in deck and "Energy $E = mc^2$" in deck                    # the executed copy's outputs, the math
+    assert 'href="../labs/lab00.html#Exercise-1"' in deck and 'href="../notebooks/00_basics.html"' in deck
+    widgets = pages["slides/01_widgets.slides.html"]                             # widgets as their stand-ins
+    assert 'class="course-widget"' in widgets and site_tool.WIDGET_STATE not in widgets
+    assert site_tool.check(out) == []
 
 
 def test_widget_becomes_its_figure_controls_and_a_colab_link(course):

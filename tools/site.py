@@ -4,7 +4,8 @@ r"""The course as a static site (`make site`): every module's notebook, executed
     python tools/site.py check SITE                 check every link and asset of a built site (exit 1 if any fails)
 
 Pages: the syllabus (syllabus.md) is the home page; then module by module the notebook, executed, and the
-lab, its student version (labs/, never solutions/), each with the module list and previous/next links; and,
+lab, its student version (labs/, never solutions/), each with the module list and previous/next links;
+each module's slide deck (slides/NN_slug.slides.html, tools/slides.py), from the same executed notebook; and,
 linked from every page's navigation, the bibliography (references.yaml) and the glossary (glossary.yaml).
 A citation on a page (`[@key]` in a source, which tools/nb.py writes as the author and year linked to the
 paper) links to its entry on the bibliography page, which says which pages cite it; the first use of each
@@ -59,6 +60,9 @@ from course_lib import RELEASE, REPO_URL, colab_url  # noqa: E402
 from course_grading.build import SECRET_MARKERS  # noqa: E402  (nbgrader's delimiters, one list)
 from tools import glossary, nbexec, references  # noqa: E402
 
+if __name__ == "__main__":   # tools/slides.py imports this module as tools.site: let that be this one, not a copy
+    sys.modules.setdefault("tools.site", sys.modules[__name__])
+
 ASSETS = Path(__file__).resolve().parent / "site_assets"
 EXECUTED_DIR = "build/executed"    # what the tests leave (root conftest.py)
 GPU_EXECUTED_DIR = "executed/gpu"  # committed copies executed on a GPU (tools/gpu_check.sh collects them)
@@ -89,6 +93,7 @@ class Module:
     title: str
     notebook: str | None = None   # site path of its notebook page
     lab: str | None = None
+    slides: str | None = None     # site path of its slide deck (tools/slides.py)
 
 
 @dataclass
@@ -142,6 +147,9 @@ def plan(root: Path = ROOT) -> Plan:
                 page = Page(rel, rel[:-len(".ipynb")] + ".html", kind, f"{label} {num} · {module.title}", num)
                 pages.append(page)
                 setattr(module, kind, page.out)
+                if kind == "notebook":
+                    from tools.slides import deck_path
+                    module.slides = deck_path(rel)
         modules.append(module)
     extras = [Page(src, out, kind, title) for src, out, kind, title in EXTRAS if (root / src).is_file()]
     return Plan(course_title, pages, modules, extras)
@@ -560,7 +568,8 @@ def rewrite_links(body: str, page: Page, site_pages: dict[str, str], root: Path)
 
 def _exporter():
     from nbconvert import HTMLExporter
-    return HTMLExporter(template_name="course", extra_template_basedirs=[str(ASSETS / "templates")])
+    return HTMLExporter(template_name="course", extra_template_basedirs=[str(ASSETS / "templates")],
+                        extra_template_paths=[str(ASSETS / "templates" / "shared")])   # macros shared with the decks
 
 
 def _copy_assets(out: Path) -> None:
@@ -571,6 +580,7 @@ def _copy_assets(out: Path) -> None:
                         "pip install -e '.[dev]' (or pip install jupyter-server-mathjax)")
     assets = out / "assets"
     shutil.copytree(Path(spec.origin).parent / "static", assets / "mathjax")
+    shutil.copytree(ASSETS / "reveal.js", assets / "reveal.js")   # the slide decks' (tools/slides.py)
     for name in ("site.css", "colab-badge.svg"):
         shutil.copy2(ASSETS / name, assets / name)
 
@@ -635,7 +645,9 @@ def _info(page: Page, nb) -> str:
     ex = nb.metadata.get(nbexec.META_KEY, {})
     mode = "quick mode (small sizes)" if ex.get("quick") else "full size"
     run = html.escape(f"{ex.get('device', '?')}, {mode}, torch {ex.get('torch', '?')}, {ex.get('date', '?')[:10]}")
-    return f"Outputs from a run on {run} · {colab} · {src_link}"
+    from tools.slides import deck_path
+    slides = f'<a href="{html.escape(_relative(deck_path(page.src), page.out))}">slides</a>'
+    return f"Outputs from a run on {run} · {colab} · {slides} · {src_link}"
 
 
 def _link(page: Page) -> dict:
@@ -678,7 +690,9 @@ def build(out: Path, root: Path = ROOT, log=print, strict: bool = False, warn=_w
 
 
 def _build_pages(site: Plan, out: Path, root: Path, exporter, log, warn) -> None:
+    from tools.slides import deck_path, exporter as slides_exporter, render_deck
     _copy_assets(out)
+    deck_exporter = slides_exporter()
     site_pages = {p.src: p.out for p in site.pages + site.extras}
     modules = [vars(m) for m in site.modules]
     extras = [_link(p) for p in site.extras]
@@ -721,6 +735,13 @@ def _build_pages(site: Plan, out: Path, root: Path, exporter, log, warn) -> None
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(body, encoding="utf-8")
         log(f"{time.perf_counter() - t0:6.1f} s  {page.out}" + (f"  ({origin})" if origin else ""))
+        if page.kind == "notebook":   # its slide deck, from the same executed notebook
+            t0 = time.perf_counter()
+            deck = out / deck_path(page.src)
+            deck.parent.mkdir(parents=True, exist_ok=True)
+            deck.write_text(render_deck(nb, page.title, page.src, site_pages, root, deck_exporter, page.out),
+                            encoding="utf-8")
+            log(f"{time.perf_counter() - t0:6.1f} s  {deck_path(page.src)}")
 
 
 # --- the link check -------------------------------------------------------------------------------------
