@@ -460,6 +460,18 @@ def test_generate_bad_arguments(tiny, kwargs, match):
         generate(model, **args)
 
 
+def test_repetition_penalty_is_refused_with_a_draft(tiny):
+    """Speculative decoding would need the penalty in the draft's proposals and in the verification alike;
+    generate refuses it rather than verifying against the wrong distribution. 1.0 (no penalty) passes."""
+    model, tok = tiny
+    draft, _ = load("tiny-draft", device="cpu", verbose=False)
+    ids = tok(PROMPTS[0])["input_ids"]
+    with pytest.raises(ValueError, match="repetition_penalty=1.2: speculative decoding"):
+        generate(model, ids, 4, draft=draft, repetition_penalty=1.2)
+    assert generate(model, ids, 4, draft=draft, repetition_penalty=1.0).tokens.tolist() == \
+        generate(model, ids, 4).tokens.tolist()
+
+
 def test_generate_type_errors(tiny):
     model, _ = tiny
     with pytest.raises(TypeError, match="input_ids"):
