@@ -20,10 +20,10 @@ Medusa (``speculative.medusa.MedusaDraft``) are such objects; a draft whose ``ne
 receives the target's final hidden state [D] at the last verified token (Medusa's heads read it), one
 with ``verified(n)`` learns after each pass that seq[:n] was kept. The context rule is the same for all.
 
-Sampling has one path, ``course_lib.sampling`` (temperature, top-k, top-p, a ``torch.Generator``); its
-functions are re-exported here: apply_temperature, top_k_filter, top_p_filter, sampling_probs, sample,
-greedy, sample_rows (each row its own settings); and its stop rule ``finish_reason`` (the serving engine's
-too).
+Sampling has one path, ``course_lib.sampling`` (a repetition penalty, then temperature, top-k, top-p, a
+``torch.Generator``); its functions are re-exported here: apply_repetition_penalty, apply_temperature,
+top_k_filter, top_p_filter, sampling_probs, sample, greedy, sample_rows (each row its own settings); and its
+stop rule ``finish_reason`` (the serving engine's too).
 
 Why speculative decoding runs here and not in ``course_lib.speculative``: that package (layer 5) builds
 on this one (layer 4: measurement, Medusa, prompt lookup, distillation's teacher), so the loop cannot
@@ -49,13 +49,14 @@ import torch
 from course_lib.env import sync
 from course_lib.kvcache import ContiguousCache, KVCache, StaticCache
 from course_lib.perf.metrics import TokenEvent, Trace
-from course_lib.sampling import (accept_step, apply_temperature, finish_reason, greedy, probs_from_logits, sample,
-                                 sample_rows, sampling_probs, top_k_filter, top_p_filter)
+from course_lib.sampling import (accept_step, apply_repetition_penalty, apply_temperature, finish_reason, greedy,
+                                 penalize_seen, probs_from_logits, sample, sample_rows, sampling_probs, top_k_filter,
+                                 top_p_filter)
 from course_lib.validate import integer, number, optional, probability
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
-           "finish_reason", "generate", "decode_step", "GenerateOutput", "SpecStats", "TokenEvent", "Trace",
-           "model_logits", "context_length", "check_pair", "TokenTree", "TreeVerification", "verify_tree",
+__all__ = ["apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs",
+           "sample", "greedy", "finish_reason", "generate", "decode_step", "GenerateOutput", "SpecStats", "TokenEvent",
+           "Trace", "model_logits", "context_length", "check_pair", "TokenTree", "TreeVerification", "verify_tree",
            "tree_attention_mask", "tree_positions", "tree_depths"]
 
 
@@ -69,21 +70,26 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
              callback: Callable[[TokenEvent], bool | None] | None = None,
              cache=None, compile: bool | str = False, return_logits: bool = False,
              draft=None, draft_length: int = 4, adaptive: float | None = None,
-             on_pass: Callable | None = None) -> GenerateOutput:
+             on_pass: Callable | None = None, repetition_penalty: float = 1.0) -> GenerateOutput:
     """Generate up to `max_new_tokens` tokens after the prompt `input_ids` (list of ids, [T] or [B, T]).
 
     The default temperature 0 is greedy decoding (like ``model.generate(do_sample=False)``); give
     temperature > 0 (and optionally top_k / top_p, and a seeded ``generator`` on the model's device) to
     sample. Generation stops after an `eos_token_id` token (included in the output) if one is given.
+    repetition_penalty (> 0; 1 = none, as ``model.generate(repetition_penalty=...)``): before sampling or the
+    argmax, the logit of every token already in the row (its prompt, left padding excluded, and its new
+    tokens) is divided by it when positive and multiplied by it when negative (``apply_repetition_penalty``,
+    CTRL's penalty; notebook 00 measures what it does to greedy decoding's loops).
     ``callback(event)`` runs after each token (each step, for a batch) with a ``TokenEvent(index,
     token_id, time, start)`` (``time.perf_counter()`` seconds, taken once the token is on the host, so
     device work is finished); if it returns True, generation stops there (streaming UIs, stop rules).
 
     A batch: [B, T], or a list of B prompts, which may differ in length (left-padded; they need
-    cache="contiguous"). max_new_tokens, temperature, top_k, top_p, generator and eos_token_id may be
-    one for all rows or a list with one per row (each row then samples with its own settings and
-    generator: the static serving baseline). A row that finished (its eos, its max_new_tokens) repeats
-    its last token until every row has; the trace has one event per step (row 0's token).
+    cache="contiguous"). max_new_tokens, temperature, top_k, top_p, generator, eos_token_id and
+    repetition_penalty may be one for all rows or a list with one per row (each row then samples with its
+    own settings and generator: the static serving baseline). A row that finished (its eos, its
+    max_new_tokens) repeats its last token until every row has; the trace has one event per step (row 0's
+    token).
 
     cache: None (default) is the baseline without a KV cache: each step runs the model over the *whole*
     sequence, so step i costs about as much as a prefill of prompt + i tokens. With a cache (Module 05:
@@ -91,7 +97,8 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
     step feeds one token. compile (Module 12, the gpt-fast recipe): the decode step compiled whole,
     through a ``StaticCache`` (made if none is given; see ``decode_step``); the prefill stays eager. The
     first call compiles (seconds to a minute); greedy output equals the eager loop's.
-    return_logits: also return the logits that chose each token (``GenerateOutput.logits``).
+    return_logits: also return the logits that chose each token (``GenerateOutput.logits``; after the
+    repetition penalty, when there is one).
 
     The context: the model sees the prompt and every new token but the last (which is never fed back),
     so prompt + max_new_tokens - 1 must fit in config.max_position_embeddings (the serving engine's
@@ -108,9 +115,9 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
     runs after every pass (tests, visualizations). The output's ``stats`` holds the run's ``SpecStats``;
     the trace's tokens of one pass share its time.
     """
-    ids, pad, limits, eos, draw, cache = _check_generate(model, input_ids, max_new_tokens, temperature, top_k,
-                                                         top_p, generator, eos_token_id, callback, cache, compile,
-                                                         return_logits, draft, draft_length, adaptive, on_pass)
+    ids, pad, limits, eos, draw, cache, penalty = _check_generate(
+        model, input_ids, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id, callback, cache,
+        compile, return_logits, draft, draft_length, adaptive, on_pass, repetition_penalty)
     B, T = ids.shape                            # [B, T] prompts; pad [B]: left padding of each (or None)
     device = _model_device(model)
     start = time.perf_counter()
@@ -143,12 +150,17 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
         seq = ids.to(device)                # [B, T]: everything so far (grows only without a cache)
         x = seq                             # what the model sees first: the prompt
         last = [None] * B                   # the last token each finished row repeats
+        seen = None                         # [B, V] the token ids each row holds so far (a penalty needs them)
         for i in range(max(limits)):
             if cache is None:
                 # No cache: the whole sequence again (with a cache only the tokens it has not seen).
                 logits = model_logits(model, seq)[:, -1, :]                 # [B, V] the last position
             else:                           # prefill eager, then steps
                 logits = _forward(model if i == 0 else step, x, cache, pad)[:, -1, :]
+            if penalty is not None:         # [B, 1] per row: the seen tokens' logits scaled
+                if seen is None:
+                    seen = _prompt_tokens_seen(ids.to(device), pad, logits.shape[-1])
+                logits = penalize_seen(logits, seen, penalty.to(logits.dtype))
             token = draw(logits)            # [B]: sample(...) with the call's settings, or each row its own
             toks = token.tolist()           # copies to the host: waits for the device, so times are real
             if any(t is not None for t in last):
@@ -161,6 +173,8 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
             if emit(toks):
                 break
             x = token.view(B, 1).to(seq.dtype)
+            if seen is not None:
+                seen.scatter_(1, x, True)
             if cache is None:
                 seq = torch.cat([seq, x], dim=1)                                # [B, T + i + 1]
 
@@ -754,11 +768,13 @@ def _prompt_tensor(input_ids, why_one: str = "this runs one request (batch size 
 
 
 def _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id,
-                    callback, cache, compile, return_logits, draft, draft_length, adaptive, on_pass):
+                    callback, cache, compile, return_logits, draft, draft_length, adaptive, on_pass,
+                    repetition_penalty=1.0):
     """Every argument of ``generate`` checked (ValueError/TypeError naming it). Returns the prompts [B, T]
     and their left padding [B] (None when all have the same length), each row's max_new_tokens and stop
-    tokens (a set), ``draw(logits [B, V]) -> [B]`` (the sampling rule, shared or per row) and the cache to
-    decode through (None, or a KVCache)."""
+    tokens (a set), ``draw(logits [B, V]) -> [B]`` (the sampling rule, shared or per row), the cache to
+    decode through (None, or a KVCache) and the repetition penalty of each row as a [B, 1] tensor on the
+    model's device (None when every row's is 1: the loop then skips it)."""
     ids, pad = _prompts(input_ids)                                      # [B, T]; [B] or None
     B, T = ids.shape
     device = _model_device(model)
@@ -768,7 +784,11 @@ def _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p,
     ps, rows_p = _per_row(top_p, B, "top_p", lambda v: optional(probability, v, "top_p", zero=False))
     gens, rows_g = _per_row(generator, B, "generator", lambda v: _check_generator(v, device))
     eos, rows_e = _eos_rows(eos_token_id, B)
-    per_row = rows_n or rows_t or rows_k or rows_p or rows_g or rows_e
+    pens, rows_r = _per_row(repetition_penalty, B, "repetition_penalty",
+                            lambda v: number(v, "repetition_penalty", 0, low_open=True))   # 1 = no penalty
+    penalty = (torch.tensor([[float(v)] for v in pens], device=device) if any(float(v) != 1 for v in pens)
+               else None)
+    per_row = rows_n or rows_t or rows_k or rows_p or rows_g or rows_e or rows_r
     max_new_tokens = max(limits)
     if per_row:          # each row its own settings (a batch of requests; the static serving baseline)
         def draw(logits):
@@ -791,6 +811,10 @@ def _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p,
         if per_row:
             raise ValueError("draft= runs one request: give max_new_tokens, temperature, top_k, top_p, generator "
                              "and eos_token_id for it alone, not per row")
+        if penalty is not None:
+            raise ValueError(f"repetition_penalty={repetition_penalty!r}: speculative decoding (draft=) does not "
+                             "apply a repetition penalty (the draft's proposals and the target's verification would "
+                             "both need it); leave repetition_penalty=1.0")
         if hasattr(draft, "propose"):       # a draft object: proposals verified greedily
             _check_draft_object(model, draft, temperature, adaptive)
         else:
@@ -824,7 +848,20 @@ def _check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p,
     cache = _make_cache(model, cache, compile, B, span)
     if cache is not None and getattr(cache, "max_len", span) < span:
         raise ValueError(f"cache holds max_len={cache.max_len} tokens but this request needs {span}")
-    return ids, (pad.to(device) if pad is not None else None), limits, eos, draw, cache
+    return ids, (pad.to(device) if pad is not None else None), limits, eos, draw, cache, penalty
+
+
+def _prompt_tokens_seen(ids: torch.Tensor, pad: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """[B, V] bool: which token ids each prompt row [B, T] holds, its left padding (pad [B]) left out (the pad
+    id 0 is no token of the row). The repetition penalty's memory at the first step."""
+    if int(ids.max()) >= vocab or int(ids.min()) < 0:
+        raise ValueError(f"input_ids must be token ids in [0, {vocab}) for repetition_penalty, got values in "
+                         f"[{int(ids.min())}, {int(ids.max())}]")
+    seen = torch.zeros(ids.shape[0], vocab, dtype=torch.bool, device=ids.device)
+    real = torch.ones_like(ids, dtype=torch.bool)
+    if pad is not None:
+        real = torch.arange(ids.shape[1], device=ids.device)[None, :] >= pad[:, None]     # [B, T]
+    return seen.scatter_(1, ids, real)
 
 
 def _per_row(value, B: int, name: str, check) -> tuple[list, bool]:

@@ -16,6 +16,13 @@ Sampling turns the logits of the last position into the next token, in small com
     sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
                                    temperature 0 means greedy (argmax, no randomness)
 
+Before them, one step that looks at the text so far instead of the distribution alone:
+
+    apply_repetition_penalty(logits, tokens, penalty)
+                                   every token id already in `tokens` (prompt and output) gets its logit
+                                   divided by `penalty` when positive, multiplied when negative (CTRL's
+                                   penalized sampling with Hugging Face's sign rule; Keskar et al., 2019)
+
 ``sample_rows(logits, temperatures, top_ks, top_ps, generators)`` draws each row with its own settings
 and generator (a batch of requests: the serving engine, a static batch through ``generate``);
 and when a sequence ends: ``finish_reason(token, count, max_new_tokens, stop_ids)`` ("stop" after a stop
@@ -38,7 +45,8 @@ import torch
 from course_lib.validate import integer, number, optional, probability
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
-           "sample_rows", "finish_reason", "StepResult", "accept_step", "probs_from_logits"]
+           "apply_repetition_penalty", "penalize_seen", "sample_rows", "finish_reason", "StepResult", "accept_step",
+           "probs_from_logits"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -97,6 +105,45 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     remove_sorted[..., 0] = False  # the most likely token is always kept
     remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)  # back to vocab order
     return logits.masked_fill(remove, float("-inf"))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, tokens, penalty: float) -> torch.Tensor:
+    """The repetition penalty of CTRL (Keskar et al., 2019, "penalized sampling"): the logit of every token id
+    that occurs in `tokens` is divided by `penalty` if it is positive and multiplied by it if it is negative,
+    so penalty > 1 always makes a seen token less likely (1 changes nothing; in (0, 1) favours repeats).
+
+    logits [..., V]; tokens: the ids seen so far (prompt and generated), an integer tensor [..., n] with the
+    logits' leading dims (n may be 0), or a list of ids for logits [V]. A token counts once however often it
+    occurred. The paper divides the logit whatever its sign, which *raises* a negative one; the sign rule is
+    Hugging Face's correction (transformers issue #2302), and this equals its ``RepetitionPenaltyLogitsProcessor``.
+    Note it is not shift-invariant: logits z and z + c give one softmax, but not once penalized.
+    Applied before temperature, top-k and top-p (Hugging Face's order), and at temperature 0 too.
+    """
+    _check_logits(logits)
+    penalty = number(penalty, "penalty", 0, low_open=True)
+    if not isinstance(tokens, torch.Tensor):
+        tokens = torch.as_tensor(list(tokens), dtype=torch.long, device=logits.device)
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.dim() != logits.dim() or tokens.shape[:-1] != logits.shape[:-1]:
+        raise ValueError(f"tokens must have shape [..., n] with the logits' leading dims {tuple(logits.shape[:-1])}, "
+                         f"got {tuple(tokens.shape)}")
+    V = logits.shape[-1]
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
+        raise ValueError(f"tokens must be token ids in [0, {V}), got values in "
+                         f"[{int(tokens.min())}, {int(tokens.max())}]")
+    seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    seen.scatter_(-1, tokens.to(device=logits.device, dtype=torch.long), True)
+    return penalize_seen(logits, seen, penalty)
+
+
+def penalize_seen(logits: torch.Tensor, seen: torch.Tensor, penalty) -> torch.Tensor:
+    """The penalty's arithmetic on a mask: where `seen` [..., V] (bool) is True, logit * penalty if the logit
+    is negative, logit / penalty otherwise; `penalty` a number or a tensor broadcasting against logits
+    ([B, 1]: one per row). No checks: the generate loop keeps `seen` up to date token by token and calls
+    this every step; ``apply_repetition_penalty`` is the checked entry from a list of token ids."""
+    scaled = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, scaled, logits)
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:

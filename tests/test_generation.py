@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.generation import (GenerateOutput, SpecStats, TokenEvent, Trace, apply_temperature, generate,
-                                   greedy, model_logits, sample, sampling_probs, top_k_filter, top_p_filter)
+from course_lib.generation import (GenerateOutput, SpecStats, TokenEvent, Trace, apply_repetition_penalty,
+                                   apply_temperature, generate, greedy, model_logits, sample, sampling_probs,
+                                   top_k_filter, top_p_filter)
 from course_lib.kvcache import (ContiguousCache, H2OCache, MultiTierCache, QuantizedCache, SinkCache,
                                 SlidingWindowCache, StaticCache)
 from course_lib.models import LlamaConfig, LlamaForCausalLM, bundled_path, load
@@ -73,6 +74,53 @@ def test_temperature_matches_transformers():
     x = _logits()
     for t in [0.1, 0.7, 1.0, 2.5]:
         assert torch.allclose(apply_temperature(x, t), lp.TemperatureLogitsWarper(t)(None, x.clone()))
+
+
+@pytest.mark.parametrize("penalty", [0.5, 1.0, 1.2, 1.3, 2.0, 10.0])
+def test_repetition_penalty_matches_transformers(penalty):
+    """Random logits of both signs and random histories (repeats, and ids at both ends of the vocabulary):
+    bit for bit transformers' RepetitionPenaltyLogitsProcessor, which takes the same ids."""
+    g = torch.Generator().manual_seed(int(penalty * 10))
+    for rows, vocab, n in [(64, 257, 30), (8, 2048, 200), (3, 11, 40), (5, 50, 1)]:
+        x = torch.randn(rows, vocab, generator=g) * 3
+        ids = torch.randint(0, vocab, (rows, n), generator=g)
+        ids[0, :2] = torch.tensor([vocab - 1, 0])[:n]             # both ends of the vocabulary
+        ref = lp.RepetitionPenaltyLogitsProcessor(penalty=float(penalty))(ids, x.clone())
+        assert torch.equal(apply_repetition_penalty(x, ids, penalty), ref), (rows, vocab, n)
+
+
+def test_repetition_penalty_lowers_every_seen_token_and_no_other():
+    """Whatever a seen logit's sign, penalty > 1 lowers it (the paper's plain division would raise a
+    negative one) and the unseen logits keep their values; a list of ids for one row of logits works too."""
+    x = torch.tensor([2.0, -2.0, 0.0, 1.0, -0.5])
+    out = apply_repetition_penalty(x, [0, 1, 1, 2], 2.0)
+    assert out.tolist() == [1.0, -4.0, 0.0, 1.0, -0.5]
+    seen_probs = torch.softmax(out, -1)[:2] / torch.softmax(x, -1)[:2]
+    assert bool((seen_probs < 1).all())
+    assert torch.equal(apply_repetition_penalty(x, [], 1.3), x)             # nothing seen yet
+    assert torch.equal(apply_repetition_penalty(x, [0, 3], 1.0), x)         # 1 is no penalty
+    x3 = torch.randn(2, 3, 7)
+    ids3 = torch.randint(0, 7, (2, 3, 4))
+    ref = lp.RepetitionPenaltyLogitsProcessor(1.3)(ids3.reshape(6, 4), x3.reshape(6, 7).clone()).reshape(2, 3, 7)
+    assert torch.equal(apply_repetition_penalty(x3, ids3, 1.3), ref)        # any leading dims
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: apply_repetition_penalty(torch.zeros(5), [1], 0), ValueError, "penalty must be a finite positive"),
+    (lambda: apply_repetition_penalty(torch.zeros(5), [1], -1.2), ValueError, "penalty"),
+    (lambda: apply_repetition_penalty(torch.zeros(5), [1], float("nan")), ValueError, "penalty"),
+    (lambda: apply_repetition_penalty(torch.zeros(5), [1], float("inf")), ValueError, "penalty"),
+    (lambda: apply_repetition_penalty(torch.zeros(5), [1], True), ValueError, "penalty"),
+    (lambda: apply_repetition_penalty(torch.zeros(5), [5], 1.2), ValueError, r"tokens must be token ids in \[0, 5\)"),
+    (lambda: apply_repetition_penalty(torch.zeros(5), [-1], 1.2), ValueError, "tokens"),
+    (lambda: apply_repetition_penalty(torch.zeros(2, 5), torch.zeros(3, 2, dtype=torch.long), 1.2), ValueError,
+     "tokens must have shape"),
+    (lambda: apply_repetition_penalty(torch.zeros(5), torch.zeros(2), 1.2), TypeError, "tokens must hold integer"),
+    (lambda: apply_repetition_penalty(torch.zeros(5, dtype=torch.long), [1], 1.2), TypeError, "logits"),
+])
+def test_bad_repetition_penalty_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
 
 
 def test_top_p_keeps_the_crossing_token_and_the_top_token():
@@ -267,6 +315,45 @@ def test_sampled_generate_equals_transformers_with_same_seed(tiny, hf_tiny):
         assert tokens.tolist() == ref.tolist(), (t, k, p)
 
 
+@pytest.mark.parametrize("penalty", [1.2, 1.3])
+def test_repetition_penalty_in_generate_equals_transformers(tiny, hf_tiny, penalty):
+    """generate(repetition_penalty=...) is transformers' generate with the same penalty (prompt tokens count
+    too, as there): greedy token for token with and without a KV cache, and sampled with the same global
+    seed (the penalty comes before the warpers in both)."""
+    model, tok = tiny
+    ids = tok(PROMPTS[2])["input_ids"]
+    hf_args = dict(max_new_tokens=40, repetition_penalty=penalty, eos_token_id=None, pad_token_id=tok.pad_token_id)
+    ref = hf_tiny.generate(torch.tensor([ids]), do_sample=False, **hf_args)[0, len(ids):].tolist()
+    plain = generate(model, ids, 40).tokens.tolist()
+    assert generate(model, ids, 40, repetition_penalty=penalty).tokens.tolist() == ref != plain
+    assert generate(model, ids, 40, repetition_penalty=penalty, cache="contiguous").tokens.tolist() == ref
+    torch.manual_seed(5)
+    ours = generate(model, ids, 30, temperature=0.8, top_p=0.9, repetition_penalty=penalty).tokens.tolist()
+    torch.manual_seed(5)
+    hf_args["max_new_tokens"] = 30
+    ref = hf_tiny.generate(torch.tensor([ids]), do_sample=True, temperature=0.8, top_k=0, top_p=0.9,
+                           **hf_args)[0, len(ids):].tolist()
+    assert ours == ref
+
+
+def test_repetition_penalty_per_row_in_a_batch(tiny):
+    """One penalty per row: each row of a batch (left-padded prompts too: the padding is no token of the row)
+    decodes as it would alone; the returned logits are the penalized ones that chose the tokens."""
+    model, tok = tiny
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    pens = [1.0, 1.3, 1.2]
+    batch = generate(model, prompts, 16, repetition_penalty=pens, cache="contiguous", return_logits=True)
+    for p, r, row, logits in zip(prompts, pens, batch.tokens, batch.logits):
+        alone = generate(model, p, 16, repetition_penalty=r, return_logits=True)
+        assert row.tolist() == alone.tokens.tolist()
+        assert torch.allclose(logits, alone.logits, atol=1e-4)
+        with torch.no_grad():                      # the raw logits, teacher-forced on the row's tokens: [n, V]
+            raw = model_logits(model, torch.tensor([p + row.tolist()]))[0, len(p) - 1:-1]
+        history = torch.tensor(p + row.tolist())
+        penalized = torch.stack([apply_repetition_penalty(raw[i], history[:len(p) + i], r) for i in range(16)])
+        assert torch.allclose(logits, penalized, atol=1e-4)
+
+
 def test_generate_accepts_hf_models_and_tensor_prompts(tiny, hf_tiny):
     model, tok = tiny
     ids = tok(PROMPTS[2])["input_ids"]
@@ -356,6 +443,14 @@ def test_context_limit(tiny):
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(eos_token_id="x"), "eos_token_id"),
+    (dict(repetition_penalty=0), "repetition_penalty must be a finite positive number, got 0"),
+    (dict(repetition_penalty=-1.3), "repetition_penalty"),
+    (dict(repetition_penalty=float("nan")), "repetition_penalty"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
+    (dict(repetition_penalty="1.2"), "repetition_penalty"),
+    (dict(repetition_penalty=True), "repetition_penalty"),
+    (dict(repetition_penalty=None), "repetition_penalty"),
+    (dict(repetition_penalty=[1.2, 1.3]), "repetition_penalty: got 2 values for a batch of 1"),
 ])
 def test_generate_bad_arguments(tiny, kwargs, match):
     model, _ = tiny
@@ -363,6 +458,18 @@ def test_generate_bad_arguments(tiny, kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         generate(model, **args)
+
+
+def test_repetition_penalty_is_refused_with_a_draft(tiny):
+    """Speculative decoding would need the penalty in the draft's proposals and in the verification alike;
+    generate refuses it rather than verifying against the wrong distribution. 1.0 (no penalty) passes."""
+    model, tok = tiny
+    draft, _ = load("tiny-draft", device="cpu", verbose=False)
+    ids = tok(PROMPTS[0])["input_ids"]
+    with pytest.raises(ValueError, match="repetition_penalty=1.2: speculative decoding"):
+        generate(model, ids, 4, draft=draft, repetition_penalty=1.2)
+    assert generate(model, ids, 4, draft=draft, repetition_penalty=1.0).tokens.tolist() == \
+        generate(model, ids, 4).tokens.tolist()
 
 
 def test_generate_type_errors(tiny):

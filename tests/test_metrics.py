@@ -1,5 +1,6 @@
 """course_lib.perf.metrics and course_lib.perf.memory: percentiles against numpy, latency metrics from
-timestamps (fixed examples and random traces), bad input, cost, and memory arithmetic."""
+timestamps (fixed examples and random traces), bad input, cost, and memory arithmetic; and the repetition
+measures of course_lib.perf.quality (repeated n-gram share, distinct-n) against a brute-force count."""
 import math
 
 import numpy as np
@@ -12,6 +13,7 @@ from course_lib.perf.metrics import (RequestMetrics, TokenEvent, Trace, cost_per
                                      decode_tokens_per_second, e2e_latency, format_summary, goodput,
                                      inter_token_latencies, makespan, percentile, percentiles, request_metrics,
                                      summarize, tokens_per_second, tpot, ttft)
+from course_lib.perf.quality import distinct_ngrams, repeated_ngram_share
 from course_lib.perf.timing import Timing, benchmark
 
 
@@ -287,3 +289,47 @@ def test_peak_memory_on_cuda_is_exact():
 def test_format_bytes():
     assert format_bytes(512) == "512 B" and format_bytes(1536) == "1.50 KiB"
     assert format_bytes(3 * 2**30) == "3.00 GiB" and format_bytes(None) == "n/a"
+
+
+# --------------------------------------------------------------------------------------------------
+# repetition of generated text: repeated n-gram share, distinct-n
+# --------------------------------------------------------------------------------------------------
+def test_repeated_ngram_share_fixed_examples():
+    assert repeated_ngram_share([1, 2, 3, 4, 5, 6, 7]) == 0.0                 # nothing repeats
+    assert repeated_ngram_share([7] * 10) == 6 / 7                           # a loop: all windows but the first
+    # "a b c d a b c d a b": windows abcd bcda cdab dabc abcd bcda cdab -> the last 3 repeat
+    assert repeated_ngram_share([1, 2, 3, 4, 1, 2, 3, 4, 1, 2]) == 3 / 7
+    assert repeated_ngram_share([1, 2, 1, 2, 1], n=2) == 2 / 4
+    assert repeated_ngram_share([1, 2, 3]) == 0.0 and repeated_ngram_share([]) == 0.0   # no window: 0
+    assert repeated_ngram_share(torch.tensor([5, 5, 5, 5, 5])) == 1 / 2                # a 1-D tensor
+    assert distinct_ngrams([3, 3, 4, 3]) == 2 / 4 and distinct_ngrams([1, 2, 1, 2, 1], n=2) == 2 / 4
+    assert distinct_ngrams([]) == 1.0 and distinct_ngrams([1, 2], n=3) == 1.0
+
+
+def test_repetition_measures_against_a_brute_force_count():
+    """Random token lists (small vocabularies, so repeats happen): the share of windows equal to an earlier
+    window, counted pair by pair; distinct-n = 1 - that share whenever there is a window."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        toks = rng.integers(0, int(rng.integers(1, 6)), size=int(rng.integers(0, 40))).tolist()
+        for n in (1, 2, 3, 4):
+            grams = [tuple(toks[k:k + n]) for k in range(len(toks) - n + 1)]
+            repeats = sum(any(grams[j] == grams[k] for j in range(k)) for k in range(len(grams)))
+            want = repeats / len(grams) if grams else 0.0
+            assert repeated_ngram_share(toks, n) == pytest.approx(want, abs=1e-12), (toks, n)
+            if grams:
+                assert distinct_ngrams(toks, n) == pytest.approx(1 - want, abs=1e-12), (toks, n)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: repeated_ngram_share([1, 2, 3], n=0), "n must be a positive integer, got 0"),
+    (lambda: repeated_ngram_share([1, 2, 3], n=2.0), "n must be a positive integer"),
+    (lambda: distinct_ngrams([1, 2], n=True), "n must be a positive integer"),
+    (lambda: repeated_ngram_share("abcd"), "tokens must be a list of int token ids"),
+    (lambda: repeated_ngram_share([1, 2.5, 3]), "tokens must be a list of int token ids"),
+    (lambda: distinct_ngrams(torch.zeros(2, 3, dtype=torch.long)), "tokens must be a 1-D integer tensor"),
+    (lambda: distinct_ngrams(torch.zeros(4)), "tokens must be a 1-D integer tensor"),
+])
+def test_repetition_measures_refuse_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

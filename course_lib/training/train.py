@@ -31,7 +31,7 @@ from course_lib.generation import generate
 from course_lib.models.config import BUNDLED_ROOT, LlamaConfig, flops_per_token
 from course_lib.models.corpus import EOS, encode_stream, load_split
 from course_lib.models.llama import LlamaForCausalLM, causal_lm_loss
-from course_lib.perf.quality import bits_per_byte
+from course_lib.perf.quality import bits_per_byte, repeated_ngram_share
 
 BUNDLED_DIR = BUNDLED_ROOT
 # The model card's last section, on the distilled default draft: written by `course_lib.training.distill_draft`
@@ -223,29 +223,25 @@ def write_card(out: Path, report: dict):
         for x in samples:
             lines += ["```python", "# ...prompt ends: " + x["prompt_tail"].replace("\n", "\\n")[-60:],
                       x["continuation"].rstrip(), "```", ""]
+    rep = t.get("repetition")
+    measured = (f"repeated 4-grams {rep['greedy']:.2f} greedy against {rep['sampled_t0.8_top40']:.2f} sampled"
+                if rep else "repeated 4-grams")
     lines += [
-        "- Limits: a toy. It writes plausible-looking Python, not correct programs, and greedy decoding of a",
-        "  model this small still drifts into repetition on some prompts; sampling repeats less (the table",
-        "  above; the tests check bracket balance over completed lines of such samples). It knows nothing",
-        "  but the standard library's style. It exists so that every technique of the course shows a real effect",
-        "  offline.",
+        "- Limits: a toy. It writes plausible-looking Python, not correct programs. Greedy decoding loops: it",
+        f"  soon repeats a line or a phrase ({measured}, the table",
+        "  above), the degeneration of maximization-based decoding that Holtzman et al. (\"The Curious Case of",
+        "  Neural Text Degeneration\", ICLR 2020) describe; a bigger model does not fit the CPU training budget, so",
+        "  the course teaches it instead: notebook 00, section 11, measures greedy against temperature, top-p and a",
+        "  repetition penalty (`generate(..., repetition_penalty=1.3)`) on this model. Sample (or add a penalty)",
+        "  when you read its text; the tests check bracket balance over completed lines of sampled text. It knows",
+        "  nothing but the standard library's style. It exists so that every technique of the course shows a real",
+        "  effect offline.",
         "",
     ]
     card = out / "MODEL_CARD.md"
     kept = card.read_text().split(CARD_SECTION, 1) if card.exists() else []
     tail = ("\n" + CARD_SECTION + kept[1]) if len(kept) == 2 else ""
     card.write_text("\n".join(lines) + tail)
-
-
-def repeated_ngram_share(tokens: list[int], n: int = 4) -> float:
-    """Share of the n-token windows of `tokens` that already occurred earlier in it: 0 for text that
-    never repeats itself, near 1 for a loop ("f, f, f, ..." or the same line over and over)."""
-    grams = [tuple(tokens[k:k + n]) for k in range(len(tokens) - n + 1)]
-    seen, repeats = set(), 0
-    for g in grams:
-        repeats += g in seen
-        seen.add(g)
-    return repeats / max(1, len(grams))
 
 
 def middle_prompt(tok, text: str, prompt_tokens: int) -> list[int]:
