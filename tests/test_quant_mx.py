@@ -241,3 +241,14 @@ def test_memory_presets_match_the_stored_bits():
     x = torch.randn(4, 256)
     assert bits_per_weight("mxfp4") == mxfp4_quantize(x).bits_per_value() == 4.25
     assert bits_per_weight("nvfp4") == 4.5 == nvfp4_quantize(x).bits_per_value() - 32 / x.numel()
+
+
+def test_mxfp4_float64_input_at_the_top_of_the_e8m0_range():
+    x = torch.zeros(2, 32, dtype=torch.float64)
+    x[0, 0], x[0, 1] = 2.0 ** 129 * 1.5, 2.0 ** 128          # shared_exp 127: X = 2^127, the largest scale
+    x[1, 0] = 2.0 ** 131                                     # shared_exp 129: no E8M0 scale, so NaN
+    q = mxfp4_quantize(x)
+    assert q.scales[:, 0].tolist() == [254, 255]
+    d = q.dequantize()
+    assert d.dtype == torch.float64 and d[0, 0] == 6 * 2.0 ** 127 and d[0, 1] == 2.0 ** 128
+    assert bool(torch.isnan(d[1]).all())

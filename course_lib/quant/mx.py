@@ -55,9 +55,10 @@ uses a coarser scale). Degenerate cases: an all-zero tensor gets tensor_scale 1,
 2^-9. NVIDIA's definition gives the elements no NaN or infinity and says nothing about them, so
 ``nvfp4_quantize`` refuses NaN and Inf input (ValueError) rather than invent a rule.
 
-Arithmetic: the quotients are computed in float64, where dividing by a power of two or by (E4M3 value x
-FP32 value) loses nothing that could move a value across an E2M1 midpoint, so the codes are the exact
-round-to-nearest-even of the real quotient. NVFP4's scales are computed in float32 as the recipe does
+Arithmetic: every quotient is exact or rounded so finely that no value can cross an E2M1 midpoint, so the
+codes are the exact round-to-nearest-even of the real quotient. MXFP4 divides by a power of two, exact in
+float32 (float64 for float64 input; a float32 result can only underflow far below E2M1's smallest step);
+NVFP4 divides by (E4M3 value x FP32 value) in float64, where the divisor is exact (4 + 24 significant bits). NVFP4's scales are computed in float32 as the recipe does
 (amax / 6, divided by the tensor scale, then one cast to E4M3). GPU kernels compute x * (1/scale) in
 float32 and can differ on a value within an ulp of a midpoint. Blocks run along the last dimension; a last dimension that is not a
 multiple of the block is padded with zeros (they change no block maximum) and the padding is dropped on
@@ -105,16 +106,16 @@ def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     ``v`` must be finite (E2M1 has no NaN or infinity to hold one); the sign is kept, so a negative value
     that rounds to zero becomes -0 (code 8), as an IEEE-style cast does."""
     check_tensor(v, "v")
-    a = v.detach().to(torch.float64).abs()
+    a = v.detach().to(torch.float64 if v.dtype == torch.float64 else torch.float32).abs()   # exact either way
     # the spacing of the grid around a: 0.5 below 2 (subnormals and the first binade), 1 in [2, 4), 2 above
-    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0)).to(torch.float64)
+    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0)).to(a.dtype)
     # a / step is exact (a power of two); torch.round rounds half to even, and an even multiple of the
     # step is exactly the code whose mantissa bit is 0, so this is round-to-nearest-even on the E2M1 grid
     q = (torch.round(a / step) * step).clamp(max=E2M1_MAX)
-    mags = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=v.device)
-    code = torch.searchsorted(mags, q.contiguous())       # q is on the grid: its index is its code
-    sign = torch.signbit(v.detach()).to(torch.int64) << 3
-    return (code | sign).to(torch.uint8)
+    # q is on the grid; its code: 2q below 2 (0, 0.5, 1, 1.5 -> 0..3), q + 2 in [2, 4) (2, 3 -> 4, 5),
+    # q/2 + 4 from 4 on (4, 6 -> 6, 7)
+    code = torch.where(q < 2, 2 * q, torch.where(q < 4, q + 2, q / 2 + 4)).to(torch.uint8)
+    return code | (torch.signbit(v.detach()).to(torch.uint8) << 3)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
@@ -166,13 +167,18 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 data, else float32 (which holds float16 and bfloat16 values exactly)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x [..., K] -> float64 [..., ceil(K/block), block], the last block padded with zeros."""
+    """x [..., K] -> [..., ceil(K/block), block] in the work dtype, the last block padded with zeros."""
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension (blocks run along the last one)")
     k = x.shape[-1]
     pad = -k % block
-    xd = x.detach().to(torch.float64)
+    xd = x.detach().to(_work_dtype(x.dtype))
     if pad:
         xd = torch.nn.functional.pad(xd, (0, pad))
     return xd.reshape(*x.shape[:-1], (k + pad) // block, block)
@@ -210,8 +216,10 @@ class MXFP4Tensor:
         return e8m0_decode(self.scales)
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """v_i = X * P_i; a NaN scale makes its whole block NaN (the spec's rule: X * P_i is NaN anyway)."""
-        vals = e2m1_decode(self.codes()).to(torch.float64) * self.scale_values().to(torch.float64).unsqueeze(-1)
+        """v_i = X * P_i; a NaN scale makes its whole block NaN (the spec's rule: X * P_i is NaN anyway).
+        Exact in float32 (float64 when the tensor was float64: only it can need 6 * 2^127)."""
+        wd = _work_dtype(self.dtype)
+        vals = e2m1_decode(self.codes()).to(wd) * self.scale_values().to(wd).unsqueeze(-1)
         return _unblock(vals, self.shape).to(dtype or self.dtype)
 
     def storage_bits(self) -> int:
@@ -229,15 +237,15 @@ def mxfp4_quantize(x: torch.Tensor, block_size: int = MX_BLOCK) -> MXFP4Tensor:
     block_size = integer(block_size, "block_size", low=2)
     if block_size % 2:
         raise ValueError(f"block_size must be even (two E2M1 codes per byte), got {block_size}")
-    b = _blocks(x, block_size)                              # [..., nb, block] float64
+    b = _blocks(x, block_size)                              # [..., nb, block] float32 (float64 for float64)
     amax = b.abs().amax(dim=-1)                             # NaN if the block holds a NaN, inf if an inf
     mant, exp = torch.frexp(amax)                           # amax = mant * 2^exp, mant in [0.5, 1): exact
-    shared = (exp.to(torch.float64) - 1) - E2M1_EMAX        # floor(log2(amax)) - emax_elem
+    shared = (exp.to(b.dtype) - 1) - E2M1_EMAX              # floor(log2(amax)) - emax_elem
     shared = torch.where(amax > 0, shared, torch.full_like(shared, -E8M0_BIAS))   # log2(0) = -inf: clamp
     shared = shared.clamp(min=-E8M0_BIAS)                   # below 2^-127: the smallest E8M0 scale
     bad = ~torch.isfinite(amax) | (shared > E8M0_BIAS)      # no E8M0 power of two: the NaN scale
     scales = e8m0_encode(torch.where(bad, math.nan, shared))
-    # V_i / X, exact in float64; blocks with a NaN scale store code 0 (any code decodes to NaN there)
+    # V_i / X, exact (times a power of two in [2^-125, 2^127]); blocks with a NaN scale store code 0 (any code decodes to NaN there)
     ratio = torch.where(bad.unsqueeze(-1), 0.0, b * torch.exp2(-shared).unsqueeze(-1))
     codes = e2m1_encode(ratio)                              # round half to even, clamp to +-6
     packed = pack_fp4(codes.reshape(*codes.shape[:-2], -1))
@@ -272,7 +280,9 @@ class NVFP4Tensor:
         return self.block_scales.to(torch.float64) * self.tensor_scale.to(torch.float64)
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        vals = e2m1_decode(self.codes()).to(torch.float64) * self.scale_values().unsqueeze(-1)
+        """P_i * block_scale (exact: 2 x 4 significant bits), then * tensor_scale: one rounding."""
+        wd = _work_dtype(self.dtype)
+        vals = e2m1_decode(self.codes()).to(wd) * self.block_scales.to(wd).unsqueeze(-1) * self.tensor_scale.to(wd)
         return _unblock(vals, self.shape).to(dtype or self.dtype)
 
     def storage_bits(self) -> int:
@@ -305,7 +315,7 @@ def nvfp4_quantize(x: torch.Tensor, block_size: int = NVFP4_BLOCK) -> NVFP4Tenso
     s = torch.where((s.to(torch.float32) == 0) & (block_amax > 0), tiny, s)
     scale = s.to(torch.float64) * t.to(torch.float64)       # exact: 4-bit x 24-bit significands
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    codes = e2m1_encode(b / safe.unsqueeze(-1))             # saturates at +-6 where the scale rounded down
+    codes = e2m1_encode(b.to(torch.float64) / safe.unsqueeze(-1))   # saturates at +-6 where the scale rounded down
     packed = pack_fp4(codes.reshape(*codes.shape[:-2], -1))
     return NVFP4Tensor(packed=packed, block_scales=s, tensor_scale=t, shape=x.shape, dtype=x.dtype,
                        block_size=block_size)
