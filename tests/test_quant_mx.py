@@ -54,11 +54,15 @@ def test_e2m1_rounds_every_midpoint_to_even_and_saturates(sign):
     assert e2m1_encode(big).tolist() == [7 if sign > 0 else 15] * 6
 
 
-def test_e2m1_matches_the_oracles_on_a_dense_grid():
+def test_e2m1_matches_the_nearest_even_search_on_a_dense_grid():
+    v = torch.linspace(-8, 8, 32001, dtype=torch.float32)
+    assert torch.equal(e2m1_decode(e2m1_encode(v)).double(), nearest_even(v))
+
+
+def test_e2m1_matches_ml_dtypes_float4_e2m1fn():
+    ml_dtypes = pytest.importorskip("ml_dtypes")     # the dev extra installs it
     v = torch.linspace(-8, 8, 32001, dtype=torch.float32)
     got = e2m1_decode(e2m1_encode(v)).double()
-    assert torch.equal(got, nearest_even(v))
-    ml_dtypes = pytest.importorskip("ml_dtypes")
     import numpy as np
     ref = v.numpy().astype(ml_dtypes.float4_e2m1fn)
     assert torch.equal(torch.from_numpy(ref.astype(np.float32)).double(), got)
