@@ -618,7 +618,7 @@ assert s_group > s_tensor
 # **MXFP4** stores blocks of 32 **FP4 E2M1** elements (1 sign, 2 exponent, 1 mantissa bit: ±{0, 0.5, 1, 1.5,
 # 2, 3, 4, 6}, no infinity, no NaN) and one **E8M0** scale per block: 8 exponent bits and nothing else, the
 # value $2^{E-127}$, with E = 0xFF meaning NaN. That is 4 + 8/32 = **4.25 bits per weight**. The
-# specification's conversion of a block $V_1..V_{32}$:
+# specification's conversion of a block $V_1..V_{32}$ (rounding to nearest, ties to even, as IEEE casts do):
 #
 # $$\text{shared\_exp} = \lfloor \log_2 \max_i |V_i| \rfloor - 2, \qquad X = 2^{\text{shared\_exp}}, \qquad
 #   P_i = \text{E2M1}(V_i / X)\ \text{(round to nearest even, clamped to } \pm 6)$$
@@ -636,8 +636,9 @@ assert s_group > s_tensor
 # MXFP4 at 4.25 bits per parameter, which is what lets the 120B model fit one 80 GB GPU [@openai2025gptoss];
 # and Blackwell GPUs' tensor cores multiply FP4 operands with these block scales directly
 # [@nvidia2024blackwell; @alvarez2025introducing]. On a CPU we emulate the formats: `course_lib.quant.mx`
-# encodes and decodes them exactly as defined (its tests compare with PyTorch's E8M0 and E4M3 casts, with
-# `ml_dtypes`' E2M1, and with the spec authors' reference library). First the element and one block:
+# encodes and decodes them exactly as defined (its tests compare with PyTorch's E8M0 and E4M3 casts and with
+# `ml_dtypes`' E2M1; its docstring records a check against the spec authors' library, microxcaling). First
+# the element and one block:
 
 # %% id="c056b"
 from course_lib.quant.mx import e2m1_decode, e2m1_encode, e2m1_values, mxfp4_quantize, nvfp4_quantize

@@ -11,8 +11,10 @@ FP4 E2M1; exponent field 0 is subnormal, 0.5 * M).
     value 0    0.5  1    1.5  2    3    4    6          (exponent of the largest normal, emax_elem = 2)
 
 Encoding rounds to nearest, ties to even (the code with mantissa bit 0: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
-1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4) and **saturates**: a magnitude above 6 becomes 6 (the spec's
-"clamping normal numbers"). Two codes per byte, element 2j in the low nibble (torchao's ``pack_uint4`` and
+1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), as IEEE's default, ml_dtypes' float4_e2m1fn and torchao's FP4 cast
+do (the algorithm as Rouhani et al. print it names only "quantize_to_element_format"; microxcaling rounds
+ties away from zero by default and to even with round="even"), and **saturates**: a magnitude above 6
+becomes 6 (the spec's "clamping normal numbers"). Two codes per byte, element 2j in the low nibble (torchao's ``pack_uint4`` and
 the layout of PyTorch's ``float4_e2m1fn_x2``).
 
 MXFP4 (OCP Microscaling Formats (MX) Specification v1.0, 2023; Rouhani et al., arXiv 2310.10537, Algorithm
@@ -66,7 +68,11 @@ decoding (microxcaling pads the same way), so a partial last block still pays fo
 
 The tests check the element table, every rounding midpoint and the E8M0/E4M3 bit patterns against the
 casts of PyTorch (``float8_e8m0fnu``, ``float8_e4m3fn``) and, where it is installed, ``ml_dtypes``'
-``float4_e2m1fn``.
+``float4_e2m1fn``. Checked once by hand (not a test: the library needs a checkout): ``mxfp4_quantize``'s
+decoded values equal microxcaling's ``mx_ops._quantize_mx(x, 8, "fp4_e2m1", axes=[-1], block_size=32,
+round="even")`` (commit 7bc4195) on 327,680 random float32 values over 2^-30..2^30 with planted midpoints,
+on blocks near 2^-149 and 2^126, and on NaN/Inf blocks; with its default round="nearest" (ties away from
+zero) 159 of 16,384 values differ, all on midpoints.
 """
 from __future__ import annotations
 
