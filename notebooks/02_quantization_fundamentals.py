@@ -11,7 +11,8 @@
 # 3. **granularity**: one scale per tensor, per channel or per group, and what each costs;
 # 4. **outliers**, the reason for per-group scales (and, in module 03, for LLM.int8 and SmoothQuant);
 # 5. **clipping**, error metrics (MSE, SQNR), **int4 bit packing**, **memory arithmetic** for 7B/70B models;
-# 6. real **block formats**: GGUF Q8_0 / Q4_0 byte for byte, and **NF4** with double quantization;
+# 6. real **block formats**: GGUF Q8_0 / Q4_0 byte for byte, **NF4** with double quantization, and the
+#    microscaling FP4 formats **MXFP4** and **NVFP4**;
 # 7. an interactive explorer on a real weight matrix of the course model.
 #
 # Everything runs on a CPU. All the code lives in `course_lib.quant`; the cells below call it and check
@@ -24,6 +25,7 @@ QUICK = course_lib.env.quick()           # True under the tests (COURSE_QUICK=1)
 N_RANDOM = 20_000 if QUICK else 1_000_000  # size of the synthetic test tensors
 CLIP_STEPS = 36 if QUICK else 141          # clip ratios tried by the MSE search
 LAYER = 0                                  # which decoder layer's weights we study
+MX_ALL_LAYERS = not QUICK                  # section 11: every layer's linear weights, or layer LAYER's only
 SEED = 0
 
 # %% id="c004"
@@ -684,6 +686,147 @@ print(f"{explorer.matrix.value}, 3 bits: per tensor {s_tensor:.2f} dB, group 32 
       f"({explorer.stats['bits_per_weight']:.2f} bits/weight)")
 assert s_group > s_tensor
 
+# %% [markdown] id="c056a"
+# ## 11. Microscaling FP4: MXFP4 and NVFP4
+#
+# Q4_0 and NF4 pay 16 or 32 bits for each block's scale. The Open Compute Project's **microscaling (MX)**
+# formats make the scale one byte and the element a tiny float [@ocp2023microscaling; @rouhani2023microscaling].
+# **MXFP4** stores blocks of 32 **FP4 E2M1** elements (1 sign, 2 exponent, 1 mantissa bit: ±{0, 0.5, 1, 1.5,
+# 2, 3, 4, 6}, no infinity, no NaN) and one **E8M0** scale per block: 8 exponent bits and nothing else, the
+# value $2^{E-127}$, with E = 0xFF meaning NaN. That is 4 + 8/32 = **4.25 bits per weight**. The
+# specification's conversion of a block $V_1..V_{32}$ (rounding to nearest, ties to even, as IEEE casts do):
+#
+# $$\text{shared\_exp} = \lfloor \log_2 \max_i |V_i| \rfloor - 2, \qquad X = 2^{\text{shared\_exp}}, \qquad
+#   P_i = \text{E2M1}(V_i / X)\ \text{(round to nearest even, clamped to } \pm 6)$$
+#
+# (2 is the exponent of E2M1's largest value, 6 = 1.5·2²), and a block decodes to $X \cdot P_i$, or to NaN
+# throughout when $X$ is NaN: that is how a NaN or an infinity in the input survives. The power-of-two scale
+# puts the block's maximum anywhere in [4, 8): a maximum whose mantissa is above 1.5 is **clamped** to 6.
+#
+# **NVFP4** [@alvarez2025introducing] keeps the E2M1 elements and changes the scale: blocks of 16, an FP8
+# **E4M3** scale per block (3 mantissa bits, so not a power of two) and one FP32 scale per tensor that
+# brings the block scales into E4M3's range: tensor scale = amax / (6 · 448), block scale =
+# E4M3((block amax / 6) / tensor scale). The block's maximum lands near 6. Cost: 4 + 8/16 = **4.5 bits**.
+#
+# These are not curiosities: gpt-oss ships its mixture-of-experts weights, over 90% of its parameters, in
+# MXFP4 at 4.25 bits per parameter, which is what lets the 120B model fit one 80 GB GPU [@openai2025gptoss];
+# and Blackwell GPUs' tensor cores multiply FP4 operands with these block scales directly
+# [@nvidia2024blackwell; @alvarez2025introducing]. On a CPU we emulate the formats: `course_lib.quant.mx`
+# encodes and decodes them exactly as defined (its tests compare with PyTorch's E8M0 and E4M3 casts and with
+# `ml_dtypes`' E2M1; its docstring records a check against the spec authors' library, microxcaling). First
+# the element and one block:
+
+# %% id="c056b"
+from course_lib.quant.mx import e2m1_decode, e2m1_encode, e2m1_values, mxfp4_quantize, nvfp4_quantize
+
+print("E2M1, codes 0..15:", e2m1_values().tolist())
+mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0])
+rounded = e2m1_decode(e2m1_encode(mids)).tolist()
+print("midpoints", mids.tolist(), "->", rounded, "(ties go to the even code; 7 saturates to 6)")
+assert rounded == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0]
+
+blk = W[0, :32]
+mx1 = mxfp4_quantize(blk)
+amax, X = float(blk.abs().max()), float(mx1.scale_values())
+print(f"MXFP4 block W[0, :32]: max |w| = {amax:.5f} = 2^{math.log2(amax):.2f} -> shared_exp = "
+      f"floor({math.log2(amax):.2f}) - 2 = {round(math.log2(X))}, X = {X:.6g} (E8M0 byte {int(mx1.scales)})")
+print("  |w| / X :", [round(v, 2) for v in (blk.abs() / X)[:8].tolist()], "...")
+print("  codes   :", mx1.codes().reshape(-1)[:8].tolist(), "...  values", e2m1_decode(mx1.codes().reshape(-1)[:8]).tolist())
+assert X == 2.0 ** (math.floor(math.log2(amax)) - 2) and int(mx1.scales) == round(math.log2(X)) + 127
+assert 4 <= amax / X < 8                          # the block maximum lands in E2M1's top binade
+nv1 = nvfp4_quantize(blk)
+print(f"NVFP4, same 32 weights = 2 blocks of 16: tensor scale {float(nv1.tensor_scale):.3g}, E4M3 block scales "
+      f"{nv1.block_scales.float().tolist()}; max |w| / scale = "
+      f"{[round(float(blk[i * 16:(i + 1) * 16].abs().max()) / float(s), 3) for i, s in enumerate(nv1.scale_values())]}")
+
+# %% [markdown] id="c056c"
+# Now every linear weight of layer `LAYER` (all six layers when `MX_ALL_LAYERS`), against the formats of
+# sections 8 and 9. For a fair comparison every format cuts each matrix into the same blocks of B
+# consecutive weights (row-major, as NF4 does; the down-projection's rows of 688 are not a multiple of 32),
+# at B = 32 and B = 16, and the table states each format's bits per weight, scales included: INT4 absmax
+# with an fp16 scale per block (15 levels), NF4 with an fp32 absmax per block (bitsandbytes' layout),
+# MXFP4, NVFP4, and one hybrid that isolates the scale's effect: MX's power-of-two E8M0 rule on blocks of 16.
+
+# %% id="c056d"
+from course_lib.modules import layer_index, named_linears
+
+mats = {n: model.get_submodule(n).weight.detach().float() for n in named_linears(model)
+        if MX_ALL_LAYERS or layer_index(n) == LAYER}
+
+
+def int4_block(w, b):
+    return Q.fake_quantize(w.reshape(-1, b), 4, granularity="channel", axis=0).reshape(w.shape), 4 + 16 / b
+
+
+def nf4_block(w, b):
+    q = Q.nf4_quantize(w, blocksize=b)
+    return q.dequantize(), q.bits_per_value()
+
+
+def mx_block(w, b):
+    q = mxfp4_quantize(w.reshape(-1, b), block_size=b)
+    return q.dequantize().reshape(w.shape), q.bits_per_value()
+
+
+def nv_block(w, b):
+    q = nvfp4_quantize(w.reshape(-1, b), block_size=b)
+    return q.dequantize().reshape(w.shape), q.bits_per_value()
+
+
+variants = [("MXFP4", "E2M1 + E8M0 (power of two)", 32, mx_block),
+            ("INT4 absmax", "int4 + fp16", 32, int4_block),
+            ("NF4", "codebook + fp32", 32, nf4_block),
+            ("NVFP4", "E2M1 + E4M3, FP32 per tensor", 16, nv_block),
+            ("E2M1 + E8M0 at 16", "E2M1 + E8M0 (power of two)", 16, mx_block),
+            ("INT4 absmax", "int4 + fp16", 16, int4_block),
+            ("NF4", "codebook + fp32", 16, nf4_block),
+            ("NF4 (bitsandbytes default)", "codebook + fp32", 64, nf4_block)]
+n_weights = sum(w.numel() for w in mats.values())
+signal = sum(float(w.pow(2).sum()) for w in mats.values())
+mx_rows = []
+for name, scale, b, fn in variants:
+    noise, bits = 0.0, 0.0
+    for w in mats.values():
+        w_hat, bpw = fn(w, b)
+        noise += float((w - w_hat).pow(2).sum())
+        bits += bpw * w.numel()
+    mx_rows.append(dict(format=name, scale=scale, block=b, bits=bits / n_weights, sqnr=10 * math.log10(signal / noise)))
+table = "| format | element + scale | block | bits / weight | SQNR (dB) |\n|---|---|---|---|---|\n"
+table += "".join(f"| {r['format']} | {r['scale']} | {r['block']} | {r['bits']:.3f} | {r['sqnr']:.2f} |\n" for r in mx_rows)
+display(Markdown(f"{len(mats)} weight matrices, {n_weights:,} weights:\n\n" + table))
+sq = {(r["format"], r["block"]): r["sqnr"] for r in mx_rows}
+bits = {(r["format"], r["block"]): r["bits"] for r in mx_rows}
+assert bits["MXFP4", 32] == 4.25 and abs(bits["NVFP4", 16] - 4.5) < 1e-3         # + 32 bits per matrix
+# how many MXFP4 blocks lose their maximum to the clamp (max |w| / X in (6, 8) after rounding to E2M1)
+blocks32 = torch.cat([w.reshape(-1, 32) for w in mats.values()])
+X32 = mxfp4_quantize(blocks32).scale_values().reshape(-1)        # one scale per row of 32
+clipped = float((blocks32.abs().amax(dim=1) / X32 > 6.0).float().mean())
+print(f"MXFP4: {clipped:.0%} of the blocks have a maximum above 6·X (|max| / X in (6, 8)): it comes back as 6·X")
+
+# %% [markdown] id="c056e"
+# > **Claim checked.** "MXFP4 is as accurate as NVFP4: both are just FP4." They share the element, not the
+# > accuracy: on these weights NVFP4's SQNR is well above MXFP4's (the table), for 0.25 more bits per
+# > weight. The hybrid row says where the difference comes from. MX's power-of-two rule on blocks of 16 is
+# > no better than on blocks of 32: with the floor rule a smaller block mostly means more block maxima above
+# > 6·X (the count above), each coming back as 6·X, up to 25% too small. The E4M3 scale, which puts each
+# > block's maximum close to 6 instead of anywhere in [4, 8), makes the difference. The second half of the
+# > story: at the same 4.5 bits, NVFP4 lands where INT4 absmax with an fp16 scale per 32 and NF4 per 64
+# > already were. Its advantage over them is not storage accuracy but the hardware: Blackwell's tensor cores
+# > compute with FP4 blocks directly, while INT4 and NF4 weights must be converted first. (Held-out bits per
+# > byte is not measured here: on the tiny model each evaluation costs more than this whole section.)
+
+# %% id="c056f"
+gain_nv = sq["NVFP4", 16] - sq["MXFP4", 32]
+gain_block = sq["E2M1 + E8M0 at 16", 16] - sq["MXFP4", 32]
+print(f"NVFP4 - MXFP4: {gain_nv:+.2f} dB; of which the block of 16 under MX's scale rule: {gain_block:+.2f} dB, "
+      f"the E4M3 scale: {gain_nv - gain_block:+.2f} dB")
+print(f"at 4.5 bits: NVFP4 {sq['NVFP4', 16]:.2f} dB, INT4 absmax g32 {sq['INT4 absmax', 32]:.2f} dB, "
+      f"NF4 block 64 {sq['NF4 (bitsandbytes default)', 64]:.2f} dB")
+assert gain_nv > 1.0                        # NVFP4 is measurably more accurate than MXFP4
+assert gain_block < 0.5 * gain_nv           # ... because of its scale far more than its block size
+assert abs(sq["NVFP4", 16] - sq["INT4 absmax", 32]) < 1 and abs(sq["NVFP4", 16] - sq["NF4 (bitsandbytes default)", 64]) < 1
+assert sq["INT4 absmax", 16] > sq["INT4 absmax", 32] and sq["NF4", 16] > sq["NF4", 32]   # these do gain from smaller blocks
+
 # %% [markdown] id="c057"
 # ## Summary
 #
@@ -696,7 +839,8 @@ assert s_group > s_tensor
 # * Memory = parameters × bits per weight / 8, scales included: 7B is 28 GB in FP32, 14 GB in FP16,
 #   about 3.6 GB in INT4 g128.
 # * Real formats fix every detail: GGUF Q4_0's signed max / −8 and nibble order, NF4's normal-quantile
-#   codebook with an exact zero and double-quantized scales.
+#   codebook with an exact zero and double-quantized scales, MXFP4's E2M1 elements under a power-of-two
+#   E8M0 scale per 32 (4.25 bits) and NVFP4's E4M3 scale per 16 (4.5 bits, measurably more accurate).
 #
 # **Next (module 03):** quantizing whole LLMs: weight-only W4A16 with GPTQ and AWQ, LLM.int8 and
 # SmoothQuant for activations, bitsandbytes through transformers, and perplexity against memory and speed.
@@ -711,6 +855,9 @@ assert s_group > s_tensor
 # * [@dettmers2023qlora]: NF4, its block size of 64, and double quantization (section 9).
 # * [@frantar2023gptq; @lin2024awq]: the group size 128 of weight-only INT4, and AWQ's searched scales.
 # * [@ggml2023gguf; @gerganov2023llamacpp]: the GGUF block formats Q8_0 and Q4_0 (section 8).
+# * [@ocp2023microscaling; @rouhani2023microscaling]: the MX formats, MXFP4's E2M1 elements and E8M0 scale
+#   per 32 (section 11).
+# * [@alvarez2025introducing]: NVFP4, an E4M3 scale per 16 and a per-tensor FP32 scale (section 11).
 #
 # To go further:
 #

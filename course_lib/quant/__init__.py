@@ -1,6 +1,6 @@
 """Quantization (modules 02 and 03). This face holds what the notebooks and labs use; the rest is imported
 from its submodule, one per technique: ``formats``, ``core``, ``metrics``, ``packing``, ``memory``, ``gguf``,
-``nf4`` (module 02); ``linear``, ``calibration``, ``llm_int8``, ``smoothquant``, ``awq``, ``gptq``,
+``nf4``, ``mx`` (module 02); ``linear``, ``calibration``, ``llm_int8``, ``smoothquant``, ``awq``, ``gptq``,
 ``transform`` (``quantize_model`` and the ``to_*`` swaps), ``fp8``, ``fast``, ``qat``, ``sensitivity`` (module 03).
 
     from course_lib.quant import absmax_quantize, zeropoint_quantize, sqnr_db
@@ -23,6 +23,8 @@ from .memory import memory_table, memory_table_markdown, weight_bytes
 from .gguf import (describe_block, dequantize_q4_0, dequantize_q8_0, gguf_bits_per_weight, gguf_dequantize,
                    gguf_quantize, quantize_q4_0, quantize_q8_0)
 from .nf4 import nf4_codebook, nf4_quantize
+# microscaling FP4: MXFP4 (OCP MX v1.0) and NVFP4
+from .mx import mxfp4_quantize, nvfp4_quantize
 # module 03, quantized linears and their weight layout
 from .linear import QuantLinear, W8A8Linear, group_index, rtn_quantize_weight, state_dict_bytes, weight_qparams
 from .llm_int8 import LLMInt8Linear
@@ -46,7 +48,7 @@ __all__ = [
     "mse", "sqnr_db", "DB_PER_BIT",
     "pack_int4", "unpack_int4", "weight_bytes", "memory_table", "memory_table_markdown",
     "quantize_q8_0", "dequantize_q8_0", "quantize_q4_0", "dequantize_q4_0", "describe_block", "gguf_quantize",
-    "gguf_dequantize", "gguf_bits_per_weight", "nf4_codebook", "nf4_quantize",
+    "gguf_dequantize", "gguf_bits_per_weight", "nf4_codebook", "nf4_quantize", "mxfp4_quantize", "nvfp4_quantize",
     "QuantLinear", "W8A8Linear", "LLMInt8Linear", "weight_qparams", "rtn_quantize_weight", "group_index",
     "state_dict_bytes",
     "named_linears", "capture_inputs", "activation_absmax", "outlier_report", "scaling_groups", "input_hessians",

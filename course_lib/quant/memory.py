@@ -4,7 +4,8 @@
 
 Examples: INT4 with one fp16 scale per group of 128 -> 4 + 16/128 = 4.125 bits; GGUF Q4_0 (fp16 scale per
 32) -> 4.5; Q8_0 -> 8.5; NF4 with an fp32 absmax per 64 -> 4.5; NF4 with double quantization (8-bit scale
-per 64, fp32 second-level scale per 256 scales) -> 4 + 8/64 + 32/(64*256) = 4.127.
+per 64, fp32 second-level scale per 256 scales) -> 4 + 8/64 + 32/(64*256) = 4.127; MXFP4 (8-bit E8M0 scale
+per 32) -> 4.25; NVFP4 (8-bit E4M3 scale per 16, plus one FP32 scale per tensor) -> 4.5.
 
 GB here is 10^9 bytes (what model cards and the lecture notes use); GiB is 2^30.
 """
@@ -59,6 +60,9 @@ WEIGHT_FORMATS = {
     "q4_0": WeightFormat("GGUF Q4_0 (32-blocks, fp16 d)", 4, 32, 16),
     "nf4": WeightFormat("NF4, block 64, fp32 absmax", 4, 64, 32),
     "nf4-dq": WeightFormat("NF4 + double quant (8-bit absmax, fp32 per 256)", 4, 64, 8, 0, 32 / 256),
+    # microscaling FP4 (``mx``): E2M1 codes; NVFP4's one FP32 scale per tensor is not counted (32 bits per tensor)
+    "mxfp4": WeightFormat("MXFP4 (E2M1, E8M0 scale per 32)", 4, 32, 8),
+    "nvfp4": WeightFormat("NVFP4 (E2M1, E4M3 scale per 16)", 4, 16, 8),
 }
 
 
