@@ -398,7 +398,9 @@ def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5
     lossy entry (one whose generate_fn has a ``lossy_model`` attribute) is referenced against the baseline
     decoding its ``lossy_model``, whose bits per byte on `heldout` (default: held-out corpus text; needs
     `tokenizer`) may exceed `model`'s by at most ``BPB_BOUND``; the speed-up is always against the baseline
-    on `model`. The result's points are ``speed_points`` of the lower quartile of the per-round ratios."""
+    on `model`. The result's points are ``speed_points`` of the lower quartile of the per-round ratios. A call
+    of the entry that raises makes it incorrect (its output None) and the evaluation goes on; `build` raising
+    is raised."""
     prompts = list(prompts)
     rounds = integer(rounds, "rounds", low=1)
     max_new_tokens = integer(max_new_tokens, "max_new_tokens", low=1)
@@ -423,10 +425,15 @@ def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5
         outputs, expected = [], []
 
         def run(fn, p):
-            toks, why = _token_list(fn(p.clone(), max_new_tokens), max_new_tokens)
+            try:
+                out = fn(p.clone(), max_new_tokens)
+            except Exception as e:  # noqa: BLE001 - not correct; the evaluation goes on, so its record says why
+                out, why = None, f"raised {type(e).__name__}: {str(e)[:200]}"
+            else:
+                out, why = _token_list(out, max_new_tokens)
             if why and f"generate_fn {why}" not in problems:
                 problems.append(f"generate_fn {why}")
-            return toks
+            return out
 
         for p in checks:
             expected.append(_token_list(ref(p.clone(), max_new_tokens), max_new_tokens)[0])

@@ -105,8 +105,11 @@ def _contract_breaks(m, prompts):
     ok = evaluate_project(baseline_build, m, prompts, 4, rounds=2)   # its points: timing noise, not asserted
     assert ok.correct and len(ok.ratios) == 2 and ok.outputs == ok.expected and len(ok.outputs) == 3, ok.describe()
     assert ok.record().startswith(RECORD_PREFIX)
+    def fails(model):
+        return lambda p, n: 1 / 0
+
     for build, says in ((with_prompt, "returned 12 tokens"), (stale, "greedy tokens differ"),
-                        (meddles, "changed the model's weights")):
+                        (meddles, "changed the model's weights"), (fails, "raised ZeroDivisionError")):
         r = evaluate_project(build, m, prompts, 4, rounds=2)
         assert not r.correct and r.points == 0.0 and says in r.problem, (build.__name__, r.problem)
         assert "NOT correct" in r.describe()
