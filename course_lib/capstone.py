@@ -459,10 +459,11 @@ def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5
         if not bpb <= bpb_model + BPB_BOUND:
             problems.append(f"lossy_model's held-out bits per byte {bpb:.4f} exceed the model's {bpb_model:.4f} "
                             f"by more than the bound {BPB_BOUND}")
-    if outputs != expected and not problems:
-        k = next(i for i, (o, e) in enumerate(zip(outputs, expected)) if o != e)
-        problems.append(f"the greedy tokens differ from the {'baseline' if lossy_model is None else 'baseline on lossy_model'}"
-                        f"'s on prompt {k + 1} of {len(outputs)}")
+    differ = [k for k, (o, e) in enumerate(zip(outputs, expected)) if o is not None and o != e]
+    if differ:   # first: the reason that matters most
+        problems.insert(0, f"the greedy tokens differ from the "
+                           f"{'baseline' if lossy_model is None else 'baseline on lossy_model'}'s on {len(differ)} of "
+                           f"{len(outputs)} prompts (first: prompt {differ[0] + 1})")
     after = _state(model)
     if after.keys() != before.keys() or any(not torch.equal(before[k], after[k]) for k in before):
         problems.append("build or generate_fn changed the model's weights or buffers (copy the model to change it)")
