@@ -167,8 +167,8 @@ print(_graded.describe())
 _evaluated.append((_graded, _hidden, "the hidden prompts"))
 ### END HIDDEN TESTS
 for _res, _prompts, _which in _evaluated:
-    check_equal(_res.outputs, _res.expected, f"your tokens on {_which} ({_res.problem or 'ok'})",
-                mistakes={MISTAKES["state_between_calls"]: _stale_outputs(model, _prompts)})
+    _known = {MISTAKES["state_between_calls"]: _stale_outputs(model, _prompts)} if _res.outputs != _res.expected else {}
+    check_equal(_res.outputs, _res.expected, f"your tokens on {_which} ({_res.problem or 'ok'})", mistakes=_known)
     if not _res.correct:
         raise AssertionError(f"on {_which}: {_res.problem}")
 _evaluated[-1][0].points   # this cell's points: the speed points of the last evaluation (the grader's: hidden)
