@@ -71,8 +71,37 @@ def test_evaluate_project_catches_the_contract_breaks():
     torch.set_num_threads(1)     # as the lab does: two threads on a busy 2-core machine make every matmul wait
     try:
         _contract_breaks(m, prompts)
+        _lossy_entries(m, tok, prompts)
     finally:
         torch.set_num_threads(threads)
+
+
+def _lossy_entries(m, tok, prompts):
+    """A lossy entry is checked against greedy decoding of its own lossy_model and the bits-per-byte bound."""
+    import copy
+
+    import torch
+
+    from course_lib.capstone import BPB_BOUND, baseline_build, evaluate_project
+    from course_lib.models.corpus import load_split
+
+    heldout = [load_split("heldout", max_files=1)[0][:800]]
+
+    def lossy(scale):
+        def build(model):
+            lm = copy.deepcopy(model)
+            with torch.no_grad():
+                for p in lm.parameters():
+                    p.mul_(scale)
+            fn = baseline_build(lm)
+            fn.lossy_model = lm
+            return fn
+        return build
+
+    near = evaluate_project(lossy(0.999), m, prompts, 4, rounds=2, tokenizer=tok, heldout=heldout)
+    assert near.correct and near.lossy and near.bpb <= near.bpb_model + BPB_BOUND, near.describe()
+    far = evaluate_project(lossy(0.5), m, prompts, 4, rounds=2, tokenizer=tok, heldout=heldout)
+    assert not far.correct and "bits per byte" in far.problem and far.points == 0.0, far.describe()
 
 
 def _contract_breaks(m, prompts):
