@@ -21,6 +21,8 @@ refuses one that carries hidden-test or solution text (`leaks.py`):
   report.json              instructor: per-cell scores and errors, repairs, messages, files not graded
   logs/<key>_<labNN>.log        instructor: nbgrader's log for that submission
   not_graded.txt           instructor: entries not graded or skipped, and why
+  leaderboard.csv, .html   the final project's (lab13) board, when project submissions were graded:
+                           method, correct, speed-up with its spread, points (`leaderboard.py`)
 The instructor files name every student and their files; they too are scrubbed of hidden-test and
 solution text (strings replaced), so that one forwarded to a student gives nothing away. ``workdir``
 (nbgrader's course folder: sources, gradebook, executed notebooks) is the instructor's alone.
@@ -64,6 +66,7 @@ from .feedback import (OUTPUT_MODES, LeakBlocked, describe_hits, feedback_notebo
 from .jobs import BarProgress, LineProgress, auto_jobs, parse_jobs, run, sandbox_slots
 from .execute import CollectGuard, InjectGuard, SandboxExecute, check_kernel
 from .feedback import WIDGET_STATE
+from .leaderboard import is_project, project_entry, write_leaderboard
 from .leaks import LabSecrets, Scanner
 from .nbgrader_env import DEFAULT_TIMEOUT, CourseDir, find_config, quiet_nbgrader, result_log
 from .references import answer_table, reference_imports
@@ -91,6 +94,7 @@ class Result:
     internal_id: str = ""
     superseded: list = field(default_factory=list)
     file_key: str = ""        # the collision-free name of this student's feedback folder and log
+    project: dict | None = None   # a project lab's leaderboard entry (leaderboard.py): method, record, points
 
     @property
     def flag_text(self) -> str:
@@ -640,6 +644,8 @@ def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: P
         if c["grade_id"] in errors:
             c["error"] = errors[c["grade_id"]]
     r.score, r.max_score, r.cells = score, max_score, cells
+    if is_project(release_nb):  # the final project: its leaderboard entry, from the executed notebook
+        r.project = project_entry(read_notebook(final), read_notebook(course.submitted(sid, lab)), cells)
     if timeouts:
         r.flags["timeout"] = timeouts
         r.messages.append(f"cells hit the time limit of {course.timeout} s: {', '.join(timeouts)}")
@@ -729,6 +735,8 @@ def _prepare_out(out: Path) -> None:
         for sub in ("feedback", "logs"):
             if (out / sub).is_dir():
                 shutil.rmtree(out / sub)
+        for name in ("leaderboard.csv", "leaderboard.html"):   # an earlier run's project board
+            (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / OUT_MARKER).write_text("written by `course grade`; feedback/ and logs/ are replaced on each run\n")
 
@@ -758,6 +766,7 @@ def write_outputs(report: GradeReport, out: Path, scanner: Scanner | None = None
     lines = [f"{p}\t{w}" for p, w in report.not_graded] + [f"{p}\tskipped: {w}" for p, w in report.ignored]
     lines, _ = scrub_value(lines, scanner)
     write_checked(out / "not_graded.txt", "\n".join(lines) + ("\n" if lines else ""), scanner)
+    write_leaderboard(report.results, out, scanner, csv_safe)   # the final project's, when one was graded
 
 
 SUMMARY_LINES = 40

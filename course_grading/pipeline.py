@@ -112,7 +112,9 @@ isolation (printed first; see README "For instructors"): bwrap (bubblewrap: a pr
 outputs (in --out): feedback/<student>/<lab>.html for each student; for you only: grades.csv (student,
   assignment, score, max_score, status, flags, file), report.json (per-cell scores, repairs, messages),
   logs/, not_graded.txt (feedback and logs are named by a file-safe student id, with a short hash added
-  where two ids collide; CSV cells starting with = + - @ get a leading ' so a spreadsheet does not run them)
+  where two ids collide; CSV cells starting with = + - @ get a leading ' so a spreadsheet does not run them);
+  for the final project (lab13): leaderboard.csv and leaderboard.html (sorted by speed-up over the course's
+  baseline, with its spread, each entry's method line from its report, correctness and speed points)
 feedback: built by the grader from the release, the student's own cells and the scores; hidden tests
   never shown. An output of the student's kernel is shown only as text and only when it carries no text of
   a hidden test or a solution (plain or encoded); otherwise it is withheld and the submission flagged
@@ -186,6 +188,7 @@ def grade_main(argv: list[str] | None = None) -> int:
         print(f"course grade: {e}", file=sys.stderr)
         return 2
     print(summary(report))
+    board = " and the project's leaderboard.csv/.html" if any(r.project for r in report.results) else ""
     print(f"\nwrote {report.out}/: feedback/<student>/ for each student; grades.csv, report.json, logs/, "
-          "not_graded.txt for you")
+          f"not_graded.txt{board} for you")
     return 0 if report.ok else 1

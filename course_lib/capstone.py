@@ -25,29 +25,46 @@ Steps 1-5 run the prompts one after the other (one user); their tokens/s is toke
 t_n`` the product of all ``s_i``. The shares add up to 1; a step that slows things down has a negative share.
 The cost per 1M tokens at each step is Module 00's formula, ``course_lib.perf.metrics.cost_per_million_tokens``
 (price per hour / tokens per hour).
+
+**The final project** (labs/lab13, graded by ``course grade``): a student's ``build(model) -> generate_fn`` is
+checked and timed against the course's baseline (``baseline_build``: ``generate`` without a KV cache) by
+``evaluate_project``, in the student's own kernel: greedy tokens equal to the baseline's on prompts drawn
+fresh from the held-out corpus (``project_prompts``; a lossy entry instead decodes its own ``lossy_model``
+greedily within ``BPB_BOUND`` bits per byte of the model on held-out text), then the two interleaved round
+by round on new prompts (``perf.timing.interleave``), the speed-up the paired per-round ratio, and the points
+``speed_points`` of its lower quartile. ``ProjectResult.record()`` is the line the grader's leaderboard
+reads (``course_grading.leaderboard``).
 """
 from __future__ import annotations
 
 import copy
+import json
 import math
-from dataclasses import dataclass
+import random
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 
 from course_lib.generation import _model_device, generate
 from course_lib.models import as_config
+from course_lib.models.corpus import load_split
 from course_lib.paged import blocks_needed
 from course_lib.perf.hardware import get_gpu
-from course_lib.perf.metrics import cost_per_million_tokens
+from course_lib.perf.metrics import cost_per_million_tokens, percentile
+from course_lib.perf.quality import bits_per_byte
 from course_lib.perf.roofline import MEMORY_BOUND, decode_step
-from course_lib.perf.timing import timed_call
+from course_lib.perf.timing import interleave, timed_call
 from course_lib.quant.transform import to_fast_weight_only
 from course_lib.serving.engine import Engine
 from course_lib.serving.request import SamplingParams
 from course_lib.validate import integer
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
-           "GPU_PRICES", "int8_weights"]
+           "GPU_PRICES", "int8_weights", "baseline_build", "project_prompts", "speed_points", "evaluate_project",
+           "ProjectResult", "PROJECT_POINTS", "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "RECORD_PREFIX"]
 
 STEP_NAMES = ("no cache", "KV cache", "static cache + compile", "int8 weights", "speculative (tiny-draft)",
               "continuous batching")
@@ -232,3 +249,232 @@ def hardware_choice(models=("llama-2-7b", "llama-2-70b"), gpus=tuple(GPU_PRICES)
                          "usd_per_hour": prices[d.name] * n_gpu,
                          "usd_per_1M": cost_per_million_tokens(prices[d.name] * n_gpu, tps)})
     return rows
+
+
+# --- the final project: a student's generate, checked and timed against the course's baseline ------------
+PROJECT_POINTS = 6.0   # the speed points of the project (labs/lab13, Part A)
+RATIO_FLOOR = 1.2      # a speed-up at or below this earns no points: the baseline timed against itself lands
+                       # within it on a busy machine (its lower quartile: see `speed_points`)
+RATIO_FULL = 2.0       # a speed-up at or above this earns every point; between, linear in log(speed-up)
+BPB_BOUND = 0.05       # a lossy entry's held-out bits per byte may exceed the model's by at most this
+RECORD_PREFIX = "[course-project] "   # the line the grader's leaderboard reads from the test cell's output
+
+
+def baseline_build(model):
+    """The course's baseline entry: ``generate(model, prompt_ids, n)`` with no KV cache (every step runs the
+    model over the whole sequence so far), greedy. The project's template returns it; every entry is timed
+    against it, in the same process."""
+    def generate_fn(prompt_ids, max_new_tokens):
+        return generate(model, prompt_ids, max_new_tokens).tokens
+    return generate_fn
+
+
+def project_prompts(tokenizer, n: int, length: int, seed: int | None = None, split: str = "heldout",
+                    max_files: int = 60) -> list[torch.Tensor]:
+    """`n` prompts of exactly `length` token ids ([length] int64 tensors on the CPU), cut at random places
+    from the corpus' `split` (held-out stdlib source by default, which no bundled model trained on). `seed`
+    None draws from the clock: the grader's hidden prompts are new on every run."""
+    n, length = integer(n, "n", low=1), integer(length, "length", low=1)
+    rng = random.Random(time.time_ns() if seed is None else seed)
+    texts = [t for t in load_split(split, max_files=max_files) if len(t) > 16 * length]
+    if not texts:
+        raise ValueError(f"no text of the {split!r} split is long enough for prompts of {length} tokens")
+    prompts: list[torch.Tensor] = []
+    for _ in range(100 * n):
+        if len(prompts) == n:
+            break
+        text = rng.choice(texts)
+        start = rng.randrange(0, len(text) - 12 * length)
+        ids = tokenizer(text[start:start + 12 * length], add_special_tokens=False)["input_ids"][:length]
+        if len(ids) == length:
+            prompts.append(torch.tensor(ids, dtype=torch.long, device="cpu"))
+    if len(prompts) < n:
+        raise ValueError(f"could not cut {n} prompts of {length} tokens from the {split!r} split")
+    return prompts
+
+
+def speed_points(ratio: float, points: float = PROJECT_POINTS, floor: float = RATIO_FLOOR,
+                 full: float = RATIO_FULL) -> float:
+    """The project's scale: 0 at or below `floor` x the baseline's speed, `points` at or above `full`, linear
+    in log(speed-up) between (each doubling is worth the same), rounded down to half points. The grader
+    passes the lower quartile of the paired per-round ratios, so noise rarely adds a point."""
+    if not (0 < floor < full):
+        raise ValueError(f"floor and full must satisfy 0 < floor < full, got floor={floor!r}, full={full!r}")
+    if not (isinstance(ratio, (int, float)) and math.isfinite(ratio)) or ratio <= floor:
+        return 0.0
+    frac = min(1.0, math.log(ratio / floor) / math.log(full / floor))
+    return math.floor(points * frac * 2) / 2
+
+
+@dataclass
+class ProjectResult:
+    """One evaluation of a project entry. ``ratios[r]``: baseline seconds / entry seconds in round r (the same
+    prompt for both, in the same round). ``outputs`` / ``expected``: the entry's and the reference's tokens on
+    every prompt, checks then timed rounds (the reference is the baseline; for a lossy entry, the baseline
+    decoding its ``lossy_model``)."""
+    correct: bool
+    problem: str
+    ratios: list = field(default_factory=list)
+    points: float = 0.0
+    max_points: float = PROJECT_POINTS
+    lossy: bool = False
+    bpb: float | None = None           # lossy entries: held-out bits per byte of lossy_model, and the model's
+    bpb_model: float | None = None
+    baseline_s: float = float("nan")    # median seconds per generation, each side
+    entry_s: float = float("nan")
+    outputs: list = field(default_factory=list, repr=False)
+    expected: list = field(default_factory=list, repr=False)
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios) if self.ratios else float("nan")
+
+    def quantile(self, q: float) -> float:
+        return percentile(self.ratios, 100 * q) if self.ratios else float("nan")
+
+    def describe(self) -> str:
+        """Two lines a student reads: correct or why not, then the speed-up with its spread and the points."""
+        ok = ("correct: the greedy tokens equal the baseline's" if not self.lossy else
+              f"correct (lossy): greedy decoding of lossy_model, {self.bpb:.4f} bits/byte held out vs the model's "
+              f"{self.bpb_model:.4f} (bound +{BPB_BOUND})") if self.correct else f"NOT correct: {self.problem}"
+        if not self.ratios:
+            return ok
+        return (f"{ok} on {len(self.outputs)} prompts\nspeed-up {self.ratio:.2f}x the baseline (median of "
+                f"{len(self.ratios)} interleaved rounds; IQR {self.quantile(0.25):.2f}-{self.quantile(0.75):.2f}x, "
+                f"min {min(self.ratios):.2f}x, max {max(self.ratios):.2f}x; {self.entry_s * 1e3:.1f} ms vs "
+                f"{self.baseline_s * 1e3:.1f} ms per generation); speed points {self.points:g}/{self.max_points:g}"
+                + (f" (from the lower quartile, {self.quantile(0.25):.2f}x)" if self.correct else
+                   " (an entry that is not correct scores none)"))
+
+    def record(self) -> str:
+        """The one line the grader's leaderboard reads (printed by the project's test cell)."""
+        def num(x):
+            return None if x is None or not math.isfinite(x) else round(float(x), 4)
+        return RECORD_PREFIX + json.dumps({
+            "correct": self.correct, "problem": self.problem[:300], "lossy": self.lossy, "rounds": len(self.ratios),
+            "ratio": num(self.ratio), "q1": num(self.quantile(0.25)), "q3": num(self.quantile(0.75)),
+            "min": num(min(self.ratios)) if self.ratios else None, "max": num(max(self.ratios)) if self.ratios else None,
+            "points": self.points, "max_points": self.max_points, "bpb": num(self.bpb), "bpb_model": num(self.bpb_model),
+            "baseline_ms": num(self.baseline_s * 1e3), "entry_ms": num(self.entry_s * 1e3)}, sort_keys=True)
+
+
+def _token_list(out, n: int) -> tuple[list[int] | None, str]:
+    """An entry's output as a list of ints, or None and what is wrong with it."""
+    if isinstance(out, torch.Tensor):
+        if out.dim() != 1 or out.dtype.is_floating_point:
+            return None, f"returned a {out.dtype} tensor of shape {tuple(out.shape)}; expected [{n}] integer token ids"
+        out = out.detach().cpu().tolist()
+    elif isinstance(out, (list, tuple)):
+        out = list(out)
+    else:
+        return None, f"returned a {type(out).__name__}; expected a 1-D tensor or a list of {n} token ids"
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in out):
+        return None, "returned something other than integer token ids"
+    if len(out) != n:
+        return None, (f"returned {len(out)} tokens for max_new_tokens={n}; expected exactly the {n} new tokens "
+                      "(not the prompt, no early stop)")
+    return out, ""
+
+
+def _state(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+
+
+def _globals() -> tuple:
+    return torch.get_num_threads(), torch.is_grad_enabled(), torch.get_default_dtype()
+
+
+@torch.inference_mode()
+def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5, tokenizer=None,
+                     heldout: list[str] | None = None) -> ProjectResult:
+    """Check and time a project entry against the course's baseline, in this process.
+
+    ``entry = build(model)``, then: the entry and the reference generate on ``prompts[:-rounds]`` (the checks,
+    which also warm both up: allocator, lazy init, a compile), then `rounds` interleaved rounds on the last
+    `rounds` prompts, each round the baseline and the entry on the same new prompt, the order alternating
+    (``perf.timing.interleave``). Every prompt is new to the entry when it is timed: a cache of outputs gains
+    nothing. Correct means: every output (checks and timed rounds) equals the reference's tokens, `model`'s
+    weights and buffers are unchanged, and torch's threads, grad mode and default dtype are as before. A
+    lossy entry (one whose generate_fn has a ``lossy_model`` attribute) is referenced against the baseline
+    decoding its ``lossy_model``, whose bits per byte on `heldout` (default: held-out corpus text; needs
+    `tokenizer`) may exceed `model`'s by at most ``BPB_BOUND``; the speed-up is always against the baseline
+    on `model`. The result's points are ``speed_points`` of the lower quartile of the per-round ratios. A call
+    of the entry that raises makes it incorrect (its output None) and the evaluation goes on; `build` raising
+    is raised."""
+    prompts = list(prompts)
+    rounds = integer(rounds, "rounds", low=1)
+    max_new_tokens = integer(max_new_tokens, "max_new_tokens", low=1)
+    if len(prompts) < rounds + 1:
+        raise ValueError(f"prompts must hold at least rounds + 1 = {rounds + 1} prompts (checks, then one per "
+                         f"timed round), got {len(prompts)}")
+    if not all(isinstance(p, torch.Tensor) and p.dim() == 1 for p in prompts):
+        raise TypeError("prompts must be 1-D tensors of token ids")
+    checks, timed = prompts[:-rounds], prompts[-rounds:]
+    device = _model_device(model)
+    before, settings = _state(model), _globals()
+    base = baseline_build(model)
+    problems: list[str] = []
+    with warnings.catch_warnings():     # a warning on stderr would cost the test cell its points (nbgrader)
+        warnings.simplefilter("ignore")
+        entry = build(model)
+        if not callable(entry):
+            raise TypeError(f"build(model) must return a callable generate_fn(prompt_ids, max_new_tokens), got "
+                            f"{type(entry).__name__}")
+        lossy_model = getattr(entry, "lossy_model", None)
+        ref = base if lossy_model is None else baseline_build(lossy_model)
+        outputs, expected = [], []
+
+        def run(fn, p):
+            try:
+                out = fn(p.clone(), max_new_tokens)
+            except Exception as e:  # noqa: BLE001 - not correct; the evaluation goes on, so its record says why
+                out, why = None, f"raised {type(e).__name__}: {str(e)[:200]}"
+            else:
+                out, why = _token_list(out, max_new_tokens)
+            if why and f"generate_fn {why}" not in problems:
+                problems.append(f"generate_fn {why}")
+            return out
+
+        for p in checks:
+            expected.append(_token_list(ref(p.clone(), max_new_tokens), max_new_tokens)[0])
+            outputs.append(run(entry, p))
+        seen = {"baseline": [], "entry": []}
+        calls = {"baseline": lambda: seen["baseline"].append(base(timed[len(seen["baseline"])].clone(),
+                                                                  max_new_tokens)),
+                 "entry": lambda: seen["entry"].append(run(entry, timed[len(seen["entry"])]))}
+        times = interleave(calls, warmup=0, repeats=rounds, device=device)
+        outputs += seen["entry"]
+        if lossy_model is None:
+            expected += [_token_list(o, max_new_tokens)[0] for o in seen["baseline"]]
+        else:
+            expected += [_token_list(ref(p.clone(), max_new_tokens), max_new_tokens)[0] for p in timed]
+    ratios = [b / e for b, e in zip(times["baseline"].times, times["entry"].times) if e > 0]
+    bpb = bpb_model = None
+    if lossy_model is not None:
+        if tokenizer is None:
+            raise ValueError("a lossy entry is checked on held-out text: give evaluate_project a tokenizer")
+        texts = heldout if heldout is not None else [t[:2000] for t in load_split("heldout", max_files=4)]
+        bpb = bits_per_byte(lossy_model, tokenizer, texts, progress=False)
+        bpb_model = bits_per_byte(model, tokenizer, texts, progress=False)
+        if not bpb <= bpb_model + BPB_BOUND:
+            problems.append(f"lossy_model's held-out bits per byte {bpb:.4f} exceed the model's {bpb_model:.4f} "
+                            f"by more than the bound {BPB_BOUND}")
+    differ = [k for k, (o, e) in enumerate(zip(outputs, expected)) if o is not None and o != e]
+    if differ:   # first: the reason that matters most
+        problems.insert(0, f"the greedy tokens differ from the "
+                           f"{'baseline' if lossy_model is None else 'baseline on lossy_model'}'s on {len(differ)} of "
+                           f"{len(outputs)} prompts (first: prompt {differ[0] + 1})")
+    after = _state(model)
+    if after.keys() != before.keys() or any(not torch.equal(before[k], after[k]) for k in before):
+        problems.append("build or generate_fn changed the model's weights or buffers (copy the model to change it)")
+    if _globals() != settings:
+        problems.append(f"torch's global settings changed (threads, grad mode, default dtype: {settings} -> "
+                        f"{_globals()}); they would change the baseline's time too")
+        torch.set_num_threads(settings[0])
+        torch.set_grad_enabled(settings[1])
+        torch.set_default_dtype(settings[2])
+    correct = not problems
+    result = ProjectResult(correct, "; ".join(problems), ratios, 0.0, PROJECT_POINTS, lossy_model is not None, bpb,
+                           bpb_model, times["baseline"].median, times["entry"].median, outputs, expected)
+    result.points = speed_points(result.quantile(0.25)) if correct else 0.0
+    return result

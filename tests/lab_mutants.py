@@ -939,4 +939,26 @@ def predict_decode_step_s(params, bytes_per_param, batch, kv_bytes, bandwidth, p
           "computes at the same time), not their sum; see notebook 01, section '5. Rooflines: T4, L4, A100, H100, "
           "H200 and this machine'"]),
     ],
+    "lab13": [
+        ("the project's KV cache made once in build and kept from one call to the next (the next prompt attends "
+         "to the previous one's keys and values): fast, but its tokens differ, so no speed points; Part B right",
+         {"build_answer": '''\
+def build(model):
+    device = next(model.parameters()).device
+    cache = ContiguousCache()
+
+    def generate_fn(prompt_ids, max_new_tokens):
+        x, out = prompt_ids.to(device).view(1, -1), []
+        for _ in range(max_new_tokens):
+            tok = model(x, cache=cache)[0, -1].argmax()
+            out.append(tok)
+            x = tok.view(1, 1)
+        return torch.stack(out).cpu()
+    return generate_fn
+'''},
+         ["generate_fn kept per-prompt state (a KV cache holding the last prompt's keys and values) from one call "
+          "to the next, so the next prompt attends to the previous one: keep between calls only what depends on "
+          "the model alone (weights, compiled code, buffers you reset), make a fresh cache per prompt; see "
+          "notebook 05, section '2. A KV cache from scratch'"]),
+    ],
 }

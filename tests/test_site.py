@@ -418,6 +418,10 @@ def test_the_real_course_plan_has_every_module_notebook_and_student_lab():
     assert [m.number for m in plan.modules] == [f"{i:02d}" for i in range(13)]
     assert all(m.title and m.notebook and m.lab for m in plan.modules)
     assert not any(s.startswith("solutions/") for s in srcs)
+    # the final project is Module 12's, after its lab, as its student version (the brief, not the grader)
+    project = next(p for p in plan.pages if p.src == "labs/lab13.ipynb")
+    assert project.module == "12" and project.kind == "lab" and project.title.startswith("Project · ")
+    assert plan.modules[12].project == project.out and srcs.index(project.src) == srcs.index("labs/lab12.ipynb") + 1
 
 
 def test_site_url_is_derived_from_the_repository_and_linked_from_readme():

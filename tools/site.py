@@ -94,6 +94,7 @@ class Module:
     notebook: str | None = None   # site path of its notebook page
     lab: str | None = None
     slides: str | None = None     # site path of its slide deck (tools/slides.py)
+    project: str | None = None    # site path of the project it ends in (a student lab too: PROJECTS)
 
 
 @dataclass
@@ -123,6 +124,11 @@ def _notebook_title(nb) -> str | None:
     return None
 
 
+# Labs that are a module's project rather than a module of their own: lab number -> the module it ends.
+# Its page is the student version, like every lab's (its grader and hidden tests never reach the site).
+PROJECTS = {"13": "12"}
+
+
 def plan(root: Path = ROOT) -> Plan:
     """The site's pages in reading order (home, then each module's notebook and lab) and its modules."""
     syllabus = root / "syllabus.md"
@@ -135,6 +141,7 @@ def plan(root: Path = ROOT) -> Plan:
     course_title = course_title.split(" — ")[0]
     notebooks = {p.name[:2]: p for p in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
     labs = {p.stem[3:]: p for p in sorted((root / "labs").glob("lab[0-9][0-9].ipynb"))}
+    projects = {PROJECTS[n]: labs.pop(n) for n in list(labs) if n in PROJECTS}
     pages = [Page("syllabus.md", "index.html", "home", _first_heading(text) or "Syllabus")]
     modules = []
     for num in sorted(notebooks.keys() | labs.keys()):
@@ -150,6 +157,13 @@ def plan(root: Path = ROOT) -> Plan:
                 if kind == "notebook":
                     from tools.slides import deck_path
                     module.slides = deck_path(rel)
+        if num in projects:
+            rel = projects[num].relative_to(root).as_posix()
+            title = _notebook_title(nbformat.read(projects[num], as_version=4)) or projects[num].stem
+            title = re.sub(r"^Lab \d+ · ", "", title)      # "Lab 13 · The final project: ..." -> "The final ..."
+            page = Page(rel, rel[:-len(".ipynb")] + ".html", "lab", f"Project · {title}", num)
+            pages.append(page)
+            module.project = page.out
         modules.append(module)
     extras = [Page(src, out, kind, title) for src, out, kind, title in EXTRAS if (root / src).is_file()]
     return Plan(course_title, pages, modules, extras)

@@ -1,0 +1,252 @@
+# %% [markdown] id="c002"
+# # Lab 13 · The final project: make generation fast without changing it
+#
+# Module 12's capstone stacked the course's optimizations on one model. Now it is your turn, graded and on a
+# leaderboard: make greedy generation on the course's model **as fast as you can, without changing its
+# output**.
+#
+# * **Part A (6 points, contract): a fast `build(model)`.** You write one function; the grader checks its
+#   tokens on prompts you have never seen and times it against the course's baseline, interleaved, in the
+#   same process. The points come from the speed-up by a fixed scale; the leaderboard ranks everyone.
+# * **Part B (2 points): predict the work a KV cache saves**, before you measure it.
+# * **The report (ungraded, shown on the leaderboard):** one line saying what you did, then what you
+#   measured and what did not work.
+#
+# On a CPU the model is the bundled `tiny` (the course's hub switch loads SmolLM2-135M on a GPU), prompts
+# of 64 tokens, 16 new tokens. Write your code between the `# YOUR CODE HERE` markers (delete the
+# `raise NotImplementedError()`). Total: 8 points.
+
+# %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import os
+import random
+import time
+
+import torch
+
+import course_lib
+from course_lib.capstone import (BPB_BOUND, PROJECT_POINTS, RATIO_FLOOR, RATIO_FULL, baseline_build,
+                                 evaluate_project, project_prompts, speed_points)
+from course_lib.checks import check_equal, check_raises
+from course_lib.generation import generate
+from course_lib.kvcache import ContiguousCache, StaticCache
+from course_lib.models import LlamaForCausalLM, as_config, load
+
+QUICK = course_lib.env.quick()
+MODEL = "tiny" if QUICK else "smollm2-135m"     # the bundled model on a CPU, SmolLM2-135M on a GPU
+PROMPT_LEN = 64 if QUICK else 256               # tokens per prompt
+NEW_TOKENS = 16 if QUICK else 64                # tokens generated per prompt
+ROUNDS = 5 if QUICK else 9                      # interleaved timing rounds when grading
+if QUICK:
+    torch.set_num_threads(1)                    # one thread: less noise on a shared CPU (the same for both sides)
+model, tokenizer = load(MODEL, device=course_lib.env.device())
+model.eval()
+VISIBLE_PROMPTS = project_prompts(tokenizer, 3, PROMPT_LEN, seed=0, split="train")
+
+# Known misconceptions: a test that recognises one names it (public text, pointing to the notebooks)
+MISTAKES = {
+    "state_between_calls": "generate_fn kept per-prompt state (a KV cache holding the last prompt's keys and "
+                           "values) from one call to the next, so the next prompt attends to the previous one: "
+                           "keep between calls only what depends on the model alone (weights, compiled code, "
+                           "buffers you reset), make a fresh cache per prompt; see notebook 05, section "
+                           "'2. A KV cache from scratch'",
+    "last_token_fed": "the last new token is never fed back to the model (nothing comes after it), so a cached "
+                      "loop feeds the prompt once and then new_tokens - 1 single tokens; see notebook 05, section "
+                      "'3. What one token costs, with and without the cache'",
+}
+
+
+def _stale_cache_build(model):
+    """A known wrong answer to Part A: one KV cache for every call, never emptied."""
+    cache = ContiguousCache()
+
+    def generate_fn(prompt_ids, max_new_tokens):
+        x, out = prompt_ids.to(next(model.parameters()).device).view(1, -1), []
+        for _ in range(max_new_tokens):
+            tok = model(x, cache=cache)[0, -1].argmax()
+            out.append(tok)
+            x = tok.view(1, 1)
+        return torch.stack(out).cpu()
+    return generate_fn
+
+
+def _stale_outputs(model, prompts):
+    """What `_stale_cache_build` gives on `prompts`, called in order (None where it fails: its cache outgrows
+    the model's context)."""
+    fn, outs = _stale_cache_build(model), []
+    with torch.inference_mode():
+        for p in prompts:
+            try:
+                outs.append(fn(p.clone(), NEW_TOKENS).tolist())
+            except Exception:  # noqa: BLE001 - evaluate_project records such a call as None too
+                outs.append(None)
+    return outs
+
+
+# The template's entry: the course's baseline, correct and as slow as the baseline (no speed points).
+# Redefine build in the answer cell below.
+build = baseline_build
+
+
+# %% [markdown] id="c004"
+# ## Part A · A fast generate (6 points, contract)
+#
+# The course's baseline, `baseline_build(model)`, returns `generate(model, prompt_ids, n).tokens`: greedy,
+# and with no KV cache, so every step runs the model over the whole sequence so far. Beat it.
+#
+# **Contract.** `build(model) -> generate_fn`, and `generate_fn(prompt_ids, max_new_tokens) -> tokens`:
+#
+# * *inputs*: `model`, the course model `load(MODEL)` gives, in eval mode on its device (a CPU here, a GPU
+#   with SmolLM2); `prompt_ids`, a 1-D `int64` tensor of token ids on the CPU (64 of them here);
+#   `max_new_tokens`, an int >= 1 (16 here). Calls are made under `torch.inference_mode()`;
+# * *output*: exactly `max_new_tokens` token ids, a 1-D integer tensor (on any device) or a list of ints:
+#   **the tokens the baseline gives for that prompt**, token for token (greedy, no early stop at EOS, the
+#   prompt not included);
+# * *what may be kept between calls*: whatever depends on the model alone and is made in `build` (a copy of
+#   the weights in another layout, compiled code, preallocated buffers that you reset before each prompt);
+#   never anything that depends on an earlier prompt. Every timed prompt is new to `generate_fn`, so a
+#   cache of outputs gains nothing;
+# * *forbidden*: changing `model` (its weights, buffers or modules: copy it first), changing torch's global
+#   settings (threads, grad mode, default dtype: they would slow or speed the baseline too), reading the
+#   grader's prompts or files, and any work left running in the background. Each makes the entry incorrect;
+# * *lossy entries* (int8 weights, a pruned model, ...): give `generate_fn` an attribute `lossy_model`, the
+#   model it decodes greedily. Its tokens are then checked against the baseline decoding `lossy_model`, and
+#   `lossy_model`'s bits per byte on held-out text may exceed `model`'s by at most `BPB_BOUND` (0.05);
+# * *how it is graded*: on fresh prompts cut from held-out text, `evaluate_project` checks every output and
+#   the rules above, then times the baseline and your entry in interleaved rounds, each round both on the
+#   same new prompt. The speed-up is the per-round ratio (baseline time / yours): the median and its spread
+#   are shown, and the points are `speed_points` of its **lower quartile**: none at or below 1.2x, all 6 at
+#   2x or more, linear in log(speed-up) between, rounded down to half points. An entry that is not correct
+#   scores no points at all, however fast. Beyond 2x, the leaderboard ranks you.
+#
+# The visible test below runs the same evaluation on three fixed prompts (rough: two timing rounds).
+#
+# <details><summary>Hint 1: where the baseline's time goes</summary>
+#
+# Step i of the baseline runs the model on 64 + i positions to use the last one. Module 05's KV cache
+# (`generate(..., cache="contiguous")`, or your own loop over a `ContiguousCache`) runs each step on one.
+#
+# </details>
+# <details><summary>Hint 2: what else the course taught</summary>
+#
+# * a static cache and `torch.compile` of the decode step (Module 12: `generate(..., compile=True)`; worth
+#   it on a GPU, where launch overhead dominates; on a CPU measure first, the compile takes a while);
+# * the per-step overhead of `generate` itself (its trace, its checks): a lean loop of your own;
+# * speculative decoding with the bundled `tiny-draft` or prompt lookup (Module 08: exact at temperature 0);
+# * int8 weights (Module 03) is lossy: declare it with `lossy_model`.
+#
+# </details>
+
+# %% id="c005" nbgrader={"grade": false, "grade_id": "build_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+def build(model):
+    """The reference entry: a KV cache (Module 05), a fresh one per prompt, in a lean greedy loop (no trace,
+    no per-call checks); the prefill runs once, then one position per step."""
+    device = next(model.parameters()).device
+
+    def generate_fn(prompt_ids, max_new_tokens):
+        cache = ContiguousCache()                          # per prompt: nothing carries over between calls
+        x, out = prompt_ids.to(device).view(1, -1), []
+        for _ in range(max_new_tokens):
+            tok = model(x, cache=cache)[0, -1].argmax()    # greedy, stays on the device
+            out.append(tok)
+            x = tok.view(1, 1)
+        return torch.stack(out).cpu()                      # one copy to the host, at the end
+    return generate_fn
+### END SOLUTION
+
+
+# %% id="c006" nbgrader={"grade": true, "grade_id": "speed_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+_result = evaluate_project(build, model, VISIBLE_PROMPTS, NEW_TOKENS, rounds=2, tokenizer=tokenizer)
+print(_result.describe())
+_evaluated = [(_result, VISIBLE_PROMPTS, "the visible prompts")]   # checked below, after every evaluation
+### BEGIN HIDDEN TESTS
+_hidden = project_prompts(tokenizer, 2 + ROUNDS, PROMPT_LEN)   # fresh held-out prompts, seeded from the clock
+_graded = evaluate_project(build, model, _hidden, NEW_TOKENS, rounds=ROUNDS, tokenizer=tokenizer)
+print(_graded.record())
+print(_graded.describe())
+_evaluated.append((_graded, _hidden, "the hidden prompts"))
+### END HIDDEN TESTS
+for _res, _prompts, _which in _evaluated:
+    _known = {MISTAKES["state_between_calls"]: _stale_outputs(model, _prompts)} if _res.outputs != _res.expected else {}
+    check_equal(_res.outputs, _res.expected, f"your tokens on {_which} ({_res.problem or 'ok'})", mistakes=_known)
+    if not _res.correct:
+        raise AssertionError(f"on {_which}: {_res.problem}")
+_evaluated[-1][0].points   # this cell's points: the speed points of the last evaluation (the grader's: hidden)
+
+
+# %% [markdown] id="c007"
+# ## Part B · Predict the work a KV cache saves (2 points)
+#
+# Count *positions*: one token of one sequence going through the model once. To generate `new_tokens`
+# after a prompt of `prompt_len` tokens, how many positions does the baseline feed the model, and how many
+# does a KV-cached loop feed (the prompt once, then one token per step)? Remember which tokens are ever fed.
+#
+# Write `predict_positions(prompt_len, new_tokens) -> (baseline_positions, cached_positions)`, two ints.
+# Raise `ValueError` unless both are integers >= 1.
+
+# %% id="c008" nbgrader={"grade": false, "grade_id": "predict_positions_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_positions(prompt_len, new_tokens):
+    ### BEGIN SOLUTION
+    for name, v in (("prompt_len", prompt_len), ("new_tokens", new_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    baseline = new_tokens * prompt_len + new_tokens * (new_tokens - 1) // 2   # step i: prompt_len + i positions
+    cached = prompt_len + new_tokens - 1                                    # the last token is never fed
+    return baseline, cached
+    ### END SOLUTION
+
+
+# %% id="c009" nbgrader={"grade": true, "grade_id": "predict_positions_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_equal(tuple(predict_positions(4, 3)), (4 + 5 + 6, 4 + 2), "predict_positions(4, 3)",
+            mistakes={MISTAKES["last_token_fed"]: (15, 7)})
+check_equal(tuple(predict_positions(64, 1)), (64, 64), "predict_positions(64, 1): one token, one prefill")
+for _bad in ((0, 3), (4, 0), (4.0, 3), (4, True)):
+    check_raises(lambda: predict_positions(*_bad), ValueError, f"predict_positions{_bad}")
+print("Part B: visible tests passed")
+### BEGIN HIDDEN TESTS
+def _counted(T, n, cache):
+    """Positions the course's generate really feeds a model: counted by a hook, on a tiny random model."""
+    torch.manual_seed(T * 1000 + n)
+    _m = LlamaForCausalLM(as_config(dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                         max_position_embeddings=256))).eval()
+    _fed = []
+    _m.register_forward_pre_hook(lambda mod, args, kwargs: _fed.append(
+        (args[0] if args else kwargs["input_ids"]).shape[-1]), with_kwargs=True)
+    generate(_m, torch.randint(0, 64, (T,)), n, cache=cache)
+    return sum(_fed)
+
+
+_rng = random.Random(time.time_ns())
+for _ in range(6):
+    _T, _n = _rng.randint(1, 80), _rng.randint(1, 40)
+    _want = (_counted(_T, _n, None), _counted(_T, _n, "contiguous"))
+    check_equal(tuple(predict_positions(_T, _n)), _want, f"predict_positions({_T}, {_n})",
+                mistakes={MISTAKES["last_token_fed"]: (_want[0], _T + _n)})
+### END HIDDEN TESTS
+
+# %% [markdown] id="c010"
+# Now compare your prediction with the measurement of Part A (not graded). The ratio of positions is the
+# speed-up a KV cache would give if a step cost only its positions; the measured one is smaller, because
+# each step also pays a fixed cost (Python, every operator's dispatch: notebook 12, section '1. The kernels of
+# one decode step') that the cache does not remove.
+
+# %% id="c011" nbgrader={"grade": false, "grade_id": "compare_prediction", "locked": true, "schema_version": 3, "solution": false, "task": false}
+try:
+    _base, _cached = predict_positions(PROMPT_LEN, NEW_TOKENS)
+    print(f"positions: baseline {_base}, KV cache {_cached}: {_base / _cached:.1f}x less work predicted")
+    print(f"measured (the visible test, on this run): {_result.ratio:.2f}x (median of {len(_result.ratios)} rounds)")
+except NotImplementedError:
+    print("finish Part B first")
+
+# %% [markdown] id="c012"
+# ## Report
+#
+# Fill in the three lines below (keep the bold labels: the grader reads the **Method** line for the
+# leaderboard; your instructor reads the rest).
+#
+# **Method:** the course's baseline (replace this with one line: what your `build` does)
+#
+# **What I measured:** (your speed-up on this machine with its spread, and what each change gave)
+#
+# **What did not work:** (what you tried that was slower, or changed the output, and why)
