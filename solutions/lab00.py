@@ -275,7 +275,7 @@ check_equal(_vals, _vals0, "the values after percentile (must not change)")
 # ## Part C · Top-k filtering (1 point)
 #
 # Sampling turns the model's **logits** (one score per vocabulary token, shape `[..., V]`) into a token.
-# Top-k keeps only the k most likely tokens: `top_k_filter(logits, k)` returns a new tensor of the same
+# Top-k [@fan2018hierarchical] keeps only the k most likely tokens: `top_k_filter(logits, k)` returns a new tensor of the same
 # shape where every logit smaller than the row's k-th largest is set to `-inf` (so its probability
 # becomes 0). Rules:
 #
@@ -331,7 +331,7 @@ for _ in range(30):
 # %% [markdown] id="c014"
 # ## Part D · Top-p (nucleus) filtering (2 points, contract)
 #
-# Top-p (Holtzman et al., "The Curious Case of Neural Text Degeneration", ICLR 2020; notebook 00,
+# Top-p (Holtzman et al., "The Curious Case of Neural Text Degeneration" [@holtzman2020curious]; notebook 00,
 # section 10) keeps the **smallest set of most likely tokens whose total probability reaches p**.
 #
 # **Contract.** `top_p_filter(logits, p)`:
@@ -672,7 +672,8 @@ except RuntimeError as e:
 #   from hundreds to thousands of requests, or report p90 with a small sample.
 # * softmax([2, 1, 0.5, −1]) = [0.610, 0.224, 0.136, 0.030]: the probability before token 3 is 0.834 ≥ 0.8,
 #   so top-p on the unscaled logits keeps **2** tokens. At temperature 2, softmax([1, 0.5, 0.25, −0.5]) =
-#   [0.481, 0.292, 0.227, ...] (the visible test of Part E): before token 3 is 0.773 < 0.8, so it keeps **3**.
+#   [0.434, 0.263, 0.205, 0.097]: before token 3 is 0.698 < 0.8, so it keeps **3** (renormalized over those
+#   three, [0.481, 0.292, 0.227, 0]: the visible test of Part E).
 #   A warmer temperature flattens the distribution, so the nucleus widens: applying the temperature after
 #   top-p would let it reweight the kept tokens but never bring back a token top-p removed.
 # * Cost per 1M tokens = price per hour / (tokens/s × 3600) × 10⁶ (notebook 00, section 7) = 2.00 /

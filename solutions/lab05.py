@@ -7,8 +7,8 @@
 #   fit on a GPU.
 # * **Part B (4 points, contract): a KV cache.** The `update` / `get_seq_length` contract the course model
 #   calls, checked against recomputation with the real model.
-# * **Part C (5 points, contract): a bounded cache with attention sinks** (StreamingLLM, Xiao et al., ICLR
-#   2024): keep the first `sinks` tokens forever and a window of the most recent ones; you design it from
+# * **Part C (5 points, contract): a bounded cache with attention sinks** (StreamingLLM
+#   [@xiao2024efficient]): keep the first `sinks` tokens forever and a window of the most recent ones; you design it from
 #   its contract, and the real model checks it against the definition of windowed attention.
 # * **Part D (1 point): predict** a cache's bytes for a model and a context, then measure your caches.
 #
@@ -86,7 +86,7 @@ def _own_work(obj, name):
 # bytes_per_element=2)`: how many whole sequences of `tokens` tokens fit in the memory left after the
 # weights (0 if none; ignore everything else a real server needs).
 #
-# Example: Llama-2-7B (32 layers, 32 KV heads of 128) in fp16 needs 512 KiB per token, so a 4096-token
+# Example: Llama-2-7B [@touvron2023llama] (32 layers, 32 KV heads of 128) in fp16 needs 512 KiB per token, so a 4096-token
 # sequence needs exactly 2 GiB.
 
 # %% id="c005" nbgrader={"grade": false, "grade_id": "memory_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -303,7 +303,8 @@ for _B in (1, 2):
 # ## Part C · A bounded cache with attention sinks (5 points, contract)
 #
 # A cache that keeps every token grows without bound. A **sliding window** of size W keeps only recent
-# tokens; StreamingLLM (Xiao et al., "Efficient Streaming Language Models with Attention Sinks", ICLR 2024)
+# tokens; StreamingLLM (Xiao et al., "Efficient Streaming Language Models with Attention Sinks"
+# [@xiao2024efficient])
 # adds **attention sinks**: trained models park much attention on the first few tokens whatever they are,
 # so those `sinks` tokens are never evicted. Write `SinkKVCache(window, sinks=0)` (with `sinks=0` it is the
 # plain sliding window).
@@ -627,7 +628,7 @@ except NotImplementedError:
 #    `get_seq_length` so that a stream of 10 000 tokens runs with a 64-token cache?
 # 2. **A long context.** Llama-3-8B has 32 layers and 8 KV heads of 128. How many bytes does its fp16 KV cache
 #    take for one sequence of 131 072 tokens, and with 4 sinks and a window of 4092?
-# 3. **Heavy hitters.** H2O (Zhang et al., NeurIPS 2023) keeps the most-attended tokens instead of the
+# 3. **Heavy hitters.** H2O [@zhang2023h2o] keeps the most-attended tokens instead of the
 #    first ones. What does its cache need from the model that yours does not, and what does that cost?
 
 # %% [markdown] id="c024" tags=["answer-key"]

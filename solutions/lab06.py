@@ -1,7 +1,8 @@
 # %% [markdown] id="c002"
 # # Lab 06 · Paged KV memory
 #
-# In this lab you write the memory manager at the heart of PagedAttention (Module 06), and the attention
+# In this lab you write the memory manager at the heart of PagedAttention [@kwon2023efficient] (Module 06),
+# and the attention
 # that reads through it:
 #
 # * **Part A (3 points): a block allocator.** A free list and reference counts.
@@ -705,7 +706,8 @@ for _trial in range(15):
 #
 # * A sequence of 1,000 tokens owns ceil(1000 / 16) = 63 blocks = 1,008 slots; K and V take 2 x 8 heads x
 #   1,008 x 128 x 2 bytes = 4.13 MB per sequence, 33.0 MB for the 8. The kernel reads exactly these
-#   33.0 MB once (plus the queries and outputs, 8 x 32 heads x 128 x 2 bytes each: negligible). The gather
+#   33.0 MB once (plus the queries and outputs, 8 x H heads x 128 x 2 bytes each, 64 KiB with 32 query
+#   heads: negligible). The gather
 #   reads the 33.0 MB from the pool, writes a contiguous copy (33.0 MB) and the attention reads that copy
 #   again (33.0 MB): about 99 MB, three times the traffic, and a decode step is memory-bound, so it is about
 #   three times slower at this size (plus the copy's allocation). That is why vLLM's PagedAttention is a

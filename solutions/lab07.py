@@ -1,7 +1,8 @@
 # %% [markdown] id="c002"
 # # Lab 07 · Online softmax and tiled attention
 #
-# In this lab you write the two ideas FlashAttention is made of (Module 07), from their contracts:
+# In this lab you write the two ideas FlashAttention [@dao2022flashattention] is made of (Module 07), from
+# their contracts:
 #
 # * **Part A (4 points): online softmax.** Softmax of a row read in pieces, with a running max and a
 #   running sum.
@@ -169,7 +170,8 @@ def _kernel_checked(q, k, v, causal, what, block_m=16, block_n=16):
 # ## Part A · Online softmax (4 points)
 #
 # softmax(x)_i = exp(x_i - m) / l, with m = max_j x_j (for stability) and l = sum_j exp(x_j - m). To
-# compute it while reading x in pieces, keep the max `m` and the sum `l` of what you have seen. When a
+# compute it while reading x in pieces (the online softmax [@milakov2018online]), keep the max `m` and the
+# sum `l` of what you have seen. When a
 # new piece arrives with a larger maximum, the sum so far was computed against the old max and must be
 # **rescaled** by exp(m_old - m_new).
 #
@@ -266,7 +268,8 @@ for _ in range(20):
 #
 # <details><summary>Hint 1: the loop structure</summary>
 #
-# Loop over query tiles `i0:i1` outside and key tiles `j0:j1` inside (FlashAttention-2's order). Per query
+# Loop over query tiles `i0:i1` outside and key tiles `j0:j1` inside (FlashAttention-2's order
+# [@dao2023flashattention2]; the first FlashAttention put the key tiles outside). Per query
 # tile keep, per row, a running max `m`, a running sum `l` and an unnormalized output `acc` `[..., rows, d]`,
 # starting at `-inf`, `0`, `0`. At the end of the key loop the tile's output is `acc / l`.
 # </details>
@@ -476,7 +479,8 @@ for _trial in range(14):
 # %% [markdown] id="c012"
 # ## Part D · Predict the memory traffic (1 point)
 #
-# Notebook 07, section 2, counts the elements attention moves between main memory and the chip. Your loop
+# Notebook 07, section 2, counts the elements attention moves between main memory and the chip (the IO
+# analysis of FlashAttention [@dao2022flashattention]). Your loop
 # of Part B (query tiles outside, key tiles inside) behaves like a kernel with one program per query
 # tile: it loads its query tile once, loads every key tile and value tile it visits, and writes its output
 # tile once; nothing else goes through main memory (the scores stay on chip).
@@ -558,8 +562,9 @@ for _bq in (16, 64, 256):
 # %% [markdown] id="c019"
 # ## Part E · A FlashAttention kernel in Triton (4 points, contract)
 #
-# On a GPU the loop of Parts B and C is one kernel: a **program** (a block of threads) per query tile and
-# (batch, head) loads its Q tile once, walks the keys in tiles with the running (m, l, acc) in registers,
+# On a GPU the loop of Parts B and C is one kernel, FlashAttention's [@dao2022flashattention] in
+# FlashAttention-2's work partitioning [@dao2023flashattention2]: a **program** (a block of threads) per
+# query tile and (batch, head) loads its Q tile once, walks the keys in tiles with the running (m, l, acc) in registers,
 # and writes only its output tile. Notebook 07, section '5. A Triton kernel', describes the course's own
 # (`course_lib/attention/triton_flash.py`, autotuned, with fp16/bf16 tensor-core paths); here you write
 # yours, short and plain, in [Triton](https://triton-lang.org): Python functions decorated with
@@ -877,8 +882,8 @@ else:
 #   works in log2 units: `exp2`, with `log2(e)` folded into the scale. Why is the result the same, and what
 #   do `m` and `l` hold there?
 # * Give your Part E kernel a second output, the log-sum-exp of each row's scores, `LSE [B, H, T]` (fp32):
-#   what is it in terms of the kernel's final `m` and `l`, and why do FlashAttention's backward pass and
-#   flash-decoding's split merge (notebook 07, section '7. Flash-decoding: splitting the keys') need it?
+#   what is it in terms of the kernel's final `m` and `l`, and why do FlashAttention's backward pass
+#   [@dao2022flashattention] and flash-decoding's split merge [@dao2023flashdecoding] (notebook 07, section '7. Flash-decoding: splitting the keys') need it?
 
 # %% [markdown] id="c018" tags=["answer-key"]
 # ### Answer key

@@ -450,7 +450,7 @@ except NotImplementedError:
 #   the old measurements, because speed-ups do not commute in general.
 # * **Linear shares.** Speed-ups multiply: the total is the product S = s1 * s2 * ... * sn, and
 #   log S = sum of log si, so log-scale shares add up to 1 exactly. Linear shares add the si - 1, and
-#   sum(si - 1) != prod(si) - 1 unless at most one step changes anything: for the table's speed-ups 4, 1.25,
-#   0.8 and 10 (S = 40) they are 3/39, 0.25/39, -0.2/39 and 9/39, which sum to 12.05/39 = 0.31, not 1. They
+#   sum(si - 1) != prod(si) - 1 unless at most one step changes anything: for the speed-ups of Part B's
+#   visible test, 4, 1.25, 0.8 and 10 (S = 40) they are 3/39, 0.25/39, -0.2/39 and 9/39, which sum to 12.05/39 = 0.31, not 1. They
 #   also make the order matter more: the same factor 10 counts as 9/39 here, but as 9/(S - 1) of a smaller
 #   total elsewhere.

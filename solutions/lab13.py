@@ -131,7 +131,8 @@ build = baseline_build
 # * a static cache and `torch.compile` of the decode step (Module 12: `generate(..., compile=True)`; worth
 #   it on a GPU, where launch overhead dominates; on a CPU measure first, the compile takes a while);
 # * the per-step overhead of `generate` itself (its trace, its checks): a lean loop of your own;
-# * speculative decoding with the bundled `tiny-draft` or prompt lookup (Module 08: exact at temperature 0);
+# * speculative decoding [@leviathan2023fast; @chen2023accelerating] with the bundled `tiny-draft`, or prompt
+#   lookup [@saxena2023prompt] (Module 08: exact at temperature 0);
 # * int8 weights (Module 03) is lossy: declare it with `lossy_model`.
 #
 # </details>
