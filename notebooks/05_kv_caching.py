@@ -573,8 +573,8 @@ print(f"layer 2, head 0 keys: largest channel max |k| / median channel = {(ch.ma
 #
 # > **Claim checked.** Course notes describe a "Multi-tier KV cache (Qwen-2)". Nothing of the kind is
 # > documented for Qwen2: its technical report [@yang2024qwen2] describes grouped-query attention and, for
-# > long context, Dual Chunk Attention with YaRN, and the Hugging Face Qwen2 code keeps an ordinary
-# > full-precision cache (with an optional sliding window on some layers). How the cache is stored is the
+# > long context, Dual Chunk Attention with YaRN, and the Hugging Face Qwen2 code keeps an ordinary,
+# > unquantized cache in the model's dtype (with an optional sliding window on some layers). How the cache is stored is the
 # > serving engine's choice, not the model's, as with paging (Module 06). The idea comes from research on
 # > KV quantization: KIVI [@liu2024kivi] keeps the newest tokens in full precision and the older ones in
 # > 2 bits, the two-tier case of the cache below; the third tier (int8 between them) is our
