@@ -13,6 +13,7 @@ reads q only if its policy needs it, as H2O does) and ``get_seq_length()``; the 
 Caches: ContiguousCache (torch.cat), StaticCache (preallocated), FixedPrefixCache (a prompt held fixed, to
 time one decode step again and again), SlidingWindowCache, SinkCache
 (attention sinks, positions inside the cache), H2OCache (heavy hitters), QuantizedCache (int8/int4),
+FP8Cache (E4M3, per-token or per-head scales),
 MultiTierCache (full precision -> int8 -> int4), LatentCache (MLA-style low-rank latent, see fit_latent).
 Model conversion: regroup_kv_heads (GQA/MQA). Memory: kv_cache_bytes (LlamaConfig.kv_cache_bytes on bare
 numbers), kv_table over course_lib.models.config.PRESETS and LATENT_MODELS (MLA).
@@ -24,12 +25,13 @@ from .gqa import regroup_kv_heads
 from .h2o import H2OCache
 from .latent import LatentCache, LatentProjection, fit_latent
 from .memory import KV_TABLE_MODELS, LATENT_MODELS, kv_cache_bytes, kv_table, latent_kv_bytes
-from .quantized import (MultiTierCache, QuantBlock, QuantizedCache, dequantize_minmax, pack_uint4,
-                        quantize_minmax, unpack_uint4)
+from .quantized import (FP8_SCALES, FP8Cache, MultiTierCache, QuantBlock, QuantizedCache, dequantize_minmax, pack_uint4,
+                        quantize_minmax, unpack_uint4, fp8_kv_quantize, fp8_kv_dequantize)
 from .window import SinkCache, SlidingWindowCache, rotate_keys
 
 __all__ = ["KVCache", "ContiguousCache", "StaticCache", "FixedPrefixCache", "stream_score",
            "StreamScore", "regroup_kv_heads", "H2OCache", "LatentCache", "LatentProjection", "fit_latent",
            "KV_TABLE_MODELS", "LATENT_MODELS", "kv_cache_bytes", "kv_table", "latent_kv_bytes",
            "MultiTierCache", "QuantBlock", "QuantizedCache", "quantize_minmax", "dequantize_minmax",
-           "pack_uint4", "unpack_uint4", "SinkCache", "SlidingWindowCache", "rotate_keys"]
+           "pack_uint4", "unpack_uint4",
+           "FP8Cache", "FP8_SCALES", "fp8_kv_quantize", "fp8_kv_dequantize", "SinkCache", "SlidingWindowCache", "rotate_keys"]

@@ -8,6 +8,13 @@ Per-channel scales need a group of tokens, so the newest tokens wait in a full-p
 whole group can be quantized; the buffer also keeps the most recent ``recent`` tokens exact, which is
 where most attention goes.
 
+``FP8Cache`` is the other family: every token stored as FP8 E4M3 (``torch.float8_e4m3fn``: 3 mantissa bits,
+max 448) times a float32 scale, ``scale = amax / 448``, with no zero point, no groups and no full-precision
+buffer (a float grid has constant *relative* error, so no token needs protecting). ``scales="token"``: one
+scale per (token, head), computed as the token arrives (Module 03's per-row ``fp8_quantize``);
+``scales="head"``: one per (layer, head), fixed from the first update (the prompt) and saturating for later
+values outside it, the static, calibrated scale serving engines use (vLLM: one per tensor by default).
+
 ``MultiTierCache`` generalizes it: full precision for the newest tokens, then tiers of decreasing bits
 (e.g. int8 for the next 128 tokens, int4 for everything older); a group that ages out of a tier is
 re-quantized into the next one (and dropped if the last tier is full). ``QuantizedCache`` is the
@@ -23,7 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course_lib.quant.fp8 import FP8_DTYPES, FP8_MAX, fp8_quantize
 from course_lib.quant.packing import pack_int4 as _pack_int4, unpack_int4 as _unpack_int4
+
+from course_lib.validate import one_of
 
 from .base import KVCache, _check_kv, _check_same_stream
 
@@ -232,3 +242,85 @@ class QuantizedCache(MultiTierCache):
             raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
         super().__init__(recent=residual, tiers=((None, bits),), group=group)
         self.bits = bits
+
+
+FP8_SCALES = ("token", "head")
+
+
+def fp8_kv_quantize(x: torch.Tensor, scale: torch.Tensor | None = None):
+    """x [B, K, T, Dh] -> (E4M3 data [B, K, T, Dh], float32 scale). Without `scale`: one per (token, head),
+    amax / 448 over the Dh channels (an all-zero row gets scale 1); with `scale` (broadcastable, e.g.
+    [1, K, 1, 1]): that scale, and values past 448 x scale saturate to +-448 x scale (never inf or NaN)."""
+    if scale is None:
+        q = fp8_quantize(x, "e4m3", "row")                 # rows of the [-1, Dh] view: (b, head, token)
+        return q.data, q.scale.reshape(*x.shape[:-1], 1)
+    data = (x.float() / scale).clamp(-FP8_MAX["e4m3"], FP8_MAX["e4m3"]).to(FP8_DTYPES["e4m3"])
+    return data, scale
+
+
+def fp8_kv_dequantize(data: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return (data.float() * scale).to(dtype)
+
+
+@dataclass
+class _FP8Layer:
+    k: torch.Tensor          # [B, K, S, Dh] float8_e4m3fn
+    v: torch.Tensor
+    k_scale: torch.Tensor    # float32: [B, K, S, 1] per token, [1, K, 1, 1] per head
+    v_scale: torch.Tensor
+    k_deq: torch.Tensor      # dequantized copy in the input dtype (what a kernel would recompute), not counted
+    v_deq: torch.Tensor
+
+
+class FP8Cache(KVCache):
+    """Keys and values stored as FP8 E4M3 with float32 scales (amax / 448): one byte per element plus
+    the scales. scales: "token" (one per token and KV head, from that token's channels) or "head" (one
+    per layer and KV head, from the first update of the layer, then fixed; later values saturate)."""
+
+    def __init__(self, scales: str = "token"):
+        self.scales = one_of(scales, "scales", FP8_SCALES)
+        if FP8_DTYPES["e4m3"] is None:
+            raise RuntimeError(f"this torch ({torch.__version__}) has no float8_e4m3fn dtype")
+        self.layers: list[_FP8Layer] = []
+
+    def get_seq_length(self) -> int:
+        return self.layers[0].k.shape[2] if self.layers else 0
+
+    def stored_length(self, layer: int = 0) -> int:
+        return self.layers[layer].k.shape[2] if layer < len(self.layers) else 0
+
+    def nbytes(self) -> int:
+        """FP8 data (1 byte per element) plus the float32 scales; the dequantized copy is not counted."""
+        return sum(t.numel() * t.element_size() for st in self.layers for t in (st.k, st.v, st.k_scale, st.v_scale))
+
+    def _head_scale(self, x: torch.Tensor) -> torch.Tensor:
+        amax = x.float().abs().amax(dim=(0, 2, 3), keepdim=True)           # [1, K, 1, 1]
+        return torch.where(amax > 0, amax / FP8_MAX["e4m3"], torch.ones_like(amax))
+
+    def update(self, k, v, layer, q=None):
+        _check_kv(k, v, layer)
+        if layer > len(self.layers):
+            raise ValueError(f"update: layers must be filled in order; got layer {layer}")
+        first = layer == len(self.layers)
+        if not first:
+            _check_same_stream(self.layers[layer].k_deq, k, layer)
+        if self.scales == "token":
+            (kd, ks), (vd, vs) = fp8_kv_quantize(k), fp8_kv_quantize(v)
+        else:
+            st = None if first else self.layers[layer]
+            (kd, ks) = fp8_kv_quantize(k, self._head_scale(k) if first else st.k_scale)
+            (vd, vs) = fp8_kv_quantize(v, self._head_scale(v) if first else st.v_scale)
+        k_hat, v_hat = fp8_kv_dequantize(kd, ks, k.dtype), fp8_kv_dequantize(vd, vs, v.dtype)
+        if first:
+            self.layers.append(_FP8Layer(kd, vd, ks, vs, k_hat, v_hat))
+        else:
+            st = self.layers[layer]
+            st.k, st.v = torch.cat([st.k, kd], dim=2), torch.cat([st.v, vd], dim=2)
+            if self.scales == "token":
+                st.k_scale, st.v_scale = torch.cat([st.k_scale, ks], dim=2), torch.cat([st.v_scale, vs], dim=2)
+            st.k_deq, st.v_deq = torch.cat([st.k_deq, k_hat], dim=2), torch.cat([st.v_deq, v_hat], dim=2)
+        st = self.layers[layer]
+        return st.k_deq, st.v_deq
+
+    def reset(self):
+        self.layers = []
