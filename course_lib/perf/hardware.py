@@ -19,6 +19,14 @@ Sources (datasheet names; the numbers below cite them line by line):
   [H100] NVIDIA H100 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
          and the NVIDIA H100 Tensor Core GPU architecture whitepaper (dense: 989.4 TFLOPS fp16/bf16)
   [H200] NVIDIA H200 Tensor Core GPU datasheet / product page, https://www.nvidia.com/en-us/data-center/h200/
+  [B200] NVIDIA HGX B200 specifications (per-GPU table; tensor rates printed with sparsity),
+         https://www.nvidia.com/en-us/data-center/hgx/ , and the DGX B200 datasheet
+         https://www.nvidia.com/en-us/data-center/dgx-b200/ (8 GPUs: 1,440 GB HBM3e, 64 TB/s)
+  [MI300X] AMD Instinct MI300X data sheet, https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html
+         (dense rates: AMD prints the structured-sparsity figures separately), and the ROCm documentation's
+         MI300 microarchitecture page (304 CUs, 64 KB LDS per CU),
+         https://rocm.docs.amd.com/en/latest/conceptual/gpu-arch/mi300.html
+         (B200 and MI300X rates were checked against copies of these vendor tables, not the PDFs themselves.)
   [CUDA] CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (maximum shared
          memory per SM: 64 KB on 7.5, 164 KB on 8.0, 100 KB on 8.9, 228 KB on 9.0),
          https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications
@@ -94,9 +102,9 @@ class DeviceSpec:
     memory_gb: float | None = None             # device memory, GB as on the datasheet
     memory_type: str = ""
     architecture: str = ""
-    compute_capability: str | None = None
-    sms: int | None = None                     # streaming multiprocessors
-    smem_per_sm_kb: int | None = None          # maximum shared memory per SM, KB
+    compute_capability: str | None = None      # CUDA only; None on a non-NVIDIA device (MI300X)
+    sms: int | None = None                     # streaming multiprocessors (AMD: compute units)
+    smem_per_sm_kb: int | None = None          # maximum shared memory per SM, KB (AMD: LDS per CU)
     source: str = ""                           # where the numbers come from
     measured: bool = False                     # True for a measurement of this machine
 
@@ -192,6 +200,18 @@ GPUS: dict[str, DeviceSpec] = {g.name: g for g in [
     # 1,979*, FP8/INT8 3,958* TFLOPS/TOPS with sparsity). 132 SMs. [CUDA] sm_90: 228 KB.
     _gpu("H200", "Hopper", "9.0", 141, "HBM3e", 4800, fp32=67, tf32=494.7, fp16=989.4, bf16=989.4,
          fp8=1978.9, int8=1978.9, sms=132, smem=228, src="NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+    # [B200] HGX B200, per GPU: 180 GB HBM3e, 7.7 TB/s (the DGX B200's 64 TB/s / 8 = 8 TB/s is rounded);
+    # FP32 75 TFLOPS; TF32 2.2*, FP16/BF16 4.5*, FP8/FP6 9*, INT8 9* POPS, FP4 18* PFLOPS (* sparse) ->
+    # dense 1100 / 2250 / 4500 / 4500, FP4 9000. FP4 and FP6 have no column here (DTYPE_BYTES has no fp4/fp6
+    # entry yet): their dense rates are 9000 and 4500. The SM count and the sm_100 shared memory per SM are
+    # not on the datasheet: None.
+    _gpu("B200", "Blackwell", "10.0", 180, "HBM3e", 7700, fp32=75, tf32=1100, fp16=2250, bf16=2250,
+         fp8=4500, int8=4500, sms=None, smem=None, src="NVIDIA HGX B200 / DGX B200 datasheet (SXM, 1,000 W)"),
+    # [MI300X] 192 GB HBM3, 5.3 TB/s; FP16/BF16 1,307.4, FP8 2,614.9 TFLOPS dense (matrix cores). Not a CUDA
+    # device: no compute capability (ROCm, gfx942). FP32/TF32/INT8 rates left out (not checked here). [MI300X]
+    # 304 CUs, 64 KB LDS (the CU's shared memory) per CU.
+    _gpu("MI300X", "CDNA 3", None, 192, "HBM3", 5300, fp32=None, tf32=None, fp16=1307.4, bf16=1307.4,
+         fp8=2614.9, int8=None, sms=304, smem=64, src="AMD Instinct MI300X data sheet; ROCm MI300 documentation"),
 ]}
 
 
@@ -204,6 +224,7 @@ _ALIASES.update({"a100": "A100-80GB", "a10040": "A100-40GB", "a10080": "A100-80G
                  "a100sxm": "A100-80GB", "a100sxm480gb": "A100-80GB", "a100sxm440gb": "A100-40GB",
                  "h100": "H100-SXM", "h100sxm5": "H100-SXM", "h100sxm580gb": "H100-SXM", "h100sxm80gb": "H100-SXM",
                  "h200sxm": "H200", "h200sxm141gb": "H200", "t416gb": "T4", "l424gb": "L4",
+                 "b200sxm": "B200", "b200sxm180gb": "B200", "amdmi300x": "MI300X", "amdinstinctmi300x": "MI300X",
                  # as torch.cuda.get_device_name() spells them
                  "h10080gbhbm3": "H100-SXM", "h200141gbhbm3e": "H200",
                  "a100sxm480gb": "A100-80GB", "a100pcie40gb": "A100-40GB", "a100pcie80gb": "A100-80GB"})
@@ -243,7 +264,8 @@ def hardware_table(devices=None, fmt: str = "markdown") -> str:
         rows.append([d.name, f"{d.architecture} ({d.compute_capability or '-'})", mem, f"{d.bandwidth_gbs:,.0f}",
                      f(d.peak_tflops.get("fp32")), f(d.fp16_tflops), f(d.bf16_tflops), f(d.fp8_tflops),
                      f(d.int8_tops), f(d.smem_per_sm_kb), ridge])
-    return format_table(head, rows, fmt, note="TFLOP/s dense (no sparsity); fp32 = CUDA cores, others = tensor cores")
+    return format_table(head, rows, fmt, note="TFLOP/s dense (no sparsity); fp32 = CUDA cores, others = tensor cores "
+                                                "(MI300X: matrix cores; its sm column = CUs, smem = LDS per CU)")
 
 
 __all__ = ["DTYPE_BYTES", "canonical_dtype", "bytes_per_element", "DeviceSpec", "GPUS", "gpu_names",
