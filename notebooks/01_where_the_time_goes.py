@@ -291,11 +291,11 @@ assert weights_share > 0.9
 # point** `P/W`: below it an op is memory-bound, above it compute-bound. The table (dense tensor-core rates, no sparsity; sources in
 # `course_lib/perf/hardware.py`) follows. Two newer devices close it.
 #
-# NVIDIA's B200 (Blackwell) adds tensor cores for 4-bit floating point (FP4, twice its FP8 rate; no column
-# here) and 2.3 times the H100's bandwidth [@nvidia2024hgxb200]. AMD's MI300X has more memory (192 GB) and
+# NVIDIA's B200 (Blackwell) adds tensor cores for 4-bit floating point (FP4, twice its FP8 rate; the fp4
+# column) and 2.3 times the H100's bandwidth [@nvidia2024hgxb200]. AMD's MI300X has more memory (192 GB) and
 # more bandwidth than an H100 or H200, and a different software stack, ROCm instead of CUDA (PyTorch and
 # Triton support it): it has no CUDA compute capability, its "SM" column counts compute units and its shared
-# memory is the LDS of a CU [@amd2023mi300x].
+# memory is the LDS of a CU [@amd2024instinct].
 
 # %% id="c022"
 display(Markdown(hardware_table()))

@@ -68,9 +68,15 @@ def test_datasheet_numbers_dense_not_sparse():
     assert (b200.bandwidth_gbs, b200.memory_gb, b200.fp16_tflops, b200.fp8_tflops) == (7700, 180, 2250, 4500)
     assert b200.int8_tops == b200.fp8_tflops == 2 * b200.bf16_tflops and b200.compute_capability == "10.0"
     assert b200.source.startswith("NVIDIA") and "datasheet" in b200.source
+    # Blackwell's FP4 (E2M1) tensor cores: twice the FP8 rate; FP6 at the FP8 rate; no other table GPU has them
+    assert (b200.peak_tflops["fp4"], b200.peak_tflops["fp6"]) == (9000, 4500) and b200.supports("e2m1")
+    assert [g.name for g in GPUS.values() if g.supports("fp4") or g.supports("fp6")] == ["B200"]
+    assert ridge_point("B200", "fp4") == pytest.approx(2 * ridge_point("B200", "fp8"))
+    assert (bytes_per_element("fp4"), bytes_per_element("fp6")) == (0.5, 0.75)
     # MI300X: not a CUDA device, so no compute capability; CUs and LDS in the SM columns
     assert (mi300x.bandwidth_gbs, mi300x.memory_gb) == (5300, 192)
     assert (mi300x.fp16_tflops, mi300x.bf16_tflops, mi300x.fp8_tflops) == (1307.4, 1307.4, 2614.9)
+    assert (mi300x.peak_tflops["fp32"], mi300x.peak_tflops["tf32"], mi300x.int8_tops) == (163.4, 653.7, 2614.9)
     assert mi300x.compute_capability is None and mi300x.architecture == "CDNA 3"
     assert (mi300x.sms, mi300x.smem_per_sm_kb) == (304, 64) and mi300x.source.startswith("AMD")
     assert mi300x.memory_gb > h200.memory_gb and h100.bandwidth_gbs < mi300x.bandwidth_gbs < b200.bandwidth_gbs
@@ -441,8 +447,7 @@ def test_critical_batch_solves_intensity_equals_ridge():
     rng = random.Random(time.time_ns())
     for _ in range(30):
         g = rng.choice(list(GPUS))
-        dtype = rng.choice(["fp16"] + (["int8"] if GPUS[g].supports("int8") else [])
-                           + (["fp8"] if GPUS[g].fp8 else []))
+        dtype = rng.choice(["fp16", "int8"] + (["fp8"] if GPUS[g].fp8 else []))
         d_in, d_out = rng.randint(512, 16384), rng.randint(512, 16384)
         b = critical_batch(d_in, d_out, g, dtype)
         R = ridge_point(g, dtype)
