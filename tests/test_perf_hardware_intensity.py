@@ -35,7 +35,7 @@ SMALL = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=200, num_h
 NVIDIA_SIX = ["T4", "L4", "A100-40GB", "A100-80GB", "H100-SXM", "H200"]
 
 
-def test_table_has_the_six_gpus_with_every_column():
+def test_table_has_the_eight_gpus_with_every_column():
     assert list(GPUS) == NVIDIA_SIX + ["B200", "MI300X"]
     for g in (GPUS[k] for k in NVIDIA_SIX):
         assert g.bandwidth_gbs > 0 and g.memory_gb > 0 and g.smem_per_sm_kb > 0 and g.sms > 0
