@@ -205,7 +205,7 @@ GPUS: dict[str, DeviceSpec] = {g.name: g for g in [
     # 1,979*, FP8/INT8 3,958* TFLOPS/TOPS with sparsity). 132 SMs. [CUDA] sm_90: 228 KB.
     _gpu("H200", "Hopper", "9.0", 141, "HBM3e", 4800, fp32=67, tf32=494.7, fp16=989.4, bf16=989.4,
          fp8=1978.9, int8=1978.9, sms=132, smem=228, src="NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
-    # [B200] HGX B200, per GPU: 180 GB HBM3e, 7.7 TB/s (the DGX B200's 64 TB/s / 8 = 8 TB/s is rounded);
+    # [B200] HGX B200, per GPU: 180 GB HBM3e, 7.7 TB/s (the DGX B200's 64 TB/s over 8 GPUs would be 8);
     # FP32 75 TFLOPS; TF32 2.2*, FP16/BF16 4.5*, FP8/FP6 9*, INT8 9* POPS, FP4 18* PFLOPS (* sparse) ->
     # dense 1100 / 2250 / 4500 / 4500, FP6 4500, FP4 9000. The SM count and the sm_100 shared memory per SM
     # are not on the datasheet: None.
