@@ -10,8 +10,8 @@
 #
 # This notebook puts numbers on that picture. For every operation of a Llama-style layer we count FLOPs,
 # bytes moved and their ratio, the **arithmetic intensity** (FLOP/byte); we place the operations on the
-# **roofline** of real GPUs (T4, L4, A100, H100, H200) and of your own machine; we compare predicted and
-# measured step times; and we find the batch size at which decoding stops being memory-bound.
+# **roofline** of real GPUs (T4, L4, A100, H100, H200, B200, MI300X) and of your own machine; we compare
+# predicted and measured step times; and we find the batch size at which decoding stops being memory-bound.
 #
 # We start from the simplified per-operation tables that course notes commonly use, reproduce them exactly,
 # and then refine them: these tables count multiply-adds instead of FLOPs and elements instead of bytes, and scale attention scores by
@@ -284,12 +284,18 @@ assert weights_share > 0.9
 # an intensity just below 1. More than 90% of the bytes are weights; the KV cache grows with the context
 # and the batch (module 05). In prefill the same matrices reach intensities in the hundreds.
 #
-# ## 5. Rooflines: T4, L4, A100, H100, H200 and this machine
+# ## 5. Rooflines: T4, L4, A100, H100, H200, B200, MI300X and this machine
 #
 # A device with peak `P` FLOP/s and memory bandwidth `W` bytes/s can run an op of intensity `I` at most
 # at `min(P, I·W)`: the **roofline** model [@williams2009roofline]. The two limits meet at the **ridge
 # point** `P/W`: below it an op is memory-bound, above it compute-bound. The table (dense tensor-core rates, no sparsity; sources in
-# `course_lib/perf/hardware.py`):
+# `course_lib/perf/hardware.py`) follows. Two newer devices close it.
+#
+# NVIDIA's B200 (Blackwell) adds tensor cores for 4-bit floating point (FP4, twice its FP8 rate; the fp4
+# column) and 2.3 times the H100's bandwidth [@nvidia2024hgxb200]. AMD's MI300X has more memory (192 GB) and
+# more bandwidth than an H100 or H200, and a different software stack, ROCm instead of CUDA (PyTorch and
+# Triton support it): it has no CUDA compute capability, its "SM" column counts compute units and its shared
+# memory is the LDS of a CU [@amd2024instinct].
 
 # %% id="c022"
 display(Markdown(hardware_table()))
@@ -317,7 +323,7 @@ assert local.bandwidth_gbs > 0 and all(v > 0 for v in local.peak_tflops.values()
 # placed on the A100's (the first device; a measured CPU is dashed and drawn in fp32, the only rate it has):
 
 # %% id="c026"
-plot_roofline(["A100-80GB", "T4", "L4", "A100-40GB", "H100-SXM", "H200", local], "fp16",
+plot_roofline(["A100-80GB", "T4", "L4", "A100-40GB", "H100-SXM", "H200", "B200", "MI300X", local], "fp16",
               tables=[big_pre, big_dec], title=f"{big.name}, fp16, {BIG_SEQ} tokens")
 plt.show()
 
@@ -461,7 +467,7 @@ print(f"A100 80GB: the weight matmuls of a decode step are memory-bound up to ba
       f"compute-bound from batch {math.ceil(b)}")
 
 # %% id="c035"
-plot_decode_batch(big, ["T4", "L4", "A100-80GB", "H100-SXM", "H200"], "fp16")
+plot_decode_batch(big, ["T4", "L4", "A100-80GB", "H100-SXM", "H200", "B200", "MI300X"], "fp16")
 plt.show()
 
 # %% [markdown] id="c036"

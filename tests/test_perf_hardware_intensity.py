@@ -32,9 +32,12 @@ SMALL = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=200, num_h
 
 
 # --- hardware table -------------------------------------------------------------------------------
-def test_table_has_the_six_gpus_with_every_column():
-    assert list(GPUS) == ["T4", "L4", "A100-40GB", "A100-80GB", "H100-SXM", "H200"]
-    for g in GPUS.values():
+NVIDIA_SIX = ["T4", "L4", "A100-40GB", "A100-80GB", "H100-SXM", "H200"]
+
+
+def test_table_has_the_eight_gpus_with_every_column():
+    assert list(GPUS) == NVIDIA_SIX + ["B200", "MI300X"]
+    for g in (GPUS[k] for k in NVIDIA_SIX):
         assert g.bandwidth_gbs > 0 and g.memory_gb > 0 and g.smem_per_sm_kb > 0 and g.sms > 0
         assert g.fp16_tflops > 0 and g.int8_tops > 0
         assert g.source.startswith("NVIDIA") and "datasheet" in g.source
@@ -47,7 +50,7 @@ def test_table_has_the_six_gpus_with_every_column():
 
 
 def test_datasheet_numbers_dense_not_sparse():
-    t4, l4, a40, a80, h100, h200 = (GPUS[k] for k in GPUS)
+    t4, l4, a40, a80, h100, h200, b200, mi300x = (GPUS[k] for k in GPUS)
     assert (t4.bandwidth_gbs, t4.fp16_tflops, t4.int8_tops, t4.memory_gb) == (320, 65, 130, 16)
     assert t4.bf16_tflops is None and not t4.fp8 and t4.smem_per_sm_kb == 64
     assert (l4.bandwidth_gbs, l4.fp16_tflops, l4.fp8_tflops, l4.memory_gb) == (300, 121, 242.5, 24)
@@ -60,7 +63,24 @@ def test_datasheet_numbers_dense_not_sparse():
     assert h200.peak_tflops == h100.peak_tflops  # same GH100 compute, more and faster memory
     assert h100.smem_per_sm_kb == h200.smem_per_sm_kb == 228
     # fp8 exactly where the hardware has it: Ada and Hopper
-    assert [g.name for g in GPUS.values() if g.fp8] == ["L4", "H100-SXM", "H200"]
+    assert [g.name for g in GPUS.values() if g.fp8] == ["L4", "H100-SXM", "H200", "B200", "MI300X"]
+    # B200 (HGX, per GPU): the datasheet's sparse figures halved; 180 GB at 7.7 TB/s
+    assert (b200.bandwidth_gbs, b200.memory_gb, b200.fp16_tflops, b200.fp8_tflops) == (7700, 180, 2250, 4500)
+    assert b200.int8_tops == b200.fp8_tflops == 2 * b200.bf16_tflops and b200.compute_capability == "10.0"
+    assert b200.source.startswith("NVIDIA") and "datasheet" in b200.source
+    # Blackwell's FP4 (E2M1) tensor cores: twice the FP8 rate; FP6 at the FP8 rate; no other table GPU has them
+    assert (b200.peak_tflops["fp4"], b200.peak_tflops["fp6"]) == (9000, 4500) and b200.supports("e2m1")
+    assert [g.name for g in GPUS.values() if g.supports("fp4") or g.supports("fp6")] == ["B200"]
+    assert ridge_point("B200", "fp4") == pytest.approx(2 * ridge_point("B200", "fp8"))
+    assert (bytes_per_element("fp4"), bytes_per_element("fp6")) == (0.5, 0.75)
+    # MI300X: not a CUDA device, so no compute capability; CUs and LDS in the SM columns
+    assert (mi300x.bandwidth_gbs, mi300x.memory_gb) == (5300, 192)
+    assert (mi300x.fp16_tflops, mi300x.bf16_tflops, mi300x.fp8_tflops) == (1307.4, 1307.4, 2614.9)
+    assert (mi300x.peak_tflops["fp32"], mi300x.peak_tflops["tf32"], mi300x.int8_tops) == (163.4, 653.7, 2614.9)
+    assert mi300x.compute_capability is None and mi300x.architecture == "CDNA 3"
+    assert (mi300x.sms, mi300x.smem_per_sm_kb) == (304, 64) and mi300x.source.startswith("AMD")
+    assert mi300x.memory_gb > h200.memory_gb and h100.bandwidth_gbs < mi300x.bandwidth_gbs < b200.bandwidth_gbs
+    assert "CDNA 3 (-)" in hardware_table(["MI300X"]) and "Blackwell (10.0)" in hardware_table(["B200"])
 
 
 def test_ridge_points():
@@ -78,6 +98,7 @@ def test_gpu_names_and_aliases():
     assert get_gpu("A100_40GB").name == "A100-40GB"
     assert get_gpu("H100").name == "H100-SXM"
     assert get_gpu("nvidia h200").name == "H200"
+    assert get_gpu("NVIDIA B200").name == "B200" and get_gpu("AMD Instinct MI300X").name == "MI300X"
     assert get_gpu("Tesla T4").name == "T4"
     spec = GPUS["L4"]
     assert get_gpu(spec) is spec

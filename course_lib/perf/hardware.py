@@ -19,6 +19,15 @@ Sources (datasheet names; the numbers below cite them line by line):
   [H100] NVIDIA H100 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
          and the NVIDIA H100 Tensor Core GPU architecture whitepaper (dense: 989.4 TFLOPS fp16/bf16)
   [H200] NVIDIA H200 Tensor Core GPU datasheet / product page, https://www.nvidia.com/en-us/data-center/h200/
+  [B200] NVIDIA HGX B200 specifications (per-GPU table; tensor rates printed with sparsity),
+         https://www.nvidia.com/en-us/data-center/hgx/ , and the DGX B200 datasheet
+         https://www.nvidia.com/en-us/data-center/dgx-b200/ (8 GPUs: 1,440 GB HBM3e, 64 TB/s)
+         (the B200 figures were read from a copy of NVIDIA's HGX B200 table, not on nvidia.com itself)
+  [MI300X] AMD ROCm documentation, "AMD Instinct MI300 series microarchitecture", table "Peak-performance
+         capabilities of the MI300X" (dense: FLOPS/clock/CU x 304 CUs x clock; 5.3 TB/s),
+         https://rocm.docs.amd.com/en/docs-6.2.2/conceptual/gpu-arch/mi300.html , and "AMD GPU specifications"
+         (MI300X: CDNA3, gfx942, 192 GB, 304 CUs, 64 KB LDS per CU),
+         https://rocm.docs.amd.com/en/latest/reference/gpu-specs.html
   [CUDA] CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (maximum shared
          memory per SM: 64 KB on 7.5, 164 KB on 8.0, 100 KB on 8.9, 228 KB on 9.0),
          https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications
@@ -40,6 +49,8 @@ DTYPE_BYTES: dict[str, float] = {
     "fp32": 4, "tf32": 4,  # tf32 is a tensor-core compute mode on fp32 data: 4 bytes in memory
     "fp16": 2, "bf16": 2,
     "fp8": 1, "int8": 1,
+    "fp6": 0.75,           # E2M3 / E3M2 elements (a block format's shared scales add to it)
+    "fp4": 0.5,            # E2M1 elements; MXFP4 and NVFP4 add a scale per 32 / 16 (course_lib.quant.mx)
     "int4": 0.5,           # two values per byte (weights only; no table GPU has int4 rates listed here)
 }
 _DTYPE_ALIASES = {
@@ -49,6 +60,7 @@ _DTYPE_ALIASES = {
     "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
     "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
     "torch.int8": "int8",
+    "e2m1": "fp4", "fp4_e2m1": "fp4", "float4_e2m1fn": "fp4", "e2m3": "fp6", "e3m2": "fp6",
 }
 
 
@@ -84,7 +96,7 @@ def bytes_per_element(dtype, argument: str = "dtype") -> float:
 class DeviceSpec:
     """One device's memory bandwidth and dense peak throughput per number format.
 
-    `peak_tflops` maps a canonical dtype ('fp32', 'tf32', 'fp16', 'bf16', 'fp8', 'int8') to dense
+    `peak_tflops` maps a canonical dtype ('fp32', 'tf32', 'fp16', 'bf16', 'fp8', 'fp6', 'fp4', 'int8') to dense
     TFLOP/s (TOPS for int8); a dtype that is missing has no fast path on this device (bf16 on a T4).
     The GPU table and a measured local device (`measure_device`) are both DeviceSpecs.
     """
@@ -94,9 +106,9 @@ class DeviceSpec:
     memory_gb: float | None = None             # device memory, GB as on the datasheet
     memory_type: str = ""
     architecture: str = ""
-    compute_capability: str | None = None
-    sms: int | None = None                     # streaming multiprocessors
-    smem_per_sm_kb: int | None = None          # maximum shared memory per SM, KB
+    compute_capability: str | None = None      # CUDA only; None on a non-NVIDIA device (MI300X)
+    sms: int | None = None                     # streaming multiprocessors (AMD: compute units)
+    smem_per_sm_kb: int | None = None          # maximum shared memory per SM, KB (AMD: LDS per CU)
     source: str = ""                           # where the numbers come from
     measured: bool = False                     # True for a measurement of this machine
 
@@ -150,7 +162,7 @@ class DeviceSpec:
 
     @property
     def fp8(self) -> bool:
-        """FP8 tensor cores (Ada and Hopper): True on L4, H100, H200."""
+        """FP8 tensor cores (Ada, Hopper, Blackwell, CDNA 3): True on L4, H100, H200, B200, MI300X."""
         return "fp8" in self.peak_tflops
 
     @property
@@ -159,8 +171,9 @@ class DeviceSpec:
         return "fp16" if "fp16" in self.peak_tflops else next(iter(self.peak_tflops))
 
 
-def _gpu(name, arch, cc, mem_gb, mem_type, bw, fp32, tf32, fp16, bf16, fp8, int8, sms, smem, src):
-    peaks = {"fp32": fp32, "tf32": tf32, "fp16": fp16, "bf16": bf16, "fp8": fp8, "int8": int8}
+def _gpu(name, arch, cc, mem_gb, mem_type, bw, fp32, tf32, fp16, bf16, fp8, int8, sms, smem, src,
+         fp6=None, fp4=None):
+    peaks = {"fp32": fp32, "tf32": tf32, "fp16": fp16, "bf16": bf16, "fp8": fp8, "int8": int8, "fp6": fp6, "fp4": fp4}
     return DeviceSpec(name=name, bandwidth_gbs=bw, peak_tflops={k: v for k, v in peaks.items() if v},
                       memory_gb=mem_gb, memory_type=mem_type, architecture=arch, compute_capability=cc,
                       sms=sms, smem_per_sm_kb=smem, source=src)
@@ -192,6 +205,19 @@ GPUS: dict[str, DeviceSpec] = {g.name: g for g in [
     # 1,979*, FP8/INT8 3,958* TFLOPS/TOPS with sparsity). 132 SMs. [CUDA] sm_90: 228 KB.
     _gpu("H200", "Hopper", "9.0", 141, "HBM3e", 4800, fp32=67, tf32=494.7, fp16=989.4, bf16=989.4,
          fp8=1978.9, int8=1978.9, sms=132, smem=228, src="NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+    # [B200] HGX B200, per GPU: 180 GB HBM3e, 7.7 TB/s (the DGX B200's 64 TB/s over 8 GPUs would be 8);
+    # FP32 75 TFLOPS; TF32 2.2*, FP16/BF16 4.5*, FP8/FP6 9*, INT8 9* POPS, FP4 18* PFLOPS (* sparse) ->
+    # dense 1100 / 2250 / 4500 / 4500, FP6 4500, FP4 9000. The SM count and the sm_100 shared memory per SM
+    # are not on the datasheet: None.
+    _gpu("B200", "Blackwell", "10.0", 180, "HBM3e", 7700, fp32=75, tf32=1100, fp16=2250, bf16=2250,
+         fp8=4500, int8=4500, fp6=4500, fp4=9000, sms=None, smem=None,
+         src="NVIDIA HGX B200 / DGX B200 datasheet (SXM, 1,000 W)"),
+    # [MI300X] 192 GB HBM3, 5.3 TB/s; vector FP32 163.4, TF32 653.7, matrix FP16/BF16 1,307.4, FP8 2,614.9,
+    # INT8 2,614.9 TOPS (dense). Not a CUDA device: no compute capability (ROCm, gfx942). 304 CUs, 64 KB LDS
+    # (the CU's shared memory) per CU.
+    _gpu("MI300X", "CDNA 3", None, 192, "HBM3", 5300, fp32=163.4, tf32=653.7, fp16=1307.4, bf16=1307.4,
+         fp8=2614.9, int8=2614.9, sms=304, smem=64,
+         src="AMD ROCm documentation: MI300 series microarchitecture; AMD GPU specifications"),
 ]}
 
 
@@ -204,6 +230,7 @@ _ALIASES.update({"a100": "A100-80GB", "a10040": "A100-40GB", "a10080": "A100-80G
                  "a100sxm": "A100-80GB", "a100sxm480gb": "A100-80GB", "a100sxm440gb": "A100-40GB",
                  "h100": "H100-SXM", "h100sxm5": "H100-SXM", "h100sxm580gb": "H100-SXM", "h100sxm80gb": "H100-SXM",
                  "h200sxm": "H200", "h200sxm141gb": "H200", "t416gb": "T4", "l424gb": "L4",
+                 "b200sxm": "B200", "b200sxm180gb": "B200", "amdmi300x": "MI300X", "amdinstinctmi300x": "MI300X",
                  # as torch.cuda.get_device_name() spells them
                  "h10080gbhbm3": "H100-SXM", "h200141gbhbm3e": "H200",
                  "a100sxm480gb": "A100-80GB", "a100pcie40gb": "A100-40GB", "a100pcie80gb": "A100-80GB"})
@@ -230,7 +257,7 @@ def get_gpu(name) -> DeviceSpec:
 def hardware_table(devices=None, fmt: str = "markdown") -> str:
     """The table as text: 'markdown' (default), 'html' or 'text'."""
     devs = [get_gpu(d) for d in (devices if devices is not None else GPUS.values())]
-    head = ["GPU", "arch (sm)", "memory", "bandwidth GB/s", "fp32", "fp16", "bf16", "fp8", "int8 TOPS",
+    head = ["GPU", "arch (sm)", "memory", "bandwidth GB/s", "fp32", "fp16", "bf16", "fp8", "fp4", "int8 TOPS",
             "smem/SM KB", "ridge fp16 FLOP/B"]
 
     def f(x):
@@ -242,8 +269,10 @@ def hardware_table(devices=None, fmt: str = "markdown") -> str:
         mem = "-" if d.memory_gb is None else f"{d.memory_gb:g} GB {d.memory_type}".strip()
         rows.append([d.name, f"{d.architecture} ({d.compute_capability or '-'})", mem, f"{d.bandwidth_gbs:,.0f}",
                      f(d.peak_tflops.get("fp32")), f(d.fp16_tflops), f(d.bf16_tflops), f(d.fp8_tflops),
+                     f(d.peak_tflops.get("fp4")),
                      f(d.int8_tops), f(d.smem_per_sm_kb), ridge])
-    return format_table(head, rows, fmt, note="TFLOP/s dense (no sparsity); fp32 = CUDA cores, others = tensor cores")
+    return format_table(head, rows, fmt, note="TFLOP/s dense (no sparsity); fp32 = CUDA cores, others = tensor cores "
+                                                "(MI300X: vector units / matrix cores; its SMs = CUs, smem = LDS per CU)")
 
 
 __all__ = ["DTYPE_BYTES", "canonical_dtype", "bytes_per_element", "DeviceSpec", "GPUS", "gpu_names",
