@@ -52,7 +52,7 @@ def kd_loss(student_logits, teacher_logits, temperature=2.0):
                     reduction="batchmean") * T * T
 '''},
          ["a softmax was taken twice (log_softmax of probabilities, the lecture notes' bug)"]),
-        ("the KD loss without the T^2 factor, and the expected tokens per pass without the target's bonus token",
+        ("the KD loss without the T^2 factor, and the draft's cost ratio with a tied LM head counted twice",
          {"kd_answer": '''\
 def kd_loss(student_logits, teacher_logits, temperature=2.0):
     if student_logits.shape != teacher_logits.shape:
@@ -64,15 +64,18 @@ def kd_loss(student_logits, teacher_logits, temperature=2.0):
     log_p = F.log_softmax(teacher_logits / T, dim=-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
 ''',
-          "predict_tokens": '''\
-def predict_tokens_per_pass(a, g):
-    if not 0 <= a <= 1:
-        raise ValueError(f"a must be in [0, 1], got {a!r}")
-    if not isinstance(g, int) or g < 0:
-        raise ValueError(f"g must be an int >= 0, got {g!r}")
-    return sum(a ** i for i in range(1, g + 1))
+          "predict_cost": '''\
+def predict_cost_ratio(draft_cfg, target_cfg):
+    def count(cfg):
+        if not isinstance(cfg, LlamaConfig):
+            raise TypeError(f"expected a LlamaConfig, got {type(cfg).__name__}")
+        D, F_, V, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+        H, K = cfg.num_attention_heads, cfg.num_key_value_heads
+        layer = 2 * D * H * Dh + 2 * D * K * Dh + 3 * D * F_ + 2 * D
+        return cfg.num_hidden_layers * layer + 2 * V * D + D      # embedding in, LM head out
+    return count(draft_cfg) / count(target_cfg)
 '''},
-         ["the loss lacks the T² factor", "the target's bonus token was forgotten"]),
+         ["the loss lacks the T² factor", "the LM head was counted separately although it is tied"]),
     ],
     "lab09": [
         ("the scheduler admits waiting requests without checking the free KV blocks (only max_batch); the batch "
