@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from course_lib.attention.reference import reference_attention
-from course_lib.parallel.cost import (LINKS, alltoall_bytes, alltoall_time, ep_moe_layer_comm, load_imbalance,
+from course_lib.parallel.cost import (LINKS, Link, alltoall_bytes, alltoall_time, ep_moe_layer_comm, load_imbalance,
                                       rank_loads, ring_attention_comm, ring_attention_overlap, simulate_ep_dispatch,
                                       simulate_ring_attention)
 from course_lib.sparsity.moe import TopKRouter
@@ -70,7 +70,6 @@ def test_ring_attention_equals_full_attention_and_counts_bytes(p, causal):
 
 def test_ring_overlap_condition():
     # multi-head attention in 2-byte elements, no latency: the block must hold flops / bandwidth tokens
-    from course_lib.parallel.cost import Link
     ideal = Link("ideal", 100e9, 0.0)
     o = ring_attention_overlap(8, 8, 64, ideal, 1e14)
     assert o["bandwidth_bound_tokens"] == pytest.approx(1e14 / 100e9)
