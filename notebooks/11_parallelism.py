@@ -20,7 +20,9 @@
 # 4. the cost: bytes all-reduced, bytes per GPU, time per token over NVLink, PCIe and Ethernet, and the
 #    lecture notes' "175B on 16 GPUs" checked in bytes;
 # 5. time per token measured at TP = 1, 2, 4 on this machine, against the model;
-# 6. pipeline parallelism: stages, micro-batches and the measured bubble against `(p-1)/(m+p-1)`.
+# 6. pipeline parallelism: stages, micro-batches and the measured bubble against `(p-1)/(m+p-1)`;
+# 7. expert parallelism's all-to-all and its imbalance, and context parallelism's ring attention, checked
+#    against simulations of the collectives.
 #
 # ZeRO [@rajbhandari2020zero] and FSDP (sharding *training* state: optimizer moments, gradients, parameters
 # gathered on use) are named in the notes beside TP and PP; for inference they reduce to sharded weights gathered per
@@ -45,15 +47,19 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+from course_lib.attention import reference_attention
 from course_lib.models.config import LlamaConfig, as_config, preset
 from course_lib.parallel import (LINKS, ColumnParallelLinear, ModelSpec, RankFailed, RowParallelLinear,
-                                 allreduce_time, bubble_formula, bubble_fraction, check_tp_degree, failing_worker,
-                                 gpipe_schedule, launch, linear_pair_check, notes_example, per_gpu_memory,
-                                 pipeline_run, ring_allreduce_bytes, sequence, shard_fused_qkv, shard_range,
-                                 time_model, tp_check, tp_comm_per_token, tp_degrees, tp_step_time, tp_timing)
+                                 allreduce_time, bubble_formula, bubble_fraction, check_tp_degree,
+                                 ep_moe_layer_comm, failing_worker, gpipe_schedule, launch, linear_pair_check,
+                                 notes_example, per_gpu_memory, pipeline_run, rank_loads, ring_allreduce_bytes,
+                                 ring_attention_comm, ring_attention_overlap, sequence, shard_fused_qkv,
+                                 shard_range, simulate_ep_dispatch, simulate_ring_attention, time_model, tp_check,
+                                 tp_comm_per_token, tp_degrees, tp_step_time, tp_timing)
 from course_lib.perf.claims import timing_claim
 from course_lib.perf.hardware import get_gpu
 from course_lib.perf.tables import format_table
+from course_lib.sparsity.moe import MoEMLP
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -445,6 +451,110 @@ timing_claim(f"more micro-batches shrink the bubble: m={MICRO_BATCHES[-1]} idles
 # efficiency, and every boundary costs a transfer. For decoding (one token per step) the pipeline is
 # filled with *different requests* rather than slices of one batch.
 #
+# ## 7 · Expert parallelism and context parallelism: two more collectives
+#
+# **Expert parallelism (EP).** A mixture-of-experts layer (Module 10) holds `E` expert MLPs; with EP each
+# of `p` ranks holds `E/p` whole experts, and each token's `k` assignments travel to the ranks of their
+# experts (the *dispatch* all-to-all) and the outputs travel back (the *combine* all-to-all), as GShard
+# shards its experts [@lepikhin2021gshard]. An all-to-all of a `B`-byte buffer sends `(p-1)/p · B` per rank
+# (the share for the rank's own experts stays). That is the mean; the step waits for the **most loaded
+# rank**, whose experts compute, and whose links carry, `imbalance = max rank load / mean rank load` times the
+# mean. The load is the router's statistic, the one the balancing loss of Switch Transformer
+# [@fedus2022switch] pushes towards even. Measured on a small random MoE with the course's router, then
+# checked against a simulation that builds each rank's per-destination buffers and counts the bytes moved:
+
+# %% id="c035"
+torch.manual_seed(0)
+EP, E_, K_, T_RANK = 4, 8, 2, 256                    # ranks, experts, top-k, tokens per rank
+moe = MoEMLP(64, 128, num_experts=E_, k=K_, capacity_factor=None)
+x_ep = torch.randn(EP * T_RANK, 64)
+with torch.no_grad():
+    moe(x_ep)
+    _, ids_ep, _ = moe.router(x_ep)
+load_ep = moe.stats["load"]
+assert torch.equal(load_ep, torch.bincount(ids_ep.reshape(-1), minlength=E_))
+sim = simulate_ep_dispatch(ids_ep.view(EP, T_RANK, K_), E_, hidden=64, dtype=torch.bfloat16)
+ep_small = ep_moe_layer_comm(T_RANK, 64, K_, EP, bpe=2, load=load_ep)
+print(f"router load per expert {load_ep.tolist()} -> per rank {rank_loads(load_ep, EP).tolist()}, "
+      f"imbalance {ep_small['imbalance']:.2f}")
+print(f"dispatch bytes received per rank (simulated): {sim['received']}; model: mean "
+      f"{ep_small['sent_bytes_per_alltoall']:.0f}, most loaded {ep_small['max_rank_bytes_per_layer'] / 2:.0f}")
+assert sum(sim["received"]) == sum(sim["sent"]) and max(sim["received"]) <= max(sim["rank_load"]) * sim["bytes_per_row"]
+assert abs(max(sim["received"]) / (ep_small["max_rank_bytes_per_layer"] / 2) - 1) < 0.15
+
+# %% [markdown] id="c036"
+# The simulation and the model agree for the most loaded rank (the model assumes its tokens come from all
+# ranks alike, so a share `1/p` stays local; the simulation counts what did). Scaled to a layer of
+# hidden size 4096 with 8 experts and top-2 routing at EP=8 (one expert per rank), 4096 tokens per rank in
+# bf16, evenly routed and with this router's load per expert:
+
+# %% id="c037"
+rows = []
+for key in ("nvlink4", "infiniband-ndr"):
+    even = ep_moe_layer_comm(4096, 4096, 2, 8, bpe=2, link=key)
+    skew = ep_moe_layer_comm(4096, 4096, 2, 8, bpe=2, link=key, load=load_ep)     # one expert per rank
+    rows.append([LINKS[key].name, f"{even['sent_bytes_per_alltoall'] / 2**20:.0f}", f"{even['comm_s'] * 1e3:.2f}",
+                 f"{skew['imbalance']:.2f}", f"{skew['comm_s'] * 1e3:.2f}"])
+    assert skew["comm_s"] >= even["comm_s"]                      # the slowest rank sets the step
+print(format_table(["link", "MiB sent per all-to-all", "ms per layer (2 all-to-alls), even", "imbalance",
+                    "ms per layer, this router"], rows, fmt="text"))
+assert ep_moe_layer_comm(4096, 4096, 2, 8)["sent_bytes_per_alltoall"] == 7 / 8 * 4096 * 2 * 4096 * 2
+
+# %% [markdown] id="c038"
+# The imbalance multiplies the expert compute too: the most loaded rank runs `imbalance ×` the mean
+# number of expert rows. This router is untrained and its inputs random, so its load is close to even, and
+# closer over 4 ranks of 2 experts than with one expert per rank: a rank's experts average each other out.
+# A router whose load drifts (Module 10 measures it over training) pays the factor on every MoE layer; the
+# balancing loss and a capacity factor are what keep it near 1.
+#
+# **Context parallelism (CP): ring attention.** A prompt of `N` tokens too long for one GPU's attention
+# is cut into `p` blocks of `c = N/p` tokens, one per rank. Each rank keeps its block's queries and passes
+# its K,V block around a ring: at each of `p` steps it attends to the block it holds and merges the partial
+# result by the online-softmax rule of Module 07, then hands the block on [@liu2023ring]. Per layer each rank
+# sends `(p-1)` blocks, `(p-1)/p · 2·N·K·Dh·bpe` bytes. The transfer hides behind the block's attention when
+# `4c²·H·Dh / F ≥ 2c·K·Dh·bpe / B + latency` (`F` FLOP/s, `B` bytes/s): the block must be long enough.
+# First the check, ring attention with `p` simulated ranks in one process against full attention:
+
+# %% id="c039"
+torch.manual_seed(0)
+q_cp, k_cp, v_cp = torch.randn(1, 4, 48, 16), torch.randn(1, 2, 48, 16), torch.randn(1, 2, 48, 16)
+for p_ in (2, 4, 6):
+    for causal in (False, True):
+        out_cp, sent_cp = simulate_ring_attention(q_cp, k_cp, v_cp, p_, causal=causal)
+        err = (out_cp - reference_attention(q_cp, k_cp, v_cp, causal=causal)).abs().max().item()
+        assert err < 1e-5 and sent_cp == [ring_attention_comm(48, 2, 16, p_, bpe=4)["sent_bytes_per_layer"]] * p_
+    print(f"p={p_}: equal to full attention (causal and not, max error {err:.1e}); each rank passed "
+          f"{sent_cp[0]} bytes = (p-1)/p * 2 N K Dh bpe")
+
+# %% [markdown] id="c040"
+# Now Llama-3.1-8B (8 KV heads of 128, 32 layers) on a 131072-token prompt in bf16, at CP=8 on H100s:
+
+# %% id="c041"
+llama31 = preset("llama-3.1-8b")
+N_CP, P_CP = 131072, 8
+cp = ring_attention_comm(N_CP, llama31.num_key_value_heads, llama31.head_dim, P_CP, bpe=2,
+                         layers=llama31.num_hidden_layers)
+print(f"block of {cp['block_tokens']} tokens, K,V {cp['block_bytes'] / 2**20:.0f} MiB; each rank sends "
+      f"{cp['sent_bytes_per_layer'] / 2**20:.0f} MiB per layer, {cp['sent_bytes'] / 2**30:.1f} GiB per prompt")
+assert cp["sent_bytes_per_layer"] == 7 * 16384 * 2 * 8 * 128 * 2
+peak = h100.peak_flops("bf16")
+rows = []
+for key in ("nvlink4", "pcie5", "infiniband-ndr", "ethernet-100g"):
+    ov = ring_attention_overlap(llama31.num_attention_heads, llama31.num_key_value_heads, llama31.head_dim, key,
+                                peak, bpe=2, block_tokens=cp["block_tokens"])
+    rows.append([LINKS[key].name, ov["min_block_tokens"], P_CP * ov["min_block_tokens"],
+                 f"{ov['compute_s'] * 1e3:.2f}", f"{ov['transfer_s'] * 1e3:.2f}", "yes" if ov["overlaps"] else "no"])
+print(format_table(["link", "min block (tokens)", f"min prompt at CP={P_CP}", "block compute ms",
+                    "block transfer ms", f"hidden at N={N_CP}"], rows, fmt="text"))
+assert rows[0][1] < rows[1][1] < rows[2][1] < rows[3][1]
+
+# %% [markdown] id="c042"
+# The compute grows as `c²` and the transfer as `c`, so any link hides its transfers behind a long enough
+# block; a slower link needs longer blocks, so fewer ranks for the same prompt. At peak FLOP/s the condition
+# is the strictest: a real kernel reaches a fraction of the peak, which shortens the minimum block. With a
+# causal mask rank `r` sees `r` whole blocks and one half block and skips the rest, so the ranks' work is
+# unequal (the last does the most), and reordering the tokens over the ranks is what evens it out.
+#
 # ## Summary
 #
 # * Column-parallel then row-parallel: one all-reduce per pair; the row-parallel bias is added once,
@@ -455,6 +565,9 @@ timing_claim(f"more micro-batches shrink the bubble: m={MICRO_BATCHES[-1]} idles
 # * TP costs `2L` all-reduces per token: bandwidth `2(p-1)/p` of the activations each, and latency
 #   `2(p-1)` hops each: keep it on NVLink. PP crosses machines; its bubble is `(p-1)/(m+p-1)`.
 # * "11B parameters per GPU" is 22 GB in fp16 before the KV cache: count bytes, not parameters.
+# * EP: two all-to-alls per MoE layer of `(p-1)/p` of the routed tokens' bytes each, times the router's
+#   imbalance (max rank load / mean). CP by ring attention: `(p-1)/p · 2·N·K·Dh·bpe` bytes per rank per
+#   layer, hidden behind the blocks' attention once a block holds enough tokens for the link.
 
 # %% [markdown] id="c034"
 # ## Further reading
@@ -464,6 +577,9 @@ timing_claim(f"more micro-batches shrink the bubble: m={MICRO_BATCHES[-1]} idles
 # * [@shoeybi2019megatron]: Megatron-LM's column/row-parallel split, one all-reduce per MLP and per attention.
 # * [@patarasuk2009bandwidth]: the ring all-reduce and its bandwidth optimality, `2(p-1)/p` of the data per rank.
 # * [@huang2019gpipe]: GPipe's micro-batched pipeline and its bubble.
+# * [@lepikhin2021gshard; @fedus2022switch]: experts sharded over devices with all-to-all dispatch, and the
+#   load statistics that set the slowest rank; [@liu2023ring]: ring attention, K,V blocks passed around a
+#   ring while each block's attention runs.
 #
 # To go further:
 #
