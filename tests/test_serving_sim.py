@@ -179,6 +179,79 @@ def test_preemption_when_blocks_are_scarce_and_all_complete(seed):
     assert scarce.summary()["throughput_tok_s"] < plenty.summary()["throughput_tok_s"]
 
 
+# --- preemption by swap (KV offload to host memory) and the transfer latency -----------------------------
+def test_swap_time_is_accounted_exactly_on_a_hand_built_case():
+    # A (7 + 3) and B (4 + 3), blocks of 4, a pool of 3: both prefill at once (2 + 1 blocks); at the next
+    # step B cannot grow to a 2nd block and is the newest, so it is preempted with 4 tokens of KV; it resumes
+    # when A is done (3 blocks free). Swap: out and back in, S = latency + 4 * per-token seconds each way,
+    # each added to the step that issues it; recompute: B's resume is a prefill of 4 + 1 tokens instead.
+    reqs = [Request(0, 0.0, 7, 3), Request(1, 0.0, 4, 3)]
+    lat, per_tok = 0.003, 0.002
+    S = lat + 4 * per_tok
+    st = LINEAR.step_time
+    t1 = st(11, 0, 11)
+    t2 = t1 + st(0, 1, 8) + S                    # A decodes while B's blocks go out
+    t3 = t2 + st(0, 1, 9)                        # A's last token; B does not fit yet
+    sw = simulate(reqs, ContinuousBatching(8), cost=LINEAR, num_blocks=3, block_size=4, preemption="swap",
+                  host_blocks=1, swap_s_per_token=per_tok, swap_latency_s=lat)
+    assert sw.record(0).times == pytest.approx([t1, t2, t3])
+    t4 = t3 + st(0, 1, 5) + S                    # B's KV comes back and it decodes in the same step
+    assert sw.record(1).times == pytest.approx([t1, t4, t4 + st(0, 1, 6)])
+    assert [(a[1], a[3], a[4]) for a in sw.swaps] == [(1, "out", 4), (1, "in", 4)]
+    assert [a[5] for a in sw.swaps] == pytest.approx([S, S])
+    assert sw.swaps[0][0] == pytest.approx(t1) and sw.swaps[1][0] == pytest.approx(t3)
+    assert len(sw.preemptions) == 1 and check_invariants(sw, reqs) == []
+    rc = simulate(reqs, ContinuousBatching(8), cost=LINEAR, num_blocks=3, block_size=4)
+    assert rc.swaps == [] and rc.record(0).times == pytest.approx([t1, t2 - S, t3 - S])
+    t4r = t3 - S + st(5, 0, 5)                   # prompt + the generated token prefilled again
+    assert rc.record(1).times == pytest.approx([t1, t4r, t4r + st(0, 1, 6)])
+    # the same with preemption="recompute" given explicitly: the default's results, unchanged
+    again = simulate(reqs, ContinuousBatching(8), cost=LINEAR, num_blocks=3, block_size=4, preemption="recompute")
+    assert [r.times for r in again.records] == [r.times for r in rc.records]
+
+
+@pytest.mark.parametrize("policy", [ContinuousBatching(64), ChunkedPrefill(64, 128)], ids=lambda p: p.name)
+def test_swap_conserves_tokens_and_blocks(policy, seed):
+    reqs = make_workload(60, 50.0, seed=seed, max_context=1024, prompt_median=200, output_median=200)
+    res = simulate(reqs, policy, num_blocks=80, preemption="swap", host_blocks=40, swap_s_per_token=1e-6)
+    assert check_invariants(res, reqs) == [] and max_blocks_used(res) <= 80 and len(res.preemptions) > 0
+    outs = [a for a in res.swaps if a[3] == "out"]
+    assert outs, "a scarce pool with a host pool must swap"
+    for rid in {a[1] for a in res.swaps}:       # out, in, out, in ...: each copy back carries what went out
+        seq = [a for a in res.swaps if a[1] == rid]
+        assert [a[3] for a in seq] == ["out", "in"] * (len(seq) // 2) and len(seq) % 2 == 0
+        assert all(o[4] == i[4] > 0 for o, i in zip(seq[::2], seq[1::2]))
+        assert all(a[5] == pytest.approx(1e-6 * a[4]) for a in seq)
+    # a preemption is a swap or (host pool full) a recompute; every one resumes
+    assert len(outs) <= len(res.preemptions) == len([a for a in res.admissions if a[3] == "resume"])
+    assert sum(r.preemptions for r in res.records) == len(res.preemptions)
+    # a host pool too small for most victims (8 blocks = 128 tokens): those are recomputed instead
+    small = simulate(reqs, policy, num_blocks=80, preemption="swap", host_blocks=8, swap_s_per_token=1e-6)
+    assert check_invariants(small, reqs) == []
+    assert len([a for a in small.swaps if a[3] == "out"]) < len(small.preemptions)
+    assert all(a[4] <= 8 * 16 for a in small.swaps)
+    again = simulate(reqs, policy, num_blocks=80, preemption="swap", host_blocks=40, swap_s_per_token=1e-6)
+    assert [r.times for r in again.records] == [r.times for r in res.records]
+
+
+def test_swap_and_transfer_arguments_are_checked():
+    reqs = [Request(0, 0.0, 7, 3), Request(1, 0.0, 4, 3)]
+    for kw, name in (({"preemption": "offload"}, "preemption"), ({"preemption": "swap"}, "host_blocks"),
+                     ({"preemption": "swap", "host_blocks": 0}, "host_blocks"),
+                     ({"preemption": "swap", "host_blocks": 4, "swap_s_per_token": -1.0}, "swap_s_per_token"),
+                     ({"preemption": "swap", "host_blocks": 4, "swap_latency_s": -1.0}, "swap_latency_s"),
+                     ({"host_blocks": -1}, "host_blocks")):
+        with pytest.raises(ValueError, match=name):
+            simulate(reqs, ContinuousBatching(8), cost=LINEAR, num_blocks=3, block_size=4, **kw)
+    with pytest.raises(ValueError, match="transfer_latency_s"):
+        Disaggregated(transfer_latency_s=-1.0)
+    # the link's latency is paid once per transfer, between a request's first and second token
+    r = [Request(0, 0.5, 40, 4)]
+    a = simulate(r, Disaggregated(transfer_s_per_token=0.01), cost=LINEAR, num_blocks=10)
+    b = simulate(r, Disaggregated(transfer_s_per_token=0.01, transfer_latency_s=0.25), cost=LINEAR, num_blocks=10)
+    assert b.record(0).times == pytest.approx([a.record(0).times[0]] + [t + 0.25 for t in a.record(0).times[1:]])
+
+
 def test_continuous_beats_static_at_high_load(seed):
     reqs = make_workload(120, 40.0, seed=seed, max_context=1024)
     st = simulate(reqs, StaticBatching(16, 0.5), num_blocks=4000).summary()

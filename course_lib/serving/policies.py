@@ -137,7 +137,8 @@ def ChunkedPrefill(max_batch: int = 64, token_budget: int = 512,
 @dataclass
 class Disaggregated:
     """Prefill on `prefill_workers`, decode on `decode_workers` (each with its own KV pool of num_blocks);
-    a prompt's KV cache takes transfer_s_per_token * prompt_tokens seconds to move between them."""
+    a prompt's KV cache takes transfer_latency_s + transfer_s_per_token * prompt_tokens seconds to move
+    between them (KV bytes per token / the link's bandwidth, plus the link's per-transfer latency)."""
     prefill_workers: int = 1
     decode_workers: int = 1
     transfer_s_per_token: float = 2e-6
@@ -145,11 +146,13 @@ class Disaggregated:
     prefill_token_budget: int | None = 2048
     scheduler: Callable = fcfs_schedule
     name: str = "disaggregated"
+    transfer_latency_s: float = 0.0
 
     def __post_init__(self):
         self.prefill_workers = integer(self.prefill_workers, "prefill_workers", low=1)
         self.decode_workers = integer(self.decode_workers, "decode_workers", low=1)
         self.transfer_s_per_token = number(self.transfer_s_per_token, "transfer_s_per_token", 0)
+        self.transfer_latency_s = number(self.transfer_latency_s, "transfer_latency_s", 0)
         self.max_batch = integer(self.max_batch, "max_batch", low=1)
         self.prefill_token_budget = optional(integer, self.prefill_token_budget, "prefill_token_budget", low=1)
 

@@ -40,7 +40,7 @@ from course_lib.perf.timing import benchmark
 from course_lib.perf.workload import Request
 from course_lib.serving.policies import (ContinuousBatching, Decision, Disaggregated, DynamicBatching, SeqView,
                                          StaticBatching, blocks_needed)
-from course_lib.validate import integer, number
+from course_lib.validate import integer, number, one_of
 
 
 class SchedulingError(RuntimeError):
@@ -202,6 +202,7 @@ class SimResult:
     cost: StepCostModel
     segments: dict = field(default_factory=dict)
     violations: list = field(default_factory=list)
+    swaps: list = field(default_factory=list)   # preemption="swap": (t, rid, worker, "out"/"in", kv tokens, seconds)
 
     def record(self, rid) -> Trace:
         return self._by_rid()[rid]
@@ -231,7 +232,8 @@ class _SimSequence:
     counted in tokens and blocks only (no token ids, no generator, no model). The workers mutate it every
     step; its ``Trace`` (``rec``) and timeline ``segments`` are what a run returns, and a scheduler sees it
     only as a frozen ``policies.SeqView``, so it stays private to the simulator."""
-    __slots__ = ("req", "rec", "kv", "target", "emitted", "blocks", "remote_kv", "segments", "state", "since")
+    __slots__ = ("req", "rec", "kv", "target", "emitted", "blocks", "remote_kv", "segments", "state", "since",
+                 "host_blocks")
 
     def __init__(self, req, rec, segments):
         self.req, self.rec, self.segments = req, rec, segments
@@ -241,6 +243,7 @@ class _SimSequence:
         self.emitted = 0
         self.blocks = 0
         self.remote_kv = False      # KV computed elsewhere (disaggregation): admission costs no prefill
+        self.host_blocks = 0        # blocks of KV swapped out to host memory (preemption="swap")
 
     def set_state(self, state, t):
         """Close the current segment at t and start `state` (None: done)."""
@@ -262,6 +265,7 @@ class _IterWorker:
         self.waiting: deque = deque()
         self.running: list = []
         self.free = sim.num_blocks
+        self.host_free = sim.host_blocks       # host (CPU) memory for swapped-out KV, in blocks
         self.busy_until = None
         self.pending = None
 
@@ -293,10 +297,18 @@ class _IterWorker:
             self._violate(f"t={now:.4f}: preempt names requests that are not running: {sorted(unknown)}")
         out = [s for s in self.running if s.req.rid in pre]
         self.running = [s for s in self.running if s.req.rid not in pre]
+        swap_s = 0.0            # seconds of KV copies over the host link this step waits for (swap mode)
         for s in reversed(out):
             self.free += s.blocks
-            s.blocks, s.kv, s.remote_kv = 0, 0, False
-            s.target = s.req.prompt_tokens + s.emitted     # recompute prompt + generated tokens
+            if self.sim.preemption == "swap" and s.kv > 0 and s.blocks <= self.host_free:
+                # swap out: the blocks go to host memory as they are; the KV (and any prefill progress)
+                # is kept, so resuming costs a copy back instead of a prefill
+                self.host_free -= s.blocks
+                s.host_blocks, s.blocks = s.blocks, 0
+                swap_s += self._swap(now, s, "out")
+            else:     # recompute (or the host pool is full, or no KV yet): drop the KV, prefill it again later
+                s.blocks, s.kv, s.remote_kv = 0, 0, False
+                s.target = s.req.prompt_tokens + s.emitted     # recompute prompt + generated tokens
             s.rec.preemptions += 1
             s.set_state("preempted", now)
             self.sim.preemptions.append((now, s.req.rid, self.wid))
@@ -325,7 +337,12 @@ class _IterWorker:
             s.blocks = nb
             kind = "transfer" if s.remote_kv else ("resume" if s.rec.preemptions else "new")
             self.sim.admissions.append((now, s.req.rid, self.wid, kind))
-            if s.remote_kv:
+            if s.host_blocks:                          # swap in: copy its KV back, carry on where it stopped
+                self.host_free += s.host_blocks
+                s.host_blocks = 0
+                swap_s += self._swap(now, s, "in")
+                s.set_state("prefill" if s.target else "decode", now)
+            elif s.remote_kv:
                 s.remote_kv = False
                 s.target = 0
                 s.set_state("decode", now)
@@ -354,12 +371,21 @@ class _IterWorker:
                 ptoks += c
                 ctx += s.kv + c
         if not decoders and not chunks:
+            if swap_s > 0:            # only a swap-out happened: the worker is busy copying
+                self.busy_until, self.pending = now + swap_s, ([], [])
             return
-        dt = self.sim.cost.step_time(ptoks, len(decoders), ctx)
+        # the step waits for this round's swaps (vLLM V0 issues the block copies before the forward pass)
+        dt = self.sim.cost.step_time(ptoks, len(decoders), ctx) + swap_s
         self.busy_until = now + dt
         self.pending = (decoders, chunks)
         self.sim.steps.append(StepLog(self.wid, now, now + dt, ptoks, len(decoders), ctx,
                                       self.sim.num_blocks - self.free, len(self.running), ptoks + len(decoders)))
+
+    def _swap(self, now, s, direction) -> float:
+        """Seconds to copy s's KV (s.kv tokens) over the host link; logged in sim.swaps."""
+        sec = self.sim.swap_latency_s + self.sim.swap_s_per_token * s.kv
+        self.sim.swaps.append((now, s.req.rid, self.wid, direction, s.kv, sec))
+        return sec
 
     def complete(self, now):
         decoders, chunks = self.pending
@@ -451,13 +477,17 @@ class _BatchWorker:
 
 # --- the event loop ------------------------------------------------------------------------------------
 class _Sim:
-    def __init__(self, cost, num_blocks, block_size, strict):
+    def __init__(self, cost, num_blocks, block_size, strict, preemption="recompute", host_blocks=0,
+                 swap_s_per_token=0.0, swap_latency_s=0.0):
         self.cost, self.num_blocks, self.block_size, self.strict = cost, num_blocks, block_size, strict
-        self.steps, self.admissions, self.preemptions, self.violations = [], [], [], []
+        self.preemption, self.host_blocks = preemption, host_blocks
+        self.swap_s_per_token, self.swap_latency_s = swap_s_per_token, swap_latency_s
+        self.steps, self.admissions, self.preemptions, self.violations, self.swaps = [], [], [], [], []
         self.done = 0
         self.transfers = []          # (ready_t, seq)
         self.decode_pool = None
         self.transfer_s_per_token = 0.0
+        self.transfer_latency_s = 0.0
 
     def finish(self, s, t, at=None):
         s.rec.end(t)
@@ -465,13 +495,14 @@ class _Sim:
         self.done += 1
 
     def transfer(self, s, now):
-        ready = now + self.transfer_s_per_token * s.kv
+        ready = now + self.transfer_latency_s + self.transfer_s_per_token * s.kv
         s.set_state("transfer", now)
         self.transfers.append((ready, s))
 
 
 def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: int = 2048, block_size: int = 16,
-             strict: bool = True, max_steps: int = 2_000_000) -> SimResult:
+             strict: bool = True, max_steps: int = 2_000_000, preemption: str = "recompute",
+             host_blocks: int | None = None, swap_s_per_token: float = 0.0, swap_latency_s: float = 0.0) -> SimResult:
     """Run `requests` (Request objects, any order) through `policy`; returns a SimResult.
 
     cost: a StepCostModel (default: roughly a 7B model on an A100). num_blocks, block_size: the KV pool of
@@ -479,8 +510,26 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
     overtakes the queue, exceeds max_batch); strict=False records it in result.violations and carries on
     (what Lab 09's tests use to show you the mistake). A request whose peak KV (prompt + output - 1
     tokens) needs more blocks than num_blocks raises ValueError up front.
+
+    preemption: what an iteration-level worker does with a preempted request's KV. "recompute" (vLLM V1's
+    only mode): drop it and prefill prompt + generated tokens again later. "swap" (vLLM V0's
+    ``--preemption-mode swap``, PagedAttention's second option): copy its blocks to a host pool of
+    `host_blocks` blocks per worker, and back when it resumes; each copy costs swap_latency_s +
+    swap_s_per_token * (its KV tokens) seconds (KV bytes per token / the host link's bandwidth), added to
+    the step that issues it. A victim that does not fit in the host pool's free blocks is recomputed.
+    The copies are logged in ``result.swaps``.
     """
     num_blocks, block_size = integer(num_blocks, "num_blocks", low=1), integer(block_size, "block_size", low=1)
+    preemption = one_of(preemption, "preemption", ["recompute", "swap"])
+    if preemption == "swap":
+        if host_blocks is None:
+            raise ValueError("host_blocks must be a positive integer (the host pool for swapped KV, in blocks) "
+                             "when preemption='swap', got None")
+        host_blocks = integer(host_blocks, "host_blocks", low=1)
+    else:
+        host_blocks = 0 if host_blocks is None else integer(host_blocks, "host_blocks", low=0)
+    swap_s_per_token = number(swap_s_per_token, "swap_s_per_token", 0)
+    swap_latency_s = number(swap_latency_s, "swap_latency_s", 0)
     cost = StepCostModel() if cost is None else cost
     if not isinstance(cost, StepCostModel):
         raise TypeError(f"cost must be a StepCostModel, got {type(cost).__name__}")
@@ -498,7 +547,7 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
     if len({r.rid for r in reqs}) != len(reqs):
         raise ValueError("requests must have distinct rid")
     reqs.sort(key=lambda r: (r.arrival_s, r.rid))
-    sim = _Sim(cost, num_blocks, block_size, strict)
+    sim = _Sim(cost, num_blocks, block_size, strict, preemption, host_blocks, swap_s_per_token, swap_latency_s)
     if isinstance(policy, StaticBatching):
         entry = [_BatchWorker(sim, 0, policy.max_batch, policy.timeout_s)]
     elif isinstance(policy, DynamicBatching):
@@ -511,6 +560,7 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
         sim.decode_pool = [_IterWorker(sim, policy.prefill_workers + j, "mixed", policy, policy.max_batch, None,
                                        policy.scheduler) for j in range(policy.decode_workers)]
         sim.transfer_s_per_token = policy.transfer_s_per_token
+        sim.transfer_latency_s = policy.transfer_latency_s
     else:
         raise TypeError(f"policy must be StaticBatching, DynamicBatching, ContinuousBatching (ChunkedPrefill) or "
                         f"Disaggregated, got {type(policy).__name__}")
@@ -557,7 +607,7 @@ def simulate(requests, policy, cost: StepCostModel | None = None, num_blocks: in
                                   f"makes progress?")
     ordered = [records[r.rid] for r in sorted(reqs, key=lambda r: r.rid)]
     return SimResult(getattr(policy, "name", type(policy).__name__), ordered, sim.steps, sim.admissions,
-                     sim.preemptions, num_blocks, block_size, cost, segments, sim.violations)
+                     sim.preemptions, num_blocks, block_size, cost, segments, sim.violations, sim.swaps)
 
 
 def sweep_load(make_requests, policies: dict, rates, cost=None, num_blocks: int = 2048, block_size: int = 16,
