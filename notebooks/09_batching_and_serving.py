@@ -453,7 +453,140 @@ assert len(dis.preemptions) == 0
 # prompt it dominates the *mean* TPOT: disaggregation trades the prefill stalls for a transfer, and the
 # link speed decides the deal. In production it pays when prompts are long, TPOT targets tight and the
 # link fast (NVLink, InfiniBand); for short prompts one mixed pool with chunked prefill is simpler and
-# just as good.
+# just as good. The next cell makes "the link speed decides" a number.
+#
+# ### Which link, which prompt length: the crossover
+#
+# Take the interconnect table of Module 11 (`course_lib.parallel.cost.LINKS`: bandwidth and per-message
+# latency) and ship a prompt of P tokens over each link: transfer(P) = latency + P × KV bytes per token /
+# bandwidth. Compare the worst gap a token waits under each design (the same two GPUs, as above):
+#
+# * **mixed replicas**: a decoding request waits for a step that also prefills someone's P-token prompt,
+#   `cost.step_time(P, 1, ...)`: the *stall* a prefill causes;
+# * **disaggregated**: no step ever holds a prompt, but a request's first gap is its own transfer, plus
+#   waiting for the decode step in flight and then its own step: transfer(P) + 2 × decode step.
+#
+# Both grow linearly in P once the prefill is compute-bound (2 × params / peak seconds per token against
+# KV bytes per token / bandwidth), so disaggregation can only win when the link moves a token's KV faster
+# than the GPU computes it, bandwidth > KV bytes per token × peak / (2 × params), and then only beyond
+# the prompt length where the slope pays back the two decode steps [@zhong2024distserve; @patel2024splitwise].
+# A fixed-length workload (40 requests, 32 output tokens) at each prompt length, every link, simulated:
+
+# %% id="c026a"
+from course_lib.parallel.cost import LINKS   # the interconnect table of Module 11 (composed here: serving
+#                                              takes seconds per token, not a Link)
+
+kv_tok = shape.kv_cache_bytes(1, 1)                  # bytes of KV per token, fp16
+DIS_PROMPTS = [256, 1024, 4096]
+
+
+def transfer_s(P, link):
+    return link.latency + P * kv_tok / link.bandwidth
+
+
+def model_gaps(P, link):
+    """Cost model: (worst gap with mixed replicas, worst gap disaggregated), seconds."""
+    return cost.step_time(P, 1, 2 * P + 1), transfer_s(P, link) + 2 * cost.decode_time(1, P)
+
+
+def all_gaps(records):
+    return [b - a for r in records for a, b in zip(r.times, r.times[1:])]
+
+
+print(f"break-even bandwidth: {kv_tok / cost.compute_s_per_token / 1e9:.1f} GB/s "
+      f"(KV {kv_tok / 2**10:.0f} KiB/token, prefill {1e6 * cost.compute_s_per_token:.1f} us/token)")
+agree = []
+for P in DIS_PROMPTS:
+    wl = make_workload(40, rate=4.0, seed=5, lengths_table=[(P, 32)], max_context=P + 32)
+    reps = [r for k in (0, 1) for r in simulate(wl[k::2], ContinuousBatching(64), cost=cost,
+                                                num_blocks=NUM_BLOCKS, block_size=BLOCK).records]
+    rep_gap = max(all_gaps(reps))
+    print(f"P={P:4d}: 2 replicas worst gap {1e3 * rep_gap:6.1f} ms (model {1e3 * model_gaps(P, LINKS['pcie5'])[0]:5.1f})"
+          f", TTFT p50 {1e3 * np.median([r.ttft for r in reps]):4.0f} ms")
+    for key, link in LINKS.items():
+        d = simulate(wl, Disaggregated(1, 1, transfer_s_per_token=kv_tok / link.bandwidth,
+                                       transfer_latency_s=link.latency, max_batch=64, prefill_token_budget=None),
+                     cost=cost, num_blocks=NUM_BLOCKS, block_size=BLOCK)
+        assert check_invariants(d, wl) == []
+        m_rep, m_dis = model_gaps(P, link)
+        dis_gap = max(all_gaps(d.records))
+        agree.append((m_dis < m_rep) == (dis_gap < rep_gap))
+        print(f"   {link.name:24s} transfer {1e3 * transfer_s(P, link):6.1f} ms: disaggregated worst gap "
+              f"{1e3 * dis_gap:6.1f} ms (model {1e3 * m_dis:6.1f}), TTFT p50 "
+              f"{1e3 * np.median([r.ttft for r in d.records]):4.0f} ms -> {'disagg' if dis_gap < rep_gap else 'replicas'}")
+
+
+def crossover(link, p_max=16384):
+    """Shortest prompt from which the cost model prefers disaggregation over `link` (None: never)."""
+    return next((P for P in range(16, p_max + 1, 16) if model_gaps(P, link)[1] < model_gaps(P, link)[0]), None)
+
+
+for key, link in LINKS.items():
+    P = crossover(link)
+    print(f"{link.name:24s} {link.bandwidth / 1e9:6.1f} GB/s: disaggregation wins from "
+          + (f"P = {P} tokens" if P else "no prompt length up to 16384 tokens"))
+assert all(agree)                                         # the cost model's verdict is the simulation's
+assert crossover(LINKS["ethernet-10g"]) is None and crossover(LINKS["nvlink4"]) < crossover(LINKS["pcie4"])
+assert 256 < crossover(LINKS["nvlink4"]) < 1024 and crossover(LINKS["pcie5"]) < 4096
+
+# %% [markdown] id="c026b"
+# The condition, for this model on this GPU: disaggregation beats two mixed replicas on the worst token
+# gap (what a TPOT target feels) when **the link is faster than the break-even bandwidth** (KV bytes per
+# token × peak / (2 × params): a 10 Gb/s Ethernet never pays, 100 Gb/s sits so close to it that no
+# realistic prompt is long enough) **and the prompt
+# is longer than the crossover** (a short prompt's prefill rides inside a memory-bound decode step, so it
+# stalls nobody, while the transfer and the extra step still cost). TTFT barely moves at this load: the
+# prefill itself takes the same time on either side; disaggregation's single prefill worker serves all the
+# prompts, twice a replica's share, so at higher load its TTFT is the first to grow, which is why
+# DistServe and Splitwise size the two pools separately [@zhong2024distserve; @patel2024splitwise].
+#
+# ### KV offload: swap or recompute a preempted request
+#
+# When the KV pool runs out, the scheduler preempts (Section 4). `simulate(..., preemption="swap",
+# host_blocks=..., swap_s_per_token=..., swap_latency_s=...)` models vLLM V0's other mode (the box in
+# Section 4): the victim's blocks are copied to a host-memory pool over a link and copied back when it
+# resumes, each copy added to the step that issues it; `preemption="recompute"` (the default, V1's only
+# mode) drops them and prefills prompt + generated tokens again [@kwon2023efficient]. Per preemption of a
+# request holding c tokens:
+#
+# * recompute costs the extra time of a c-token prefill in a step: **nothing** while c × 2 × params / peak
+#   fits under the memory-bound decode step, then about c × 2 × params / peak (it grows with the context);
+# * swap costs **2 × (latency + c × KV bytes per token / bandwidth)**, out and back, from the first token.
+#
+# Over PCIe 5 (64 GB/s) the swap's slope is below the recompute's, so swap wins for long contexts and
+# recompute for short ones. A burst of 40 requests into a pool that holds only a few of them:
+
+# %% id="c026c"
+pcie = LINKS["pcie5"]
+swap_kw = dict(swap_s_per_token=kv_tok / pcie.bandwidth, swap_latency_s=pcie.latency)
+makespan = {}
+for label, (P, O, blocks) in {"short (64 + 192)": (64, 192, 60), "long (1536 + 256)": (1536, 256, 500)}.items():
+    wl = make_workload(40, rate=50.0, seed=6, lengths_table=[(P, O)], max_context=P + O)
+    c = P + O // 2                                           # a victim's typical context
+    m_rec = cost.step_time(c, 1, 2 * c + 1) - cost.decode_time(1, c)
+    m_swap = 2 * (pcie.latency + c * kv_tok / pcie.bandwidth)
+    runs = {"recompute": simulate(wl, ContinuousBatching(64), cost=cost, num_blocks=blocks, block_size=BLOCK),
+            "swap": simulate(wl, ContinuousBatching(64), cost=cost, num_blocks=blocks, block_size=BLOCK,
+                             preemption="swap", host_blocks=4 * blocks, **swap_kw)}
+    for mode, r in runs.items():
+        assert check_invariants(r, wl) == []
+        makespan[label, mode] = max(x.finish for x in r.records)
+        print(f"{label:18s} {mode:9s}: {len(r.preemptions):3d} preemptions, {len(r.swaps):3d} copies, all served "
+              f"in {makespan[label, mode]:6.2f} s, TPOT p50 {1e3 * r.summary()['tpot_p50']:5.1f} ms")
+    print(f"{'':18s} model, per preemption of {c} tokens: recompute {1e3 * m_rec:5.1f} ms, swap {1e3 * m_swap:5.1f} ms")
+    assert len(runs["swap"].preemptions) == len(runs["recompute"].preemptions) > 0
+    assert (m_swap < m_rec) == (makespan[label, "swap"] < makespan[label, "recompute"])   # model and simulation agree
+assert makespan["short (64 + 192)", "recompute"] < makespan["short (64 + 192)", "swap"]
+assert makespan["long (1536 + 256)", "swap"] < makespan["long (1536 + 256)", "recompute"]
+
+# %% [markdown] id="c026d"
+# Short contexts: recompute wins, as the PagedAttention paper found for small blocks of work
+# [@kwon2023efficient]: the re-prefill hides in a memory-bound step, the copies do not. Long contexts:
+# swap wins over PCIe 5, by the ratio of the slopes (2 × KV bytes / bandwidth against 2 × params / peak per
+# token); over a link slower than KV bytes per token × peak / params (about 24 GB/s here: PCIe 4 barely
+# clears it) recompute wins at every length. The differences are small next to the preemptions themselves,
+# one reason vLLM V1 dropped swapping and spends its effort on not preempting (and on prefix caching, which
+# keeps a victim's blocks around when it can).
 #
 # > **Claim checked: the notes' model labels.** The lecture notes file the techniques of this notebook
 # > under models: "Iteration-level Scheduling (DeepSeek)", "Dynamic Batching with Optimized Kernels
