@@ -35,6 +35,23 @@ Example:
     ],
 """
 
+
+def _solution_with(lab: str, grade_id: str, edits: dict[str, str]) -> str:
+    """The instructor's answer cell `grade_id` of solutions/<lab>.ipynb (solution delimiters removed) with each
+    `old -> new` edit applied, each `old` found exactly once: a mutant that is one planted mistake in the
+    solution, without a second copy of the solution to keep in step with it."""
+    import nbformat
+    from pathlib import Path
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "solutions" / f"{lab}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    src = "\n".join(ln for ln in cell.source.split("\n") if "BEGIN SOLUTION" not in ln and "END SOLUTION" not in ln)
+    for old, new in edits.items():
+        if src.count(old) != 1:
+            raise ValueError(f"{lab} {grade_id}: the mutant's edit {old!r} matches {src.count(old)} times, not once")
+        src = src.replace(old, new)
+    return src
+
+
 MUTANTS: dict[str, list[tuple[str, dict[str, str], list[str]]]] = {
     "lab04": [
         ("the lecture notes' double softmax: log_softmax of probabilities instead of logits",
@@ -567,76 +584,10 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
             m = m_new
         out[:, :, :, i0:i1] = acc / l[..., None]
     return out.reshape(B, H, Tq, d)
-''', "flash_kernel_answer": '''\
-import triton
-import triton.language as tl
-
-# Your @triton.jit kernel here (name and arguments are yours), then the launcher below.
-@triton.jit
-def _flash_fwd(Q, K, V, O, T, S, scale, s_qb, s_qh, s_kb, s_kh,
-               H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-               PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: BLOCK_M query rows of one (batch, head) against every key they may see."""
-    i, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    q_base = Q + b * s_qb + h * s_qh                   # q and O: [B, H, T, D], contiguous
-    k_base = K + b * s_kb + (h // GROUP) * s_kh        # GQA: the KV head of this query head, read in place
-    v_base = V + b * s_kb + (h // GROUP) * s_kh        # k and v: [B, Hkv, S, D], contiguous
-    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)         # the last tile sticks out of T: masked
-    d = tl.arange(0, D)
-    q = tl.load(q_base + rows[:, None] * D + d[None, :], mask=rows[:, None] < T, other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of each row's scores
-    l = tl.zeros([BLOCK_M], tl.float32)                # running sum of exp(score - m)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)           # running sum of exp(score - m) * v, unnormalized
-    pos = rows                                         # query t sees the keys up to t
-    hi = S
-    if CAUSAL:                                         # keys after the tile's last query: never loaded
-        hi = tl.minimum(S, (i + 1) * BLOCK_M)
-    for start in range(0, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k = tl.load(k_base + cols[:, None] * D + d[None, :], mask=cols[:, None] < S, other=0.0)
-        v = tl.load(v_base + cols[:, None] * D + d[None, :], mask=cols[:, None] < S, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale       # [BLOCK_M, BLOCK_N]
-        valid = cols[None, :] < S
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= pos[:, None])
-        s = tl.where(valid, s, float("-inf"))          # weight exp(-inf) = 0
-        m_new = tl.maximum(m, tl.max(s, axis=1))       # finite: every row sees key 0 in the first tile
-        alpha = tl.exp(m - m_new)                      # l and acc were summed against m: rescale both
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
-    tl.store(O + b * s_qb + h * s_qh + rows[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty),
-             mask=rows[:, None] < T)
-
-
-def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
-    """FlashAttention's forward pass as one Triton kernel: q [B, H, T, D], k/v [B, Hkv, S, D] -> [B, H, T, D]."""
-    for name, size in (("block_m", block_m), ("block_n", block_n)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 16 or size & (size - 1):
-            raise ValueError(f"{name} must be a power of two >= 16 (tl.arange, tl.dot), got {size!r}")
-    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
-        raise ValueError(f"q must be [B, H, T, D] and k, v the same [B, Hkv, S, D], got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    B, H, T, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    if k.shape[0] != B or k.shape[3] != D or Hkv < 1 or H % Hkv or S < 1:
-        raise ValueError(f"k, v must be [B={B}, Hkv, S>=1, D={D}] with H={H} a multiple of Hkv, got {tuple(k.shape)}")
-    if D not in (16, 32, 64, 128):
-        raise ValueError(f"the head dim D must be 16, 32, 64 or 128, got {D}")
-    if q.dtype not in (torch.float32, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must be all float32 or all float16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if causal and T > S:
-        raise ValueError(f"causal attention needs T <= S (the queries are the last T positions), got T={T}, S={S}")
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = torch.empty_like(q)
-    grid = (triton.cdiv(T, block_m), B * H)            # one program per (query tile, batch and head)
-    _flash_fwd[grid](q, k, v, out, T, S, 1.0 / math.sqrt(D), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                     H=H, GROUP=H // Hkv, D=D, CAUSAL=bool(causal),
-                     PRECISION="ieee" if q.dtype == torch.float32 else None, BLOCK_M=block_m, BLOCK_N=block_n)
-    return out
-'''},
+''',
+    "flash_kernel_answer": _solution_with("lab07", "flash_kernel_answer", {
+        "    pos = rows + S - T ": "    pos = rows ",
+        "hi = tl.minimum(S, (i + 1) * BLOCK_M + S - T)": "hi = tl.minimum(S, (i + 1) * BLOCK_M)"})},
          ["the running sum l was not rescaled by exp(m_old - m_new) when the running max grew: it adds terms taken "
           "against different maxima; see notebook 07, section '3. Online softmax, step by step'",
           "the causal mask is aligned top-left: with Tq queries after Tk - Tq cached keys, query t sits at position "
@@ -693,76 +644,9 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
 ''', "predict_flash_io": '''\
 def predict_flash_io(seq_len, head_dim, block_q):
     return 4 * seq_len * head_dim
-''', "flash_kernel_answer": '''\
-import triton
-import triton.language as tl
-
-# Your @triton.jit kernel here (name and arguments are yours), then the launcher below.
-@triton.jit
-def _flash_fwd(Q, K, V, O, T, S, scale, s_qb, s_qh, s_kb, s_kh,
-               H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
-               PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program: BLOCK_M query rows of one (batch, head) against every key they may see."""
-    i, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    q_base = Q + b * s_qb + h * s_qh                   # q and O: [B, H, T, D], contiguous
-    k_base = K + b * s_kb + (h // GROUP) * s_kh        # GQA: the KV head of this query head, read in place
-    v_base = V + b * s_kb + (h // GROUP) * s_kh        # k and v: [B, Hkv, S, D], contiguous
-    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)         # the last tile sticks out of T: masked
-    d = tl.arange(0, D)
-    q = tl.load(q_base + rows[:, None] * D + d[None, :], mask=rows[:, None] < T, other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of each row's scores
-    l = tl.zeros([BLOCK_M], tl.float32)                # running sum of exp(score - m)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)           # running sum of exp(score - m) * v, unnormalized
-    pos = rows + S - T                                 # query t sits at position S - T + t (bottom-right)
-    hi = S
-    if CAUSAL:                                         # keys after the tile's last query: never loaded
-        hi = tl.minimum(S, (i + 1) * BLOCK_M + S - T)
-    for start in range(0, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k = tl.load(k_base + cols[:, None] * D + d[None, :], mask=cols[:, None] < S, other=0.0)
-        v = tl.load(v_base + cols[:, None] * D + d[None, :], mask=cols[:, None] < S, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale       # [BLOCK_M, BLOCK_N]
-        valid = cols[None, :] < S
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= pos[:, None])
-        s = tl.where(valid, s, float("-inf"))          # weight exp(-inf) = 0
-        m_new = tl.maximum(m, tl.max(s, axis=1))       # finite: every row sees key 0 in the first tile
-        alpha = tl.exp(m - m_new)                      # l and acc were summed against m: rescale both
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
-    tl.store(O + b * s_qb + h * s_qh + rows[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty),
-             mask=rows[:, None] < T)
-
-
-def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
-    """FlashAttention's forward pass as one Triton kernel: q [B, H, T, D], k/v [B, Hkv, S, D] -> [B, H, T, D]."""
-    for name, size in (("block_m", block_m), ("block_n", block_n)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 16 or size & (size - 1):
-            raise ValueError(f"{name} must be a power of two >= 16 (tl.arange, tl.dot), got {size!r}")
-    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
-        raise ValueError(f"q must be [B, H, T, D] and k, v the same [B, Hkv, S, D], got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    B, H, T, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    if k.shape[0] != B or k.shape[3] != D or Hkv < 1 or H % Hkv or S < 1:
-        raise ValueError(f"k, v must be [B={B}, Hkv, S>=1, D={D}] with H={H} a multiple of Hkv, got {tuple(k.shape)}")
-    if D not in (16, 32, 64, 128):
-        raise ValueError(f"the head dim D must be 16, 32, 64 or 128, got {D}")
-    if q.dtype not in (torch.float32, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must be all float32 or all float16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if causal and T > S:
-        raise ValueError(f"causal attention needs T <= S (the queries are the last T positions), got T={T}, S={S}")
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = torch.empty_like(q)
-    grid = (triton.cdiv(T, block_m), B * H)            # one program per (query tile, batch and head)
-    _flash_fwd[grid](q, k, v, out, T, S, 1.0 / math.sqrt(D), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                     H=H, GROUP=H // Hkv, D=D, CAUSAL=bool(causal),
-                     PRECISION="ieee" if q.dtype == torch.float32 else None, BLOCK_M=block_m, BLOCK_N=block_n)
-    return out
-'''},
+''',
+    "flash_kernel_answer": _solution_with("lab07", "flash_kernel_answer", {
+        "acc = acc * alpha[:, None] + tl.dot(": "acc = acc + tl.dot("})},
          ["the running sum l was rescaled when the max grew but the output accumulator was not: acc holds sums of "
           "exp(s - m) v taken against the old max and needs the same factor exp(m_old - m_new) as l; see notebook "
           "07, section '4. Tiled exact attention'",
