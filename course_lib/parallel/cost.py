@@ -198,7 +198,7 @@ def alltoall_time(nbytes_per_rank: float, p: int, link) -> float:
 
 def _expert_load(load, p: int) -> torch.Tensor:
     """The router's assignments per expert as an int64 tensor [E] with p dividing E (checked)."""
-    t = torch.as_tensor(load)
+    t = torch.as_tensor(load, device="cpu")                 # counts for a cost model: host arithmetic
     if t.dim() != 1 or t.numel() == 0 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool \
             or bool((t < 0).any()):
         raise ValueError(f"load must be a 1-D sequence of counts >= 0 per expert, got {load!r}")
@@ -261,8 +261,8 @@ def simulate_ep_dispatch(experts: torch.Tensor, num_experts: int, hidden: int = 
     if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= num_experts):
         raise ValueError(f"experts must be expert numbers in [0, {num_experts})")
     per = num_experts // p
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(p, T, integer(hidden, "hidden", low=1), generator=gen).to(dtype)   # each rank's tokens
+    gen = torch.Generator(device=experts.device).manual_seed(0)
+    x = torch.randn(p, T, integer(hidden, "hidden", low=1), generator=gen, device=experts.device).to(dtype)   # each rank's tokens
     sent, received = [0] * p, [0] * p
     inbox = [[] for _ in range(p)]
     for src in range(p):
@@ -349,8 +349,8 @@ def simulate_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
             kr = kb.float().repeat_interleave(G, dim=1)
             s = (qr @ kr.transpose(-1, -2)) * scale                                  # [B, H, c, c]
             if causal:                                      # global positions: query r*c+i, key owner*c+j
-                qi = torch.arange(r * c, (r + 1) * c)[:, None]
-                kj = torch.arange(owner * c, (owner + 1) * c)[None, :]
+                qi = torch.arange(r * c, (r + 1) * c, device=s.device)[:, None]
+                kj = torch.arange(owner * c, (owner + 1) * c, device=s.device)[None, :]
                 s = s.masked_fill(kj > qi, float("-inf"))
             m = s.max(-1).values                                                      # -inf: all masked
             w = torch.exp(s - torch.where(torch.isinf(m), torch.zeros_like(m), m)[..., None])
