@@ -159,8 +159,9 @@ class NotebookItem(pytest.Item):
         try:
             with KernelTreeCPU() as cpu:
                 nbexec.execute_notebook(self.path, self.config.rootpath / "build" / "executed")
-        finally:   # a failed notebook's time is reported too
-            _notebook_cpu[self.nodeid.split("::")[0]] = cpu.seconds
+        finally:   # a failed notebook's time is reported too; through the report, so that under pytest-xdist
+            # the controller (which prints the table and checks the budget) gets it from the worker
+            self.user_properties.append(("notebook_cpu_s", cpu.seconds))
 
     def repr_failure(self, excinfo, style=None):
         from tools import nbexec
@@ -175,6 +176,9 @@ class NotebookItem(pytest.Item):
 def pytest_runtest_logreport(report):
     if ".ipynb::" in report.nodeid and report.when in ("setup", "call", "teardown"):
         _notebook_seconds[report.nodeid.split("::")[0]] += report.duration
+        for key, value in report.user_properties:
+            if key == "notebook_cpu_s":
+                _notebook_cpu[report.nodeid.split("::")[0]] = value
 
 
 def _over_budget() -> dict[str, float]:

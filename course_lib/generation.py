@@ -17,8 +17,11 @@ or a ``TokenTree`` rooted at ``seq[-1]`` of depth <= budget. ``generate`` verifi
 one target forward per pass: a chain causally (``accept_step``, or its greedy form), a tree with the
 tree attention mask (``verify_tree``). Prompt lookup (``speculative.prompt_lookup.PromptLookupDraft``) and
 Medusa (``speculative.medusa.MedusaDraft``) are such objects; a draft whose ``needs_hidden`` is True
-receives the target's final hidden state [D] at the last verified token (Medusa's heads read it), one
-with ``verified(n)`` learns after each pass that seq[:n] was kept. The context rule is the same for all.
+receives the target's final hidden state [D] at the last verified token (Medusa's heads read it); one whose
+``needs_hidden`` is ``"all"`` receives [m, D], the hidden states at every position verified since its last
+pass (the prompt's after the prefill), and proposes chains (EAGLE's and MTP's drafts keep their own cache
+of them); one with ``verified(n)`` learns after each pass that seq[:n] was kept; one with ``reset()`` is
+reset when a generate call starts. The context rule is the same for all.
 
 Sampling has one path, ``course_lib.sampling`` (a repetition penalty, then temperature, top-k, top-p, a
 ``torch.Generator``); its functions are re-exported here: apply_repetition_penalty, apply_temperature,
@@ -217,8 +220,16 @@ class _Speculation:
                  sampling: tuple, generator, eos: set, tcache: KVCache, on_pass):
         self.target, self.draft, self.g_max = target, draft, draft_length
         self.sampling, self.generator, self.eos, self.on_pass = sampling, generator, eos, on_pass
-        self.wants_hidden = getattr(draft, "needs_hidden", False) is True
-        self.hidden = None                  # [D] the target's final hidden state where it chose the last token
+        needs = getattr(draft, "needs_hidden", False)
+        if needs not in (False, None, True, "all"):
+            raise ValueError(f"draft.needs_hidden must be False, True (the last verified position's hidden state) "
+                             f"or 'all' (every newly verified position's), got {needs!r}")
+        self.wants_hidden, self.all_hidden = needs in (True, "all"), needs == "all"
+        # [D] the target's final hidden state where it chose the last token, or (needs_hidden == "all")
+        # [m, D] those of the positions verified since the draft's last pass; None before any.
+        self.hidden = None
+        if callable(getattr(draft, "reset", None)):
+            draft.reset()                   # a draft object may be reused: each call starts afresh
         self.device = _model_device(target)
         self.end = prompt.numel() + max_new_tokens
         # One buffer for the whole sequence: the proposals go right after the last kept token,
@@ -233,7 +244,10 @@ class _Speculation:
         """The target (and a draft model) read the prompt except its last token, which stays pending."""
         if self.n > 1:
             t0 = time.perf_counter()
-            self.target(self.seq[None, :self.n - 1], cache=self.tcache)
+            if self.all_hidden:             # the draft reads the prompt's hidden states [n - 1, D]
+                self.hidden = self.target(self.seq[None, :self.n - 1], cache=self.tcache, return_hidden=True)[1][0]
+            else:
+                self.target(self.seq[None, :self.n - 1], cache=self.tcache)
             sync(self.device)
             t1 = time.perf_counter()
             if hasattr(self.draft, "prefill"):
@@ -301,14 +315,17 @@ class _Speculation:
             res = accept_step(p, q, seq[n:n + k], self.generator)
             num_ok = res.num_accepted
             seq[n + num_ok] = res.tokens[-1]
-        if hidden is not None:
-            self.hidden = hidden[num_ok]                                    # [D]
+        if hidden is not None:              # where the target chose the last kept token; "all": every kept one
+            self.hidden = hidden[:num_ok + 1] if self.all_hidden else hidden[num_ok]    # [num_ok + 1, D] or [D]
         return num_ok, k
 
     def _verify_tree(self, tree: TokenTree, g: int) -> tuple[int, int]:
         """Score every node in one forward (``verify_tree``); keep the greedy path, add one token."""
         seq, n = self.seq, self.n
         root = int(seq[n - 1])
+        if self.all_hidden:
+            raise ValueError(f"{type(self.draft).__name__}: a draft with needs_hidden='all' must propose chains "
+                             "[k] (tree verification hands back one hidden state, not the path's)")
         if int(tree.tokens[0]) != root or tree.max_depth > g:
             raise ValueError(f"draft.propose must return a tree rooted at the pending token {root} of depth "
                              f"<= {g}, got root {int(tree.tokens[0])} and depth {tree.max_depth}")

@@ -17,9 +17,10 @@
 # 3. temperature 0 is greedy decoding, token for token;
 # 4. the theory: expected tokens per pass and the speed-up model;
 # 5. measured on this machine, against the theory (and why a CPU disagrees with the GPU idealization);
-# 6. choosing a draft; prompt-lookup drafting; Medusa heads and tree verification; adaptive draft length;
-#    transformers' own assisted generation;
-# 7. a step-through widget.
+# 6. choosing a draft; prompt-lookup drafting; Medusa heads and tree verification;
+# 7. drafting from the target's own features: an EAGLE head and DeepSeek-V3-style multi-token prediction,
+#    measured against the distilled draft and Medusa; adaptive draft length; transformers' assisted generation;
+# 8. a step-through widget.
 #
 # Notation throughout (the same in `course_lib.speculative`): **p** = target probabilities, **q** = draft
 # probabilities, **g** = draft length, **a** = acceptance rate, **c** = cost of a draft step / cost of a
@@ -36,6 +37,8 @@ DRAFT_LENGTHS = (1, 2, 4) if QUICK else (1, 2, 3, 4, 6, 8)
 REPEATS = 1 if QUICK else 3
 MEDUSA_STEPS = 30 if QUICK else 600          # only used if the bundled Medusa heads are missing
 MEDUSA_TOKENS = 4096 if QUICK else 200_000
+FEATURE_STEPS = 40 if QUICK else 1500        # only used if the bundled EAGLE / MTP heads are missing
+FEATURE_TOKENS = 4096 if QUICK else 300_000
 
 # %% id="c004"
 import math
@@ -539,8 +542,144 @@ assert torch.equal(out[0, len(pr):].cpu(), ref)
 print(f"Medusa ({where}): output == greedy; {mst.tokens_per_pass:.2f} tokens per verification, tree of "
       f"{mst.tree_size} nodes; head acceptance {[round(h, 2) for h in mst.head_acceptance]}")
 
+# %% [markdown] id="c025a"
+# ## 9 · Drafting from the target's own features: EAGLE and multi-token prediction
+#
+# Medusa's heads read **one** hidden state and guess tokens 2, 3, 4 ahead, each head blind to what the
+# others chose: head 2 must guess the token after a token it does not know. Two designs that engines ship
+# in 2026 draft from the target's features too, but one token at a time, each step told the token before:
+#
+# * **EAGLE** [@li2024eagle] drafts *autoregressively at the feature level*. The target's final hidden
+#   state `f_i` (the vector its `lm_head` turns into the distribution of token `i+1`) is smoother than
+#   tokens, so **one decoder layer** predicts the next feature from the previous ones:
+#   `f^_{i+1} = Layer(FC([e(t_{i+1}); f_i]))`, and the target's own frozen `lm_head` reads `f^_{i+1}`.
+#   The embedding `e(t_{i+1})` of the token actually chosen is the paper's key point: `f_{i+1}` depends
+#   on which token was sampled, and without it the feature is uncertain. Drafting `g` tokens feeds back
+#   the predicted feature `g - 1` times. Trained with the target frozen: SmoothL1 on the feature plus
+#   0.1 × the cross entropy against the target's own distribution, as in the paper.
+# * **Multi-token prediction (MTP)** as in DeepSeek-V3 [@deepseekai2024deepseekv3] uses the same block
+#   (with each input RMS-normed) as `K` **sequential modules, one per depth**: module `k` reads module
+#   `k-1`'s output at position `i` and the embedding of token `i+k`, and predicts token `i+k+1`. DeepSeek
+#   trains the modules *with* the model, as an extra training signal (independent heads on a shared
+#   trunk are Gloeckle et al.'s version [@gloeckle2024better]), and engines use them as the draft. Here
+#   the target is frozen and only the modules train, on the text's tokens: a post-hoc MTP. A chain is at
+#   most `K` long.
+#
+# Both need more from the loop than Medusa: EAGLE's layer attends over *all* past features, so after each
+# verification it must see the true features of every token kept, not only the last. A draft declares
+# `needs_hidden = "all"` and `generate` hands it the target's hidden states at every newly verified
+# position (the prompt's after the prefill); the draft keeps its own one-layer KV cache of them and drops
+# what it built on its own guesses (`course_lib.speculative.eagle`; `tests/test_speculative_eagle.py`
+# checks the cached proposals against the equations recomputed from scratch at every pass).
+
+# %% id="c025b"
+from course_lib.speculative import (EagleDraft, EagleHead, MedusaDraft, MTPDraft, MTPHeads, compare_drafts,
+                                    feature_head_accuracy, load_feature_heads, train_feature_heads)
+
+feature_heads, where_f = {}, {}
+for kind in ("eagle", "mtp"):
+    try:
+        feature_heads[kind] = load_feature_heads(kind)
+        where_f[kind] = "bundled, trained offline for {steps} steps on {train_tokens:,} tokens".format(
+            **feature_heads[kind].info["training"])
+    except FileNotFoundError:
+        fresh = EagleHead(target.config) if kind == "eagle" else MTPHeads(target.config, 2)
+        feature_heads[kind], _ = train_feature_heads(target, fresh, heldout[:10], tok, steps=FEATURE_STEPS,
+                                                     seq_len=128, max_tokens=FEATURE_TOKENS, progress=False)
+        where_f[kind] = f"trained here for {FEATURE_STEPS} steps (the bundled ones are missing)"
+eagle, mtp = feature_heads["eagle"], feature_heads["mtp"]
+K = len(mtp.blocks)
+n_medusa = sum(p.numel() for p in heads.parameters())
+for name, n in (("distilled draft model", n_draft), ("Medusa heads (3, lm_head shared)", n_medusa),
+                ("EAGLE head (1 layer + FC)", eagle.num_parameters()), (f"MTP modules ({K})", mtp.num_parameters())):
+    print(f"{name:34s} {n / 1e6:5.2f}M parameters ({n / n_target:4.0%} of the target)")
+print(f"EAGLE: {where_f['eagle']}; MTP: {where_f['mtp']}")
+
+# Teacher-forced agreement with the target's greedy choice on held-out text (no generation): EAGLE's first
+# drafted token, and each MTP module at its depth.
+agree_e = feature_head_accuracy(target, eagle, heldout[-4:], tok, max_tokens=4096 if QUICK else 32768)["agree"]
+agree_m = feature_head_accuracy(target, mtp, heldout[-4:], tok, max_tokens=4096 if QUICK else 32768)["agree"]
+print(f"agreement with the target's argmax, teacher-forced: EAGLE step 1 {agree_e[0]:.2f}; MTP modules "
+      f"{', '.join(f'{a:.2f}' for a in agree_m)} (depth 1..{K})")
+
+G_FEAT = 4
+medusa_draft = MedusaDraft(target, heads)
+candidates = {"distilled draft, chain": (draft, G_FEAT),
+              f"Medusa, tree of {len(medusa_draft.paths) + 1}": (medusa_draft, medusa_draft.depth),
+              "EAGLE, chain": (EagleDraft(target, eagle), G_FEAT),
+              f"MTP x{K}, chain": (MTPDraft(target, mtp), K)}
+cmp_rows = compare_drafts(target, candidates, prompts, max_new_tokens=GEN_TOKENS, repeats=REPEATS)
+print(f"\n{len(prompts)} prompts x {GEN_TOKENS} greedy tokens, every output == plain greedy (checked); "
+      f"plain decoding {cmp_rows[0]['plain_ms_per_token']:.2f} ms/token (CPU, 1 thread)")
+print(f"{'draft':26s} {'g':>2s} {'a':>5s} {'tokens/pass':>11s}  {'draft share':>11s}  {'speed-up':>8s}   "
+      f"kept at depth 1..g")
+for r in cmp_rows:
+    print(f"{r['name']:26s} {r['g']:2d} {r['a']:5.2f} {r['tokens_per_pass']:11.2f}  {r['draft_share']:11.0%}  "
+          f"{r['speedup_measured']:7.2f}x   {' '.join(f'{x:.2f}' for x in r['depth_acceptance'])}")
+by = {r["name"]: r for r in cmp_rows}
+r_e, r_m = by["EAGLE, chain"], by[f"MTP x{K}, chain"]
+assert r_m["tokens_per_pass"] <= K + 1                    # at most one proposal per module, plus the target's
+for r in cmp_rows:                                        # a chain keeps a prefix: deeper is never more often
+    assert all(x >= y for x, y in zip(r["depth_acceptance"], r["depth_acceptance"][1:]))
+r_med = next(r for r in cmp_rows if r["name"].startswith("Medusa"))
+if where_f["eagle"].startswith("bundled"):               # greedy on fixed prompts: deterministic
+    assert r_e["tokens_per_pass"] > r_med["tokens_per_pass"], (r_e, r_med)
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+for r in cmp_rows:
+    axes[0].plot(range(1, r["g"] + 1), r["depth_acceptance"], "o-", label=r["name"])
+axes[0].set_xlabel("depth in the pass")
+axes[0].set_ylabel("share of passes that kept it")
+axes[0].legend(fontsize=7)
+names = [r["name"].split(",")[0] for r in cmp_rows]
+axes[1].bar(names, [r["tokens_per_pass"] for r in cmp_rows], color="tab:blue", label="tokens per pass")
+axes[1].bar(names, [r["speedup_measured"] for r in cmp_rows], width=0.4, color="tab:orange",
+            label="measured speed-up")
+axes[1].axhline(1, color="grey", lw=0.7)
+axes[1].tick_params(axis="x", labelsize=7)
+axes[1].legend(fontsize=7)
+plt.tight_layout()
+plt.show()
+best_tpp = max(cmp_rows, key=lambda r: r["tokens_per_pass"])
+fastest = max(cmp_rows, key=lambda r: r["speedup_measured"])
+print(f"most tokens per pass: {best_tpp['name']} ({best_tpp['tokens_per_pass']:.2f}); fastest in this run: "
+      f"{fastest['name']} ({fastest['speedup_measured']:.2f}x; timings on a shared CPU, reported, not asserted)")
+print(f"EAGLE's drafting took {r_e['draft_share']:.0%} of its decoding time: its layer has "
+      f"{eagle.num_parameters() / n_target:.0%} of the target's parameters, and the target has only "
+      f"{target.config.num_hidden_layers} layers")
+
+# %% [markdown] id="c025c"
+# Reading the table (the numbers are this run's):
+#
+# * **Depth by depth.** The left plot is the share of passes whose proposal at each depth survived. A
+#   chain loses everything after its first rejection, so each curve falls; how fast it falls is the
+#   draft's quality at depth. Medusa's deeper heads guess blind; EAGLE and MTP condition every step on the
+#   token drafted before it, the remedy the EAGLE paper argues for.
+# * **Tokens per pass is the algorithmic gain**, deterministic here (greedy, fixed prompts). The speed-up
+#   also pays for the draft: `draft share` is the part of the decoding time spent drafting, the `c` of
+#   section 4 seen from the other side. EAGLE's layer is about a sixth of our 6-layer target, so on this CPU
+#   each EAGLE step costs a sizeable part of a target step; on a 32- or 80-layer target the same layer is
+#   1/32 or 1/80 of it, which is where the paper's speed-ups live.
+# * **MTP is capped at `K + 1` tokens per pass** (asserted): one proposal per module. DeepSeek-V3 ships one
+#   module; engines draft further by feeding it its own output, which it was not trained for.
+# * **Trained after the fact.** Our EAGLE head and MTP modules were trained for minutes on a CPU with the
+#   target frozen; DeepSeek trains its MTP module with the model over the whole pre-training run. The
+#   objectives differ too: EAGLE's token loss matches the *target's* distribution, the MTP modules learn
+#   the *text's* next tokens (DeepSeek's objective, where the modules are an extra training signal), and
+#   a draft is only judged by agreement with the target, which the agreement line above measures.
+#
+# > **Claim checked: "EAGLE is 3x faster", "MTP gives 1.8x".** Both are measurements of their authors on
+# > large GPU-served models, and both are often quoted without their conditions: EAGLE reports a 2.7x–3.5x
+# > latency speed-up for LLaMA2-Chat 70B [@li2024eagle]; DeepSeek-V3 reports that its MTP module's
+# > second-token prediction is accepted 85–90% of the time and that decoding reaches 1.8 times the tokens
+# > per second [@deepseekai2024deepseekv3]. Neither number transfers: the speed-up is `tokens per pass /
+# > (g c + verify_cost)` (section 4), and both `c` (a draft layer against a 6-layer target here) and
+# > `verify_cost` (a CPU that pays for every verified token) are far from a 70B model's on a GPU. The table
+# > above is what the same ideas give on this machine and this model; the tokens per pass are what carries
+# > over.
+
 # %% [markdown] id="c026"
-# ## 9 · Adaptive draft length
+# ## 10 · Adaptive draft length
 #
 # A fixed `g` drafts as far in easy stretches as in hard ones. An adaptive rule stops drafting as soon as
 # the draft is unsure (its top probability falls below a threshold): fewer wasted proposals per pass, but
@@ -572,7 +711,7 @@ assert wasted[0] > wasted[1] >= wasted[2], wasted
 # > * **Adaptive drafting for DeepSeek**: what DeepSeek-V3 documents is a multi-token-prediction (MTP)
 # >   module, trained with the model, that engines run as the draft (vLLM's and SGLang's `mtp` method).
 # >   Choosing the draft length from the draft's confidence is an engine- or algorithm-side rule that works
-# >   for any model (section 9); nothing makes it DeepSeek's.
+# >   for any model (section 10); nothing makes it DeepSeek's. Section 9 trains such modules and drafts with them.
 # > * **Tree verification for Qwen-2**: token-tree verification comes from SpecInfer [@miao2024specinfer]
 # >   and Medusa [@cai2024medusa] and runs on any decoder (section 8); the notes give no source tying it to
 # >   Qwen-2.
@@ -583,7 +722,7 @@ assert wasted[0] > wasted[1] >= wasted[2], wasted
 # > the training recipe, and work for any decoder.
 
 # %% [markdown] id="c028"
-# ## 10 · The outside oracle: transformers' assisted generation
+# ## 11 · The outside oracle: transformers' assisted generation
 #
 # Hugging Face `transformers` implements the same idea as `generate(..., assistant_model=draft)`. Our
 # bundled models load there too, so we can check that both implementations produce the same greedy
@@ -608,7 +747,7 @@ print(f"transformers assisted generation == ours ({GEN_TOKENS} greedy tokens, {h
 # > several candidate continuations verified in one forward with a tree attention mask, output unchanged.
 
 # %% [markdown] id="c031"
-# ## 11 · Step through it yourself
+# ## 12 · Step through it yourself
 #
 # Each **Next step** runs one pass with `accept_step` on the bundled pair: bars of `p` and `q` for the top
 # tokens at each proposal (the proposal outlined), the draw `u` against `min(1, p/q)`, then the residual
@@ -640,7 +779,9 @@ stepper
 # * One pass emits `(1 - a^(g+1)) / (1 - a)` tokens on average; the speed-up is that over `g c + verify_cost`.
 #   The GPU idealization `verify_cost = 1` over-predicts on a CPU, where verifying more tokens costs more.
 # * The draft matters through `a = sum min(p, q)`: match the target's distribution (distillation), or
-#   draft from the input (prompt lookup), or from the target itself (Medusa heads, verified as a tree).
+#   draft from the input (prompt lookup), or from the target itself (Medusa heads, verified as a tree; an
+#   EAGLE layer or MTP modules, which draft from its features one token at a time, each step told the token
+#   before it).
 
 # %% [markdown] id="c034"
 # ## Further reading
@@ -652,8 +793,11 @@ stepper
 # * [@saxena2023prompt]: prompt lookup decoding, drafts copied from the input.
 # * [@cai2024medusa]: Medusa heads and their tree verification.
 # * [@miao2024specinfer]: token-tree verification with a tree attention mask.
+# * [@li2024eagle]: EAGLE, drafting from the target's features with one decoder layer.
+# * [@deepseekai2024deepseekv3]: multi-token prediction modules, one per depth, used as the draft.
+# * [@gloeckle2024better]: multi-token prediction as a training objective, with independent heads.
 #
 # To go further:
 #
 # * [@stern2018blockwise]: blockwise parallel decoding, the draft-and-verify idea before it was exact.
-# * [@li2024eagle]: EAGLE, drafting from the target's hidden features; its heads are what engines ship today.
+# * [@li2024eagle2]: EAGLE-2, EAGLE's draft grown into a tree shaped by the draft's own confidence.

@@ -149,6 +149,17 @@ def test_speculative_measure_times_through_perf_timing(tick):
     assert rows[0]["target_step_ms"] == 7e3 and rows[0]["c"] == 1.0
     rows = measure_prompt_lookup(target, prompts, draft_lengths=(2,), max_new_tokens=5, repeats=2)
     assert rows[0]["spec_ms_per_token"] == pytest.approx(1e3 * 7 / 10) and rows[0]["speedup_measured"] == 1.0
+    from course_lib.speculative import PromptLookupDraft, compare_drafts
+    rows = compare_drafts(target, {"model": (draft, 2), "lookup": (PromptLookupDraft(), 3)}, prompts,
+                          max_new_tokens=5, repeats=2)
+    assert [r["name"] for r in rows] == ["model", "lookup"] and [r["g"] for r in rows] == [2, 3]
+    for r in rows:                       # one timed call per path and round runs both prompts: 7 s for 10 tokens
+        assert r["spec_ms_per_token"] == pytest.approx(1e3 * 7 / 10) and r["speedup_measured"] == 1.0
+        assert len(r["depth_acceptance"]) == r["g"] and r["tokens_per_pass"] >= 1
+    with pytest.raises(ValueError, match="pair"):
+        compare_drafts(target, {"model": draft}, prompts)
+    with pytest.raises(ValueError, match="non-empty dict"):
+        compare_drafts(target, {}, prompts)
 
 
 def test_simulator_calibration_times_through_perf_timing(tick):

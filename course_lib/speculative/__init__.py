@@ -24,12 +24,17 @@ tree            TokenTree, build_tree, tree_attention_mask, verify_tree (one pas
                 verification itself sits beside the generate loop)
 medusa          MedusaHeads, train_medusa, MedusaDraft (a tree draft for generate), medusa_generate,
                 load_medusa_heads (bundled heads for `tiny`)
+eagle           drafting from the target's features: EagleHead / EagleDraft (EAGLE, one layer, recurrent),
+                MTPHeads / MTPDraft (DeepSeek-V3's multi-token prediction modules, one per depth),
+                train_feature_heads, load_feature_heads (bundled for `tiny`)
 """
 from .acceptance import StepResult, accept_step, probs_from_logits
 from .hf import hf_assisted_generate
 from .loop import SpecStats, check_tokenizers, speculative_generate
 from .medusa import MedusaDraft, MedusaHeads, MedusaStats, load_medusa_heads, medusa_generate, train_medusa
-from .measure import measure, measure_prompt_lookup, step_times
+from .eagle import (EagleDraft, EagleHead, MTPDraft, MTPHeads, feature_head_accuracy, load_feature_heads,
+                    train_feature_heads)
+from .measure import compare_drafts, measure, measure_prompt_lookup, step_times
 from .prompt_lookup import PromptLookupDraft, editing_prompts, prompt_lookup_generate, propose_ngram
 from .theory import acceptance_rate, expected_tokens_per_pass, optimal_draft_length, speedup
 from .tree import DEFAULT_PATHS, TokenTree, build_tree, tree_attention_mask, tree_positions, verify_tree
@@ -38,6 +43,8 @@ __all__ = ["StepResult", "accept_step", "probs_from_logits",
            "acceptance_rate", "expected_tokens_per_pass", "optimal_draft_length", "speedup",
            "SpecStats", "speculative_generate", "check_tokenizers",
            "editing_prompts", "PromptLookupDraft", "prompt_lookup_generate", "propose_ngram",
-           "measure", "measure_prompt_lookup", "step_times", "hf_assisted_generate",
+           "measure", "measure_prompt_lookup", "step_times", "compare_drafts", "hf_assisted_generate",
            "TokenTree", "DEFAULT_PATHS", "build_tree", "tree_attention_mask", "tree_positions", "verify_tree",
-           "MedusaHeads", "MedusaStats", "MedusaDraft", "train_medusa", "medusa_generate", "load_medusa_heads"]
+           "MedusaHeads", "MedusaStats", "MedusaDraft", "train_medusa", "medusa_generate", "load_medusa_heads",
+           "EagleHead", "EagleDraft", "MTPHeads", "MTPDraft", "train_feature_heads", "feature_head_accuracy",
+           "load_feature_heads"]

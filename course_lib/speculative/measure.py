@@ -23,7 +23,7 @@ from .loop import check_prompt, speculative_generate
 from .prompt_lookup import prompt_lookup_generate
 from .theory import expected_tokens_per_pass
 
-__all__ = ["step_times", "measure", "measure_prompt_lookup"]
+__all__ = ["step_times", "measure", "measure_prompt_lookup", "compare_drafts"]
 
 
 @torch.inference_mode()
@@ -179,4 +179,68 @@ def measure_prompt_lookup(target, prompts, draft_lengths=(4, 8), max_new_tokens:
                      "speedup_measured": statistics.median(x / y for x, y in zip(runs["plain"], runs[g])),
                      "plain_ms_per_token": 1e3 * plain_s / sum(max_new),
                      "spec_ms_per_token": 1e3 * statistics.median(runs[g]) / sum(max_new)})
+    return rows
+
+
+def compare_drafts(target, drafts: dict, prompts, max_new_tokens: int = 64, repeats: int = 3) -> list[dict]:
+    """Several drafts against plain greedy cached decoding, all interleaved in one run (Module 08's table).
+
+    drafts: {name: (draft, g)}: a draft course model or a draft object (Medusa, EAGLE, MTP, prompt lookup),
+    and the draft length it runs at (for a tree: its depth). Every run is greedy and checked equal to the
+    plain greedy tokens (a draft that changed the output is an error, not a row). One row per draft:
+    a (accepted / drafted), a_tested (accepted / tested proposals), tokens_per_pass, drafts_per_pass,
+    depth_acceptance (per depth k < g, the share of passes that kept a proposal at depth k), draft_share (the draft's share of the decoding time: its own c, whatever the draft is), speedup_measured
+    (median over `repeats` interleaved rounds of the paired time ratio plain / speculative), and ms per token.
+    """
+    prompts = [check_prompt(p) for p in prompts]
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    if not isinstance(drafts, dict) or not drafts:
+        raise ValueError("drafts must be a non-empty dict {name: (draft, draft_length)}")
+    for name, pair in drafts.items():
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise ValueError(f"drafts[{name!r}] must be a pair (draft, draft_length), got {type(pair).__name__}")
+        integer(pair[1], f"drafts[{name!r}] draft_length", low=1)
+        if not hasattr(pair[0], "propose"):
+            check_pair(target, pair[0])
+    max_new_tokens = integer(max_new_tokens, "max_new_tokens", low=1)
+    device = _model_device(target)
+    plain = [generate(target, p, max_new_tokens, cache="contiguous").tokens for p in prompts]
+    stats = {name: [] for name in drafts}
+    first = set()
+
+    def run(key):
+        for i, p in enumerate(prompts):
+            if key == "plain":
+                generate(target, p, max_new_tokens, cache="contiguous")
+                continue
+            draft, g = drafts[key]
+            out = generate(target, p, max_new_tokens, draft=draft, draft_length=g)
+            if key not in first:                                   # the statistics of one round suffice
+                if not torch.equal(out.tokens.cpu(), plain[i].cpu()):
+                    raise AssertionError(f"draft {key!r} changed the greedy output of prompt {i}: speculative "
+                                         f"decoding must not (a bug in the draft's verification)")
+                stats[key].append(out.stats)
+        first.add(key)
+
+    timings = interleave({key: (lambda key=key: run(key)) for key in ["plain", *drafts]}, warmup=0,
+                         repeats=integer(repeats, "repeats", low=1), device=device)
+    runs = {key: t.times for key, t in timings.items()}
+    n_tokens = max_new_tokens * len(prompts)
+    rows = []
+    for name, (draft, g) in drafts.items():
+        sts = stats[name]
+        drafted, accepted = sum(s.drafted for s in sts), sum(s.accepted for s in sts)
+        tested = accepted + sum(s.rejections for s in sts)
+        passes = sum(s.passes for s in sts)
+        draft_s, target_s = sum(s.draft_seconds for s in sts), sum(s.target_seconds for s in sts)
+        rows.append({"name": name, "g": g, "a": accepted / drafted if drafted else float("nan"),
+                     "a_tested": accepted / tested if tested else float("nan"),
+                     "tokens_per_pass": (accepted + passes) / passes, "drafts_per_pass": drafted / passes,
+                     "draft_share": draft_s / (draft_s + target_s),
+                     # share of passes whose proposal at depth k (0-based) was kept: deeper ones need all before
+                     "depth_acceptance": [sum(a > k for s in sts for a in s.per_pass) / passes for k in range(g)],
+                     "speedup_measured": statistics.median(x / y for x, y in zip(runs["plain"], runs[name])),
+                     "plain_ms_per_token": 1e3 * statistics.median(runs["plain"]) / n_tokens,
+                     "spec_ms_per_token": 1e3 * statistics.median(runs[name]) / n_tokens})
     return rows
