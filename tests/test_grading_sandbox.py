@@ -351,7 +351,21 @@ def shm_keys() -> set[int]:
 
 
 def course_cgroups() -> list[str]:
-    return [str(p) for p in Path("/sys/fs/cgroup").glob("**/course-grade-*") if p.is_dir()]
+    """The grading cgroups left on the machine, except those of another grading process still running (a
+    test on another pytest-xdist worker): a cgroup's name carries the pid of the grader that made it."""
+    def foreign_and_alive(name: str) -> bool:
+        m = re.match(r"course-grade-(\d+)-", name)
+        if m is None or int(m.group(1)) == os.getpid():
+            return False
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return [str(p) for p in Path("/sys/fs/cgroup").glob("**/course-grade-*") if p.is_dir()
+            and not foreign_and_alive(p.name)]
 
 
 def scratch_mounts() -> list[str]:
