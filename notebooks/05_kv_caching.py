@@ -743,7 +743,8 @@ assert shares[1, 512] < 0.03 and 0.13 < shares[1, 4096] < 0.15 and shares[32, 40
 
 # %% [markdown] id="c044"
 # How to read the table. Memory is exact by construction (asserted above); quality is what this model
-# gives on this text, and it depends on the model: a model trained with a sliding window (Mistral) or
+# gives on this text, and it depends on the model: a model trained with a sliding window (Mistral 7B, a
+# window of 4096 tokens [@jiang2023mistral]) or
 # with a latent (DeepSeek) pays far less for it than one converted after the fact, as here. The quantized
 # caches keep every token and lose only precision; the bounded ones (window, sinks, H2O) keep a fixed
 # number of tokens, so their memory stays flat however long the text is - the property that lets a chat
@@ -789,6 +790,7 @@ assert shares[1, 512] < 0.03 and 0.13 < shares[1, 4096] < 0.15 and shares[32, 40
 # * *FP8 Formats for Deep Learning* [@micikevicius2022fp8]: the E4M3 encoding of the FP8 cache (section 7).
 # * vLLM's *Quantized KV Cache* documentation [@vllm2026quantized]: how a serving engine scales its FP8 cache.
 # * *DeepSeek-V2* [@deepseekai2024deepseekv2]: multi-head latent attention, a learned low-rank cache.
+# * *Mistral 7B* [@jiang2023mistral]: a model trained with a sliding window and a rolling-buffer cache.
 # * *Qwen2 Technical Report* [@yang2024qwen2]: Qwen2's attention (GQA, Dual Chunk Attention with YaRN),
 #   checked against the notes' "multi-tier" label (6.6).
 #
