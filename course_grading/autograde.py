@@ -520,7 +520,8 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb) -> dict | None:
         if refs:
             r.flags["reference_import"] = sorted(refs)
             for gid, where in sorted(refs.items()):
-                r.messages.append(f"{gid}: the answer imports course_lib's reference ({'; '.join(where)})")
+                r.messages.append(f"{gid}: the answer imports course_lib's reference or internals "
+                                  f"({'; '.join(where)})")
     # 3. autograde in a scratch copy: its own course folder and gradebook (grader only), and a kernel
     #    folder (the sandbox user's) holding only this notebook
     sc_course = ctx.scratch.private / "courses" / sid

@@ -9,6 +9,9 @@ reference instead of an answer, and that exercise is flagged for review. The che
     answer_table(source_nb)       -> AnswerTable(tests: {test grade_id: [answer names]},
                                                  references: {test grade_id: {"module.name", ...}})
     reference_imports(cells, table) -> {test grade_id: ["cell 3: from course_lib.perf.ops import matmul_cost"]}
+
+A private name of the library (`from course_lib.attention.triton_flash import _flash_fwd_kernel`, or
+`tf._flash_fwd_kernel` on an imported module) is flagged as well: no lab asks for one.
 """
 from __future__ import annotations
 
@@ -121,26 +124,62 @@ def answer_table(source_nb) -> AnswerTable:
     return table
 
 
+def _private(name: str | None) -> bool:
+    return bool(name) and name.startswith("_") and not name.startswith("__")
+
+
+def _private_uses(tree) -> set[str]:
+    """`alias._name` where alias is a course_lib module imported in `tree` (or `course_lib.a._name`
+    written out): the library's internals reached through an attribute."""
+    modules = {alias for mod, name, _, alias in _imports(tree, aliases=True)
+               if mod.startswith("course_lib") and not mod.startswith(NOT_ANSWERS)
+               and (name is None or _is_module(f"{mod}.{name}"))}
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            base = ast.unparse(node.value)
+            if base in modules or (base.startswith("course_lib.") and not base.startswith(NOT_ANSWERS)):
+                out.add(f"{base}.{node.attr}")
+    return out
+
+
 def reference_imports(cells, table: AnswerTable, release_cells=()) -> dict[str, list[str]]:
     """Imports of answer references in a submission's own cells (not its test cells, not imports the
-    release itself makes), by test grade_id."""
+    release itself makes), by test grade_id; and the library's private names (`from course_lib.x import
+    _kernel`, `x._kernel`), which no lab asks for and which may hold the very thing an exercise asks to
+    write (the library's own kernel under another module than the reference): flagged for the tests whose
+    answers that cell defines (every test, when it defines none of them)."""
     found: dict[str, list[str]] = {}
     mods = table.modules
-    allowed = {i[:2] for c in release_cells if c.get("cell_type") == "code"
-               for i in _imports(_parse(str(c.get("source", ""))))}
+
+    def add(gid, what):
+        if what not in found.setdefault(gid, []):
+            found[gid].append(what)
+
+    release_trees = [_parse(str(c.get("source", ""))) for c in release_cells if c.get("cell_type") == "code"]
+    allowed = {i[:2] for t in release_trees for i in _imports(t)}
+    allowed_uses = set().union(*(_private_uses(t) for t in release_trees))
     for k, c in enumerate(cells):
         if c.get("cell_type") != "code":
             continue
         m = nbgrader_meta(c)
         if m is not None and m.get("grade") and not m.get("solution"):
             continue  # a test cell (restored from the release) imports references legitimately
-        for mod, name, line in _imports(_parse(str(c.get("source", "")))):
+        tree = _parse(str(c.get("source", "")))
+        defined = set(_defined(str(c.get("source", ""))))
+        owners = [g for g, names in table.tests.items() if defined & set(names)] or list(table.tests)
+        for mod, name, line in _imports(tree):
             if not mod.startswith("course_lib") or mod.startswith(NOT_ANSWERS) or (mod, name) in allowed:
                 continue
             full = f"{mod}.{name}" if name else mod
+            what = f"cell {k}: " + (f"from {mod} import {name}" if name else f"import {mod}")
             for gid, refs in table.references.items():
                 if full in refs or full in mods[gid]:
-                    what = f"cell {k}: " + (f"from {mod} import {name}" if name else f"import {mod}")
-                    if what not in found.setdefault(gid, []):
-                        found[gid].append(what)
+                    add(gid, what)
+            if _private(name):
+                for gid in owners:
+                    add(gid, f"{what} (a private name of the library)")
+        for use in sorted(_private_uses(tree) - allowed_uses):
+            for gid in owners:
+                add(gid, f"cell {k}: {use} (a private name of the library)")
     return found

@@ -169,6 +169,20 @@ def test_reference_table_from_the_source():
     cells = [code("from course_lib.perf.ops import matmul_cost"), code("from course_lib.perf import GPUS")]
     assert reference_imports(cells, t) == {"cost_tests": ["cell 0: from course_lib.perf.ops import matmul_cost"]}
 
+    # the library's private names: flagged for the tests whose answers the cell defines, or all of them
+    cells = [code("from course_lib.perf.ops import _flops\ndef scale(x):\n    return x"),
+             code("import course_lib.perf.hardware as o\nimport course_lib\ny = o._flops(1) + course_lib.perf._x\n"
+                  "z = o.__name__"),
+             code("from course_lib.checks import _private_helper")]
+    got = reference_imports(cells, t)
+    assert got == {"scale_tests": ["cell 0: from course_lib.perf.ops import _flops (a private name of the library)",
+                                   "cell 1: course_lib.perf._x (a private name of the library)",
+                                   "cell 1: o._flops (a private name of the library)"],
+                   "cost_tests": ["cell 1: course_lib.perf._x (a private name of the library)",
+                                  "cell 1: o._flops (a private name of the library)"]}, got
+    # what the release's own cells do is never the student's doing
+    assert reference_imports(cells[1:2], t, release_cells=cells[1:2]) == {}
+
 
 def test_answer_below_its_test_is_moved_back():
     lab = read_notebook(DATA / "lab99.ipynb")
