@@ -156,6 +156,29 @@ def test_seeded_sampling_is_per_request(model, rng):
     assert other.token_ids != solo
 
 
+def test_repetition_penalty_is_the_generate_loops(model, rng):
+    """Each request's own penalty over its own tokens (prompt and output), greedy or sampled, in a crowd with
+    preemption going on, and in the static baseline: the tokens generate(repetition_penalty=) gives alone."""
+    prompts = prompts_for(rng, [rng.randrange(2, 30) for _ in range(5)])
+    params = [SamplingParams(max_new_tokens=rng.randrange(8, 20), temperature=t, top_k=k,
+                             repetition_penalty=r, seed=rng.randrange(2**31))
+              for t, k, r in [(0.0, None, 1.3), (0.0, None, 1.0), (0.9, 50, 1.5), (0.0, None, 0.8), (1.0, None, 2.0)]]
+    want = []
+    for p, sp in zip(prompts, params):
+        kw = {} if sp.temperature == 0 else dict(temperature=sp.temperature, top_k=sp.top_k,
+                                                   generator=torch.Generator(device=model.device).manual_seed(sp.seed))
+        want.append(generate(model, p, sp.max_new_tokens, cache="contiguous", repetition_penalty=sp.repetition_penalty,
+                             **kw).tokens.tolist())
+    plain = [generate(model, p, sp.max_new_tokens, cache="contiguous").tokens.tolist() for p, sp in zip(prompts, params)]
+    assert any(w != q for w, q, sp in zip(want, plain, params) if sp.greedy and sp.repetition_penalty != 1), \
+        "the penalties should change some greedy continuation, or this test could not see them ignored"
+    eng = Engine(model, num_blocks=9, block_size=8, max_batch=5)
+    assert [t.token_ids for t in eng.generate(prompts, params)] == want
+    assert [t.token_ids for t in static_batch_generate(model, prompts, params, batch_size=5)] == want
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=0)
+
+
 def test_stop_tokens_and_streaming(model, rng):
     p = prompts_for(rng, [20])[0]
     ref = alone(model, p, 10)                  # the engine stops where its own tokens say (compared below)

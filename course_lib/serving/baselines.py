@@ -47,6 +47,7 @@ def _static_group(model, group: list[EngineRequest]):
     out = generate(model, [r.prompt for r in group], [p.max_new_tokens for p in ps],
                    temperature=[p.temperature for p in ps], top_k=[p.top_k for p in ps],
                    top_p=[p.top_p for p in ps], generator=[r.generator for r in group],
+                   repetition_penalty=[p.repetition_penalty for p in ps],
                    eos_token_id=[list(p.stop_token_ids) for p in ps], cache="contiguous")
     times = [e.time for e in out.trace.events]                       # one per step
     for r, toks in zip(group, out.tokens.reshape(len(group), -1).tolist()):
@@ -105,6 +106,8 @@ def hf_static_generate(prompts, params=None, batch_size: int = 8, model_dir=None
     params = _params_list(prompts, params)
     if any(not p.greedy for p in params):
         raise ValueError("hf_static_generate compares greedy decoding only (temperature=0)")
+    if any(p.repetition_penalty != 1 for p in params):
+        raise ValueError("hf_static_generate compares plain greedy decoding only (repetition_penalty=1)")
     if hf_model is None:
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir or bundled_path("tiny")),
                                                                      dtype=torch.float32).eval()

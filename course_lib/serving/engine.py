@@ -44,7 +44,7 @@ import torch
 
 from course_lib.paged import BlockManager, KVPool, PagedCache, blocks_needed
 from course_lib.perf.metrics import Trace
-from course_lib.sampling import sample_rows
+from course_lib.sampling import penalize_seen, sample_rows
 from course_lib.validate import integer, probability
 
 from .request import EngineRequest, SamplingParams, StepOutput, as_token_list
@@ -55,9 +55,18 @@ __all__ = ["Engine", "sample_tokens"]
 
 def sample_tokens(reqs, logits) -> list[int]:
     """One token per row of logits [B, V] (on the model's device), by the generate loop's rules
-    (``course_lib.sampling.sample_rows``): greedy rows take the argmax, sampled rows draw with their
-    request's own generator (on the same device). One host sync: the tolist()."""
+    (``course_lib.sampling.sample_rows``): a row's repetition penalty first (over its request's tokens so
+    far), then greedy rows take the argmax, sampled rows draw with their request's own generator (on the
+    same device). One host sync: the tolist()."""
     ps = [r.params for r in reqs]
+    rows = [i for i, p in enumerate(ps) if p.repetition_penalty != 1]
+    if rows:                                     # [len(rows), V]: the seen tokens of each penalized row
+        seen = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool, device=logits.device)
+        for j, i in enumerate(rows):
+            seen[j, torch.tensor(reqs[i].tokens, dtype=torch.long, device=logits.device)] = True
+        pen = torch.tensor([float(ps[i].repetition_penalty) for i in rows], device=logits.device)[:, None]
+        logits = logits.clone()
+        logits[rows] = penalize_seen(logits[rows], seen, pen)          # in float32, as the generate loop
     return sample_rows(logits, [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps],
                        [r.generator for r in reqs]).tolist()
 

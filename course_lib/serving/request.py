@@ -25,6 +25,9 @@ class SamplingParams:
     depend on the batch (None: a seed drawn on the host from torch's global CPU generator when the request
     is added).
     stop_token_ids: generation ends after one of these tokens (it is included in the output).
+    repetition_penalty: > 0, 1 = none (``course_lib.sampling.apply_repetition_penalty``, as ``generate``'s and
+    vLLM's): every token id already in the request (prompt or output) has its logit divided by it when
+    positive, multiplied when negative, before temperature, top-k and top-p; at temperature 0 too.
     """
     max_new_tokens: int = 32
     temperature: float = 0.0
@@ -32,11 +35,13 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     stop_token_ids: tuple = ()
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         # checked, not converted: the fields keep the values the caller gave
         integer(self.max_new_tokens, "max_new_tokens", low=1)
         number(self.temperature, "temperature", 0)   # 0 = greedy
+        number(self.repetition_penalty, "repetition_penalty", 0, low_open=True)
         optional(integer, self.top_k, "top_k", low=1)
         optional(probability, self.top_p, "top_p", zero=False)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
