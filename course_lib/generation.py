@@ -111,7 +111,8 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
     (a tree: that depth), verified by `model` in one forward. A draft course model with the same
     vocabulary (at temperature 0 the output equals plain greedy decoding token for token; otherwise it is
     distributed exactly as sampling from `model`), or a draft object with ``propose(seq, budget,
-    hidden)`` (prompt lookup, Medusa's tree; see the module docstring), verified greedily (temperature 0).
+    hidden)`` (prompt lookup, Medusa's tree, EAGLE's and MTP's chains; see the module docstring), verified
+    greedily (temperature 0).
     The target's cache is `cache` (None or an empty ``ContiguousCache``: the pass crops it). `adaptive`
     (a draft model): None, or a confidence threshold in (0, 1): a pass stops proposing after a token
     whose draft probability max_x q(x) is below it. ``on_pass(ids [1, n], target_cache, draft_cache)``
