@@ -131,14 +131,17 @@ doctor: setup
 bench: setup
 	$(VENV)/bin/course bench
 
-## Retrain the bundled models (about 2 h 20 min on a 2-core CPU; on a CUDA GPU the training stages run
+## Retrain the bundled models (about 3 h on a 2-core CPU; on a CUDA GPU the training stages run
 ## there): the target and the scratch draft, the default draft distilled from the target (installed only
-## if it beats the scratch draft), then the target's Medusa heads.
+## if it beats the scratch draft), then the target's Medusa heads, EAGLE head and MTP modules (they read
+## the target's hidden states, so they are retrained with it).
 train: setup
 	$(VENV)/bin/python -m course_lib.training.train
 	$(VENV)/bin/python -m course_lib.training.distill_draft --continue-from-bundled --steps 250 --lr 1e-3 --warmup 10 --seed 1 --threads 2 --out build/distill
 	$(VENV)/bin/python -m course_lib.training.distill_draft --install-from build/distill
 	$(VENV)/bin/python -m course_lib.speculative.medusa --threads 2
+	$(VENV)/bin/python -m course_lib.speculative.eagle --kind eagle --threads 2
+	$(VENV)/bin/python -m course_lib.speculative.eagle --kind mtp --threads 2
 
 ## On a machine with a CUDA GPU: the whole suite, every notebook at full size, the roofline benches.
 gpu-check: setup-dev

@@ -48,7 +48,7 @@ from course_lib.models.corpus import load_split
 from course_lib.models.llama import DecoderLayer, RMSNorm, rope_cos_sin, save_safetensors
 from course_lib.validate import integer, number
 
-from .medusa import BUNDLED_HEADS_ROOT, _encode, _features
+from .medusa import BUNDLED_HEADS_ROOT, _encode, _features, _head_training_parser, _training_report
 
 __all__ = ["FeatureLayer", "EagleHead", "MTPHeads", "train_feature_heads", "feature_head_accuracy", "EagleDraft",
            "MTPDraft", "save_feature_heads", "load_feature_heads"]
@@ -398,21 +398,10 @@ def load_feature_heads(kind: str = "eagle", model_name: str = "tiny", path: str 
 # Training the bundled heads: python -m course_lib.speculative.eagle --kind eagle|mtp [--out <folder>]
 # --------------------------------------------------------------------------------------------------
 def main(argv=None):
-    import argparse
-    import platform
-
-    ap = argparse.ArgumentParser(description="Train the bundled EAGLE head or MTP modules for the bundled target.")
+    ap = _head_training_parser("Train the bundled EAGLE head or MTP modules for the bundled target.", steps=1500,
+                               batch_size=8, lr=1e-3, threads=2)
     ap.add_argument("--kind", choices=("eagle", "mtp"), default="eagle")
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--num-modules", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--train-files", type=int, default=120)
-    ap.add_argument("--max-tokens", type=int, default=300_000)
-    ap.add_argument("--heldout-files", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -425,13 +414,7 @@ def main(argv=None):
     heads.half().float()                        # what the fp16 file will hold: report the accuracy of that
     held = load_split("heldout", max_files=args.heldout_files)
     acc = feature_head_accuracy(target, heads, held, tok)
-    report = {"target": args.model, "train_files": args.train_files, "train_tokens": hist["tokens"],
-              "steps": args.steps, "batch_size": args.batch_size, "seq_len": 256, "lr": args.lr,
-              "parameters": heads.num_parameters(), "train_seconds": round(hist["seconds"], 1),
-              "threads": args.threads, "device": f"CPU ({platform.processor() or platform.machine()}), "
-                                                 f"{args.threads} thread(s)", "torch": torch.__version__,
-              "final_loss": sum(hist["loss"][-50:]) / len(hist["loss"][-50:]),
-              "heldout_files": args.heldout_files, "heldout_tokens": acc["tokens"],
+    report = {**_training_report(args, hist, acc["tokens"], last=50), "parameters": heads.num_parameters(),
               "heldout_agreement_with_target_greedy": acc["agree"]}
     save_feature_heads(heads, out, extra={"training": report})
     print(json.dumps(report, indent=2))

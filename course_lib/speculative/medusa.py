@@ -396,21 +396,38 @@ def medusa_generate(target, heads: MedusaHeads, input_ids: torch.Tensor, max_new
 # --------------------------------------------------------------------------------------------------
 # Training the bundled heads: python -m course_lib.speculative.medusa --out <folder>
 # --------------------------------------------------------------------------------------------------
-def main(argv=None):
+def _head_training_parser(description: str, **defaults):
+    """The command line the bundled-head trainers share (Medusa here, EAGLE/MTP in ``eagle.py``): the target,
+    where to write, how long and on what; `defaults` sets each trainer's own (steps, batch_size, lr, threads)."""
     import argparse
-    import platform
-
-    ap = argparse.ArgumentParser(description="Train the bundled Medusa heads for the bundled target.")
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--num-heads", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=700)
+    ap.add_argument("--steps", type=int, default=defaults["steps"])
     ap.add_argument("--train-files", type=int, default=120)
     ap.add_argument("--max-tokens", type=int, default=300_000)
     ap.add_argument("--heldout-files", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=defaults["batch_size"])
+    ap.add_argument("--lr", type=float, default=defaults["lr"])
+    ap.add_argument("--threads", type=int, default=defaults["threads"])
+    return ap
+
+
+def _training_report(args, hist: dict, heldout_tokens: int, last: int) -> dict:
+    """What every bundled head's config records of its training run (the trainer adds its held-out scores)."""
+    import platform
+    return {"target": args.model, "train_files": args.train_files, "train_tokens": hist["tokens"],
+            "steps": args.steps, "batch_size": args.batch_size, "seq_len": 256, "lr": args.lr,
+            "train_seconds": round(hist["seconds"], 1), "threads": args.threads,
+            "device": f"CPU ({platform.processor() or platform.machine()}), {args.threads} thread(s)",
+            "torch": torch.__version__, "final_loss": sum(hist["loss"][-last:]) / len(hist["loss"][-last:]),
+            "heldout_files": args.heldout_files, "heldout_tokens": heldout_tokens}
+
+
+def main(argv=None):
+    ap = _head_training_parser("Train the bundled Medusa heads for the bundled target.", steps=700, batch_size=4,
+                               lr=1e-2, threads=1)
+    ap.add_argument("--num-heads", type=int, default=3)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -422,13 +439,7 @@ def main(argv=None):
     held = load_split("heldout", max_files=args.heldout_files)
     acc1 = medusa_accuracy(target, heads, held, tok, topk=1, progress=True)
     acc3 = medusa_accuracy(target, heads, held, tok, topk=3)
-    report = {"target": args.model, "train_files": args.train_files, "train_tokens": hist["tokens"],
-              "steps": args.steps, "batch_size": args.batch_size, "seq_len": 256, "lr": args.lr,
-              "train_seconds": round(hist["seconds"], 1), "threads": args.threads,
-              "device": f"CPU ({platform.processor() or platform.machine()}), {args.threads} thread(s)",
-              "torch": torch.__version__,
-              "final_loss": sum(hist["loss"][-20:]) / len(hist["loss"][-20:]),
-              "heldout_files": args.heldout_files, "heldout_tokens": acc1["tokens"],
+    report = {**_training_report(args, hist, acc1["tokens"], last=20),
               "heldout_top1_base": acc1["base"], "heldout_top1_heads": acc1["heads"],
               "heldout_top3_base": acc3["base"], "heldout_top3_heads": acc3["heads"]}
     save_medusa_heads(heads, out, extra={"training": report})
