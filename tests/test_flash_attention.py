@@ -75,6 +75,25 @@ def test_reference_padding_mask_and_the_course_attention():
     torch.testing.assert_close(reference_attention(q, k, v, causal=True), attention(q, k, v), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("T", [1, 3])
+def test_course_attention_takes_a_backend_output_that_is_not_contiguous(monkeypatch, T):
+    """CUDA's memory-efficient and cuDNN SDPA backends return [B, K, G*T, Dh] as a transposed view of a
+    [B, G*T, K, Dh] buffer; the grouped-query path must reshape it, not view it (an H100 run of the serving
+    bench failed there). Played on the CPU by a backend that returns the same layout."""
+    import course_lib.attention.sdpa as sdpa
+    real = F.scaled_dot_product_attention
+
+    def transposed_layout(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out.transpose(1, 2).contiguous().transpose(1, 2)      # same values, the CUDA backends' strides
+
+    q, k, v = qkv(2, 8, 2, T, 11, 16, seed=T)
+    expected = reference_attention(q, k, v, causal=True)
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", transposed_layout)
+    assert not transposed_layout(q.reshape(2, 2, 4 * T, 16), k, v).is_contiguous()   # the folded GQA rows
+    torch.testing.assert_close(sdpa.attention(q, k, v), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_fully_masked_rows_give_zeros_not_nan():
     q, k, v = qkv(1, 2, 2, 4, 4, 8, seed=4)
     pad = torch.tensor([[False, False, True, True]])       # causal rows 0 and 1 see only padding

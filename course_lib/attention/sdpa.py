@@ -61,4 +61,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
     qg = q.reshape(B, K, G * T, Dh)                                   # a group's heads become rows
     mask = None if attn_mask is None else _fold_mask(attn_mask, B, G, T, S)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # [B, K, G*T, Dh]
-    return out.view(B, H, T, Dh)
+    # reshape, not view: CUDA's memory-efficient and cuDNN backends return a transposed layout (rows of
+    # a head are not contiguous), which view refuses (found on an H100; the CPU's output is contiguous).
+    return out.reshape(B, H, T, Dh)
