@@ -1,31 +1,32 @@
-"""`course grade`: collect -> check and repair -> autograde (nbgrader) -> feedback -> CSV.
+"""`course grade`: collect -> check and repair -> run in a sandbox and judge -> feedback -> CSV.
 
-Everything nbgrader needs lives in a working course directory (a temporary one unless ``workdir`` is
-given; only the grader can read it); the submissions are only ever read. Each submission is autograded
-in its own scratch copy: its own course folder and gradebook (a copy of the one made by
-generate_assignment), and a kernel started through `sandbox.py` (least privilege, see there for the
-isolation levels) in a working folder that holds only that notebook. The grader then computes the
-scores from the executed notebook itself and merges them into the instructor's gradebook, from which
-the feedback is made; nothing the kernel could write is trusted. Each cell has a time limit and the
-whole notebook a budget, so one bad notebook (syntax error, infinite loop, deleted cells, invalid JSON,
-huge outputs, a dead kernel) never stops the others; the guard (`execute.py`, `guard.py`) catches
-tampering with the tests inside the kernel.
+Each submission is graded in two steps, both in one kernel started through `sandbox.py` (least
+privilege: see there for the isolation levels), in a working folder that holds only that notebook:
 
-Outputs, in `out` (default ``grades/``); every file is written through `feedback.write_checked`, which
-refuses one that carries hidden-test or solution text (`leaks.py`):
+1. its cells run, as the student wrote them, except the lab's test cells (`session.py`: each cell with a
+   time limit, the notebook with a budget, the outputs capped);
+2. the lab's judge (``judges/labNN.py``, `judging.py`) calls the student's functions on inputs the grader
+   draws (from the class secret and the student's key: a regrade draws the same ones) and judges what
+   comes back, as plain data, in the grader's own process, against the course's reference, which the
+   kernel's copy of course_lib does not even hold (`sandbox.withhold`).
+
+No hidden test, expected value or reference enters the kernel, and nothing the kernel prints is a score:
+the scores are the judge's, merged into the instructor's nbgrader gradebook (nbgrader keeps the release,
+the gradebook and manual grading; its autograde is not used). One bad notebook (syntax error, infinite
+loop, deleted cells, invalid JSON, huge outputs, a dead kernel) never stops the others, and every step of
+a submission runs inside the grader's error handling: the batch always ends with grades.csv.
+
+Outputs, in `out` (default ``grades/``):
   feedback/<key>/<labNN>.html   for the student: built by the grader from the release, the student's own
-                                cells, the scores and the outputs that carry no hidden-test or solution
-                                text (`feedback.py`); <key> is the student id made file-safe, with a
-                                short hash where two ids collide
+                                cells, the judge's verdicts and the kernel's text outputs (`feedback.py`);
+                                <key> is the student id made file-safe, with a short hash where two ids
+                                collide
   grades.csv               instructor: student, assignment, score, max_score, status, flags, file
-  report.json              instructor: per-cell scores and errors, repairs, messages, files not graded
-  logs/<key>_<labNN>.log        instructor: nbgrader's log for that submission
+  report.json              instructor: per-part scores and cases, repairs, messages, files not graded
+  logs/<key>_<labNN>.log        instructor: what the grader noted for that submission
   not_graded.txt           instructor: entries not graded or skipped, and why
-  leaderboard.csv, .html   the final project's (lab13) board, when project submissions were graded:
-                           method, correct, speed-up with its spread, points (`leaderboard.py`)
-The instructor files name every student and their files; they too are scrubbed of hidden-test and
-solution text (strings replaced), so that one forwarded to a student gives nothing away. ``workdir``
-(nbgrader's course folder: sources, gradebook, executed notebooks) is the instructor's alone.
+  leaderboard.csv, .html   the final project's (lab13) board, when project submissions were graded
+``workdir`` (nbgrader's course folder: sources, gradebook, executed notebooks) is the instructor's alone.
 
 Status of a submission:
   ok        graded, nothing unusual
@@ -34,10 +35,10 @@ Status of a submission:
   review    graded, but a human should look: cells matched only by similarity, cells that could not be
             found after metadata loss, a cell that timed out, several files for one lab, cells that
             need manual grading, the lab recognized from content only, the wrong lab handed in, a dead
-            kernel (the points before it are kept), the time budget used up, tampering with the tests,
-            an answer that imports the course_lib reference, outputs withheld from the feedback
-            because they carried hidden-test or solution text (``feedback_withheld``)
-  error     not graded (unreadable notebook, nbgrader failure); score left empty, never 0
+            kernel, the time budget used up, outputs over their cap, an answer that imports the
+            course_lib reference, a part the judge could not judge (``judge_failed``)
+  error     not graded (unreadable or too large a notebook, a kernel that cannot start); score left empty,
+            never 0
 """
 from __future__ import annotations
 
@@ -47,7 +48,6 @@ import io
 import json
 import os
 import re
-import secrets
 import shutil
 import tempfile
 import time
@@ -58,24 +58,22 @@ from pathlib import Path
 
 import nbformat
 
-from .build import (LabBuildError, generate_release, lab_names, nbgrader_meta, normalize_lab, notebook_text,
-                    read_notebook, _lab_relpath)
-from .collect import UnsafeSubmission, collect, read_submission
-from .feedback import (OUTPUT_MODES, LeakBlocked, describe_hits, feedback_notebook, render_html, scrub_value,
-                       withheld_page, write_checked)
-from .jobs import BarProgress, LineProgress, auto_jobs, parse_jobs, run, sandbox_slots
-from .execute import CollectGuard, InjectGuard, SandboxExecute, check_kernel
-from .feedback import WIDGET_STATE
+from .build import LabBuildError, generate_release, lab_names, nbgrader_meta, normalize_lab, notebook_text, \
+    read_notebook, _lab_relpath
+from .collect import UnsafeSubmission, collect, read_submission, terminal_safe
+from .feedback import OUTPUT_MODES, feedback_notebook, render_html, write_text
+from .jobs import BarProgress, LineProgress, auto_jobs, parse_jobs, run, sandbox_slots, submission_uids
+from .judging import judge_parts, load_judge, load_secret, release_mistakes
 from .leaderboard import is_project, project_entry, write_leaderboard
-from .leaks import LabSecrets, Scanner
-from .nbgrader_env import DEFAULT_TIMEOUT, CourseDir, find_config, quiet_nbgrader, result_log
+from .nbgrader_env import DEFAULT_TIMEOUT, CourseDir, find_config, quiet_nbgrader
 from .references import answer_table, reference_imports
 from .repair import repair
 from .sandbox import DEFAULT_MEMORY_GB, Isolation, RunScratch, kernel_spec, kill_leftovers, probe
+from .session import Limits, check_kernel, is_test_cell, run_submission
 
 MAX_CELLS = 3000
+MAX_SUBMISSION_BYTES = 64 * 2**20      # a larger file is not graded (flag too_large): grade it by hand
 WORKDIR_MARKER = ".course-grade-workdir"
-TIMEOUT_ENAMES = {"CellTimeoutError", "KeyboardInterrupt", "TimeoutError"}
 
 
 @dataclass
@@ -112,7 +110,6 @@ class GradeReport:
     warnings: list
     out: Path | None = None
     isolation: str = ""
-    scanner: object = field(default=None, repr=False, compare=False)  # every lab's secrets, for the outputs
 
     def by_student(self, student: str, assignment: str | None = None) -> Result:
         hits = [r for r in self.results if r.student == student and (assignment is None or r.assignment == assignment)]
@@ -163,56 +160,51 @@ def _scores(course: CourseDir, sid: str, lab: str) -> tuple[float, float, bool, 
         return float(sub.score), float(sub.max_score), bool(sub.needs_manual_grade), cells
 
 
-def _failure_reason(log: str) -> str:
-    """The most telling line of a failed autograde's log (e.g. 'DeadKernelError: Kernel died')."""
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        m = re.search(r"(\w+(?:Error|Exception|Exit)\b.*)", ln)
-        if m and "NbGraderException" not in ln and not ln.startswith(("File ", "raise ")):
-            return m.group(1)[:300]
-    return (lines[-1][:300] if lines else "no log") + " (see the log)"
+def test_parts(release_nb) -> list[tuple[str, float]]:
+    """[(grade_id, points)] of the release's autograded test cells, in order: what the judge must judge."""
+    return [(nbgrader_meta(c)["grade_id"], float(nbgrader_meta(c).get("points") or 0))
+            for c in release_nb.cells if is_test_cell(c)]
 
 
-def _execution_problems(path: Path) -> tuple[list[str], dict[str, str]]:
-    """(ids of cells that timed out, grade_id -> first line of the error) from an autograded notebook."""
-    nb = read_notebook(path)
-    timeouts, errors = [], {}
-    for k, c in enumerate(nb.cells):
-        if c.cell_type != "code":
-            continue
-        g = (c.metadata.get("nbgrader") or {}).get("grade_id")
-        for out in c.get("outputs", []):
-            if out.get("output_type") != "error":
-                continue
-            if out.get("ename") in TIMEOUT_ENAMES and (g or f"cell {k}") not in timeouts:
-                timeouts.append(g or f"cell {k}")
-            if g and g not in errors:
-                errors[g] = f"{out.get('ename')}: {out.get('evalue', '')}"[:300]
-    return timeouts, errors
+def manual_parts(release_nb) -> list[str]:
+    """grade_ids of the cells the instructor grades by hand (nbgrader's manually graded answers and tasks)."""
+    out = []
+    for c in release_nb.cells:
+        m = nbgrader_meta(c) or {}
+        if m.get("grade") and (m.get("solution") or m.get("task")) or (m.get("task") and not m.get("grade")):
+            out.append(m["grade_id"])
+    return out
+
+
+@dataclass
+class _Lab:
+    """What the grader prepared for one lab (in its own process; workers load the judge themselves)."""
+    judge_path: str
+    order: list                      # [(grade_id, points)]
+    mistakes: dict                   # the release's MISTAKES
+    lib: str                         # the kernel's course_lib copy, with the graded references withheld
+    answers: object                  # references.AnswerTable: what the static reference-import check reads
+    error: str = ""
 
 
 @dataclass
 class _Context:
     """What every submission of one grade run shares."""
-    course: CourseDir                 # the instructor's course folder (gradebook, autograded, feedback)
+    course: CourseDir                 # the instructor's course folder (gradebook, executed notebooks)
     cfg: Path | None
     timeout: float | None
     iso: Isolation
     scratch: RunScratch               # per-submission scratch copies and kernel folders live under here
     budget: float
-    answers: dict                     # lab -> AnswerTable
+    labs: dict                        # lab -> _Lab
     release_keys: dict                # lab -> (grade_ids, sources), for "is this the wrong lab?"
-    template_db: Path
-    feedback_extra: object = None
-    secrets: dict = field(default_factory=dict)   # lab -> leaks.LabSecrets (grader's process only)
-    sources: dict = field(default_factory=dict)   # lab -> the instructor's source notebook (grader's only)
-    feedback_outputs: str = "scanned"
+    secret: bytes
+    feedback_outputs: str = "shown"
 
     def __getstate__(self):
-        """What a worker process gets (jobs.py): no secrets, no nbgrader API, the course by its folder."""
+        """What a worker process gets (jobs.py): the course by its folder (no nbgrader API objects)."""
         st = dict(self.__dict__)
         st["course"] = (str(self.course.root), self.cfg, self.timeout)
-        st["secrets"], st["sources"] = {}, {}
         return st
 
     def __setstate__(self, st):
@@ -221,16 +213,20 @@ class _Context:
         self.__dict__.update(st)
 
 
-FEEDBACK_PAGE = "the whole feedback page (a page with the score given instead)"
-
 REVIEW_FLAGS = {"timeout", "needs_manual_grading", "several_files", "assignment_from_content", "wrong_lab",
-                "kernel_died", "time_budget", "tamper", "reference_import", "processes_left_behind",
-                "feedback_failed", "feedback_withheld", "memory_limit"}
+                "kernel_died", "time_budget", "reference_import", "processes_left_behind", "feedback_failed",
+                "memory_limit", "output_limit", "judge_failed"}
 
 
 def default_budget(timeout: float | None) -> float:
-    """The whole notebook's time limit: 10 per-cell timeouts, at least 10 minutes."""
+    """The whole notebook's time limit (its cells and the judge's calls): 10 per-cell timeouts, at least 10
+    minutes."""
     return float(max(600, 10 * (timeout or DEFAULT_TIMEOUT)))
+
+
+def default_secret_file(solutions: Path) -> Path:
+    """Where the class secret lives unless --secret-file says: beside solutions/, in the ignored .grading/."""
+    return Path(solutions).resolve().parent / ".grading" / "class-secret"
 
 
 def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions: str | Path = "solutions",
@@ -238,17 +234,20 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
           workdir: str | Path | None = None, config_file: str | Path | None = None, feedback: bool = True,
           echo=None, isolation: str | None = None, require_sandbox: bool = False, budget: float | None = None,
           memory_gb: float | None = DEFAULT_MEMORY_GB, sandbox_user=None, jobs: int | str = 1,
-          feedback_outputs: str = "scanned", progress: str | None = None) -> GradeReport:
+          feedback_outputs: str = "shown", progress: str | None = None, judges: str | Path | None = None,
+          secret_file: str | Path | None = None) -> GradeReport:
     """Grade every notebook under `submissions`; write the outputs to `out` (None: write nothing).
 
-    `timeout` is the per-cell limit in seconds (default: nbgrader_config.py's, else 60); `budget` the
-    whole notebook's (default: `default_budget`). `isolation` is ``bwrap``, ``user`` or ``process``
-    (default: the strongest available, see `sandbox.py`); `require_sandbox` refuses to grade without
-    bubblewrap (`sandbox.SandboxUnavailable`). `sandbox_user`: a user, or a list of users (one per job).
-    `jobs`: submissions graded at a time, or "auto" (`jobs.py`). `feedback_outputs`: "scanned" (outputs
-    without hidden-test or solution text) or "none" (no kernel output in the feedback). `echo(str)`
-    receives progress lines (None: quiet); `progress` is "lines" (the default with `echo`) or "bar"
-    (a tqdm bar on stderr; `echo` then gets the other lines).
+    `timeout` is the per-cell (and per judge call) limit in seconds (default: nbgrader_config.py's, else
+    60); `budget` the whole notebook's (default: `default_budget`). `isolation` is ``bwrap``, ``user`` or
+    ``process`` (default: the strongest available, see `sandbox.py`); `require_sandbox` refuses to grade
+    without bubblewrap (`sandbox.SandboxUnavailable`). `sandbox_user`: a user, or a list of users (one per
+    job); none given, as root, each submission runs as a fresh user id of its own (`jobs.submission_uids`).
+    `jobs`: submissions graded at a time, or "auto" (`jobs.py`). `feedback_outputs`: "shown" (the kernel's
+    text outputs) or "none". `judges`: the folder of judges/labNN.py (default: beside `solutions`).
+    `secret_file`: the class secret the hidden cases are drawn from (default: `default_secret_file`, made
+    when missing). `echo(str)` receives progress lines (None: quiet); `progress` is "lines" (the default
+    with `echo`) or "bar" (a tqdm bar on stderr; `echo` then gets the other lines).
     """
     say = echo or (lambda s: None)
     jobs = parse_jobs(jobs)
@@ -256,10 +255,15 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         raise ValueError(f"feedback_outputs must be one of {', '.join(OUTPUT_MODES)}, got {feedback_outputs!r}")
     if progress not in (None, "lines", "bar"):
         raise ValueError(f"progress must be 'lines' or 'bar', got {progress!r}")
+    explicit_users = sandbox_user is not None
     users = [sandbox_user] if isinstance(sandbox_user, (str, int)) or sandbox_user is None else list(sandbox_user)
     iso = probe(isolation, require_sandbox, users[0] if users else None, memory_gb)
     say(iso.describe())
     labs_release, solutions = Path(labs_release), Path(solutions)
+    judges = Path(judges) if judges is not None else solutions.resolve().parent / "judges"
+    secret, note = load_secret(secret_file or default_secret_file(solutions))
+    if note:
+        say(note)
     released, sources = set(lab_names(labs_release)), set(lab_names(solutions))
     notes = list(iso.notes)
     for name in sorted(released - sources):
@@ -307,28 +311,11 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         scratch = RunScratch(iso)
         check_kernel(iso, scratch)
         needed = sorted({s.assignment for s in coll.submissions})
-        ready, answers, lab_secrets, sources = {}, {}, {}, {}
+        labs: dict[str, _Lab] = {}
         for lab in needed:
-            try:
-                source_nb = read_notebook(solutions / f"{lab}.ipynb")
-                generated = generate_release(course, lab, source_nb, solutions / f"{lab}.ipynb")
-                answers[lab] = answer_table(source_nb)
-                sources[lab] = source_nb
-                lab_secrets[lab] = LabSecrets(source_nb, release_nbs[lab])
-                rel_path = labs_release / f"{lab}.ipynb"
-                if notebook_text(normalize_lab(generated, _lab_relpath(rel_path))) != rel_path.read_text(encoding="utf-8"):
-                    notes.append(f"{rel_path} is not what {solutions / (lab + '.ipynb')} generates now (run "
-                                    "`course build-labs`?); submissions are checked against the release students "
-                                    "had, and graded with the tests of the source")
-                ready[lab] = ""
-            except (LabBuildError, OSError, ValueError) as e:
-                ready[lab] = str(e)
-        template_db = scratch.private / "template-gradebook.db"  # holds every hidden test: the grader's only
-        if (root / "gradebook.db").exists():
-            shutil.copyfile(root / "gradebook.db", template_db)
-            os.chmod(template_db, 0o600)
-        ctx = _Context(course, cfg, timeout, iso, scratch, budget or default_budget(course.timeout), answers,
-                       all_keys, template_db, secrets=lab_secrets, sources=sources, feedback_outputs=feedback_outputs)
+            labs[lab] = _prepare_lab(course, scratch, lab, solutions, labs_release, judges, release_nbs[lab], notes)
+        ctx = _Context(course, cfg, timeout, iso, scratch, budget or default_budget(course.timeout), labs,
+                       all_keys, secret, feedback_outputs=feedback_outputs)
         students = sorted({s.student for s in coll.submissions})
         ids = {st: f"s{k + 1:03d}" for k, st in enumerate(students)}
         fkeys = file_keys(students)
@@ -342,8 +329,8 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 r.messages.append("several files for this lab; graded the most recently modified, not: "
                                   + ", ".join(p.name for p in sub.superseded))
             results.append(r)
-            if ready[sub.assignment]:
-                r.messages.append(f"the lab could not be set up for grading: {ready[sub.assignment]}")
+            if labs[sub.assignment].error:
+                r.messages.append(f"the lab could not be set up for grading: {labs[sub.assignment].error}")
                 r.flags.setdefault("lab_setup_failed", [])
                 continue
             todo.append((k, sub, r))
@@ -352,9 +339,15 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
             say(f"jobs: auto -> {n_jobs} ({why})")
         else:
             n_jobs = max(1, min(jobs, len(todo)))
-        slots, who = sandbox_slots(iso, n_jobs, users[1:], explicit_process=isolation == "process")
+        slots, who = sandbox_slots(iso, n_jobs, users[1:], explicit_process=isolation == "process",
+                                   fresh=not explicit_users)
         if who:
             say(who)
+        if iso.uid is not None and not explicit_users:
+            uids = submission_uids(len(todo))
+            todo = [(k, sub, r, uid) for (k, sub, r), uid in zip(todo, uids)]
+        else:
+            todo = [(k, sub, r, None) for k, sub, r in todo]
         prog = (BarProgress(len(todo)) if progress == "bar" else
                 LineProgress(say, len(todo)) if echo is not None else LineProgress(lambda s: None, len(todo)))
 
@@ -367,7 +360,10 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 r.flags.setdefault("grader_crashed", [])
                 r.messages.append(f"the grader failed on this submission: {type(e).__name__}: {e}")
                 r.log = (r.log or "") + traceback.format_exc()
-            _write_log(ctx, r, out_dir)
+            try:
+                _write_log(r, out_dir)
+            except Exception as e:  # noqa: BLE001 - a log that cannot be written is said, not fatal
+                r.messages.append(f"the log could not be written: {type(e).__name__}: {e}")
         try:
             run(grade_one_safely, ctx, todo, release_nbs, slots, finish, prog)
         finally:
@@ -377,12 +373,40 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
             scratch.close()
         if tmp is not None:
             tmp.cleanup()
-    scanner = Scanner.of(*(sec.scanner() for sec in lab_secrets.values())) if lab_secrets else None
     report = GradeReport(results, [(str(p), why) for p, why in coll.unattributed],
-                         [(str(p), why) for p, why in coll.ignored], notes, out_dir, iso.describe(), scanner)
+                         [(str(p), why) for p, why in coll.ignored], notes, out_dir, iso.describe())
     if out_dir is not None:
         write_outputs(report, out_dir)
     return report
+
+
+def _prepare_lab(course: CourseDir, scratch: RunScratch, lab: str, solutions: Path, labs_release: Path,
+                 judges: Path, release_nb, notes: list) -> _Lab:
+    """The lab's release in nbgrader's gradebook, its judge loaded and checked against the release's test
+    cells, and the kernel's copy of course_lib with the judge's references withheld."""
+    empty = _Lab("", [], {}, "", None)
+    try:
+        source_nb = read_notebook(solutions / f"{lab}.ipynb")
+        generated = generate_release(course, lab, source_nb, solutions / f"{lab}.ipynb")
+        rel_path = labs_release / f"{lab}.ipynb"
+        if notebook_text(normalize_lab(generated, _lab_relpath(rel_path))) != rel_path.read_text(encoding="utf-8"):
+            notes.append(f"{rel_path} is not what {solutions / (lab + '.ipynb')} generates now (run "
+                         "`course build-labs`?); submissions are checked against the release students had")
+        judge_path = judges / f"{lab}.py"
+        judge = load_judge(judge_path)
+        order = test_parts(release_nb)
+        missing = [g for g, _ in order if g not in judge.parts]
+        extra = sorted(set(judge.parts) - {g for g, _ in order})
+        if missing or extra:
+            raise ValueError(f"{judge_path} does not match the release's test cells"
+                             + (f": no part for {', '.join(missing)}" if missing else "")
+                             + (f"; parts for no test cell: {', '.join(extra)}" if extra else ""))
+        lib = scratch.lib_for(lab, judge.withheld)
+        return _Lab(str(judge_path), order, release_mistakes(release_nb), str(lib),
+                    answer_table(source_nb, judge.references))
+    except (LabBuildError, OSError, ValueError, SyntaxError, ImportError) as e:
+        empty.error = f"{type(e).__name__}: {e}"
+        return empty
 
 
 def _wrong_lab(nb, lab: str, release_keys: dict) -> str | None:
@@ -403,19 +427,9 @@ def _wrong_lab(nb, lab: str, release_keys: dict) -> str | None:
     return None
 
 
-def _trusted_scores(graded_nb) -> dict[str, float | None]:
-    """grade_id -> score, computed by the grader from the executed notebook (nbgrader's own rule),
-    never read from anything the kernel could write."""
-    from nbgrader.utils import determine_grade, is_grade
-    out = {}
-    for c in graded_nb.cells:
-        if is_grade(c):
-            out[c.metadata.nbgrader["grade_id"]] = determine_grade(c)[0]
-    return out
-
-
 def _merge(course: CourseDir, sid: str, lab: str, scores: dict) -> None:
-    """Write one submission's scores into the instructor's gradebook (replacing an earlier entry)."""
+    """Write one submission's scores into the instructor's gradebook (replacing an earlier entry). A cell
+    with no score (None) is left for the instructor (needs manual grading)."""
     from nbgrader.api import MissingEntry
 
     with quiet_nbgrader(), warnings.catch_warnings(), course.gradebook() as gb:
@@ -434,31 +448,10 @@ def _merge(course: CourseDir, sid: str, lab: str, scores: dict) -> None:
         gb.db.commit()
 
 
-def _sub_config(ctx: _Context, secret: str, spec: dict | None, conn: Path, reports: Path, lab: str):
-    from nbconvert.preprocessors import ClearMetadataPreprocessor
-    from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput,
-                                        SaveAutoGrades)
-    from traitlets.config import Config
-
-    c = Config()
-    c.Autograde.autograde_preprocessors = [InjectGuard, SandboxExecute, CollectGuard, IgnorePattern,
-                                           ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-                                           AssignLatePenalties, CheckCellMetadata]
-    c.InjectGuard.secret = secret
-    c.InjectGuard.answers = dict(ctx.answers[lab].tests) if lab in ctx.answers else {}
-    c.CollectGuard.secret = secret
-    c.CollectGuard.report_path = str(reports / "guard.json")
-    c.SandboxExecute.sandbox_spec = spec
-    c.SandboxExecute.connection_file = str(conn)
-    c.SandboxExecute.budget = float(ctx.budget)
-    c.SandboxExecute.report_path = str(reports / "execute.json")
-    return c
-
-
-def grade_one_safely(ctx: _Context, sub, r: Result, release_nb) -> tuple[Result, dict | None]:
+def grade_one_safely(ctx: _Context, sub, r: Result, release_nb, uid=None) -> tuple[Result, dict | None]:
     """`_grade_one`, with any failure of the grader turned into an error result (never raises)."""
     try:
-        return r, _grade_one(ctx, sub, r, release_nb)
+        return r, _grade_one(ctx, sub, r, release_nb, uid)
     except Exception as e:  # never let one submission stop the others
         r.status, r.score, r.max_score = "error", None, None
         r.flags.setdefault("grader_crashed", [])
@@ -467,34 +460,57 @@ def grade_one_safely(ctx: _Context, sub, r: Result, release_nb) -> tuple[Result,
         return r, None
 
 
+class TooLarge(ValueError):
+    pass
+
+
 def _read_submission(path: Path):
-    """The submitted notebook, read without following links; errors never quote the file's content."""
-    text = read_submission(path)
+    """The submitted notebook, read without following links, at most MAX_SUBMISSION_BYTES; its stored
+    outputs are dropped before nbformat reads it (the notebook runs again; a large output costs nothing but
+    the flag repair gives it). Errors never quote the file's content."""
+    text = read_submission(path, MAX_SUBMISSION_BYTES + 1)
+    if len(text.encode("utf-8", errors="replace")) > MAX_SUBMISSION_BYTES:
+        raise TooLarge(f"larger than {MAX_SUBMISSION_BYTES // 2**20} MiB")
     try:
         data = json.loads(text)
     except ValueError as e:
         where = f"line {getattr(e, 'lineno', '?')}, column {getattr(e, 'colno', '?')}"
         raise ValueError(f"not valid JSON ({where})") from None
-    del data
+    del text
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise ValueError("no list of cells")
+    output_bytes = 0
+    for c in data["cells"]:
+        if isinstance(c, dict) and isinstance(c.get("outputs"), list):
+            if c["outputs"]:
+                output_bytes += len(json.dumps(c["outputs"]))
+                c["outputs"] = []
     with warnings.catch_warnings():  # nbformat fixes duplicated cell ids of copied cells in memory
         warnings.simplefilter("ignore")
         try:
-            nb = nbformat.reads(text, as_version=4)
+            nb = nbformat.reads(json.dumps(data), as_version=4)
         except Exception as e:  # noqa: BLE001 - nbformat's messages quote the content
             raise ValueError(f"not a notebook nbformat can read ({type(e).__name__})") from None
     if not isinstance(nb.get("cells"), list):
         raise ValueError("no list of cells")
-    return nb
+    return nb, output_bytes
 
 
-def _grade_one(ctx: _Context, sub, r: Result, release_nb) -> dict | None:
-    """Read, check and repair, autograde in a scratch copy: what may run in a worker process (jobs.py).
+def _grade_one(ctx: _Context, sub, r: Result, release_nb, uid=None) -> dict | None:
+    """Read, check and repair, run and judge in a sandbox: what may run in a worker process (jobs.py).
     Returns what `_finish` needs (None when there is nothing to finish: `r` says why)."""
-    course = ctx.course
     sid, lab = r.internal_id, r.assignment
+    lab_info: _Lab = ctx.labs[lab]
+    iso = ctx.iso if uid is None else _with_uid(ctx.iso, uid)
     # 1. read (the submission is only read, never through a link)
     try:
-        nb = _read_submission(sub.path)
+        nb, output_bytes = _read_submission(sub.path)
+    except TooLarge as e:
+        r.status = "error"
+        r.flags.setdefault("too_large", [])
+        r.messages.append(f"not graded: the file is {e}; ask the student for a copy with its outputs cleared, "
+                          "or grade it by hand")
+        return None
     except (UnsafeSubmission, ValueError) as e:
         r.status = "error"
         r.flags.setdefault("unreadable", [])
@@ -512,183 +528,156 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb) -> dict | None:
                           f"(graded as {lab} anyway)")
     # 2. check and repair against the release
     work, findings = repair(nb, release_nb)
+    if output_bytes > 1_000_000:
+        findings.flags.setdefault("large_outputs_removed", [f"{output_bytes / 1e6:.1f} MB"])
     for k, v in findings.flags.items():
         r.flags[k] = v
     r.messages += findings.messages
-    if lab in ctx.answers:
-        refs = reference_imports(work.cells, ctx.answers[lab], release_nb.cells)
+    if lab_info.answers is not None:
+        refs = reference_imports(work.cells, lab_info.answers, release_nb.cells)
         if refs:
             r.flags["reference_import"] = sorted(refs)
             for gid, where in sorted(refs.items()):
                 r.messages.append(f"{gid}: the answer imports course_lib's reference or internals "
                                   f"({'; '.join(where)})")
-    # 3. autograde in a scratch copy: its own course folder and gradebook (grader only), and a kernel
-    #    folder (the sandbox user's) holding only this notebook
-    sc_course = ctx.scratch.private / "courses" / sid
-    (ctx.scratch.private / "courses").mkdir(exist_ok=True, mode=0o700)
-    if sc_course.exists():
-        shutil.rmtree(sc_course)
-    reports = sc_course / "reports"
-    reports.mkdir(parents=True)
-    ks = ctx.scratch.kernel(sid, ctx.iso)  # ctx.iso: this job's sandbox user (jobs.py)
-    kwork = ks.work
+    # 3. run and judge in a sandboxed kernel, in a folder (the sandbox user's) holding only this notebook
+    ks = ctx.scratch.kernel(sid, iso)
+    log_lines: list[str] = []
+    t0 = time.time()
     try:
-        if ctx.template_db.exists():
-            shutil.copyfile(ctx.template_db, sc_course / "gradebook.db")
-        secret = secrets.token_hex(16)
-        marker = secrets.token_hex(8)
+        marker = hashlib.sha256(os.urandom(16)).hexdigest()[:16]
         conn = ks.run / "kernel.json"
         cpu = int(ctx.budget * 2 + 60)
-        spec = kernel_spec(ctx.iso, ks, conn, marker, cpu, ctx.scratch.lib)
-        scourse = CourseDir(sc_course, ctx.cfg, ctx.timeout, _sub_config(ctx, secret, spec, conn, reports, lab))
-        dest = scourse.submitted(sid, lab)
-        dest.parent.mkdir(parents=True)
-        nbformat.write(work, str(dest))
-        shutil.copyfile(dest, kwork / f"{lab}.ipynb")  # the student's own notebook, for code that opens it
-        t0 = time.time()
-        res = scourse.autograde(sid, lab)
-        ex = _read_json(reports / "execute.json")
-        left = kill_leftovers(marker, ctx.iso.uid, ex.get("pgids", []))
+        spec = kernel_spec(iso, ks, conn, marker, cpu, Path(lab_info.lib))
+        nbformat.write(work, str(ks.work / f"{lab}.ipynb"))   # the student's own notebook, for code that opens it
+        if iso.uid is not None:
+            os.chown(ks.work / f"{lab}.ipynb", iso.uid, iso.gid)
+        judge = load_judge(lab_info.judge_path)
+        limits = Limits(cell_timeout=float(ctx.course.timeout), budget=ctx.budget)
+
+        def judge_fn(send, restart):
+            return judge_parts(judge, send, lab_info.order, ctx.secret, lab, sub.student, lab_info.mistakes,
+                               timeout=limits.cell_timeout, on_kernel_gone=restart, log=log_lines.append)
+        session = run_submission(work, spec, str(conn), judge_fn, limits, log=log_lines.append)
+        left = kill_leftovers(marker, iso.uid, session.pgids)
         if left:
             r.flags["processes_left_behind"] = [str(len(left))]
             r.messages.append(f"{len(left)} process(es) started by the notebook were still running after it and "
                               "were killed")
-        r.log = result_log(res)
-        graded = scourse.autograded(sid, lab)
         jail = _read_text(ks.report)
-        if jail:  # the jail could not start the kernel: its reason, not just "Kernel died"
-            r.messages.append("the kernel could not start: " + jail[-500:])
-        if not res.get("success") or not graded.exists():
+        if session.verdict is None:
             r.status = "error"
-            r.flags.setdefault("autograde_failed", [])
-            r.messages.append("nbgrader autograde failed: " + _failure_reason(r.log))
+            r.flags.setdefault("kernel_failed", [])
+            r.messages.append("the kernel could not be started or run: "
+                              + (session.startup_error or "") + (f" ({jail[-500:]})" if jail else ""))
             return None
-        graded_nb = read_notebook(graded)
-        guard = _read_json(reports / "guard.json")
-        # 4. the grader computes the scores (merged into the instructor's gradebook by `_finish`)
-        scores = _trusted_scores(graded_nb)
-        for gid in guard.get("missing") or []:  # a test cell that did not run as written earns nothing
-            if gid in scores and scores[gid] is not None:
-                scores[gid] = 0.0
-        final = course.autograded(sid, lab)
-        for p in (course.submitted(sid, lab), final):
-            if p.parent.exists():
-                shutil.rmtree(p.parent)
-            p.parent.mkdir(parents=True)
-        shutil.copyfile(dest, course.submitted(sid, lab))
-        shutil.copyfile(graded, final)
     finally:
-        shutil.rmtree(sc_course, ignore_errors=True)
         usage = ctx.scratch.release(ks)  # kills what is left, removes its folders, tmpfs and cgroups
         if usage.get("oom_kill"):  # said whatever else happened (an early return included)
-            r.flags["memory_limit"] = [f"{ctx.iso.memory_gb:g}GiB"]
+            r.flags["memory_limit"] = [f"{iso.memory_gb:g}GiB"]
             peak = f", peak {usage['peak'] / 2**20:.0f} MiB" if usage.get("peak") else ""
-            r.messages.append(f"the notebook reached its memory limit of {ctx.iso.memory_gb:g} GiB: "
+            r.messages.append(f"the notebook reached its memory limit of {iso.memory_gb:g} GiB: "
                               f"{usage['oom_kill']} process(es) killed{peak}")
-    return {"ex": ex, "guard": guard, "scores": scores, "elapsed": time.time() - t0,
-            "user": "" if ctx.iso.uid is None else f"uid {ctx.iso.uid}" if ctx.iso.user == f"uid {ctx.iso.uid}"
-            else f"{ctx.iso.user} (uid {ctx.iso.uid})",
+    return {"session": session, "elapsed": time.time() - t0, "log": log_lines,
+            "user": "" if iso.uid is None else f"uid {iso.uid}" if iso.user == f"uid {iso.uid}"
+            else f"{iso.user} (uid {iso.uid})",
             "needs_review": findings.needs_review, "repaired": findings.repaired}
 
 
-def _feedback(ctx: _Context, r: Result, secrets_: LabSecrets, final: Path, release_nb, out_dir: Path | None,
-              score, max_score) -> None:
-    """The student's feedback page (feedback.py), written through the checked writer; what was withheld
-    is flagged ``feedback_withheld`` and said in the messages."""
-    sid, lab = r.internal_id, r.assignment
-    submitted = read_notebook(ctx.course.submitted(sid, lab))
-    scan = secrets_.scanner(submitted)
-    fb_nb, withheld = feedback_notebook(read_notebook(final), submitted, release_nb, ctx.sources[lab], scan,
-                                        ctx.feedback_outputs)
-    html = render_html(fb_nb, lab, sid, ctx.course.db_url)
+def _with_uid(iso: Isolation, uid: int) -> Isolation:
+    import dataclasses
+
+    from .sandbox import exposed_paths
+    return dataclasses.replace(iso, uid=uid, gid=uid, user=f"uid {uid}", notes=list(iso.notes),
+                               expose=exposed_paths(uid, uid) if iso.expose or iso.level == "bwrap" else [])
+
+
+def _feedback(ctx: _Context, r: Result, session, release_nb, out_dir: Path | None) -> None:
+    """The student's feedback page (feedback.py)."""
+    fb_nb = feedback_notebook(session.executed, release_nb, session.verdict, ctx.feedback_outputs)
+    html = render_html(fb_nb, r.assignment, r.internal_id, ctx.course.db_url)
     if out_dir is not None:
-        target = out_dir / "feedback" / (r.file_key or _slug(r.student)) / f"{lab}.html"
-        try:
-            write_checked(target, html, scan)
-        except LeakBlocked as e:  # what the per-output scan missed: the page goes, a page with the score stays
-            withheld[FEEDBACK_PAGE] = e.hits
-            write_checked(target, withheld_page(lab, score, max_score), scan)
+        target = out_dir / "feedback" / (r.file_key or _slug(r.student)) / f"{r.assignment}.html"
+        write_text(target, html)
         r.feedback = str(target)
-    if withheld:
-        r.flags["feedback_withheld"] = sorted(withheld)
-        for where, hits in sorted(withheld.items()):
-            what = where if where in (FEEDBACK_PAGE, WIDGET_STATE) else f"the output of {where}"
-            r.messages.append(f"feedback: {what} withheld: it carried text of the {describe_hits(hits)}")
 
 
-def _write_log(ctx: _Context, r: Result, out_dir: Path | None) -> None:
-    """nbgrader's log of one submission to logs/ (instructor's), lines with secret text withheld."""
+def _write_log(r: Result, out_dir: Path | None) -> None:
+    """What the grader noted of one submission, to logs/ (instructor's)."""
     if not r.log or out_dir is None:
         return
-    sec = ctx.secrets.get(r.assignment)
-    scan = sec.scanner() if sec else None
-    text = scan.scrub(r.log, "[line withheld: it carried text of the instructor's tests]")[0] if scan else r.log
     logfile = out_dir / "logs" / f"{r.file_key or _slug(r.student)}_{r.assignment}.log"
-    write_checked(logfile, text, scan)
+    write_text(logfile, r.log)
     r.log = str(logfile)
 
 
 def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: Path | None, feedback: bool) -> None:
     """The grader's own process, one submission at a time: the instructor's gradebook, flags, feedback
-    and log (every file through `write_checked`)."""
+    and log."""
     course = ctx.course
     sid, lab = r.internal_id, r.assignment
-    secrets_ = ctx.secrets.get(lab)
     if carry is None:
         return
-    ex, guard = carry["ex"], carry["guard"]
-    _merge(course, sid, lab, carry["scores"])
-    final = course.autograded(sid, lab)
+    session = carry["session"]
+    verdict = session.verdict
+    scores = {gid: p.score for gid, p in verdict.parts.items()}
+    for gid in manual_parts(release_nb):
+        scores[gid] = None
+    _merge(course, sid, lab, scores)
+    executed = course.autograded(sid, lab)   # the executed notebook, kept in the instructor's course folder
+    executed.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(session.executed, str(executed))
     score, max_score, manual, cells = _scores(course, sid, lab)
-    timeouts, errors = _execution_problems(final)
     for c in cells:
-        if c["grade_id"] in errors:
-            c["error"] = errors[c["grade_id"]]
+        part = verdict.parts.get(c["grade_id"])
+        if part is not None:
+            c["cases"] = [{"case": x.label, "group": x.group, "passed": x.passed,
+                           **({"message": x.message} if x.message else {}),
+                           **({"note": x.note} if x.note else {})} for x in part.cases]
+            failed = part.failures()
+            if failed:
+                c["error"] = failed[0].message[:300]
+            if part.misconceptions():
+                c["misconceptions"] = part.misconceptions()
     r.score, r.max_score, r.cells = score, max_score, cells
-    if is_project(release_nb):  # the final project: its leaderboard entry, from the executed notebook
-        r.project = project_entry(read_notebook(final), read_notebook(course.submitted(sid, lab)), cells)
-    if timeouts:
-        r.flags["timeout"] = timeouts
-        r.messages.append(f"cells hit the time limit of {course.timeout} s: {', '.join(timeouts)}")
-    if ex.get("died_at") is not None:
-        r.flags["kernel_died"] = [str(ex["died_at"])]
-        r.messages.append("the kernel died while running the notebook (" + (ex.get("error") or "") + "); the "
-                          "points of the cells run before it are kept, the cells after it score 0")
-    if ex.get("budget_at") is not None or ex.get("budget_killed"):
+    lines = list(carry.get("log") or [])
+    failed_parts = sorted(g for g, p in verdict.parts.items() if p.error)
+    if failed_parts:
+        r.flags["judge_failed"] = failed_parts
+        for g in failed_parts:
+            r.messages.append(f"{g}: the judge could not judge this part ({verdict.parts[g].error}); it scores 0 "
+                              "until you look at it")
+    if is_project(release_nb):  # the final project: its leaderboard entry, from the judge's record
+        r.project = project_entry(verdict, read_notebook(executed), cells)
+    if session.timeouts:
+        r.flags["timeout"] = list(session.timeouts)
+        r.messages.append(f"cells hit the time limit of {course.timeout} s: {', '.join(session.timeouts)}")
+    if session.died:
+        r.flags["kernel_died"] = list(session.died)
+        r.messages.append("the kernel died while running " + ", ".join(session.died) + "; the cells after it "
+                          "ran in a new kernel")
+    gone = sorted(g for g, p in verdict.parts.items() if p.kernel_gone)
+    if gone:
+        r.flags.setdefault("kernel_died", []).extend(f"judging {g}" for g in gone)
+        r.messages.append("the kernel died or stopped answering while judging " + ", ".join(gone)
+                          + "; the cases after that count as failed")
+    if session.budget_at is not None or any("time budget" in (c.message or "") for p in verdict.parts.values()
+                                            for c in p.cases):
         r.flags["time_budget"] = [f"{ctx.budget:g}s"]
-        r.messages.append(f"the notebook used up its time budget of {ctx.budget:g} s; the cells after that "
-                          "were not run and score 0")
-    tamper = {}
-    for gid, probs in (guard.get("problems") or {}).items():
-        for p in probs:
-            kind, _, rest = p.partition(": ")
-            if kind == "reference_import":
-                r.flags.setdefault("reference_import", [])
-                if gid not in r.flags["reference_import"]:
-                    r.flags["reference_import"].append(gid)
-                r.messages.append(f"{gid}: {rest}")
-            else:
-                tamper.setdefault(gid, []).append(p)
-    for gid in guard.get("missing") or []:
-        tamper.setdefault(gid, []).append("the test cell did not run as written (the grader's check in it "
-                                          "never reported)")
-    for gid in guard.get("forged") or []:
-        tamper.setdefault(gid, []).append("a forged grader report was printed in this cell")
-    if guard and not guard.get("setup", True):
-        tamper.setdefault("setup", []).append("the grader's setup cell did not report")
-    if tamper:
-        r.flags["tamper"] = sorted(tamper)
-        for gid, probs in sorted(tamper.items()):
-            r.messages.append(f"tampering detected in {gid}: " + "; ".join(sorted(set(probs))))
+        r.messages.append(f"the notebook used up its time budget of {ctx.budget:g} s; what came after was not run "
+                          "and scores 0")
+    if session.output_dropped:
+        r.flags["output_limit"] = [f"{session.output_dropped:,} characters"]
+        r.messages.append(f"{session.output_dropped:,} characters of output were not kept (a cell keeps "
+                          f"{Limits.cell_chars:,}, a notebook {Limits.notebook_chars:,})")
     if manual:
         r.flags.setdefault("needs_manual_grading", [c["grade_id"] for c in cells if c["needs_manual_grade"]])
-    r.messages.append(f"autograded in {carry['elapsed']:.1f} s"
+    r.messages.append(f"graded in {carry['elapsed']:.1f} s ({session.started} kernel start(s))"
                       + (f", kernel as {carry['user']}" if carry["user"] else ""))
-    # 5. feedback, built by the grader (feedback.py): sources from the release and the student's own
-    #    cells, outputs only where they carry no hidden-test or solution text
-    if feedback and secrets_ is not None:
+    r.log = "\n".join(lines + r.messages) + "\n"
+    if feedback:
         try:
-            _feedback(ctx, r, secrets_, final, release_nb, out_dir, score, max_score)
+            _feedback(ctx, r, session, release_nb, out_dir)
         except Exception as e:  # noqa: BLE001 - the grade stands without its feedback page
             r.flags.setdefault("feedback_failed", [])
             r.messages.append(f"the feedback page could not be made: {type(e).__name__}: {str(e)[:300]}")
@@ -705,13 +694,6 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         return ""
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -747,27 +729,22 @@ def csv_safe(text: str) -> str:
     return "'" + text if text and text[0] in "=+-@\t\r" else text
 
 
-def write_outputs(report: GradeReport, out: Path, scanner: Scanner | None = None) -> None:
-    """grades.csv, report.json and not_graded.txt, each scrubbed of hidden-test and solution text
-    (`scanner`, default the report's) and written through `feedback.write_checked`."""
-    scanner = scanner if scanner is not None else report.scanner
+def write_outputs(report: GradeReport, out: Path) -> None:
+    """grades.csv, report.json and not_graded.txt (and the project's leaderboard)."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [CSV_COLUMNS] + [[csv_safe(r.student), csv_safe(r.assignment), _fmt(r.score), _fmt(r.max_score), r.status,
                              csv_safe(r.flag_text), csv_safe(r.file)] for r in report.results]
-    rows, _ = scrub_value(rows, scanner)
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(rows)
-    write_checked(out / "grades.csv", buf.getvalue(), scanner)
+    write_text(out / "grades.csv", buf.getvalue())
     data = {"results": [asdict(r) for r in report.results],
             "not_graded": [{"file": p, "why": w} for p, w in report.not_graded],
             "ignored": [{"file": p, "why": w} for p, w in report.ignored],
             "warnings": report.warnings, "isolation": report.isolation}
-    data, _ = scrub_value(data, scanner)
-    write_checked(out / "report.json", json.dumps(data, indent=1, sort_keys=True) + "\n", scanner)
+    write_text(out / "report.json", json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     lines = [f"{p}\t{w}" for p, w in report.not_graded] + [f"{p}\tskipped: {w}" for p, w in report.ignored]
-    lines, _ = scrub_value(lines, scanner)
-    write_checked(out / "not_graded.txt", "\n".join(lines) + ("\n" if lines else ""), scanner)
-    write_leaderboard(report.results, out, scanner, csv_safe)   # the final project's, when one was graded
+    write_text(out / "not_graded.txt", "\n".join(lines) + ("\n" if lines else ""))
+    write_leaderboard(report.results, out, csv_safe)   # the final project's, when one was graded
 
 
 SUMMARY_LINES = 40
@@ -781,12 +758,12 @@ def _capped(lines: list[str]) -> list[str]:
 
 
 def summary(report: GradeReport) -> str:
-    """A short table for the terminal."""
+    """A short table for the terminal (names and paths printed with their control characters escaped)."""
     rows = [("student", "lab", "score", "status", "flags")]
     for r in sorted(report.results, key=lambda r: (r.assignment, r.student)):
         score = f"{_fmt(r.score)}/{_fmt(r.max_score)}" if r.score is not None else "-"
         flags = ", ".join(r.flags) if r.flags else ""
-        rows.append((r.student, r.assignment, score, r.status, flags))
+        rows.append((terminal_safe(r.student), terminal_safe(r.assignment), score, r.status, flags))
     widths = [min(max(len(row[k]) for row in rows), 40) for k in range(4)]
     lines = ["  ".join(row[k][:40].ljust(widths[k]) for k in range(4)) + "  " + row[4] for row in rows]
     counts = {}
@@ -798,12 +775,12 @@ def summary(report: GradeReport) -> str:
     if report.not_graded:
         lines.append(f"NOT GRADED ({len(report.not_graded)}: not attributed to a student and a lab, or not safe "
                      "to open):")
-        lines += _capped([f"  {p}: {w}" for p, w in report.not_graded])
+        lines += _capped([f"  {terminal_safe(p)}: {terminal_safe(w)}" for p, w in report.not_graded])
     if report.ignored:
         lines.append(f"skipped ({len(report.ignored)}):")
-        lines += _capped([f"  {p}: {w}" for p, w in report.ignored])
+        lines += _capped([f"  {terminal_safe(p)}: {terminal_safe(w)}" for p, w in report.ignored])
     for w in report.warnings:
-        lines.append(f"warning: {w}")
+        lines.append(f"warning: {terminal_safe(w)}")
     if report.isolation:
         lines.append(report.isolation)
     return "\n".join(lines)

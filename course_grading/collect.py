@@ -4,14 +4,14 @@ Accepted layouts (both may be mixed in one SUBMISSIONS folder):
 
 1. One folder per student:  SUBMISSIONS/<student>/<any name with labNN>.ipynb
    The student id is the folder's name (an LMS folder such as ``Alice Smith_12345_assignsubmission_file_``
-   gives ``Alice Smith``). Notebooks may sit deeper inside the student's folder.
+   gives ``Alice Smith (12345)``: the LMS's id stays in the key, so two students of one name stay two). Notebooks may sit deeper inside the student's folder.
 2. Flat:  SUBMISSIONS/<file>.ipynb, with the student id in the file name:
      <student>_labNN.ipynb   <student>-labNN.ipynb   <student> - labNN.ipynb   <student> labNN.ipynb
      labNN_<student>.ipynb   labNN-<student>.ipynb   labNN - <student>.ipynb
      LMS exports:  <name>_<number>_<number>_<original file name>.ipynb       (Canvas)
                    <name>_LATE_<number>_<number>_<original file name>.ipynb  (Canvas, late; flagged)
                    <name>_<number>_assignsubmission_file_<original>.ipynb     (Moodle)
-   where the student id is <name>.
+   where the student id is ``<name> (<first number>)``: the display name and the LMS's user id.
 
 The assignment is the ``labNN`` token anywhere in the name, case-insensitive, with an optional
 separator and leading zeros (``lab01``, ``Lab1``, ``lab_01``, ``LAB 01`` -> lab01). Copy decorations
@@ -58,8 +58,8 @@ _COPY_SUFFIX_RES = [
 ]
 _INNER_COPY_RE = re.compile(r"(^|[\s_\-.])copy\s+of\s+", re.IGNORECASE)
 _LMS_RES = [
-    re.compile(r"^(?P<name>.+?)_(?P<late>LATE_)?\d+_\d+_?$"),                 # Canvas
-    re.compile(r"^(?P<name>.+?)_\d+_assignsubmission_[a-z]+_?$", re.IGNORECASE),  # Moodle
+    re.compile(r"^(?P<name>.+?)_(?P<late>LATE_)?(?P<id>\d+)_\d+_?$"),                 # Canvas: user id, file id
+    re.compile(r"^(?P<name>.+?)_(?P<id>\d+)_assignsubmission_[a-z]+_?$", re.IGNORECASE),  # Moodle: participant id
 ]
 _SEPARATORS = " _-.\t"
 # Folders tools leave in a download; listed once as skipped, never looked into.
@@ -106,12 +106,26 @@ def lab_tokens(name: str) -> list[int]:
 
 
 def _clean_student(s: str) -> str:
+    """The student id of a name: an LMS export's display name keeps the LMS's own id beside it
+    ("Alice Smith (111)"), so that two students of one name stay two students."""
     s = s.strip(_SEPARATORS)
     for rx in _LMS_RES:
         m = rx.match(s)
         if m:
-            return m.group("name").strip(_SEPARATORS)
+            return f"{m.group('name').strip(_SEPARATORS)} ({m.group('id')})"
     return s
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with every control or format character (terminal escapes, bidirectional overrides, a carriage
+    return that would overwrite the line) written as an escape: what a student named a folder is printed,
+    never obeyed, on the instructor's terminal."""
+    import unicodedata
+    out = []
+    for ch in str(text):
+        cat = unicodedata.category(ch)
+        out.append(ch.encode("unicode_escape").decode("ascii") if cat[0] == "C" or cat in ("Zl", "Zp") else ch)
+    return "".join(out)
 
 
 def _is_late(s: str) -> bool:

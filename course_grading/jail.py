@@ -21,7 +21,10 @@ order, and then runs the kernel command:
    torch.distributed's gloo, work inside it) and new PID namespace, as root directly, otherwise inside
    a new user namespace when the system allows one;
 3. ``rlimits``: address space, processes, CPU seconds, file size, open files, no core dumps;
-4. drop privileges (``uid``/``gid``, no supplementary groups, no_new_privs) when started as root;
+4. drop privileges (``uid``/``gid``, no supplementary groups) when started as root; then a new, empty
+   session keyring of the kernel's own, no_new_privs, and a seccomp filter that refuses ``add_key``,
+   ``request_key`` and ``keyctl`` (EPERM): the kernel can neither read the grader's session keyring (an
+   instructor's login gives one) nor leave a key for the next kernel of the same user;
 5. ``cwd`` and a clean environment (``env``: nothing of the grader's is inherited);
 6. ``bwrap``: when given, exec bubblewrap with that argument list in front of the kernel command.
 
@@ -260,6 +263,60 @@ def set_rlimits(limits: dict) -> None:
         resource.setrlimit(which, (value, value))
 
 
+# seccomp: the key-management system calls refused (classic BPF over struct seccomp_data)
+SYSCALLS_KEYS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+KEYCTL_JOIN_SESSION_KEYRING = 1
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+X32_SYSCALL_BIT = 0x40000000
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def keyring_filter(machine: str) -> list[tuple[int, int, int, int]]:
+    """The BPF program: another architecture's system calls (a 32-bit binary) and the x32 ABI refused
+    whole; add_key, request_key and keyctl refused; everything else allowed."""
+    arch, (add_key, request_key, keyctl) = SYSCALLS_KEYS[machine]
+    ld_abs, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
+    return [(ld_abs, 0, 0, 4),                     # 0: A = seccomp_data.arch
+            (jeq, 1, 0, arch),                     # 1: native? -> 3
+            (ret, 0, 0, SECCOMP_RET_EPERM),        # 2: another architecture: refused
+            (ld_abs, 0, 0, 0),                     # 3: A = seccomp_data.nr
+            (jset, 4, 0, X32_SYSCALL_BIT),         # 4: x32 -> 9
+            (jeq, 3, 0, add_key),                  # 5
+            (jeq, 2, 0, request_key),              # 6
+            (jeq, 1, 0, keyctl),                   # 7
+            (ret, 0, 0, SECCOMP_RET_ALLOW),        # 8
+            (ret, 0, 0, SECCOMP_RET_EPERM)]        # 9
+
+
+def isolate_keyrings() -> None:
+    """A new, empty session keyring (the grader's is left behind), then no_new_privs and the seccomp
+    filter: no key system call works in the kernel or anything it starts (filters survive exec and fork)."""
+    machine = os.uname().machine
+    if machine not in SYSCALLS_KEYS:
+        raise OSError(f"no seccomp filter for the keyrings on {machine}")
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    rc = libc.syscall(ctypes.c_long(SYS_KEYCTL[machine]), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING),
+                      ctypes.c_void_p(None))
+    if rc < 0 and ctypes.get_errno() not in (38,):   # ENOSYS: a kernel without keys has no keyring to leak
+        e = ctypes.get_errno()
+        raise OSError(e, f"a new session keyring: {os.strerror(e)}")
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    prog = keyring_filter(machine)
+    arr = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+    fprog = _SockFprog(len(prog), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp filter")
+
+
 def drop_privileges(uid, gid) -> None:
     if uid is None or os.geteuid() != 0:
         return
@@ -280,8 +337,9 @@ def _child(spec: dict, cmd: list) -> None:
         set_rlimits(spec.get("rlimits") or {})
         drop_privileges(spec.get("uid"), spec.get("gid"))
         libc = _libc()
-        if spec.get("uid") is not None:  # no set-user-ID program gives the kernel's user privileges back
-            _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        # no set-user-ID program gives the kernel's user privileges back (no_new_privs), no keyring of the
+        # grader's or of another kernel reachable
+        isolate_keyrings()
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
         os.chdir(spec["cwd"])
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):

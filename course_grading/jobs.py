@@ -31,6 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
+from .collect import terminal_safe
 from .sandbox import exposed_paths, resolve_user
 
 DYNAMIC_UIDS = range(65519, 61183, -1)  # systemd's dynamic-user range, from the top
@@ -106,9 +107,19 @@ def free_uids(n: int, exclude=()) -> list[int]:
     return out
 
 
-def sandbox_slots(iso, n: int, users=(), explicit_process: bool = False) -> tuple[list, str]:
+def submission_uids(n: int) -> list[int]:
+    """One fresh user id per submission (no account, no process: `free_uids`), so that no two kernels of a
+    run ever share a user (its files, its keyring, its processes), whatever they leave behind."""
+    return free_uids(n)
+
+
+def sandbox_slots(iso, n: int, users=(), explicit_process: bool = False, fresh: bool = False) -> tuple[list, str]:
     """One isolation per worker (a distinct sandbox user where the kernels run as one), and a line
-    saying who the kernels run as."""
+    saying who the kernels run as. `fresh`: every submission gets a user id of its own
+    (`submission_uids`), whatever the worker."""
+    if fresh and iso.uid is not None:
+        return [iso] * n, (f"{'jobs: ' + str(n) + ' kernels at a time; ' if n > 1 else ''}each submission runs as "
+                           "a fresh user id of its own (no account, no process), from systemd's dynamic range")
     if n == 1:
         return [iso], ""
     if iso.uid is None and iso.level == "bwrap":  # bubblewrap without root: each kernel in namespaces of its own
@@ -146,7 +157,7 @@ def _fmt_secs(s: float) -> str:
 
 def _line(r) -> str:
     score = f"{r.score:g}/{r.max_score:g}" if r.score is not None and r.max_score is not None else "-"
-    return f"{r.assignment} {r.student}: {score} {r.status}"
+    return f"{r.assignment} {terminal_safe(r.student)}: {score} {r.status}"
 
 
 class LineProgress:
@@ -197,20 +208,20 @@ def _init_worker(slots) -> None:
     _WORKER["iso"] = slots.get()
 
 
-def _work(grade_one, ctx, sub, r, release_nb):
+def _work(grade_one, ctx, sub, r, release_nb, uid):
     if "iso" in _WORKER:
         ctx.iso = _WORKER["iso"]
-    return grade_one(ctx, sub, r, release_nb)
+    return grade_one(ctx, sub, r, release_nb, uid)
 
 
 def run(grade_one, ctx, todo: list, release_nbs: dict, slots: list, finish, progress) -> None:
-    """Grade `todo` ([(index, Submission, Result)]) with one worker per slot: `grade_one(ctx, sub, r,
-    release_nb) -> (result, carry)` (a module-level function: a worker process gets it by name) in the
-    worker, `finish(index, result, carry)` in this process, one at a time, as results come in."""
+    """Grade `todo` ([(index, Submission, Result, uid or None)]) with one worker per slot: `grade_one(ctx,
+    sub, r, release_nb, uid) -> (result, carry)` (a module-level function: a worker process gets it by name)
+    in the worker, `finish(index, result, carry)` in this process, one at a time, as results come in."""
     if len(slots) == 1:
         ctx.iso = slots[0]
-        for idx, sub, r in todo:
-            r2, carry = grade_one(ctx, sub, r, release_nbs[sub.assignment])
+        for idx, sub, r, uid in todo:
+            r2, carry = grade_one(ctx, sub, r, release_nbs[sub.assignment], uid)
             finish(idx, r2, carry)
             progress.advance(r2)
         return
@@ -222,8 +233,8 @@ def run(grade_one, ctx, todo: list, release_nbs: dict, slots: list, finish, prog
         queue.put(s)
     with ProcessPoolExecutor(max_workers=len(slots), mp_context=mp, initializer=_init_worker,
                              initargs=(queue,)) as pool:
-        futures = {pool.submit(_work, grade_one, ctx, sub, r, release_nbs[sub.assignment]): (idx, r)
-                   for idx, sub, r in todo}
+        futures = {pool.submit(_work, grade_one, ctx, sub, r, release_nbs[sub.assignment], uid): (idx, r)
+                   for idx, sub, r, uid in todo}
         for fut in as_completed(futures):
             idx, r = futures[fut]
             try:

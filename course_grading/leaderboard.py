@@ -1,62 +1,37 @@
 """The final project's leaderboard (labs/lab13): `leaderboard.csv` and `leaderboard.html`, next to grades.csv.
 
-A project lab is one whose graded test cell prints a record line, ``RECORD_PREFIX`` + JSON, made by
-``course_lib.capstone.ProjectResult.record`` in the student's kernel: correct or not, the speed-up over the
-course's baseline (median of the paired per-round ratios, its quartiles, min and max, the rounds), the points
-of its scale. The grader reads it from the autograded notebook (the last such line of that cell's output),
-the points from its own gradebook (the cell's score, computed by the grader), and the method from the
-student's report: the first ``**Method:**`` line of a markdown cell of the submission.
-
-The record is written by code that runs beside the student's, like every score the kernel computes: the
-in-kernel guard catches the known tricks, not a student who attacks the checker itself. Look at the code of
-the top entries before you publish the board (the CSV names each student's file).
+A project lab's judge reports, beside the part's score, a record (`judging.PartResult.record`), made in the
+grader's process: correct or not, the speed-up over the course's baseline (median of the paired per-round
+ratios, its quartiles, min and max, the rounds), the points of its scale. The grader reads the points from
+its own gradebook and the method from the student's report: the first ``**Method:**`` line of a markdown
+cell of the submission.
 
 Sorted: correct entries first, by speed-up (median), then the entries that are not correct (no speed points,
-whatever their time), then the submissions that printed no record (their cell failed before it, or the
-grader could not run them). Every file goes through `feedback.write_checked`, its text scrubbed of hidden-test
-and solution text first, like grades.csv.
+whatever their time), then the submissions that have no record (the grader could not run them).
 """
 from __future__ import annotations
 
 import csv
 import html
 import io
-import json
 import math
 import re
 from pathlib import Path
 
-from .feedback import scrub_value, write_checked
+from .feedback import write_text
 
-RECORD_PREFIX = "[course-project] "   # = course_lib.capstone.RECORD_PREFIX (this package imports nothing of
-                                      # course_lib; tests/test_project.py checks that the two agree)
 METHOD_RE = re.compile(r"^\s*\*\*Method:\*\*\s*(.*?)\s*$", re.M)
 TEMPLATE_METHOD = "the course's baseline (replace this"   # the template's line, left as it was
 COLUMNS = ["rank", "student", "assignment", "method", "correct", "speedup", "q1", "q3", "min", "max", "rounds",
            "points", "max_points", "score", "max_score", "status", "problem", "file"]
 
 
-def project_record(graded_nb) -> tuple[str, dict] | None:
-    """(grade_id, record) of the last record line printed by a graded test cell, or None."""
-    found = None
-    for c in graded_nb.cells:
-        gid = ((c.get("metadata") or {}).get("nbgrader") or {}).get("grade_id")
-        if c.get("cell_type") != "code" or not gid:
-            continue
-        for out in c.get("outputs", []):
-            if out.get("output_type") != "stream" or out.get("name") != "stdout":
-                continue
-            text = out.get("text", "")
-            text = "".join(text) if isinstance(text, list) else str(text)
-            for line in text.splitlines():
-                if line.startswith(RECORD_PREFIX):
-                    try:
-                        rec = json.loads(line[len(RECORD_PREFIX):])
-                    except ValueError:
-                        continue
-                    if isinstance(rec, dict):
-                        found = (gid, rec)
-    return found
+def project_record(verdict) -> tuple[str, dict] | None:
+    """(grade_id, record) of the judge's part that reported one, or None."""
+    for gid, part in (verdict.parts.items() if verdict is not None else ()):
+        if isinstance(part.record, dict):
+            return gid, part.record
+    return None
 
 
 def method_line(nb) -> str:
@@ -72,14 +47,15 @@ def method_line(nb) -> str:
 
 
 def is_project(release_nb) -> bool:
-    """A project lab: its release prints the record (the visible test's ``.record()``) or names the evaluator."""
-    return any(c.get("cell_type") == "code" and "evaluate_project(" in str(c.get("source", ""))
-               for c in release_nb.cells)
+    """A project lab: its release hands in a ``build`` entry (the project template's contract)."""
+    return any(c.get("cell_type") == "code" and "def build(model" in str(c.get("source", ""))
+               for c in release_nb.cells) or any(c.get("cell_type") == "code" and "evaluate_project(" in
+                                                str(c.get("source", "")) for c in release_nb.cells)
 
 
-def project_entry(graded_nb, submitted_nb, cells: list) -> dict:
+def project_entry(verdict, submitted_nb, cells: list) -> dict:
     """What the leaderboard shows of one graded project submission (see the module docstring)."""
-    found = project_record(graded_nb)
+    found = project_record(verdict)
     entry = {"method": method_line(submitted_nb), "record": None, "points": None, "max_points": None}
     if found is None:
         return entry
@@ -157,23 +133,21 @@ def _table(assignment: str, rs: list[dict]) -> str:
     return f"<h2>{html.escape(assignment)}</h2>\n<table>\n{head}\n" + "\n".join(body) + "\n</table>"
 
 
-def write_leaderboard(results, out: Path, scanner=None, csv_cell=lambda text: text) -> list[Path]:
+def write_leaderboard(results, out: Path, csv_cell=lambda text: text) -> list[Path]:
     """leaderboard.csv and leaderboard.html in `out`, when some result is a project submission; the paths
     written (none otherwise). `csv_cell` makes a text cell safe for a spreadsheet (grades.csv's rule,
     `autograde.csv_safe`)."""
     rs = rows(results)
     if not rs:
         return []
-    rs, _ = scrub_value(rs, scanner)
     buf = io.StringIO(newline="")
     w = csv.writer(buf)
     w.writerow(COLUMNS)
     for r in rs:
         w.writerow([csv_cell(r[k]) for k in COLUMNS])
-    paths = [write_checked(Path(out) / "leaderboard.csv", buf.getvalue(), scanner)]
+    paths = [write_text(Path(out) / "leaderboard.csv", buf.getvalue())]
     tables = []
     for a in sorted({r["assignment"] for r in rs}):
         tables.append(_table(a, [r for r in rs if r["assignment"] == a]))
-    paths.append(write_checked(Path(out) / "leaderboard.html", PAGE.format(tables="\n".join(tables)), scanner))
+    paths.append(write_text(Path(out) / "leaderboard.html", PAGE.format(tables="\n".join(tables))))
     return paths
-

@@ -1,20 +1,22 @@
 """The instructor pipeline: `course build-labs` and `course grade`.
 
     course build-labs [--solutions solutions] [--labs labs] [--check] [LAB ...]
-    course grade SUBMISSIONS [--labs-release labs] [--solutions solutions] [--out grades]
-                 [--timeout 60] [--assignment labNN] [--workdir DIR] [--config nbgrader_config.py]
-                 [--jobs N|auto] [--feedback-outputs scanned|none]
+    course grade SUBMISSIONS [--labs-release labs] [--solutions solutions] [--judges judges] [--out grades]
+                 [--secret-file FILE] [--timeout 60] [--assignment labNN] [--workdir DIR]
+                 [--config nbgrader_config.py] [--jobs N|auto] [--feedback-outputs shown|none]
 
-Both drive nbgrader (generate_assignment, autograde, generate_feedback) through its Python API in a
-working nbgrader course directory outside the repository. The pieces, usable from Python:
+build-labs drives nbgrader's generate_assignment; grade runs each submission in a sandboxed kernel and
+judges it in the grader's own process (`judging.py`, the labs' judges in judges/), keeping nbgrader's
+gradebook for the scores and manual grading. The pieces, usable from Python:
 
     build_labs(solutions, labs, names=None, check=False)      -> [LabBuild]       (build.py)
     find_leaks(source_nb, lab_nb)                              -> [lines]          (build.py)
     answer_sources(source_nb), fill_answers(lab_nb, answers)   solved / mutant submissions
     collect(submissions, labs)                                 -> Collection       (collect.py)
-    LabSecrets(source_nb, release_nb).scanner(submission_nb)   -> Scanner          (leaks.py)
-    feedback_notebook(...), write_checked(path, text, scanner)                     (feedback.py)
     repair(submission_nb, release_nb)                          -> (nb, Findings)   (repair.py)
+    load_judge(path), judge_parts(judge, send, ...)            -> Verdict          (judging.py)
+    run_submission(nb, spec, connection_file, judge_fn, limits) -> SessionResult   (session.py)
+    feedback_notebook(executed_nb, release_nb, verdict)                            (feedback.py)
     grade(submissions, labs_release, solutions, out, ...)      -> GradeReport      (autograde.py)
 """
 from __future__ import annotations
@@ -26,16 +28,18 @@ from .autograde import GradeReport, Result, grade, summary, write_outputs
 from .build import (LabBuild, LabBuildError, answer_sources, build_labs, build_ok, fill_answers, find_leaks,
                     lab_names, secret_and_public_lines)
 from .collect import Collection, Submission, collect, parse_name, read_submission, strip_copy_decorations
-from .feedback import OUTPUT_MODES, LeakBlocked, feedback_notebook, write_checked
-from .leaks import LabSecrets, Scanner
+from .feedback import OUTPUT_MODES, feedback_notebook
+from .judging import Judge, Verdict, judge_parts, load_judge
 from .repair import Findings, repair
 from .sandbox import DEFAULT_MEMORY_GB, LEVELS, Isolation, SandboxUnavailable, bwrap_argv, probe
+from .session import Limits, run_submission
 
 __all__ = ["build_labs_main", "grade_main", "build_labs", "build_ok", "find_leaks", "secret_and_public_lines",
            "answer_sources", "fill_answers", "lab_names", "LabBuild", "LabBuildError", "collect", "parse_name",
            "strip_copy_decorations", "Collection", "Submission", "repair", "Findings", "grade", "summary",
-           "read_submission", "LabSecrets", "Scanner", "feedback_notebook", "write_checked", "LeakBlocked",
-           "write_outputs", "GradeReport", "Result", "Isolation", "SandboxUnavailable", "probe", "bwrap_argv"]
+           "read_submission", "feedback_notebook", "write_outputs", "GradeReport", "Result", "Isolation",
+           "SandboxUnavailable", "probe", "bwrap_argv", "Judge", "Verdict", "judge_parts", "load_judge",
+           "Limits", "run_submission"]
 
 
 def build_labs_main(argv: list[str] | None = None) -> int:
@@ -100,33 +104,36 @@ accepted submission names (the assignment is the labNN token, e.g. lab01, Lab1, 
   Several files of one student for one lab: the newest is graded, the submission flagged for review.
 
 isolation (printed first; see README "For instructors"): bwrap (bubblewrap: a private filesystem, read-only
-  system and Python, own /proc /tmp /dev/shm, no network; as --sandbox-user when the grader is root) or user
-  (grader is root, no bubblewrap: the same private filesystem built by the grader, kernels as --sandbox-user,
-  default nobody). Both are refused with the reason when a real kernel cannot start at that level. process
+  system and Python, own /proc /tmp /dev/shm, no network; as root, each submission as a fresh user id) or
+  user (grader is root, no bubblewrap: the same private filesystem built by the grader, each submission as a
+  fresh user id). Both are refused with the reason when a real kernel cannot start at that level. process
   (the grader's own user, resource limits only: trusted notebooks) is used only when asked for with
   --isolation process. Every level: one scratch copy per submission, no network where the system allows
-  it, limits on memory, processes, CPU and file size, every process of the kernel killed at the end; as
-  root, one cgroup and one tmpfs per submission where the machine allows (the memory limit then holds for
-  all its processes and files together). --require-sandbox refuses to grade without bubblewrap.
+  it, limits on memory, processes, CPU and file size, an empty session keyring of its own and no key system
+  call (keyctl, add_key, request_key), every process of the kernel killed at the end; as root, one cgroup
+  and one tmpfs per submission where the machine allows (the memory limit then holds for all its processes
+  and files together). --require-sandbox refuses to grade without bubblewrap.
 
 outputs (in --out): feedback/<student>/<lab>.html for each student; for you only: grades.csv (student,
-  assignment, score, max_score, status, flags, file), report.json (per-cell scores, repairs, messages),
-  logs/, not_graded.txt (feedback and logs are named by a file-safe student id, with a short hash added
-  where two ids collide; CSV cells starting with = + - @ get a leading ' so a spreadsheet does not run them);
-  for the final project (lab13): leaderboard.csv and leaderboard.html (sorted by speed-up over the course's
-  baseline, with its spread, each entry's method line from its report, correctness and speed points)
-feedback: built by the grader from the release, the student's own cells and the scores; hidden tests
-  never shown. An output of the student's kernel is shown only as text and only when it carries no text of
-  a hidden test or a solution (plain or encoded); otherwise it is withheld and the submission flagged
-  feedback_withheld. --feedback-outputs none shows no kernel output at all. Every file written to --out is
-  checked for hidden-test and solution text.
+  assignment, score, max_score, status, flags, file), report.json (per-part scores and cases, repairs,
+  messages), logs/, not_graded.txt (feedback and logs are named by a file-safe student id, with a short hash
+  added where two ids collide; CSV cells starting with = + - @ get a leading ' so a spreadsheet does not run
+  them); for the final project (lab13): leaderboard.csv and leaderboard.html
+judging: each submission's cells run in its sandboxed kernel (not the lab's test cells); then the lab's judge
+  (judges/labNN.py, yours) calls the student's functions on hidden inputs drawn from the class secret
+  (--secret-file, made on first use: keep it; a regrade with it draws the same inputs) and the student's key,
+  and compares what comes back, as plain data, with the course's reference in the grader's own process. No
+  hidden test, expected value or reference ever enters the kernel; no output of the kernel is a score.
+feedback: built by the grader from the release, the student's own cells (their markdown shown as text), the
+  judge's verdict under each test cell (score, cases passed, the first failing cases, misconceptions) and
+  the kernel's text outputs; --feedback-outputs none shows no kernel output at all.
 jobs: --jobs N grades N submissions at a time, each in its own sandbox and scratch and, where the grader
-  is root, as its own user (bubblewrap without root: each in its own namespaces); the grades and files are
-  those of --jobs 1. --jobs auto: one per two cores, within
-  memory. Default 1 (time limits are wall-clock: a busy machine could push a slow submission over them).
+  is root, as a fresh user id of its own (bubblewrap without root: each in its own namespaces); the grades and
+  files are those of --jobs 1. --jobs auto: one per two cores, within memory. Default 1 (time limits are
+  wall-clock: a busy machine could push a slow submission over them).
 status: ok | repaired (safe automatic repair, see flags) | review (a human should look: also wrong_lab,
-  kernel_died, time_budget, memory_limit, tamper, reference_import, feedback_withheld) |
-  error (not graded; score left empty, never 0)
+  kernel_died, time_budget, memory_limit, output_limit, reference_import, judge_failed) |
+  error (not graded: unreadable, too_large, kernel_failed; score left empty, never 0)
 exit status: 0 all graded, 1 some file not graded or some submission in error, 2 usage error
 """
 
@@ -135,16 +142,22 @@ def grade_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="course grade",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Collect, check, autograde (nbgrader), give feedback and export the grades of a folder "
+        description="Collect, check, run in a sandbox, judge, give feedback and export the grades of a folder "
                     "of submitted lab notebooks, as students download them from Colab or Jupyter. The "
                     "submissions are only read, never modified.",
         epilog=GRADE_EPILOG)
     p.add_argument("submissions", metavar="SUBMISSIONS", help="folder of submissions (or one notebook)")
     p.add_argument("--labs-release", default="labs", help="folder of the released labs students got (default: labs)")
     p.add_argument("--solutions", default="solutions", help="folder of the source labs (default: solutions)")
+    p.add_argument("--judges", default=None, help="folder of the labs' judges, labNN.py (default: judges/ beside "
+                   "the solutions folder)")
+    p.add_argument("--secret-file", default=None, metavar="FILE",
+                   help="the class secret the hidden cases are drawn from (default: .grading/class-secret beside "
+                        "the solutions folder; made on first use: keep it, and keep it from students)")
     p.add_argument("--out", default="grades", help="output folder (default: grades)")
     p.add_argument("--timeout", type=float, default=None,
-                   help="per-cell time limit in seconds (default: nbgrader_config.py's, else 60)")
+                   help="time limit of each cell and of each call of the judge, in seconds (default: "
+                        "nbgrader_config.py's, else 60)")
     p.add_argument("--assignment", default=None, metavar="labNN", help="grade only this lab")
     p.add_argument("--workdir", default=None,
                    help="keep nbgrader's course folder (gradebook.db, autograded notebooks) here "
@@ -152,8 +165,9 @@ def grade_main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=None, help="nbgrader_config.py to use")
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                   help="time limit for a whole notebook, on top of the per-cell one (default: 10 per-cell "
-                        "timeouts, at least 600 s); the cells after it score 0 and the submission is flagged")
+                   help="time limit for a whole notebook, its cells and the judge's calls together, on top of "
+                        "the per-cell one (default: 10 per-cell timeouts, at least 600 s); what comes after it "
+                        "scores 0 and the submission is flagged")
     p.add_argument("--isolation", choices=LEVELS, default=None,
                    help="how to run students' code (default: bwrap where bubblewrap is installed, else user as "
                         "root): bwrap = bubblewrap sandbox; user = an unprivileged user in a private filesystem "
@@ -162,14 +176,14 @@ def grade_main(argv: list[str] | None = None) -> int:
     p.add_argument("--require-sandbox", action="store_true",
                    help="refuse to grade unless bubblewrap (bwrap) is installed and used")
     p.add_argument("--sandbox-user", default=None, metavar="USER[,USER...]",
-                   help="the unprivileged user kernels run as when the grader is root (default: nobody); with "
-                        "--jobs N, one user per job (unnamed ones: user ids with no account, see README)")
+                   help="the unprivileged user kernels run as when the grader is root (default: a fresh user id "
+                        "with no account for each submission); with --jobs N, one user per job")
     p.add_argument("--jobs", default="1", metavar="N|auto",
                    help="submissions graded at a time, each in its own sandbox (default: 1; auto: one per two "
                         "cores, within memory)")
-    p.add_argument("--feedback-outputs", choices=OUTPUT_MODES, default="scanned",
-                   help="scanned (default): the kernel's text outputs that carry no hidden-test or solution text; "
-                        "none: no output of the kernel in the feedback")
+    p.add_argument("--feedback-outputs", choices=OUTPUT_MODES, default="shown",
+                   help="shown (default): the kernel's text outputs of the student's cells; none: no output of "
+                        "the kernel in the feedback")
     p.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GB, metavar="GiB",
                    help=f"memory limit of a submission (default: {DEFAULT_MEMORY_GB:g}; 0: none): for all its "
                         "processes and files together where a cgroup can be made (root), else per process")
@@ -183,7 +197,7 @@ def grade_main(argv: list[str] | None = None) -> int:
                        echo=None if args.quiet else (lambda s: print(s, flush=True)), isolation=args.isolation,
                        require_sandbox=args.require_sandbox, budget=args.budget, memory_gb=args.memory_limit,
                        sandbox_user=users, jobs=args.jobs, feedback_outputs=args.feedback_outputs,
-                       progress="bar" if bar else None)
+                       progress="bar" if bar else None, judges=args.judges, secret_file=args.secret_file)
     except (FileNotFoundError, FileExistsError, ValueError, SandboxUnavailable) as e:
         print(f"course grade: {e}", file=sys.stderr)
         return 2

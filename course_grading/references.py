@@ -1,14 +1,14 @@
-"""Which `course_lib` names are the answers of a lab, read from its source (nothing written by hand).
+"""Which `course_lib` names are the answers of a lab: the references its judge grades against.
 
-Each graded exercise compares the student's function with `course_lib`'s reference in its hidden tests
-(``from course_lib.perf.ops import matmul_cost as _ref_matmul_cost``). Those imports are the
-table: a student's cell that imports one of these names, or the module holding one, is handing in the
-reference instead of an answer, and that exercise is flagged for review. The check helpers
-(`course_lib.checks`) are never answers.
+Each lab's judge (``judges/labNN.py``) names, per graded part, the library names the part is graded against
+(`judging.Judge.references`): a student's cell that imports one of these names, or the module holding one,
+is handing in the reference instead of an answer, and that part is flagged for review (the kernel's copy of
+course_lib does not even hold the withheld ones: `sandbox.withhold`). The check helpers (`course_lib.checks`)
+are never answers.
 
-    answer_table(source_nb)       -> AnswerTable(tests: {test grade_id: [answer names]},
-                                                 references: {test grade_id: {"module.name", ...}})
-    reference_imports(cells, table) -> {test grade_id: ["cell 3: from course_lib.perf.ops import matmul_cost"]}
+    answer_table(source_nb, references) -> AnswerTable(tests: {test grade_id: [answer names]},
+                                                      references: {test grade_id: {"module.name", ...}})
+    reference_imports(cells, table)     -> {test grade_id: ["cell 3: from course_lib.perf.ops import matmul_cost"]}
 
 A private name of the library (`from course_lib.attention.triton_flash import _flash_fwd_kernel`, or
 `tf._flash_fwd_kernel` on an imported module) is flagged as well: no lab asks for one.
@@ -16,7 +16,6 @@ A private name of the library (`from course_lib.attention.triton_flash import _f
 from __future__ import annotations
 
 import ast
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,18 +47,6 @@ def _is_module(qualified: str) -> bool:
         return True
     p = root.joinpath(*rel)
     return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
-
-
-def _hidden_text(source: str) -> str:
-    out, inside = [], False
-    for ln in source.split("\n"):
-        if "BEGIN HIDDEN TESTS" in ln:
-            inside = True
-        elif "END HIDDEN TESTS" in ln:
-            inside = False
-        elif inside:
-            out.append(ln)
-    return textwrap.dedent("\n".join(out))
 
 
 def _parse(src: str):
@@ -96,7 +83,9 @@ def _defined(src: str) -> list[str]:
     return names
 
 
-def answer_table(source_nb) -> AnswerTable:
+def answer_table(source_nb, references: dict | None = None) -> AnswerTable:
+    """The names each test cell's answers define (the answer cells since the previous test cell), and the
+    references the judge grades each part against (`references`: {grade_id: [qualified names]})."""
     table = AnswerTable()
     current: list[str] = []
     after_test = True
@@ -113,14 +102,8 @@ def answer_table(source_nb) -> AnswerTable:
             after_test = True
             gid = grade_id(c)
             table.tests[gid] = list(current)
-            refs = set()
-            for mod, name, _, alias in _imports(_parse(_hidden_text(c.source)), aliases=True):
-                if not mod.startswith("course_lib") or mod.startswith(NOT_ANSWERS):
-                    continue
-                # the labs' convention: a reference is imported as _ref..., or under the answer's name
-                if alias.lower().startswith("_ref") or name in current:
-                    refs.add(f"{mod}.{name}" if name else mod)
-            table.references[gid] = refs
+            table.references[gid] = {q for q in (references or {}).get(gid, ())
+                                     if q.startswith("course_lib") and not q.startswith(NOT_ANSWERS)}
     return table
 
 

@@ -5,7 +5,7 @@ Isolation levels (the strongest one available is used; `course grade` prints whi
 ``bwrap``    bubblewrap is installed: the kernel runs in bubblewrap's namespaces (user, mount, PID,
              network, IPC, UTS, cgroup) with a read-only view of the system (/usr, /etc's basics,
              /lib*, the Python installation), a private copy of the `course_lib` package and of
-             the kernel-side guard (`course_grading`'s `guard.py`, not the pipeline), and its
+             the judge's kernel-side driver (`course_grading`'s `driver.py` and `wire.py`, not the pipeline), and its
              writable scratch folders only; /proc shows its own processes, /tmp, /var/tmp and
              /dev/shm are its own. Nothing else of the machine exists in it (no home folders, no
              repository, no other submissions, no instructor sources, no gradebook, no /run and its
@@ -61,9 +61,9 @@ DEFAULT_DISK = 1 * 2**30          # a submission's files in all (working folder,
                                   # at most a quarter of the memory limit (tmpfs files are memory)
 PATH = "/usr/local/bin:/usr/bin:/bin"
 LIB_MOUNT = "/opt/course"         # where the kernel finds its copy of course_lib at the bwrap and user levels
-# What the kernel gets of this package: the guard the grader's cells call, not the pipeline (a kernel that
-# imports course_grading.sandbox finds nothing; execute.check_kernel checks it).
-GUARD_FILES = ("__init__.py", "guard.py")
+# What the kernel gets of this package: the judge's driver and its wire format, not the pipeline (a kernel
+# that imports course_grading.sandbox or course_grading.judging finds nothing; execute.check_kernel checks it).
+KERNEL_FILES = ("__init__.py", "driver.py", "wire.py")
 BWRAP_LIB = LIB_MOUNT
 SCRATCH_PATH_MAX = 60             # the scratch folder's path length: Unix socket paths end at 107 bytes
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/alternatives",
@@ -381,7 +381,7 @@ class Isolation:
         extra = []
         if self.private:
             extra.append("private filesystem (read-only system and Python, a copy of course_lib and the "
-                         "grader's guard, its scratch "
+                         "judge's driver, its scratch "
                          "folder; own /proc, /tmp, /var/tmp, /dev/shm; no /run, repository or home folders)")
         elif self.level == "user":
             extra.append("filesystem NOT private (it can read world-readable files and use the machine's /tmp)")
@@ -537,7 +537,7 @@ def probe(level: str | None = None, require_sandbox: bool = False, sandbox_user=
         env = {"PATH": PATH, "PYTHONPATH": LIB_MOUNT, "PYTHONDONTWRITEBYTECODE": "1"}
         spec = {"uid": iso.uid, "gid": iso.gid, "env": env,
                 "root": {"ops": root_ops(None, lib)}}
-        iso.private_fs = _jail_ok(spec, (sys.executable, "-c", "import course_lib.checks, course_grading.guard"))
+        iso.private_fs = _jail_ok(spec, (sys.executable, "-c", "import course_lib.checks, course_grading.driver"))
         if not iso.private_fs:
             iso.notes.append("cannot build a private filesystem for the kernel here (no mount namespace): it can "
                              "read world-readable files, e.g. a world-readable repository and its solutions/")
@@ -612,7 +612,8 @@ class RunScratch:
         <base>/        0711  (0700 at level process)
           p/           0700  the grader's only: the gradebook copy, the per-submission course folders
           lib/course_lib     a copy of the course package (the kernel imports this, not the repository)
-          lib/course_grading the guard only (GUARD_FILES): what the grader's cells call in the kernel
+          lib/course_grading the judge's driver only (KERNEL_FILES): what the grader's requests call in the kernel
+          lib-<lab>/         a lab's copy: course_lib with what the lab is graded against withheld (`withhold`)
           k/<key>/     0711  one submission's kernel folders (a tmpfs where the grader can mount one)
     """
 
@@ -627,8 +628,8 @@ class RunScratch:
             self.private.mkdir(mode=0o700)
             self.lib = self.base / "lib" / "course_lib"
             copy_package(course_lib_root() / "course_lib", self.lib)
-            self.guard = guard_copy(self.lib)
-            copy_package(Path(__file__).resolve().parent, self.guard, only=GUARD_FILES)
+            self.driver = driver_copy(self.lib)
+            copy_package(Path(__file__).resolve().parent, self.driver, only=KERNEL_FILES)
             self.kernels = self.base / "k"
             self.kernels.mkdir(mode=0o711)
             if iso.cgroup is not None:
@@ -637,6 +638,22 @@ class RunScratch:
         except BaseException:
             self.close()
             raise
+
+    def lib_for(self, name: str, withheld=()) -> Path:
+        """The course_lib copy the kernels of lab `name` import: the run's copy with each name of `withheld`
+        (``course_lib.a.b.Name``, what the lab's parts are graded against) replaced by a stub that raises
+        (`withhold`), and the driver beside it. Made once per lab, before any worker starts."""
+        if not withheld:
+            return self.lib
+        top = self.base / f"lib-{name}"
+        lib = top / "course_lib"
+        if not lib.exists():
+            top.mkdir(mode=0o755)
+            shutil.copytree(self.lib, lib)
+            withhold(lib, withheld)
+            copy_package(lib, lib, compile_only=True)
+            shutil.copytree(self.driver, driver_copy(lib))
+        return lib
 
     def kernel(self, key: str, iso: Isolation | None = None) -> KernelScratch:
         """One submission's kernel folders, owned by `iso`'s sandbox user (default: the run's; with
@@ -696,12 +713,15 @@ class RunScratch:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def copy_package(src: Path, dst: Path, only: tuple[str, ...] | None = None) -> None:
+def copy_package(src: Path, dst: Path, only: tuple[str, ...] | None = None, compile_only: bool = False) -> None:
     """A readable copy of a package (of its files named in `only`, if given), compiled (the kernel writes
     no bytecode, and compiling what a lab imports from course_lib costs each kernel about a second),
-    folders 0755 and files 0644 whatever the modes in the checkout (safetensors writes 0600)."""
+    folders 0755 and files 0644 whatever the modes in the checkout (safetensors writes 0600).
+    `compile_only`: `dst` is there already (src == dst): compile what changed and set the modes."""
     import compileall
-    if only is None:
+    if compile_only:
+        pass
+    elif only is None:
         shutil.copytree(src, dst)  # with __pycache__: copy2 keeps the sources' times, so those stay valid
     else:
         dst.mkdir(parents=True)
@@ -713,6 +733,60 @@ def copy_package(src: Path, dst: Path, only: tuple[str, ...] | None = None) -> N
         os.chmod(d, 0o755)
         for f in files:
             os.chmod(os.path.join(d, f), 0o644)
+
+
+WITHHELD_MESSAGE = ("{name} is withheld while this lab is graded: it is what the lab's answers are graded "
+                    "against, and an answer must be the student's own code")
+
+
+def _module_file(package: Path, dotted: str) -> Path | None:
+    rel = dotted.split(".")[1:]
+    p = package.joinpath(*rel)
+    if p.with_suffix(".py").is_file():
+        return p.with_suffix(".py")
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    return None
+
+
+def withhold(package: Path, names) -> None:
+    """Replace each top-level definition ``course_lib.a.b.Name`` (a function, a class or an assignment, with
+    its decorators) in the copy `package` of course_lib by a stub of the same name that raises
+    RuntimeError (a class stub raises when instantiated, so the library's own imports and subclasses still
+    load). The name must be defined where it is named, not re-exported (ValueError otherwise)."""
+    import ast
+    by_file: dict = {}
+    for full in names:
+        mod, _, name = full.rpartition(".")
+        f = _module_file(package, mod) if mod.startswith("course_lib") else None
+        if f is None:
+            raise ValueError(f"withheld name {full}: no module {mod} in course_lib")
+        by_file.setdefault(f, []).append((full, name))
+    for f, items in by_file.items():
+        lines = f.read_text(encoding="utf-8").split("\n")
+        tree = ast.parse("\n".join(lines))
+        spans = []
+        for full, name in items:
+            node = next((n for n in tree.body
+                         if (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name)
+                         or (isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
+                             isinstance(t, ast.Name) and t.id == name
+                             for t in (n.targets if isinstance(n, ast.Assign) else [n.target])))), None)
+            if node is None:
+                raise ValueError(f"withheld name {full}: not defined at the top of {f.name} (name the module "
+                                 "that defines it, not one that re-exports it)")
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            msg = WITHHELD_MESSAGE.format(name=full)
+            if isinstance(node, ast.ClassDef):
+                stub = [f"class {name}:", f"    \"\"\"Withheld while this lab is graded.\"\"\"",
+                        "    def __init__(self, *args, **kwargs):", f"        raise RuntimeError({msg!r})"]
+            else:
+                stub = [f"def {name}(*args, **kwargs):", f"    \"\"\"Withheld while this lab is graded.\"\"\"",
+                        f"    raise RuntimeError({msg!r})"]
+            spans.append((start, node.end_lineno, stub))
+        for start, end, stub in sorted(spans, reverse=True):
+            lines[start - 1:end] = stub
+        f.write_text("\n".join(lines), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -736,21 +810,21 @@ def kernel_env(work: Path, pythonpath: str | Path | None, marker: str = "", tmpd
     return env
 
 
-def guard_copy(package: Path) -> Path:
-    """Where the guard's copy sits beside `package`, the kernel's copy of course_lib (RunScratch)."""
+def driver_copy(package: Path) -> Path:
+    """Where the driver's copy sits beside `package`, the kernel's copy of course_lib (RunScratch)."""
     return package.parent / "course_grading"
 
 
 def kernel_packages(package: Path) -> list[tuple[str, str]]:
     """(source, where the kernel sees it) for the packages the kernel imports at the bwrap and user levels:
-    `package` (the copy of course_lib) and the guard's copy beside it; nothing else of the grader."""
-    return [(str(package), f"{LIB_MOUNT}/course_lib"), (str(guard_copy(package)), f"{LIB_MOUNT}/course_grading")]
+    `package` (the copy of course_lib) and the driver's copy beside it; nothing else of the grader."""
+    return [(str(package), f"{LIB_MOUNT}/course_lib"), (str(driver_copy(package)), f"{LIB_MOUNT}/course_grading")]
 
 
 def bwrap_argv(bwrap: str, work: Path, run: Path, package: Path, marker: str = "", tmp: Path | None = None,
                shm: Path | None = None, size: int | None = DEFAULT_DISK) -> list[str]:
     """bubblewrap's arguments: a read-only system, the Python installation and the course package
-    (`package`, a copy: not the repository) with the guard's copy beside it, the scratch folders `work` (the kernel's home and working
+    (`package`, a copy: not the repository) with the driver's copy beside it, the scratch folders `work` (the kernel's home and working
     folder) and `run` (its connection file and sockets) writable, /tmp and /var/tmp (`tmp`) and /dev/shm
     (`shm`) its own (the submission's folders where given, else tmpfs of `size` bytes), no network, its
     own PID/IPC/UTS/cgroup namespaces, dies with its parent. No --new-session: the kernel must stay in
@@ -795,7 +869,7 @@ def root_ops(ks: KernelScratch | None, package: Path) -> list[list]:
 def kernel_spec(iso: Isolation, ks: KernelScratch, connection_file: Path, marker: str, cpu_seconds: int | None,
                 package: Path) -> dict:
     """The jail's spec for one submission's kernel (see jail.py); `package` is the course_lib copy (the
-    guard's copy beside it)."""
+    driver's copy beside it)."""
     rl = {"core": 0, "fsize": DEFAULT_FSIZE, "nofile": DEFAULT_NOFILE}
     if iso.memory_gb and iso.cgroup is None:
         # the fallback: address space per process (with a cgroup it is not needed, and it is not memory:

@@ -1,0 +1,482 @@
+"""One submission in one sandboxed kernel: its cells run, then the judge's calls, all bounded.
+
+    run_submission(nb, spec, connection_file, judge_fn, limits) -> SessionResult
+
+1. **The notebook.** Every code cell of the (repaired) submission runs in order, in a kernel started
+   through the jail (`sandbox.py`), except the lab's test cells: they hold the release's visible tests,
+   which students run themselves; while grading, the judge takes their place. Each cell has a time limit
+   (then the kernel is interrupted, and the cell is marked), the notebook a budget (the cells after it are
+   not run), and what a cell prints is capped: `Limits.cell_chars` of text kept per cell,
+   `Limits.notebook_chars` per notebook, and no message over `Limits.message_bytes` is even read (the
+   client's sockets drop a larger one: a 600 MB output line never reaches the grader's memory). A cell
+   that kills the kernel is marked; a new kernel replays the cells that ran before it and goes on after it.
+2. **The judge.** `judge_fn(send, restart)` (see `judging.judge_parts`) sends its requests through
+   `send(ops, timeout)`: one line executed in the kernel, whose reply is the display output of the judge's
+   MIME type tagged with the request's nonce (`driver.py`); everything else the kernel prints meanwhile is
+   dropped. A request that times out interrupts the kernel; a kernel that is gone raises `KernelGone`, and
+   `restart()` brings up a new one with the notebook replayed.
+
+Nothing the kernel sends is believed beyond what it is: outputs are text to show, and a reply is data that
+`judging` decodes and judges in the grader's process.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import nbformat
+
+from . import wire
+from .judging import KernelGone
+from .sandbox import SandboxKernelManager
+
+DEAD_ENAME = "DeadKernelError"
+TIMEOUT_ENAME = "CellTimeoutError"
+BUDGET_ENAME = "TimeBudgetExceeded"
+STARTUP_TIMEOUT = 120.0
+
+
+@dataclass
+class Limits:
+    cell_timeout: float = 60.0          # seconds per cell and per judge request
+    budget: float = 600.0               # seconds for the notebook's cells and the judge together
+    cell_chars: int = 100_000           # text kept per cell
+    notebook_chars: int = 2_000_000     # text kept per notebook
+    message_bytes: int = 48 * 2**20     # a larger message from the kernel is never read
+    restarts: int = 3                   # kernels started again after one died
+
+
+@dataclass
+class SessionResult:
+    executed: object                              # the notebook with the outputs kept (test cells empty)
+    verdict: object = None                        # judging.Verdict
+    timeouts: list = field(default_factory=list)  # cell labels that hit the time limit
+    died: list = field(default_factory=list)      # cell labels that killed the kernel
+    budget_at: str | None = None                  # the first cell not run for want of time
+    output_dropped: int = 0                       # characters of output not kept
+    started: int = 0                              # kernels started
+    pgids: list = field(default_factory=list)
+    elapsed: float = 0.0
+    startup_error: str | None = None
+
+
+def _meta(cell) -> dict:
+    m = cell.get("metadata", {}).get("nbgrader")
+    return m if isinstance(m, dict) else {}
+
+
+def is_test_cell(cell) -> bool:
+    m = _meta(cell)
+    return cell.get("cell_type") == "code" and bool(m.get("grade")) and not m.get("solution")
+
+
+def cell_label(cell, k: int) -> str:
+    return _meta(cell).get("grade_id") or f"cell {k}"
+
+
+class _Capped:
+    """Outputs of one cell, text kept up to the cell's and the notebook's limits."""
+
+    def __init__(self, limits: Limits, spent: list):
+        self.limits, self.spent = limits, spent     # spent: [characters kept in the notebook so far]
+        self.outputs, self.kept, self.dropped = [], 0, 0
+
+    def _room(self) -> int:
+        return max(0, min(self.limits.cell_chars - self.kept, self.limits.notebook_chars - self.spent[0]))
+
+    def _take(self, text: str) -> str:
+        room = self._room()
+        cut = text[:room]
+        self.kept += len(cut)
+        self.spent[0] += len(cut)
+        self.dropped += len(text) - len(cut)
+        return cut
+
+    def add(self, msg_type: str, content: dict) -> None:
+        if msg_type == "stream":
+            name = content.get("name") if content.get("name") in ("stdout", "stderr") else "stdout"
+            text = self._take(str(content.get("text", "")))
+            if not text:
+                return
+            last = self.outputs[-1] if self.outputs else None
+            if last is not None and last.get("output_type") == "stream" and last.get("name") == name:
+                last["text"] += text
+            else:
+                self.outputs.append(nbformat.v4.new_output("stream", name=name, text=text))
+        elif msg_type in ("display_data", "execute_result"):
+            data = content.get("data") if isinstance(content.get("data"), dict) else {}
+            shown = {}
+            for mime, value in data.items():
+                if mime == wire.MIME:
+                    continue
+                text = value if isinstance(value, str) else json.dumps(value)[:100_000]
+                if mime == "text/plain":
+                    shown[mime] = self._take(text)
+                else:  # kept only as a note that it was there: the feedback shows text only
+                    shown[mime] = "" if len(text) > 10_000 else text
+            if not shown:
+                return
+            if msg_type == "execute_result":
+                self.outputs.append(nbformat.v4.new_output("execute_result", data=shown,
+                                                           execution_count=None))
+            else:
+                self.outputs.append(nbformat.v4.new_output("display_data", data=shown))
+        elif msg_type == "error":
+            ename = str(content.get("ename", "Error"))[:200]
+            evalue = self._take(str(content.get("evalue", ""))[:5000])
+            tb = [self._take(str(t)[:5000]) for t in (content.get("traceback") or [])[:50]]
+            self.outputs.append(nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=tb))
+        elif msg_type == "clear_output":
+            self.outputs = []
+
+
+class Kernel:
+    """One sandboxed kernel and its client (async)."""
+
+    def __init__(self, spec: dict | None, connection_file: str, limits: Limits, kernel_name: str = "python3"):
+        self.spec, self.connection_file, self.limits, self.kernel_name = spec, connection_file, limits, kernel_name
+        self.km = self.kc = None
+
+    async def start(self) -> None:
+        import zmq
+        import zmq.asyncio
+        km = SandboxKernelManager(kernel_name=self.kernel_name)
+        if self.spec:
+            km.transport = "ipc"
+            km.connection_file = self.connection_file
+            km.ip = self.connection_file.rsplit(".", 1)[0] + "-ipc"
+            km.sandbox_spec = self.spec
+        self.km = km
+        await km.start_kernel(extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        ctx = zmq.asyncio.Context()
+        ctx.setsockopt(zmq.MAXMSGSIZE, int(self.limits.message_bytes))   # every socket the client makes
+        self._ctx = ctx
+        self.kc = km.client(context=ctx)
+        self.kc.start_channels()
+        await self.kc.wait_for_ready(timeout=STARTUP_TIMEOUT)
+
+    @property
+    def pgid(self):
+        return getattr(getattr(self.km, "provisioner", None), "pgid", None)
+
+    async def alive(self) -> bool:
+        try:
+            return bool(await self.km.is_alive())
+        except Exception:  # noqa: BLE001
+            return False
+
+    async def stop(self) -> None:
+        if self.kc is not None:
+            try:
+                self.kc.stop_channels()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.km is not None:
+            try:
+                await self.km.shutdown_kernel(now=True)
+            except Exception:  # noqa: BLE001
+                try:
+                    await self.km._async_kill_kernel()
+                except Exception:  # noqa: BLE001
+                    pass
+            try:
+                res = self.km.cleanup_resources()
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception:  # noqa: BLE001
+                pass
+        ctx = getattr(self, "_ctx", None)
+        if ctx is not None:
+            try:
+                ctx.destroy(linger=0)
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def execute(self, code: str, timeout: float, sink, store_history: bool = True) -> str:
+        """Run `code`; every iopub message of it goes to ``sink(msg_type, content)``. Returns "ok",
+        "error" (the cell raised), "timeout" (interrupted; the kernel answered again) or "dead"."""
+        msg_id = self.kc.execute(code, store_history=store_history, allow_stdin=False, stop_on_error=False)
+        deadline = time.monotonic() + max(1.0, timeout)
+        status, replied_at, interrupted = "ok", None, False
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                if interrupted:
+                    return "dead"          # interrupted and still not idle: the kernel is not answering
+                interrupted = True
+                try:
+                    await self.km.interrupt_kernel()
+                except Exception:  # noqa: BLE001
+                    return "dead"
+                deadline = now + 10.0
+                status = "timeout"
+            try:
+                msg = await self.kc.get_iopub_msg(timeout=0.5)
+            except (queue.Empty, asyncio.TimeoutError, TimeoutError):
+                msg = None
+            except Exception:  # noqa: BLE001 - a message the session could not read (a bad signature)
+                msg = None
+            if msg is None:
+                if not await self.alive():
+                    return "dead"
+                if replied_at is None:
+                    try:
+                        reply = await self.kc.get_shell_msg(timeout=0.01)
+                        if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                            replied_at = time.monotonic()
+                    except Exception:  # noqa: BLE001
+                        pass
+                elif time.monotonic() - replied_at > 2.0:
+                    return status          # the reply came; the idle status was lost with a dropped message
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg.get("msg_type"), msg.get("content") or {}
+            if kind == "status" and content.get("execution_state") == "idle":
+                return status
+            if kind == "error" and status == "ok":
+                status = "error"
+            sink(kind, content)
+
+
+async def _run_cells(kernel: Kernel, cells: list[tuple[int, object]], outputs: dict, result: SessionResult,
+                     limits: Limits, t0: float, spent: list, skip: set) -> int | None:
+    """Run (index, cell) in order; returns the index of a cell that killed the kernel, or None."""
+    for k, cell in cells:
+        if k in skip:
+            continue
+        left = limits.budget - (time.monotonic() - t0)
+        if left <= 0:
+            result.budget_at = result.budget_at or cell_label(cell, k)
+            outputs[k] = [nbformat.v4.new_output("error", ename=BUDGET_ENAME, evalue=(
+                f"the notebook's time budget of {limits.budget:g} s was used up before this cell"), traceback=[])]
+            continue
+        cap = _Capped(limits, spent)
+        status = await kernel.execute(cell.source, min(limits.cell_timeout, left), cap.add)
+        result.output_dropped += cap.dropped
+        if cap.dropped:
+            cap.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
+                f"\n[{cap.dropped:,} characters of output not kept: a cell keeps {limits.cell_chars:,}, a "
+                f"notebook {limits.notebook_chars:,}]\n")))
+        if status == "timeout":
+            result.timeouts.append(cell_label(cell, k))
+            cap.outputs.append(nbformat.v4.new_output("error", ename=TIMEOUT_ENAME, evalue=(
+                f"this cell ran longer than {min(limits.cell_timeout, left):g} s and was interrupted"), traceback=[]))
+        if status == "dead":
+            cap.outputs.append(nbformat.v4.new_output("error", ename=DEAD_ENAME, evalue=(
+                "the kernel died or stopped answering while this cell ran (os._exit, a crash, a resource limit); "
+                "the cells after it ran in a new kernel"), traceback=[]))
+            outputs[k] = cap.outputs
+            return k
+        outputs[k] = cap.outputs
+    return None
+
+
+def run_submission(nb, spec: dict | None, connection_file: str, judge_fn, limits: Limits,
+                   log=None) -> SessionResult:
+    """Run `nb`'s cells (not its test cells) in a sandboxed kernel, then `judge_fn(send, restart)`; see the
+    module's docstring. Never raises for what the notebook does."""
+    return asyncio.run(_run_submission(nb, spec, connection_file, judge_fn, limits, log or (lambda s: None)))
+
+
+async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, log) -> SessionResult:
+    t0 = time.monotonic()
+    result = SessionResult(executed=nb)
+    cells = [(k, c) for k, c in enumerate(nb.cells) if c.get("cell_type") == "code" and not is_test_cell(c)]
+    outputs: dict = {}
+    spent = [0]
+    skip: set = set()
+    state = {"kernel": None}
+
+    async def start() -> bool:
+        if state["kernel"] is not None:
+            await state["kernel"].stop()
+        if result.started > limits.restarts:
+            return False
+        k = Kernel(spec, connection_file, limits)
+        result.started += 1
+        try:
+            await k.start()
+        except Exception as e:  # noqa: BLE001
+            result.startup_error = f"{type(e).__name__}: {str(e)[:300]}"
+            log(f"the kernel did not start: {result.startup_error}")
+            await k.stop()
+            state["kernel"] = None
+            return False
+        state["kernel"] = k
+        if k.pgid and k.pgid not in result.pgids:
+            result.pgids.append(k.pgid)
+        return True
+
+    async def replay() -> bool:
+        """A new kernel with the cells that ran before (their outputs kept from the first run)."""
+        if not await start():
+            return False
+        scratch: dict = {}
+        done = [(k, c) for k, c in cells if k in outputs and k not in skip]
+        dead = await _run_cells(state["kernel"], done, scratch, SessionResult(executed=nb), limits, t0, [0], skip)
+        return dead is None
+
+    try:
+        if not await start():
+            return result
+        pending = list(cells)
+        while pending:
+            dead = await _run_cells(state["kernel"], pending, outputs, result, limits, t0, spent, skip)
+            if dead is None:
+                break
+            result.died.append(cell_label(nb.cells[dead], dead))
+            skip.add(dead)
+            pending = [(k, c) for k, c in pending if k > dead]
+            if not pending or not await replay():
+                break
+        if state["kernel"] is not None and not await state["kernel"].alive() and not await replay():
+            return result
+        # the judge, in the same kernel
+        loop_kernel = state
+
+        async def send_async(ops, timeout):
+            k = loop_kernel["kernel"]
+            if k is None:
+                raise KernelGone("no kernel")
+            left = limits.budget - (time.monotonic() - t0)
+            if left <= 0:
+                raise KernelGone(f"the time budget of {limits.budget:g} s was used up")
+            nonce = secrets.token_hex(8)
+            request = json.dumps({"id": nonce, "ops": ops})
+            code = f"__import__('course_grading.driver', fromlist=['serve']).serve({request!r})"
+            found = []
+
+            def sink(kind, content):
+                data = content.get("data") if kind == "display_data" else None
+                if isinstance(data, dict) and isinstance(data.get(wire.MIME), dict):
+                    reply = data[wire.MIME]
+                    if reply.get("id") == nonce and not found:
+                        found.append(reply)
+            status = await k.execute(code, min(timeout, left), sink, store_history=False)
+            if status == "dead":
+                raise KernelGone("the kernel died or stopped answering during this call")
+            if status == "timeout":
+                raise KernelGone(f"the call ran longer than {min(timeout, left):g} s and was interrupted")
+            if not found:
+                return []
+            results = found[0].get("results")
+            return results if isinstance(results, list) else []
+
+        loop = asyncio.get_running_loop()
+
+        def send(ops, timeout):
+            return asyncio.run_coroutine_threadsafe(send_async(ops, timeout), loop).result()
+
+        def restart():
+            return asyncio.run_coroutine_threadsafe(replay(), loop).result()
+
+        if state["kernel"] is not None:
+            result.verdict = await loop.run_in_executor(None, judge_fn, send, restart)
+    finally:
+        if state["kernel"] is not None:
+            await state["kernel"].stop()
+        result.elapsed = time.monotonic() - t0
+        for k, c in enumerate(nb.cells):
+            if c.get("cell_type") == "code":
+                c["outputs"] = outputs.get(k, [])
+                c["execution_count"] = None
+        result.executed = nb
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# the start-up check
+
+CHECK_MARK = "course-grade-check:"
+CHECK_CODE = r"""
+import ctypes, importlib.util, json, os
+import course_lib, course_lib.checks, course_grading.driver
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+nr = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+keys = None if nr is None else libc.syscall(ctypes.c_long(nr), ctypes.c_long(0), ctypes.c_long(-3), ctypes.c_long(0))
+print(MARK + json.dumps({"uid": os.getuid(),
+    "lib": os.path.dirname(os.path.dirname(os.path.abspath(course_lib.__file__))),
+    "driver": os.path.dirname(os.path.dirname(os.path.abspath(course_grading.driver.__file__))),
+    "pipeline": any(importlib.util.find_spec("course_grading." + m) is not None for m in ("sandbox", "judging")),
+    "keyctl": keys, "repo": sorted(os.listdir(REPO)) if os.path.isdir(REPO) else []}))
+"""
+
+
+def check_kernel(iso, scratch, timeout: float = 120.0) -> dict:
+    """Start a real kernel at `iso`'s level, as a submission's would be started, run one cell and check
+    what it sees (its user, its own copies of course_lib and of the driver, no pipeline, no repository, no
+    key system call); raise SandboxUnavailable with the reason (the jail's own words where it failed) when
+    it does not start or sees more than it should. Returns what the kernel reported."""
+    from pathlib import Path
+
+    from .sandbox import LIB_MOUNT, USERNS_HELP, SandboxUnavailable, course_lib_root, kernel_spec, python_paths
+
+    ks = scratch.kernel("check")
+    conn = ks.run / "kernel.json"
+    spec = kernel_spec(iso, ks, conn, "check", None, scratch.lib)
+    repo = str(course_lib_root().resolve())
+    code = CHECK_CODE.replace("MARK", repr(CHECK_MARK)).replace("REPO", repr(repo))
+    printed: list[str] = []
+    error = None
+
+    async def go():
+        nonlocal error
+        k = Kernel(spec, str(conn), Limits(cell_timeout=timeout))
+        try:
+            await k.start()
+            await k.execute(code, timeout, lambda kind, c: printed.append(str(c.get("text", "")))
+                            if kind == "stream" else None)
+        except Exception as e:  # noqa: BLE001 - any failure to start or run is the answer
+            error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        finally:
+            await k.stop()
+    try:
+        asyncio.run(go())
+    finally:
+        jail = ""
+        try:
+            jail = ks.report.read_text(errors="replace").strip()[-800:]
+        except OSError:
+            pass
+        scratch.release(ks)
+    seen = None
+    for line in "".join(printed).splitlines():
+        if line.startswith(CHECK_MARK):
+            seen = json.loads(line[len(CHECK_MARK):])
+    where = f"isolation level {iso.level}"
+    if seen is None:
+        why = "; ".join(t for t in (error, jail) if t) or "its check cell printed nothing"
+        hint = ""
+        if iso.level == "bwrap":
+            hint = ("\nbubblewrap may be unable to create its namespaces here"
+                    + (f" as user {iso.user}" if iso.user else "") + ".\n" + USERNS_HELP
+                    + ("\nAs root, --isolation user builds the same private filesystem without bubblewrap."
+                       if iso.uid is not None else ""))
+        raise SandboxUnavailable(f"the grading kernel does not start at {where}: {why}{hint}")
+    problems = []
+    if iso.uid is not None and seen["uid"] != iso.uid:
+        problems.append(f"it runs as uid {seen['uid']}, not the sandbox user's {iso.uid}")
+    # A Python installation inside the repository (the venv of a clone, as `make` and CI make it) is bound at
+    # its own path, so the repository's folder exists in the jail holding only that; nothing else of it
+    # (solutions/, judges/, course_lib/, ...) may be in reach.
+    bound = {Path(p).relative_to(repo).parts[0] for p in python_paths() if p.startswith(repo + "/")}
+    if iso.private and set(seen["repo"]) - bound:
+        problems.append(f"it can see the repository ({repo}: {', '.join(sorted(set(seen['repo']) - bound))})")
+    if iso.private and seen["lib"] != LIB_MOUNT:
+        problems.append(f"it imports course_lib from {seen['lib']}, not its private copy")
+    if iso.private and seen["driver"] != LIB_MOUNT:
+        problems.append(f"it imports the judge's driver from {seen['driver']}, not its private copy")
+    if iso.private and seen["pipeline"]:
+        problems.append("it can import the grader's pipeline (course_grading.sandbox or .judging)")
+    if seen.get("keyctl") is not None and seen["keyctl"] >= 0:
+        problems.append("it can use the key system calls (keyctl): the grader's keyrings are not out of reach")
+    if problems:
+        raise SandboxUnavailable(f"the grading kernel at {where} is not isolated as it should be: "
+                                 + "; ".join(problems))
+    return seen

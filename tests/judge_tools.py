@@ -1,0 +1,103 @@
+"""The labs' judges run here, in the test process, on trusted notebooks (the instructor's solutions, the blank
+releases and the planted mutants): the same judge code `course grade` runs, with the kernel replaced by a
+namespace of this process (`judging.local_send`). Seconds per lab instead of a sandboxed kernel's start; the
+real round trip (tests/test_grading.py) grades through kernels.
+
+    namespace_of(nb)                 run a notebook's code cells but its test cells in a fresh namespace
+    judge_locally(lab, answers=None) -> Verdict: the lab's release, its answer cells filled with `answers`
+                                        (grade_id -> source; None: the blank release), judged
+    solution_answers(lab)            the instructor's answers (solutions/labNN.ipynb)
+    lab_mutants(lab)                 the judge's planted wrong answers, their misconceptions as texts
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from course_grading.build import answer_sources, fill_answers, read_notebook
+from course_grading.judging import judge_parts, load_judge, local_send, release_mistakes
+from course_grading.session import is_test_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = b"tests-class-secret-0123456789abcdef0123456789"
+
+
+def _transform(source: str) -> str:
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager().transform_cell(source)
+
+
+def namespace_of(nb, grading: bool = True) -> dict:
+    """A fresh namespace with every code cell of `nb` run in order except its test cells (as `course grade`
+    runs a submission), under NBGRADER_EXECUTION like a graded kernel. A cell that raises is skipped (its
+    error is noted in the namespace's ``__errors__``), as a kernel would go on."""
+    ns: dict = {"__name__": "__main__", "get_ipython": lambda: None}
+    errors = []
+    old = os.environ.get("NBGRADER_EXECUTION")
+    if grading:
+        os.environ["NBGRADER_EXECUTION"] = "autograde"
+    try:
+        for k, c in enumerate(nb.cells):
+            if c.cell_type != "code" or is_test_cell(c):
+                continue
+            with contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    exec(compile(_transform(c.source), f"<cell {k}>", "exec"), ns)
+                except Exception as e:  # noqa: BLE001
+                    errors.append((k, f"{type(e).__name__}: {e}"))
+    finally:
+        if old is None:
+            os.environ.pop("NBGRADER_EXECUTION", None)
+        else:
+            os.environ["NBGRADER_EXECUTION"] = old
+    ns["__errors__"] = errors
+    return ns
+
+
+@lru_cache(maxsize=None)
+def _release(lab: str):
+    return read_notebook(ROOT / "labs" / f"{lab}.ipynb")
+
+
+def solution_answers(lab: str) -> dict:
+    return answer_sources(read_notebook(ROOT / "solutions" / f"{lab}.ipynb"))
+
+
+def test_order(release) -> list:
+    return [(c.metadata["nbgrader"]["grade_id"], float(c.metadata["nbgrader"].get("points") or 0))
+            for c in release.cells if is_test_cell(c)]
+
+
+def judge_locally(lab: str, answers: dict | None = None, student: str = "student", secret: bytes = SECRET):
+    """The judge's verdict on the release filled with `answers` (None: the blank release)."""
+    release = _release(lab)
+    nb = fill_answers(release, answers) if answers is not None else release
+    ns = namespace_of(nb)
+    judge = load_judge(ROOT / "judges" / f"{lab}.py")
+    return judge_parts(judge, local_send(ns), test_order(release), secret, lab, student, release_mistakes(release))
+
+
+def lab_mutants(lab: str) -> list:
+    """[(what, {answer grade_id: source}, [misconception texts])] of judges/labNN.py's `mutants()`: each
+    misconception key of the judge's list turned into the release's MISTAKES text."""
+    judge = load_judge(ROOT / "judges" / f"{lab}.py")
+    mistakes = release_mistakes(_release(lab))
+    out = []
+    for what, cells, keys in judge.module.mutants():
+        out.append((what, cells, [mistakes[k] for k in keys]))
+    return out
+
+
+def solution_with(lab: str, grade_id: str, edits: dict[str, str]) -> str:
+    """The instructor's answer cell `grade_id` of solutions/<lab>.ipynb (solution delimiters removed) with each
+    `old -> new` edit applied, each `old` found exactly once: a mutant that is one planted mistake in the
+    solution, without a second copy of the solution to keep in step with it."""
+    src = solution_answers(lab)[grade_id]
+    for old, new in edits.items():
+        if src.count(old) != 1:
+            raise ValueError(f"{lab} {grade_id}: the mutant's edit {old!r} matches {src.count(old)} times, not once")
+        src = src.replace(old, new)
+    return src
