@@ -639,7 +639,7 @@ def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: P
                 c["error"] = failed[0].message[:300]
             if part.misconceptions():
                 c["misconceptions"] = part.misconceptions()
-    r.score, r.max_score, r.cells = score, max_score, cells
+    r.score, r.max_score, r.cells = round(score, 4), max_score, cells
     lines = list(carry.get("log") or [])
     failed_parts = sorted(g for g, p in verdict.parts.items() if p.error)
     if failed_parts:

@@ -8,9 +8,17 @@ A request is ``{"id": nonce, "ops": [op, ...]}``; the reply, published as a disp
 type `wire.MIME`, is ``{"id": nonce, "results": [result, ...]}``, one result per op:
 
     {"op": "call", "fn": TARGET, "args": [...], "kwargs": {...}, "store": NAME?, "send": true?, "watch": "tensors"?}
-        call it; keep the result under NAME (for later ops) and/or send it back
+        call it; keep the result under NAME (for the later ops of the same request) and/or send it back
     {"op": "get", "fn": TARGET}            send back the value of TARGET (an attribute, a property)
     {"op": "drop", "names": [NAME, ...]}   forget stored objects
+    {"op": "let", "store": NAME, "value": V}   keep a value the grader sent (a remote object's stand-in) as NAME
+
+An argument ``{"$remote": NAME, "attrs": [...], "methods": [...]}`` is a stand-in for an object that lives in
+the grader (a reference collaborator, e.g. the course's allocator for a student's block manager): reading one
+of its `attrs` or calling one of its `methods` asks the grader over the kernel's stdin channel (the request's
+``allow_stdin``) and returns its answer; an exception the grader's object raised is raised here again, as the
+library's exception class of that name (OutOfBlocks, PagingError, ...), with its message and attributes.
+Nothing of the object's code comes to the kernel.
 
 TARGET is ``name.attr...`` in the notebook's namespace (the student's functions and classes), ``$NAME.attr...``
 on a stored object, or ``lib:course_lib.module.name`` (a public name of the course's library). Arguments are
@@ -41,7 +49,9 @@ except ImportError:  # loaded as a top-level module (the tests)
 
 _store: dict = {}
 _namespace_override: dict | None = None
+_remote_handler = None           # tests: answers a remote request in this process instead of over stdin
 MAX_MESSAGE = 500
+RPC_PREFIX = "course-judge-rpc:"
 
 
 def _namespace() -> dict:
@@ -99,6 +109,75 @@ def _ref(name: str):
     return _store[name]
 
 
+def _rpc(request: dict):
+    """Ask the grader (see the module's docstring); the answer's value, or its exception raised here."""
+    text = json.dumps(request)
+    if _remote_handler is not None:
+        reply = json.loads(json.dumps(_remote_handler(json.loads(text))))
+    else:
+        import builtins
+        reply = json.loads(builtins.input(RPC_PREFIX + text))
+    if "ok" in reply:
+        return wire.decode(reply["ok"])
+    raised = reply.get("raised") or {}
+    raise _rebuilt(raised)
+
+
+def _rebuilt(raised: dict) -> BaseException:
+    """The grader object's exception as an instance of the library's class of that name (or RuntimeError)."""
+    cls = None
+    module, name = str(raised.get("module", "")), str(raised.get("type", ""))
+    if module == "builtins" or module.startswith("course_lib."):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            cls = None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return RuntimeError(f"{name}: {raised.get('message', '')}")
+    e = cls.__new__(cls)
+    Exception.__init__(e, str(raised.get("message", "")))
+    try:
+        for k, v in (wire.decode(raised.get("state") or {"$dict": []}) or {}).items():
+            setattr(e, str(k), v)
+    except Exception:  # noqa: BLE001
+        pass
+    return e
+
+
+class Remote:
+    """A stand-in for an object of the grader's: its `attrs` are read and its `methods` called over `_rpc`."""
+
+    def __init__(self, name: str, attrs, methods):
+        object.__setattr__(self, "_remote", (str(name), frozenset(map(str, attrs)), frozenset(map(str, methods))))
+
+    def __getattr__(self, attr):
+        name, attrs, methods = object.__getattribute__(self, "_remote")
+        if attr in attrs:
+            return _rpc({"remote": name, "get": attr})
+        if attr in methods:
+            def method(*args, **kwargs):
+                return _rpc({"remote": name, "call": attr, "args": wire.encode(list(args)),
+                             "kwargs": wire.encode(dict(kwargs))})
+            method.__name__ = attr
+            return method
+        raise AttributeError(f"{name} has no attribute {attr!r} (it offers {', '.join(sorted(attrs | methods))})")
+
+    def __setattr__(self, attr, value):
+        raise AttributeError(f"{object.__getattribute__(self, '_remote')[0]} is read-only here")
+
+    def __repr__(self):
+        return f"<{object.__getattribute__(self, '_remote')[0]} (the grader's)>"
+
+
+def _resolve_tag(kind: str, value):
+    """`wire.decode`'s hook: a stored object (``$ref``) or a remote object (``$remote``)."""
+    if kind == "$ref":
+        return _ref(value["$ref"])
+    if kind == "$remote":
+        return Remote(value.get("$remote"), value.get("attrs") or (), value.get("methods") or ())
+    raise OpError(f"unknown tag {kind}")
+
+
 def _raised(e: BaseException) -> dict:
     try:
         message = str(e)
@@ -139,11 +218,17 @@ def _watcher():
 
 
 def run_op(op) -> dict:
-    if not isinstance(op, dict) or op.get("op") not in ("call", "get", "drop"):
+    if not isinstance(op, dict) or op.get("op") not in ("call", "get", "drop", "let"):
         return {"error": f"not an op: {str(op)[:200]}"}
     if op["op"] == "drop":
         for n in op.get("names") or []:
             _store.pop(str(n), None)
+        return {"ok": None}
+    if op["op"] == "let":
+        try:
+            _store[str(op.get("store"))] = wire.decode(op.get("value"), arrays="native", refs=_resolve_tag)
+        except (wire.WireError, OpError) as e:
+            return {"error": f"the value could not be read: {e}"}
         return {"ok": None}
     try:
         fn = _resolve(op.get("fn"))
@@ -157,8 +242,8 @@ def run_op(op) -> dict:
         value, seconds, watch = fn, 0.0, None
     else:
         try:
-            args = wire.decode(op.get("args") or [], arrays="native", refs=_ref)
-            kwargs = wire.decode(op.get("kwargs") or {"$dict": []}, arrays="native", refs=_ref)
+            args = wire.decode(op.get("args") or [], arrays="native", refs=_resolve_tag)
+            kwargs = wire.decode(op.get("kwargs") or {"$dict": []}, arrays="native", refs=_resolve_tag)
         except (wire.WireError, OpError) as e:
             return {"error": f"the arguments could not be read: {e}"}
         watch = _watcher() if op.get("watch") == "tensors" else None
@@ -172,6 +257,8 @@ def run_op(op) -> dict:
         except BaseException as e:  # noqa: BLE001 - SystemExit from a student's function is an answer too
             if isinstance(e, KeyboardInterrupt):
                 raise
+            if op.get("store"):
+                _store.pop(str(op["store"]), None)
             return {**_raised(e), "seconds": time.perf_counter() - t0}
         seconds = time.perf_counter() - t0
         if op.get("store"):
@@ -191,17 +278,19 @@ def run_op(op) -> dict:
     return out
 
 
-def handle(request_text: str, namespace: dict | None = None) -> dict:
-    """The reply to one request (a JSON text); `namespace` replaces the notebook's (tests)."""
-    global _namespace_override
+def handle(request_text: str, namespace: dict | None = None, remote=None) -> dict:
+    """The reply to one request (a JSON text); `namespace` replaces the notebook's and `remote` answers the
+    remote objects' requests (tests)."""
+    global _namespace_override, _remote_handler
     req = json.loads(request_text)
     results = []
-    _namespace_override = namespace
+    _namespace_override, _remote_handler = namespace, remote
+    _store.clear()                  # every request starts afresh: no object of an earlier one answers for it
     try:
         for op in req.get("ops") or []:
             results.append(run_op(op))
     finally:
-        _namespace_override = None
+        _namespace_override, _remote_handler = None, None
     return {"id": req.get("id"), "results": results}
 
 

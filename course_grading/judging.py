@@ -109,8 +109,55 @@ class Get:
         return {"op": "get", "fn": self.fn}
 
 
+@dataclass
+class Let:
+    """Keep a value in the kernel under `store` (e.g. a remote object's stand-in, for later ``$name`` ops)."""
+    store: str
+    value: object
+
+    def op(self) -> dict:
+        return {"op": "let", "store": self.store, "value": wire.encode(self.value)}
+
+
 ref = wire.ref
 generator = wire.generator
+
+
+class _Remotes:
+    """The grader's objects a part lends to the kernel (`Trial.remote`), and the answers to the kernel's
+    requests on them: only the attributes and methods lent, arguments and results as plain data."""
+
+    def __init__(self):
+        self.objects: dict = {}
+
+    def add(self, name: str, obj, attrs, methods) -> None:
+        self.objects[name] = (obj, frozenset(attrs), frozenset(methods))
+
+    def answer(self, request) -> dict:
+        try:
+            if not isinstance(request, dict) or request.get("remote") not in self.objects:
+                return {"raised": {"module": "builtins", "type": "RuntimeError", "message": "no such object"}}
+            obj, attrs, methods = self.objects[request["remote"]]
+            if "get" in request:
+                if request["get"] not in attrs:
+                    return {"raised": {"module": "builtins", "type": "AttributeError", "message": str(request["get"])[:100]}}
+                value = getattr(obj, request["get"])
+            else:
+                if request.get("call") not in methods:
+                    return {"raised": {"module": "builtins", "type": "AttributeError",
+                                       "message": str(request.get("call"))[:100]}}
+                args = wire.decode(request.get("args") or [])
+                kwargs = wire.decode(request.get("kwargs") or {"$dict": []})
+                if not isinstance(args, list) or not isinstance(kwargs, dict):
+                    raise wire.WireError("malformed arguments")
+                value = getattr(obj, request["call"])(*args, **{str(k): v for k, v in kwargs.items()})
+            return {"ok": wire.encode(value)}
+        except wire.WireError as e:
+            return {"raised": {"module": "builtins", "type": "ValueError", "message": str(e)[:300]}}
+        except Exception as e:  # noqa: BLE001 - the grader's object refused: the kernel gets the same exception
+            state = {k: v for k, v in vars(e).items() if isinstance(v, (int, float, str, bool, type(None)))}
+            return {"raised": {"module": type(e).__module__, "type": type(e).__name__, "message": str(e)[:500],
+                               "state": wire.encode(state)}}
 
 
 @dataclass
@@ -230,13 +277,14 @@ class Trial:
         self.cases: list[CaseResult] = []
         self.record: dict | None = None      # plain data a part reports beyond its score (the project's board)
         self._gen = None
+        self._remotes = _Remotes()
 
     # -- the kernel ------------------------------------------------------------------------------
     def run(self, ops: list) -> list[Outcome]:
         """Send the ops in one request; one Outcome each (raises KernelGone when the kernel is gone)."""
         if not ops:
             return []
-        raw = self._send([o.op() for o in ops], self.timeout)
+        raw = self._send([o.op() for o in ops], self.timeout, self._remotes.answer)
         if not isinstance(raw, list):
             raw = []
         return [_outcome(raw[k] if k < len(raw) else None) for k in range(len(ops))]
@@ -247,6 +295,14 @@ class Trial:
 
     def outcome(self, fn: str, *args, **kwargs) -> Outcome:
         return self.run([Call(fn, args, kwargs)])[0]
+
+    def remote(self, name: str, obj, attrs=(), methods=()):
+        """Lend the grader's `obj` to the kernel as `name`: pass the result as an argument of a call; the
+        kernel's stand-in (`driver.Remote`) reads `attrs` and calls `methods` here, during that request. A
+        reference collaborator whose code never enters the kernel (a later part judged on the reference of
+        an earlier one)."""
+        self._remotes.add(name, obj, attrs, methods)
+        return wire.remote(name, attrs, methods)
 
     def torch_generator(self):
         """A torch.Generator seeded like `rng` (for tensors the grader draws)."""
@@ -425,8 +481,8 @@ def local_send(namespace: dict):
 
     from . import driver
 
-    def send(ops, timeout):
-        reply = driver.handle(json.dumps({"id": "local", "ops": ops}), namespace=namespace)
+    def send(ops, timeout, remote=None):
+        reply = driver.handle(json.dumps({"id": "local", "ops": ops}), namespace=namespace, remote=remote)
         return json.loads(json.dumps(reply))["results"]     # through JSON, as from a kernel
     return send
 
@@ -444,7 +500,8 @@ def judge_parts(judge: Judge, send, order: list[tuple[str, float]], secret: byte
                 mistakes: dict, timeout: float = 60.0, on_kernel_gone=None, labels: dict | None = None,
                 log=None) -> Verdict:
     """Run the judge's parts in `order` ([(grade_id, points)], the release's test cells) through `send`
-    (``send(ops, timeout) -> [result]``, raising KernelGone). A part without a judge scores 0 with an
+    (``send(ops, timeout, remote) -> [result]``, raising KernelGone; `remote` answers the kernel's requests
+    on the grader's lent objects). A part without a judge scores 0 with an
     error (the judge is incomplete: flagged). After KernelGone the part keeps the cases it finished and
     `on_kernel_gone()` (if given) must bring a kernel back before the next part (returns False if not)."""
     verdict = Verdict()

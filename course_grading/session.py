@@ -196,12 +196,32 @@ class Kernel:
             except Exception:  # noqa: BLE001
                 pass
 
-    async def execute(self, code: str, timeout: float, sink, store_history: bool = True) -> str:
+    async def _answer_stdin(self, msg_id: str, stdin) -> None:
+        while True:
+            try:
+                req = await self.kc.get_stdin_msg(timeout=0.001)
+            except Exception:  # noqa: BLE001 - nothing waiting
+                return
+            if req.get("msg_type") != "input_request" or req.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            prompt = str((req.get("content") or {}).get("prompt", ""))
+            try:
+                reply = stdin(prompt)
+            except Exception as e:  # noqa: BLE001
+                reply = json.dumps({"raised": {"module": "builtins", "type": "RuntimeError",
+                                               "message": f"the grader could not answer: {type(e).__name__}"}})
+            self.kc.input(reply)
+
+    async def execute(self, code: str, timeout: float, sink, store_history: bool = True, stdin=None) -> str:
         """Run `code`; every iopub message of it goes to ``sink(msg_type, content)``. Returns "ok",
-        "error" (the cell raised), "timeout" (interrupted; the kernel answered again) or "dead"."""
-        msg_id = self.kc.execute(code, store_history=store_history, allow_stdin=False, stop_on_error=False)
+        "error" (the cell raised), "timeout" (interrupted; the kernel answered again) or "dead". `stdin`:
+        ``stdin(prompt) -> reply`` answers the code's input requests (the judge's remote objects); None: the
+        code gets no stdin (input() raises in the kernel)."""
+        msg_id = self.kc.execute(code, store_history=store_history, allow_stdin=stdin is not None,
+                                 stop_on_error=False)
         deadline = time.monotonic() + max(1.0, timeout)
         status, replied_at, interrupted = "ok", None, False
+        checked = time.monotonic()
         while True:
             now = time.monotonic()
             if now > deadline:
@@ -214,15 +234,19 @@ class Kernel:
                     return "dead"
                 deadline = now + 10.0
                 status = "timeout"
+            if stdin is not None:
+                await self._answer_stdin(msg_id, stdin)
             try:
-                msg = await self.kc.get_iopub_msg(timeout=0.5)
+                msg = await self.kc.get_iopub_msg(timeout=0.5 if stdin is None else 0.002)
             except (queue.Empty, asyncio.TimeoutError, TimeoutError):
                 msg = None
             except Exception:  # noqa: BLE001 - a message the session could not read (a bad signature)
                 msg = None
             if msg is None:
-                if not await self.alive():
-                    return "dead"
+                if time.monotonic() - checked > 0.5:
+                    checked = time.monotonic()
+                    if not await self.alive():
+                        return "dead"
                 if replied_at is None:
                     try:
                         reply = await self.kc.get_shell_msg(timeout=0.01)
@@ -339,7 +363,7 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
         # the judge, in the same kernel
         loop_kernel = state
 
-        async def send_async(ops, timeout):
+        async def send_async(ops, timeout, remote=None):
             k = loop_kernel["kernel"]
             if k is None:
                 raise KernelGone("no kernel")
@@ -357,7 +381,17 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
                     reply = data[wire.MIME]
                     if reply.get("id") == nonce and not found:
                         found.append(reply)
-            status = await k.execute(code, min(timeout, left), sink, store_history=False)
+            def stdin(prompt):
+                from .driver import RPC_PREFIX
+                if remote is None or not prompt.startswith(RPC_PREFIX) or len(prompt) > wire.MAX_BYTES:
+                    return json.dumps({"raised": {"module": "builtins", "type": "RuntimeError",
+                                                  "message": "no input is given while grading"}})
+                try:
+                    request = json.loads(prompt[len(RPC_PREFIX):])
+                except ValueError:
+                    request = None
+                return json.dumps(remote(request))
+            status = await k.execute(code, min(timeout, left), sink, store_history=False, stdin=stdin)
             if status == "dead":
                 raise KernelGone("the kernel died or stopped answering during this call")
             if status == "timeout":
@@ -369,8 +403,8 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
 
         loop = asyncio.get_running_loop()
 
-        def send(ops, timeout):
-            return asyncio.run_coroutine_threadsafe(send_async(ops, timeout), loop).result()
+        def send(ops, timeout, remote=None):
+            return asyncio.run_coroutine_threadsafe(send_async(ops, timeout, remote), loop).result()
 
         def restart():
             return asyncio.run_coroutine_threadsafe(replay(), loop).result()

@@ -13,6 +13,7 @@ Tags (a JSON object with one ``$`` key; every other dict is a ``$dict`` of pairs
     {"$array": {"lib": "torch"|"numpy", "dtype", "shape", "data": base64}}   an array, little-endian
     {"$obj": "TypeName", "fields": {...}?, "repr": "..."}  a dataclass (its fields) or anything else
     {"$ref": "name"}                                     (grader -> kernel) an object the driver stored
+    {"$remote": "name", "attrs": [...], "methods": [...]} (grader -> kernel) a stand-in for a grader's object
     {"$gen": seed}                                       (grader -> kernel) a fresh torch.Generator
 """
 from __future__ import annotations
@@ -246,13 +247,24 @@ def _decode(x, budget: _Budget, depth: int, arrays: str, refs):
                                  for k, v in list(x["fields"].items())[:200]})
         return Opaque(name, str(x.get("repr", ""))[:200])
     if "$ref" in x and refs is not None:
-        return refs(str(x["$ref"]))
+        return refs("$ref", {"$ref": str(x["$ref"])})
+    if "$remote" in x and refs is not None:
+        return refs("$remote", {"$remote": str(x["$remote"])[:100], "attrs": _names(x.get("attrs")),
+                                "methods": _names(x.get("methods"))})
     if "$gen" in x and refs is not None:
         import torch
         if type(x["$gen"]) is not int:
             raise WireError("a malformed generator seed")
         return torch.Generator().manual_seed(x["$gen"] % 2**63)
     raise WireError(f"an unknown tag {sorted(x)}")
+
+
+def _names(v) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list) or len(v) > 100 or not all(isinstance(n, str) and n.isidentifier() for n in v):
+        raise WireError("a malformed list of names")
+    return list(v)
 
 
 def _as_list(v):
@@ -271,6 +283,11 @@ def decode(x, arrays: str = "native", refs=None, limit: int = MAX_BYTES):
 def ref(name: str) -> Tagged:
     """An argument that names an object the driver stored (`driver.py`)."""
     return Tagged({"$ref": str(name)})
+
+
+def remote(name: str, attrs=(), methods=()) -> Tagged:
+    """An argument the driver turns into a stand-in for the grader's object `name` (`driver.Remote`)."""
+    return Tagged({"$remote": str(name), "attrs": list(attrs), "methods": list(methods)})
 
 
 def generator(seed: int) -> Tagged:

@@ -66,7 +66,7 @@ def solution_answers(lab: str) -> dict:
     return answer_sources(read_notebook(ROOT / "solutions" / f"{lab}.ipynb"))
 
 
-def test_order(release) -> list:
+def parts_of(release) -> list:
     return [(c.metadata["nbgrader"]["grade_id"], float(c.metadata["nbgrader"].get("points") or 0))
             for c in release.cells if is_test_cell(c)]
 
@@ -77,7 +77,7 @@ def judge_locally(lab: str, answers: dict | None = None, student: str = "student
     nb = fill_answers(release, answers) if answers is not None else release
     ns = namespace_of(nb)
     judge = load_judge(ROOT / "judges" / f"{lab}.py")
-    return judge_parts(judge, local_send(ns), test_order(release), secret, lab, student, release_mistakes(release))
+    return judge_parts(judge, local_send(ns), parts_of(release), secret, lab, student, release_mistakes(release))
 
 
 def lab_mutants(lab: str) -> list:
@@ -101,3 +101,49 @@ def solution_with(lab: str, grade_id: str, edits: dict[str, str]) -> str:
             raise ValueError(f"{lab} {grade_id}: the mutant's edit {old!r} matches {src.count(old)} times, not once")
         src = src.replace(old, new)
     return src
+
+
+def grade_for_real(labs, out: Path, jobs: int = 1, isolation: str | None = None, echo=print):
+    """`course grade` on each lab's solution, blank release and mutants (one folder per submission), in `out`;
+    the GradeReport."""
+    from course_grading.autograde import grade
+    from course_grading.build import notebook_text
+    sub = out / "submissions"
+    for lab in labs:
+        release = _release(lab)
+        answers = solution_answers(lab)
+        cases = [("solution", answers), ("blank", None)] + [(f"mutant{k}", {**answers, **cells})
+                                                            for k, (_, cells, _) in enumerate(lab_mutants(lab))]
+        for who, ans in cases:
+            p = sub / who / f"{lab}.ipynb"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(notebook_text(fill_answers(release, ans) if ans is not None else release), encoding="utf-8")
+    return grade(sub, labs_release=ROOT / "labs", solutions=ROOT / "solutions", out=out / "grades",
+                 workdir=out / "work", secret_file=out / "secret", jobs=jobs, isolation=isolation, echo=echo)
+
+
+if __name__ == "__main__":
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="grade labs' solutions, blank releases and mutants through real "
+                                             "sandboxed kernels (course grade), and compare with the local judge")
+    ap.add_argument("command", choices=["grade"])
+    ap.add_argument("labs", nargs="+")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--isolation", default=None)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="judge-tools-") as d:
+        report = grade_for_real(args.labs, Path(d), args.jobs, args.isolation)
+        bad = 0
+        for r in sorted(report.results, key=lambda r: (r.assignment, r.student)):
+            local = None
+            if r.student == "solution":
+                local = judge_locally(r.assignment, solution_answers(r.assignment), student=r.student)
+            print(f"{r.assignment} {r.student:10s} {r.score}/{r.max_score} {r.status} {sorted(r.flags)}")
+            if r.status == "error" or (r.student == "solution" and r.score != r.max_score) or \
+                    (r.student == "blank" and r.score != 0):
+                bad += 1
+                print("   ", r.messages[-6:])
+            del local
+        raise SystemExit(1 if bad else 0)
