@@ -4,11 +4,12 @@ The grader executes one line in the student's kernel per request:
 
     __import__("course_grading.driver", fromlist=["serve"]).serve('<request as JSON>')
 
-A request is ``{"id": nonce, "ops": [op, ...]}``; the reply, published as a display output of the MIME
+A request is ``{"id": nonce, "ops": [op, ...], "fresh": bool}`` (fresh: forget the objects stored by earlier
+requests; the judge sends it with each part's first request); the reply, published as a display output of the MIME
 type `wire.MIME`, is ``{"id": nonce, "results": [result, ...]}``, one result per op:
 
     {"op": "call", "fn": TARGET, "args": [...], "kwargs": {...}, "store": NAME?, "send": true?, "watch": "tensors"?}
-        call it; keep the result under NAME (for the later ops of the same request) and/or send it back
+        call it; keep the result under NAME (for later ops, until a fresh request) and/or send it back
     {"op": "get", "fn": TARGET}            send back the value of TARGET (an attribute, a property)
     {"op": "drop", "names": [NAME, ...]}   forget stored objects
     {"op": "let", "store": NAME, "value": V}   keep a value the grader sent (a remote object's stand-in) as NAME
@@ -285,7 +286,8 @@ def handle(request_text: str, namespace: dict | None = None, remote=None) -> dic
     req = json.loads(request_text)
     results = []
     _namespace_override, _remote_handler = namespace, remote
-    _store.clear()                  # every request starts afresh: no object of an earlier one answers for it
+    if req.get("fresh", True):      # a part's first request: no object of an earlier part answers for it
+        _store.clear()
     try:
         for op in req.get("ops") or []:
             results.append(run_op(op))

@@ -23,7 +23,8 @@ What `t` (a `Trial`) gives a part:
 * ``t.call(fn, *args, **kwargs)`` calls a name of the notebook in the kernel and returns the result as plain
   data (`wire`); when the student's code raises, `StudentRaised` (with the exception's type names);
   ``t.run([Call(...), Get(...), ...])`` sends several ops in one round trip and returns their `Outcome`s
-  (objects kept in the kernel between ops with ``store=``, named in arguments with `ref`);
+  (objects kept in the kernel with ``store=``, named in later ops' arguments with `ref`, for the rest of the
+  part: each part starts with none);
 * ``t.case(label, group=..., weight=...)``: one case; an AssertionError (``course_lib.checks`` messages), a
   `StudentRaised` or any failure to compare inside it fails the case, with its message; everything else goes on;
 * ``t.mistake(key)``: the explanation of a known misconception, from the release's public ``MISTAKES`` dict,
@@ -278,13 +279,15 @@ class Trial:
         self.record: dict | None = None      # plain data a part reports beyond its score (the project's board)
         self._gen = None
         self._remotes = _Remotes()
+        self._sent = False           # the part's first request starts the kernel's store afresh
 
     # -- the kernel ------------------------------------------------------------------------------
     def run(self, ops: list) -> list[Outcome]:
         """Send the ops in one request; one Outcome each (raises KernelGone when the kernel is gone)."""
         if not ops:
             return []
-        raw = self._send([o.op() for o in ops], self.timeout, self._remotes.answer)
+        raw = self._send([o.op() for o in ops], self.timeout, self._remotes.answer, not self._sent)
+        self._sent = True
         if not isinstance(raw, list):
             raw = []
         return [_outcome(raw[k] if k < len(raw) else None) for k in range(len(ops))]
@@ -481,8 +484,9 @@ def local_send(namespace: dict):
 
     from . import driver
 
-    def send(ops, timeout, remote=None):
-        reply = driver.handle(json.dumps({"id": "local", "ops": ops}), namespace=namespace, remote=remote)
+    def send(ops, timeout, remote=None, fresh=True):
+        reply = driver.handle(json.dumps({"id": "local", "ops": ops, "fresh": fresh}), namespace=namespace,
+                              remote=remote)
         return json.loads(json.dumps(reply))["results"]     # through JSON, as from a kernel
     return send
 
@@ -500,8 +504,9 @@ def judge_parts(judge: Judge, send, order: list[tuple[str, float]], secret: byte
                 mistakes: dict, timeout: float = 60.0, on_kernel_gone=None, labels: dict | None = None,
                 log=None) -> Verdict:
     """Run the judge's parts in `order` ([(grade_id, points)], the release's test cells) through `send`
-    (``send(ops, timeout, remote) -> [result]``, raising KernelGone; `remote` answers the kernel's requests
-    on the grader's lent objects). A part without a judge scores 0 with an
+    (``send(ops, timeout, remote, fresh) -> [result]``, raising KernelGone; `remote` answers the kernel's
+    requests on the grader's lent objects; `fresh` starts the kernel's store of objects afresh: each part's
+    first request). A part without a judge scores 0 with an
     error (the judge is incomplete: flagged). After KernelGone the part keeps the cases it finished and
     `on_kernel_gone()` (if given) must bring a kernel back before the next part (returns False if not)."""
     verdict = Verdict()

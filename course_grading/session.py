@@ -363,7 +363,7 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
         # the judge, in the same kernel
         loop_kernel = state
 
-        async def send_async(ops, timeout, remote=None):
+        async def send_async(ops, timeout, remote=None, fresh=True):
             k = loop_kernel["kernel"]
             if k is None:
                 raise KernelGone("no kernel")
@@ -371,7 +371,7 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
             if left <= 0:
                 raise KernelGone(f"the time budget of {limits.budget:g} s was used up")
             nonce = secrets.token_hex(8)
-            request = json.dumps({"id": nonce, "ops": ops})
+            request = json.dumps({"id": nonce, "ops": ops, "fresh": bool(fresh)})
             code = f"__import__('course_grading.driver', fromlist=['serve']).serve({request!r})"
             found = []
 
@@ -403,8 +403,8 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
 
         loop = asyncio.get_running_loop()
 
-        def send(ops, timeout, remote=None):
-            return asyncio.run_coroutine_threadsafe(send_async(ops, timeout, remote), loop).result()
+        def send(ops, timeout, remote=None, fresh=True):
+            return asyncio.run_coroutine_threadsafe(send_async(ops, timeout, remote, fresh), loop).result()
 
         def restart():
             return asyncio.run_coroutine_threadsafe(replay(), loop).result()

@@ -64,7 +64,8 @@ from course_lib.validate import integer
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
            "GPU_PRICES", "int8_weights", "baseline_build", "project_prompts", "speed_points", "evaluate_project",
-           "ProjectResult", "PROJECT_POINTS", "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "RECORD_PREFIX"]
+           "ProjectResult", "PROJECT_POINTS", "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "RECORD_PREFIX", "run_entry",
+           "state_digest"]
 
 STEP_NAMES = ("no cache", "KV cache", "static cache + compile", "int8 weights", "speculative (tiny-draft)",
               "continuous batching")
@@ -374,6 +375,28 @@ def _token_list(out, n: int) -> tuple[list[int] | None, str]:
         return None, (f"returned {len(out)} tokens for max_new_tokens={n}; expected exactly the {n} new tokens "
                       "(not the prompt, no early stop)")
     return out, ""
+
+
+@torch.inference_mode()
+def run_entry(generate_fn, prompt_ids, max_new_tokens: int) -> list[int]:
+    """One call of a project entry as the grader makes it: under inference_mode, on a copy of the prompt. Its
+    tokens as a list of ints; a ValueError says what is wrong with an output that is not `max_new_tokens`
+    integer ids."""
+    tokens, why = _token_list(generate_fn(prompt_ids.clone(), max_new_tokens), max_new_tokens)
+    if why:
+        raise ValueError(f"generate_fn {why}")
+    return tokens
+
+
+def state_digest(model) -> str:
+    """SHA-256 of a model's weights and buffers (names, dtypes, shapes, bytes): equal digests, equal state."""
+    import hashlib
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict(keep_vars=True).items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def _state(model) -> dict:
