@@ -137,8 +137,10 @@ class _Capped:
 class Kernel:
     """One sandboxed kernel and its client (async)."""
 
-    def __init__(self, spec: dict | None, connection_file: str, limits: Limits, kernel_name: str = "python3"):
+    def __init__(self, spec: dict | None, connection_file: str, limits: Limits, kernel_name: str = "python3",
+                 stderr=None):
         self.spec, self.connection_file, self.limits, self.kernel_name = spec, connection_file, limits, kernel_name
+        self.stderr = stderr            # a file for what the jail and the kernel say (the start-up check's)
         self.km = self.kc = None
 
     async def start(self) -> None:
@@ -151,7 +153,8 @@ class Kernel:
             km.ip = self.connection_file.rsplit(".", 1)[0] + "-ipc"
             km.sandbox_spec = self.spec
         self.km = km
-        await km.start_kernel(extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        await km.start_kernel(extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                              **({"stderr": self.stderr} if self.stderr is not None else {}))
         ctx = zmq.asyncio.Context()
         ctx.setsockopt(zmq.MAXMSGSIZE, int(self.limits.message_bytes))   # every socket the client makes
         self._ctx = ctx
@@ -459,25 +462,30 @@ def check_kernel(iso, scratch, timeout: float = 120.0) -> dict:
     printed: list[str] = []
     error = None
 
+    errfile = scratch.private / "check-stderr.txt"  # what the jail, bubblewrap or the kernel said
+
     async def go():
         nonlocal error
-        k = Kernel(spec, str(conn), Limits(cell_timeout=timeout))
-        try:
-            await k.start()
-            await k.execute(code, timeout, lambda kind, c: printed.append(str(c.get("text", "")))
-                            if kind == "stream" else None)
-        except Exception as e:  # noqa: BLE001 - any failure to start or run is the answer
-            error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        finally:
-            await k.stop()
+        with open(errfile, "w") as fh:
+            k = Kernel(spec, str(conn), Limits(cell_timeout=timeout), stderr=fh)
+            try:
+                await k.start()
+                await k.execute(code, timeout, lambda kind, c: printed.append(str(c.get("text", "")))
+                                if kind == "stream" else None)
+            except Exception as e:  # noqa: BLE001 - any failure to start or run is the answer
+                error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            finally:
+                await k.stop()
     try:
         asyncio.run(go())
     finally:
         jail = ""
-        try:
-            jail = ks.report.read_text(errors="replace").strip()[-800:]
-        except OSError:
-            pass
+        for f in (ks.report, errfile):
+            try:
+                jail += f.read_text(errors="replace").strip()[-800:] + "\n"
+            except OSError:
+                pass
+        jail = jail.strip()
         scratch.release(ks)
     seen = None
     for line in "".join(printed).splitlines():

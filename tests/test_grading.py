@@ -2,13 +2,14 @@
 
 Three parts:
 1. fast checks with no kernels: file-name parsing, collection, submission repair, build-labs on the
-   fixture lab tests/data/solutions/lab99.ipynb (three quick exercises, one with hidden tests);
+   fixture lab tests/data/solutions/lab99.ipynb (three quick exercises; its judge tests/data/judges/lab99.py);
 2. (slow) one `grade` run over a folder holding every odd case at once (messy names in both layouts,
    lost metadata, unmatchable damage, an infinite loop, a syntax error, deleted cells, edited tests, a
    50 MB output, invalid JSON, ...), then assertions on its report, CSV and feedback;
-3. for every real lab solutions/lab*.ipynb: labs/ in sync, nothing secret in labs/, unique grade_ids,
-   a mutants entry, and (slow) the round trip: solution = full marks, blank = 0, each planted wrong
-   answer in tests/lab_mutants.py strictly in between.
+3. for every real lab solutions/lab*.ipynb: labs/ in sync, nothing secret in labs/, unique grade_ids, and
+   (slow) the round trip through real sandboxed kernels, two submissions at a time: solution = full marks,
+   blank = 0, each planted wrong answer of the lab's judge (`mutants()`) strictly in between, its
+   misconceptions named on its feedback page.
 """
 from __future__ import annotations
 
@@ -26,18 +27,18 @@ import nbformat
 import pytest
 
 from course_grading.build import (answer_sources, build_labs, duplicate_grade_ids, fill_answers, find_leaks,
-                                      grade_id, is_answer, lab_names, notebook_text, read_notebook,
-                                      secret_and_public_lines)
+                                      grade_id, is_answer, lab_names, notebook_text, read_notebook)
 from course_grading.collect import collect, parse_name, strip_copy_decorations
 from course_grading.pipeline import build_labs_main, grade, grade_main
 from course_grading.repair import repair
 
 sys.path.insert(0, str(Path(__file__).parent))
-from lab_mutants import MUTANTS  # noqa: E402
+from judge_tools import lab_mutants  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
 FIX_SOLUTIONS = DATA / "solutions"
+FIX_JUDGES = DATA / "judges"
 FIX = "lab99"
 REAL_LABS = lab_names(ROOT / "solutions")
 # COURSE_LABS=lab03,lab07 limits the real-lab tests to those labs (a quick round trip while writing one);
@@ -86,24 +87,6 @@ def html_text(path: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", Path(path).read_text(encoding="utf-8")))
 
 
-def hidden_only_lines(source_nb) -> set[str]:
-    """Lines that exist only inside hidden-test regions of a source lab."""
-    hidden, elsewhere = set(), set()
-    for c in source_nb.cells:
-        inside = False
-        for ln in c.source.split("\n"):
-            if "BEGIN HIDDEN TESTS" in ln:
-                inside = True
-            elif "END HIDDEN TESTS" in ln:
-                inside = False
-            elif inside:
-                if ln.strip():
-                    hidden.add(ln.strip())
-            else:
-                elsewhere.add(ln.strip())
-    return hidden - elsewhere
-
-
 # ---------------------------------------------------------------------------------------------------
 # 1. fast: names, collection, repair, build
 
@@ -118,10 +101,10 @@ RELEASED = {1: "lab01", 2: "lab02"}
     ("lab01_alice.ipynb", "alice", "lab01"),
     ("lab01 - alice.ipynb", "alice", "lab01"),
     ("s1234567_lab02.ipynb", "s1234567", "lab02"),
-    ("smithalice_12345_67890_lab01.ipynb", "smithalice", "lab01"),
-    ("smithalice_LATE_12345_67890_lab01-1.ipynb", "smithalice", "lab01"),
-    ("smithalice_12345_67890_Copy of lab01 (2).ipynb", "smithalice", "lab01"),
-    ("Alice Smith_12345_assignsubmission_file_lab01.ipynb", "Alice Smith", "lab01"),
+    ("smithalice_12345_67890_lab01.ipynb", "smithalice (12345)", "lab01"),       # an LMS's user id stays
+    ("smithalice_LATE_12345_67890_lab01-1.ipynb", "smithalice (12345)", "lab01"),
+    ("smithalice_12345_67890_Copy of lab01 (2).ipynb", "smithalice (12345)", "lab01"),
+    ("Alice Smith_12345_assignsubmission_file_lab01.ipynb", "Alice Smith (12345)", "lab01"),
     ("alice_Lab1 (2).ipynb", "alice", "lab01"),
     ("alice_LAB_02.ipynb", "alice", "lab02"),
     ("alice_lab01 - Copy.ipynb", "alice", "lab01"),
@@ -169,7 +152,7 @@ def test_collect_layouts_and_reports(tmp_path):
     os.utime(sub / "gina/lab01 (1).ipynb", (2_000_000, 2_000_000))
     coll = collect(sub, RELEASED)
     got = {(s.student, s.assignment, s.layout) for s in coll.submissions}
-    assert got == {("alice", "lab01", "folder"), ("bob", "lab02", "folder"), ("Carol Jones", "lab01", "folder"),
+    assert got == {("alice", "lab01", "folder"), ("bob", "lab02", "folder"), ("Carol Jones (555)", "lab01", "folder"),
                    ("dave", "lab01", "flat"), ("erin", "lab02", "flat"), ("gina", "lab01", "folder")}
     gina = next(s for s in coll.submissions if s.student == "gina")
     assert gina.path.name == "lab01 (1).ipynb" and "several_files" in gina.flags
@@ -203,7 +186,7 @@ def test_build_removes_solutions_and_hidden_tests(fixture_lab):
     text = (labs / f"{FIX}.ipynb").read_text()
     for m in MARKERS:
         assert m not in text
-    for line in ("return a + b", "return max(lo, min(x, hi))", "_rng = random.Random()"):
+    for line in ("return a + b", "return max(lo, min(x, hi))"):
         assert line in json.dumps(source.dict()) and line not in text
     assert find_leaks(source, lab) == []
     assert "raise NotImplementedError()" in text
@@ -216,10 +199,9 @@ def test_build_removes_solutions_and_hidden_tests(fixture_lab):
 def test_find_leaks_catches_a_leak(fixture_lab):
     source, lab, _ = fixture_lab
     leaky = copy.deepcopy(lab)
-    leaky.cells[index_of(leaky, "multiply_hidden")].source += "\n    _a, _b = _rng.randint(-50, 50), _rng.randint(-50, 50)"
+    leaky.cells[index_of(leaky, "multiply_hidden")].source += "\n    return a * b"
     leaky.cells[index_of(leaky, "clamp_answer")].source = "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))"
-    assert find_leaks(source, leaky) == ["_a, _b = _rng.randint(-50, 50), _rng.randint(-50, 50)",
-                                         "return max(lo, min(x, hi))"]
+    assert find_leaks(source, leaky) == ["return a * b", "return max(lo, min(x, hi))"]
 
 
 def test_build_is_deterministic_and_check_detects_stale(tmp_path, fixture_lab, capsys):
@@ -371,7 +353,8 @@ def graded(fixture_lab, tmp_path_factory):
 
     before = tree_hashes(sub)
     out = base / "grades"
-    report = grade(sub, labs_release=labs, solutions=FIX_SOLUTIONS, out=out, timeout=15)
+    report = grade(sub, labs_release=labs, solutions=FIX_SOLUTIONS, out=out, timeout=15,
+                   secret_file=base / "class-secret")
     return report, sub, before, out, source
 
 
@@ -398,8 +381,8 @@ def test_submissions_are_never_modified(graded):
     ("Frank Smith", 3.0, "ok", set()),
     ("grace", FULL, "repaired", {"cells_restored"}),
     ("heidi", 3.0, "repaired", {"locked_cells_restored"}),
-    ("smithivan", FULL, "ok", {"large_outputs_removed"}),
-    ("judy", FULL, "repaired", {"duplicate_grade_ids", "late"}),
+    ("smithivan (12345)", FULL, "ok", {"large_outputs_removed"}),
+    ("judy (111)", FULL, "repaired", {"duplicate_grade_ids", "late"}),
     ("peggy", 3.0, "ok", set()),
     ("rupert", FULL, "repaired", {"cell_type_restored"}),
 ])
@@ -438,11 +421,15 @@ def test_invalid_notebook_is_an_error_without_a_score(graded):
 
 
 @slow
-def test_dead_kernel_keeps_its_points_and_others_go_on(graded):
-    victor = r(graded, "victor")  # os._exit in the first answer: nothing earned before it
-    assert victor.status == "review" and victor.score == 0.0 and "kernel_died" in victor.flags, victor.messages
+def test_dead_kernel_costs_only_what_it_killed_and_others_go_on(graded):
+    """os._exit in the first answer: a new kernel replays the cells before it and runs the ones after it, so
+    only that answer is lost (add: 0 of 2); the submission is flagged for review."""
+    victor = r(graded, "victor")
+    assert victor.status == "review" and victor.score == 3.0 and "kernel_died" in victor.flags, victor.messages
+    assert victor.flags["kernel_died"] == ["add_answer"], victor.flags
     assert any("kernel died" in m for m in victor.messages), victor.messages
-    assert r(graded, "smithivan").score == FULL  # graded just before him
+    assert {c["grade_id"]: c["score"] for c in victor.cells}["add_tests"] == 0
+    assert r(graded, "smithivan (12345)").score == FULL  # graded just before him
     assert sum(x.status == "error" for x in graded[0].results) == 1  # mallory only
 
 
@@ -469,10 +456,10 @@ def test_csv_and_report(graded):
 
 
 @slow
-def test_feedback_hides_hidden_tests(graded):
+def test_feedback_shows_the_verdicts_and_no_judge_code(graded):
     report, sub, before, out, source = graded
-    hidden = hidden_only_lines(source)
-    assert "_rng = random.Random()" in hidden
+    judge_lines = {ln.strip() for ln in (FIX_JUDGES / f"{FIX}.py").read_text().splitlines()
+                   if len(ln.strip()) > 12 and not ln.strip().startswith(("#", '"', "def ", "@"))}
     # the search works: a visible test line is found in the page despite the syntax highlighting
     assert 'assert add(2, 3) == 5, f"add(2, 3): expected 5, got {add(2, 3)!r}"' in html_text(r(graded, "bob").feedback)
     for res in report.results:
@@ -480,13 +467,14 @@ def test_feedback_hides_hidden_tests(graded):
             assert res.feedback is None
             continue
         text = html_text(res.feedback)
-        assert "hidden tests ran here" in text
-        shown = sorted(line for line in hidden if line in text)
-        assert not shown, f"{res.student}'s feedback shows hidden tests: {shown}"
-    # the student still sees the assertion message of a failing hidden test
-    assert "multiply(" in html_text(r(graded, "peggy").feedback)
+        assert "Grader:" in text, f"{res.student}'s feedback has no verdict"
+        shown = sorted(line for line in judge_lines if line in text)
+        assert not shown, f"{res.student}'s feedback shows the judge's code: {shown}"
+    # a failing case says its input, what was expected and what came
+    peggy = html_text(r(graded, "peggy").feedback)
+    assert "multiply(3, 4): expected 12, got 7" in peggy and "of 22 cases passed" in peggy, peggy[-2000:]
     assert Path(r(graded, "alice").feedback).stat().st_size < 2_000_000
-    assert Path(r(graded, "smithivan").feedback).stat().st_size < 2_000_000
+    assert Path(r(graded, "smithivan (12345)").feedback).stat().st_size < 2_000_000
 
 
 @slow
@@ -500,7 +488,7 @@ def test_grade_cli(tmp_path, fixture_lab, capsys):
     (sub / "Copy of lab99.ipynb").write_text("{}")
     out = tmp_path / "out"
     rc = grade_main([str(sub), "--labs-release", str(labs), "--solutions", str(FIX_SOLUTIONS), "--out", str(out),
-                     "--timeout", "5", "-q"])
+                     "--timeout", "5", "--secret-file", str(tmp_path / "secret"), "-q"])
     text = capsys.readouterr().out
     assert rc == 1
     assert "zed" in text and "error" in text and "NOT GRADED" in text and "Copy of lab99.ipynb" in text
@@ -562,32 +550,7 @@ def test_lab_grade_ids(lab):
     answers = [c for c in source.cells if is_answer(c)]
     assert tests and answers, f"{lab} has no graded test cells or no answer cells"
     assert all(c.metadata.nbgrader.get("points", 0) > 0 for c in tests)
-    secret, _ = secret_and_public_lines(source)
-    assert any("BEGIN HIDDEN TESTS" in s for s in secret), f"{lab} has no hidden tests"
-
-
-@needs_labs
-@per_lab
-def test_every_lab_has_mutants(lab):
-    assert MUTANTS.get(lab), f"tests/lab_mutants.py has no planted wrong answer for {lab}; add one"
-    answers = set(answer_sources(read_notebook(ROOT / "solutions" / f"{lab}.ipynb")))
-    for what, cells, diagnoses in MUTANTS[lab]:
-        assert isinstance(what, str) and what and cells, \
-            f"{lab}: each mutant is (description, {{grade_id: source}}, [misconception named in its feedback])"
-        assert diagnoses, f"{lab} mutant {what!r}: name the misconception its feedback must show (a MISTAKES text)"
-        unknown = set(cells) - answers
-        assert not unknown, f"{lab} mutant {what!r}: {sorted(unknown)} are not answer cells ({sorted(answers)})"
-
-
-def test_mutants_file_format():
-    assert isinstance(MUTANTS, dict)
-    for lab, entries in MUTANTS.items():
-        assert re.fullmatch(r"lab\d+", lab), lab
-        for entry in entries:
-            what, cells, diagnoses = entry
-            assert isinstance(what, str) and isinstance(cells, dict)
-            assert all(isinstance(k, str) and isinstance(v, str) for k, v in cells.items())
-            assert isinstance(diagnoses, (list, tuple)) and all(isinstance(d, str) and d for d in diagnoses)
+    assert (ROOT / "judges" / f"{lab}.py").is_file(), f"{lab} has no judge (judges/{lab}.py)"
 
 
 def _plain(text: str) -> str:
@@ -597,7 +560,8 @@ def _plain(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def real_graded(tmp_path_factory):
-    """Every real lab graded once: its solution, its blank release and its mutants, one grade run."""
+    """Every real lab graded once through real sandboxed kernels, two at a time: its solution, its blank release
+    and its judge's mutants, one grade run."""
     base = tmp_path_factory.mktemp("roundtrip")
     sub = base / "submissions"
     for lab in REAL_LABS:
@@ -608,15 +572,14 @@ def real_graded(tmp_path_factory):
         answers = answer_sources(read_notebook(ROOT / "solutions" / f"{lab}.ipynb"))
         write_nb(sub / "solution" / f"{lab}.ipynb", fill_answers(release, answers))
         write_nb(sub / "blank" / f"{lab}.ipynb", release)
-        for k, (_, cells, _) in enumerate(MUTANTS.get(lab, [])):
+        for k, (_, cells, _) in enumerate(lab_mutants(lab)):
             if set(cells) <= set(answers):
                 write_nb(sub / f"mutant{k}" / f"{lab}.ipynb", fill_answers(release, {**answers, **cells}))
     if not sub.exists():
         return None
-    # with feedback: a solution, a blank lab and a planted mistake must not trip the hidden-test scan
     report = grade(sub, labs_release=ROOT / "labs", solutions=ROOT / "solutions", out=base / "grades",
-                   workdir=base / "work")
-    report.workdir = base / "work"   # the autograded notebooks, for test_blank_lab_runs_without_tracebacks
+                   workdir=base / "work", secret_file=base / "class-secret", jobs=2)
+    report.workdir = base / "work"   # the executed notebooks, for test_blank_lab_runs_without_tracebacks
     return report
 
 
@@ -632,15 +595,15 @@ def test_lab_round_trip(real_graded, lab):
     assert sol.status in ("ok", "review") and not set(sol.flags) - {"needs_manual_grading"}, sol.messages
     assert sol.score == auto_max > 0, f"{lab}: the solution scores {sol.score}/{auto_max}: {sol.cells}"
     assert res["blank"].score == 0, f"{lab}: the blank lab scores {res['blank'].score}: {res['blank'].cells}"
-    for k, (what, _, diagnoses) in enumerate(MUTANTS.get(lab, [])):
+    for k, (what, _, diagnoses) in enumerate(lab_mutants(lab)):
         m = res.get(f"mutant{k}")
         assert m is not None, f"{lab} mutant {what!r} was not graded"
         assert 0 < m.score < auto_max, f"{lab} mutant {what!r} scores {m.score}/{auto_max}: {m.cells}"
         page = _plain(Path(m.feedback).read_text(encoding="utf-8")) if m.feedback else ""
         missing = [d for d in diagnoses if _plain(d) not in page]
         assert not missing, f"{lab} mutant {what!r}: its feedback does not name the misconception: {missing}"
-    for who, x in res.items():  # no honest output is withheld from the feedback
-        assert "feedback_withheld" not in x.flags and x.feedback, (lab, who, x.messages)
+    for who, x in res.items():  # every submission has its feedback page, none was judged by a failing judge
+        assert x.feedback and "judge_failed" not in x.flags, (lab, who, x.flags, x.messages)
 
 
 @slow

@@ -1,12 +1,13 @@
-"""`course grade` against students who cheat: isolation, tamper detection, silent losses, safe names.
+"""`course grade` against students who cheat: isolation, tricks on the checks, silent losses, safe names.
 
-One grade run (module fixture) over two fixture labs: lab99 (tests/data/solutions) and lab98, built
-here, whose tests use `check_close`/`check_equal`, whose hidden tests use `_dev` and compare with a
-`course_lib` reference. Each attack is a submission; a victim graded after it and a decoy file outside
-the course folder show that nothing leaked. A second, tiny run checks the notebook time budget.
+One grade run (module fixture) over two fixture labs: lab99 (tests/data/solutions, its judge in
+tests/data/judges) and lab98, built here, whose visible tests use `check_close`/`check_equal` and whose judge
+compares with a `course_lib` reference (withheld from the kernel's copy of the library). Each attack is a
+submission; a victim graded after it and a decoy file outside the course folder show that nothing leaked. A
+second, tiny run checks the notebook time budget.
 
 The fast tests (no kernel) check the bwrap command line, --require-sandbox's refusal, safe names and
-CSV escaping, the answer-after-test repair, the hidden-test wrapping and the reference table.
+CSV escaping, the answer-after-test repair and the reference table.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import csv
 import hashlib
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +24,6 @@ import pytest
 from course_grading import sandbox
 from course_grading.autograde import csv_safe, file_keys
 from course_grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
-from course_grading.execute import wrap_hidden
 from course_grading.pipeline import grade, grade_main
 from course_grading.references import answer_table, reference_imports
 from course_grading.repair import repair
@@ -41,24 +40,45 @@ def code(src, **nbg):
     return c
 
 
+LAB98_JUDGE = '''
+"""lab98's judge: scale on drawn integers, matmul_cost's intensity against course_lib's reference."""
+from course_grading.judging import Judge
+from course_lib.checks import check_close, check_equal
+from course_lib.perf.ops import matmul_cost as ref_matmul_cost
+
+judge = Judge(references={"cost_tests": ["course_lib.perf.ops.matmul_cost"]})
+
+
+@judge.part("scale_tests")
+def scale(t):
+    for _ in range(10):
+        k = t.rng.randint(2, 9)
+        with t.case(f"scale({k}, 3)"):
+            check_equal(t.call("scale", k, 3), 3 * k, f"scale({k}, 3)")
+
+
+@judge.part("cost_tests")
+def cost(t):
+    for _ in range(5):
+        m = t.rng.randint(1, 99)
+        with t.case(f"matmul_cost({m}, 8, 8, 2)"):
+            check_close(t.call("matmul_cost", m, 8, 8, 2)[2], ref_matmul_cost(m, 8, 8, 2).intensity, "intensity")
+'''
+
+
 def lab98_source():
-    """A fixture lab whose tests use the check functions and whose hidden tests use `_dev`."""
+    """A fixture lab whose visible tests use the check functions (its judge: LAB98_JUDGE)."""
     return nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# Lab 98: isolation fixture"),
         code("import random\nfrom course_lib.checks import check_close, check_equal"),
         code("def scale(x, k):\n    ### BEGIN SOLUTION\n    return x * k\n    ### END SOLUTION",
              grade_id="scale_answer", solution=True),
-        code('check_close(scale(2, 3), 6, "scale(2, 3)")\n### BEGIN HIDDEN TESTS\n_dev = random.Random()\n'
-             'for _ in range(10):\n    _k = _dev.randint(1, 9)\n    check_equal(scale(_k, 2), 2 * _k, f"scale({_k}, 2)")\n'
-             '### END HIDDEN TESTS', grade_id="scale_tests", grade=True, locked=True, points=2),
+        code('check_close(scale(2, 3), 6, "scale(2, 3)")', grade_id="scale_tests", grade=True, locked=True, points=2),
         code("def matmul_cost(m, n, k, b):\n    ### BEGIN SOLUTION\n    f = 2 * m * n * k\n"
              "    nb = b * (m * k + k * n + m * n)\n    return f, nb, f / nb\n    ### END SOLUTION",
              grade_id="cost_answer", solution=True),
-        code('check_equal(matmul_cost(1, 4096, 4096, 2)[0], 33_554_432, "matmul_cost FLOPs")\n'
-             '### BEGIN HIDDEN TESTS\nfrom course_lib.perf.ops import matmul_cost as _ref_matmul_cost\n'
-             '_rng = random.Random()\nfor _ in range(5):\n    _m = _rng.randint(1, 99)\n'
-             '    check_close(matmul_cost(_m, 8, 8, 2)[2], _ref_matmul_cost(_m, 8, 8, 2).intensity, "intensity")\n'
-             '### END HIDDEN TESTS', grade_id="cost_tests", grade=True, locked=True, points=2),
+        code('check_equal(matmul_cost(1, 4096, 4096, 2)[0], 33_554_432, "matmul_cost FLOPs")', grade_id="cost_tests",
+             grade=True, locked=True, points=2),
     ], metadata={"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}})
 
 
@@ -118,7 +138,7 @@ def test_bwrap_command_line(tmp_path):
     assert binds == [(str(work), str(work)), (str(run), str(run))]
     ro = [(argv[k + 1], argv[k + 2]) for k, a in enumerate(argv) if a in ("--ro-bind", "--ro-bind-try")]
     assert (str(pkg), f"{sandbox.BWRAP_LIB}/course_lib") in ro
-    # beside it the guard's copy (RunScratch puts only guard.py there), and no other package of the grader
+    # beside it the driver's copy (RunScratch puts only driver.py and wire.py there), no other package of the grader
     assert (str(pkg.parent / "course_grading"), f"{sandbox.BWRAP_LIB}/course_grading") in ro
     assert [dst for _, dst in ro if dst.startswith(sandbox.BWRAP_LIB)] == [f"{sandbox.BWRAP_LIB}/course_lib",
                                                                         f"{sandbox.BWRAP_LIB}/course_grading"]
@@ -144,26 +164,8 @@ def test_safe_names_and_csv_escaping():
     assert csv_safe("-2") == "'-2" and csv_safe("alice") == "alice"
 
 
-def test_hidden_tests_run_in_a_namespace_of_their_own():
-    src = lab98_source().cells[3].source
-    assert "_dev = random.Random()" in src
-    compile(wrap_hidden(src), "x", "exec")
-    # a student's _dev survives the hidden tests, and a later hidden block sees what an earlier one imported
-    student = {"_dev": "mine", "answer": 4}
-    first = "### BEGIN HIDDEN TESTS\nfrom math import sqrt as _ref\n_dev = 1\nassert answer == 4\n### END HIDDEN TESTS\n"
-    second = "### BEGIN HIDDEN TESTS\nassert _ref(answer) == 2 and _dev == 1\n### END HIDDEN TESTS\n"
-    try:
-        exec(compile(wrap_hidden(first), "c1", "exec"), student)
-        exec(compile(wrap_hidden(second), "c2", "exec"), student)
-    finally:
-        sys.modules.pop("__course_hidden__", None)
-    assert student["_dev"] == "mine" and "_ref" not in student
-    assert not [k for k in student if k.startswith("__course")]
-    assert wrap_hidden("x = 1\n### BEGIN HIDDEN TESTS\nif True:\n") == "x = 1\n### BEGIN HIDDEN TESTS\nif True:\n"
-
-
-def test_reference_table_from_the_source():
-    t = answer_table(lab98_source())
+def test_reference_table_from_the_judge():
+    t = answer_table(lab98_source(), {"cost_tests": ["course_lib.perf.ops.matmul_cost"]})
     assert t.tests == {"scale_tests": ["scale"], "cost_tests": ["matmul_cost"]}
     assert t.references["cost_tests"] == {"course_lib.perf.ops.matmul_cost"}
     cells = [code("from course_lib.perf.ops import matmul_cost"), code("from course_lib.perf import GPUS")]
@@ -234,6 +236,9 @@ def attacked(tmp_path_factory):
     sols.mkdir()
     shutil.copyfile(DATA / "lab99.ipynb", sols / "lab99.ipynb")
     write_nb(sols / "lab98.ipynb", lab98_source())
+    (base / "judges").mkdir()
+    shutil.copyfile(DATA.parent / "judges" / "lab99.py", base / "judges" / "lab99.py")
+    (base / "judges" / "lab98.py").write_text(LAB98_JUDGE)
     labs = base / "labs"
     assert all(r.status == "written" for r in build_labs(sols, labs))
     l99, l98 = read_notebook(labs / "lab99.ipynb"), read_notebook(labs / "lab98.ipynb")
@@ -256,7 +261,7 @@ def attacked(tmp_path_factory):
     moved.cells.insert(k + 2, moved.cells.pop(k))
     write_nb(sub / "moved" / "lab99.ipynb", moved)
     write_nb(sub / "=HYPERLINK(1)" / "lab99.ipynb", fill_answers(l98, a98))  # the wrong lab
-    # lab98: honest with a `_dev` helper (hidden tests must not clobber it), and the kernel tricks
+    # lab98: honest with a `_dev` helper (the judge must not clobber it), and the kernel tricks
     write_nb(sub / "helen" / "lab98.ipynb", fill_answers(l98, {
         "scale_answer": "_dev = 3\n\ndef scale(x, k):\n    return x * k",
         "cost_answer": "def matmul_cost(m, n, k, b):\n    f = 2 * m * n * k * (_dev - 2)\n"
@@ -279,7 +284,7 @@ def attacked(tmp_path_factory):
     lines = []
     t0 = time.time()
     report = grade(sub, labs_release=labs, solutions=sols, out=base / "out", timeout=30, workdir=workdir,
-                   echo=lines.append)
+                   echo=lines.append, secret_file=base / "class-secret")
     wall = time.time() - t0
     time.sleep(0.5)
     return dict(report=report, base=base, before=before, sub=sub, labs=labs, sols=sols, decoy=decoy,
@@ -331,31 +336,33 @@ def test_no_process_of_the_batch_is_left(attacked):
 
 
 @slow
-def test_hidden_tests_do_not_clobber_student_names(attacked):
+def test_the_judge_does_not_clobber_student_names(attacked):
     helen = res(attacked, "helen")
     assert (helen.score, helen.status) == (4.0, "ok"), (helen.cells, helen.flags, helen.messages)
 
 
 @slow
-def test_rebinding_checks_is_detected_and_earns_nothing(attacked):
+def test_rebinding_the_checks_earns_nothing(attacked):
+    """The checks run in the grader: what the kernel does to its own check functions changes nothing."""
     r = res(attacked, "rebind")
-    assert r.status == "review" and "tamper" in r.flags, r.messages
-    assert any("check_close was rebound" in m for m in r.messages), r.messages
     assert r.score == 0.0, r.cells
 
 
 @slow
-def test_input_transformer_is_detected_and_earns_nothing(attacked):
+def test_an_input_transformer_earns_nothing(attacked):
     r = res(attacked, "transformer")
-    assert r.status == "review" and "tamper" in r.flags, r.messages
     assert r.score == 0.0, r.cells
 
 
 @slow
-def test_reference_import_is_flagged(attacked):
+def test_reference_import_is_flagged_and_earns_nothing(attacked):
+    """The answer imports the reference it is graded against: flagged for review, and in the kernel's copy of
+    course_lib the reference is a stub that raises, so the part earns nothing."""
     r = res(attacked, "refimport")
     assert r.status == "review" and r.flags.get("reference_import") == ["cost_tests"], (r.flags, r.messages)
     assert any("course_lib" in m for m in r.messages)
+    assert {c["grade_id"]: c["score"] for c in r.cells} == {"scale_tests": 2.0, "cost_tests": 0.0}, r.cells
+    assert "withheld while this lab is graded" in " ".join(c.get("error", "") for c in r.cells), r.cells
 
 
 @slow
@@ -416,7 +423,10 @@ def test_time_budget(tmp_path):
         "add_answer": loop.format("add"), "multiply_answer": loop.format("multiply"),
         "clamp_answer": loop.format("clamp")}))
     t0 = time.time()
-    report = grade(tmp_path / "subs", labs, sols, tmp_path / "out", timeout=4, budget=6, feedback=False)
+    (tmp_path / "judges").mkdir()
+    shutil.copyfile(DATA.parent / "judges" / "lab99.py", tmp_path / "judges" / "lab99.py")
+    report = grade(tmp_path / "subs", labs, sols, tmp_path / "out", timeout=4, budget=6, feedback=False,
+                   secret_file=tmp_path / "class-secret")
     wall = time.time() - t0
     r = report.by_student("looper")
     assert r.score == 0.0 and r.status == "review" and "time_budget" in r.flags, (r.flags, r.messages)

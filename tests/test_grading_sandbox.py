@@ -1,8 +1,7 @@
 """The grading kernel's sandbox, attacked with real kernels at the levels `user` and `bwrap` (issue 29).
 
 One grade run per level (module fixture, --memory-limit 1 GiB, TMPDIR inside a 0700 folder as `mktemp -d`
-makes it) over a fixture lab (lab97: lab99 with a canary in the solution of `add` and in its hidden
-test). Each attacker is a submission whose `add` is right only if its attack worked, so "contained"
+makes it) over a fixture lab (lab97: lab99 with a canary in the solution of `add` and in its judge). Each attacker is a submission whose `add` is right only if its attack worked, so "contained"
 reads as a score: 3/5 (its multiply and clamp are right, add earns nothing), never 5/5; its other
 evidence (a connection received, a file left on the machine, the cgroup's count of processes killed
 for memory) is checked beside. A victim (graded after the attackers, its file watched), a clean
@@ -10,8 +9,8 @@ submission, a blank one and a wrong one are the controls. The instructor's files
 submissions) are world-readable on purpose: the kernel must not reach them through the sandbox, not
 because of their modes.
 
-The attackers look for hidden-test and solution text by every path the issue found and a few more: the
-gradebook copies in the grader's scratch; /proc (the grader's command line and environment, other
+The attackers look for the judge's and the solution's text by every path the issue found and a few more:
+the grader's scratch; /proc (the grader's command line and environment, other
 processes' working folders and roots, mountinfo); the kernel's environment, sys.path and course_lib's
 location; the instructor's files and another student's submission by their paths and by walking the
 file system. Then the escapes: Unix sockets (in /tmp and /run, abstract) and TCP on the machine's
@@ -79,16 +78,21 @@ def world_readable(root: Path) -> None:
 
 
 def lab97_source(canary: str):
-    """lab99 with the canary in add's solution and in add's hidden test."""
+    """lab99 with the canary in add's solution."""
     nb = read_notebook(DATA / "lab99.ipynb")
     for c in nb.cells:
         if grade_id(c) == "add_answer":
             c.source = c.source.replace("    return a + b", f"    return a + b  # {canary}-solution")
-        if grade_id(c) == "add_tests":
-            c.source = c.source.replace("_rng = random.Random()",
-                                        f"_rng = random.Random()\n_canary = '{canary}-hidden'")
-    assert sum(canary in c.source for c in nb.cells) == 2
+    assert sum(canary in c.source for c in nb.cells) == 1
     return nb
+
+
+def lab97_judge(canary: str) -> str:
+    """lab99's judge with the canary in its code (what a student must never read)."""
+    text = (DATA.parent / "judges" / "lab99.py").read_text()
+    assert "    cases = [(2, 3), (0, 5), (-7, 8), (10**6, -1)]" in text
+    return text.replace("    cases = [(2, 3), (0, 5), (-7, 8), (10**6, -1)]",
+                        f"    cases = [(2, 3), (0, 5), (-7, 8), (10**6, -1)]\n    _canary = '{canary}-judge'")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -119,6 +123,7 @@ def _look(path, data=None):
 def _solutions_near(p):
     for q in [p] + [str(x) for x in pathlib.Path(p).parents]:
         for s in (glob.glob(q + "/solutions/*.ipynb") + glob.glob(q + "/*/solutions/*.ipynb")
+                  + glob.glob(q + "/judges/*.py") + glob.glob(q + "/*/judges/*.py")
                   + glob.glob(q + "/source/*/*.ipynb") + glob.glob(q + "/*.ipynb") + glob.glob(q + "/*.db")):
             _look(s)
 '''
@@ -192,7 +197,7 @@ for _top in ("/tmp", "/var/tmp", "/dev/shm", "/run", "/work", "/home", "/root", 
     for _d, _dirs, _files in os.walk(_top):
         _dirs[:] = [x for x in _dirs if not (_d == "/" and x in ("proc", "sys", "usr", "lib", "dev"))]
         for _f in _files:
-            if _f.endswith((".ipynb", ".db")):
+            if _f.endswith((".ipynb", ".db")) or (_f.startswith("lab") and _f.endswith(".py")):
                 _look(os.path.join(_d, _f))
         _n += 1
         if time.time() - _t0 > 20:
@@ -383,6 +388,8 @@ def batch(request):
     sols, labs, sub = base / "solutions", base / "labs", base / "submissions"
     sols.mkdir()
     write_nb(sols / f"{LAB}.ipynb", lab97_source(canary))
+    (base / "judges").mkdir()
+    (base / "judges" / f"{LAB}.py").write_text(lab97_judge(canary))
     assert all(r.status == "written" for r in build_labs(sols, labs))
     release = read_notebook(labs / f"{LAB}.ipynb")
     answers = answer_sources(read_notebook(sols / f"{LAB}.ipynb"))
@@ -399,7 +406,9 @@ def batch(request):
     shm_key = int(token[:6], 16)
     iso_disk = min(sandbox.DEFAULT_DISK, int(MEMORY_GB * 2**30 / 4))
     paths = [str(sols / f"{LAB}.ipynb"), str(labs / f"{LAB}.ipynb"), str(victim), str(base / "work" / "gradebook.db"),
-             str(sandbox.course_lib_root() / "solutions" / "lab01.ipynb"), str(DATA / "lab99.ipynb")]
+             str(base / "judges" / f"{LAB}.py"), str(base / "class-secret"),
+             str(sandbox.course_lib_root() / "solutions" / "lab01.ipynb"), str(DATA / "lab99.ipynb"),
+             str(sandbox.course_lib_root() / "judges" / "lab01.py")]
     subst = {"@NEEDLES@": repr([canary[::-1], f"VICTIM{token}"[::-1]]), "@PATHS@": repr(paths),
              "@PYTHON@": repr([p + "/" for p in sandbox.python_paths()]),
              "@SOCKETS@": repr(listener.paths + [listener.abstract]), "@PORT@": str(listener.port),
@@ -427,7 +436,8 @@ def batch(request):
             mp.setenv("TMPDIR", str(locked / "tmp"))
             mp.setattr(tempfile, "tempdir", str(locked / "tmp"))
             report = grade(sub, labs_release=labs, solutions=sols, out=base / "out", timeout=60,
-                           workdir=base / "work", isolation=level, memory_gb=MEMORY_GB, echo=lines.append)
+                           workdir=base / "work", isolation=level, memory_gb=MEMORY_GB, echo=lines.append,
+                           secret_file=base / "class-secret")
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
@@ -561,7 +571,12 @@ def test_fork_storm_is_bounded(batch):
         pytest.skip("without root there is no per-submission process bound (no cgroup; RLIMIT_NPROC would count "
                     "every process of the instructor)")
     r = res(batch, "atk-procs")
-    assert r.score == 3.0, (r.cells, outputs(batch, "atk-procs"))
+    out = outputs(batch, "atk-procs")
+    m = re.search(r"forked (\d+)", out)
+    assert m and int(m.group(1)) < 256, out            # the cgroup's pids.max (threads count too)
+    # its add earns nothing; the cells right after the storm may find no thread to start (the kernel's own
+    # threads count against the same bound), so the rest of its score is not asserted
+    assert {c["grade_id"]: c["score"] for c in r.cells}["add_tests"] == 0 and r.status != "error", (r.cells, out)
 
 
 @slow
@@ -577,6 +592,9 @@ def _fixture_lab(base: Path):
     sols = base / "solutions"
     sols.mkdir(parents=True)
     shutil.copyfile(DATA / "lab99.ipynb", sols / "lab99.ipynb")
+    (base / "judges").mkdir()
+    shutil.copyfile(DATA.parent / "judges" / "lab99.py", base / "judges" / "lab99.py")
+    (base / ".grading").mkdir()   # the default class secret's folder, beside the solutions
     labs = base / "labs"
     build_labs(sols, labs)
     return sols, labs, read_notebook(labs / "lab99.ipynb"), answer_sources(read_notebook(sols / "lab99.ipynb"))
@@ -613,10 +631,10 @@ def test_start_up_check_stops_with_bubblewraps_reason(tmp_path, monkeypatch):
 
 
 @slow
-def test_gradebook_copy_is_unreadable_without_a_private_filesystem(tmp_path, monkeypatch):
-    """Where root cannot make a mount namespace, the kernel sees the machine's files: the gradebook copy
-    (every hidden test) is still out of its reach (0600 in a 0700 folder), and the first line says the
-    filesystem is not private."""
+def test_judge_and_secret_are_unreadable_without_a_private_filesystem(tmp_path, monkeypatch):
+    """Where root cannot make a mount namespace, the kernel sees the machine's files: the grader's scratch, the
+    instructor's judge (in a 0700 folder) and the class secret (0600) are still out of its reach, and the first
+    line says the filesystem is not private."""
     need("user")
     real = sandbox._jail_ok
     monkeypatch.setattr(sandbox, "_jail_ok",
@@ -628,6 +646,8 @@ def test_gradebook_copy_is_unreadable_without_a_private_filesystem(tmp_path, mon
         sols = base / "solutions"
         sols.mkdir()
         write_nb(sols / f"{LAB}.ipynb", lab97_source(canary))
+        (base / "judges").mkdir()
+        (base / "judges" / f"{LAB}.py").write_text(lab97_judge(canary))
         build_labs(sols, base / "labs")
         release = read_notebook(base / "labs" / f"{LAB}.ipynb")
         answers = answer_sources(read_notebook(sols / f"{LAB}.ipynb"))
@@ -638,7 +658,7 @@ def test_gradebook_copy_is_unreadable_without_a_private_filesystem(tmp_path, mon
         # the instructor's folders are private here (0700): the point is the grader's scratch
         lines = []
         report = grade(base / "subs", base / "labs", sols, base / "out", isolation="user", memory_gb=MEMORY_GB,
-                       echo=lines.append, workdir=base / "work")
+                       echo=lines.append, workdir=base / "work", secret_file=base / "class-secret")
         assert "filesystem NOT private" in lines[0], lines[0]
         assert report.by_student("ctl").score == 5.0, report.by_student("ctl").messages
         r = report.by_student("atk")
@@ -662,8 +682,8 @@ def test_scratch_is_placed_where_the_sandbox_user_can_enter(tmp_path, monkeypatc
 
 
 def test_gradebook_folder_modes(tmp_path, monkeypatch):
-    """The run's scratch: p/ (gradebook copy, course folders) is the grader's only, the course package
-    copy and the kernels' folders are enterable, and the copy is not the repository."""
+    """The run's scratch: p/ is the grader's only, the course package copy and the kernels' folders are
+    enterable, and the copy is not the repository; a lab's copy withholds what the lab is graded against."""
     if os.geteuid() != 0:
         pytest.skip("needs root (a sandbox user)")
     iso = sandbox.Isolation("user", uid=65534, gid=65534, user="nobody")
@@ -672,10 +692,16 @@ def test_gradebook_folder_modes(tmp_path, monkeypatch):
         assert stat.S_IMODE(sc.private.stat().st_mode) == 0o700
         assert stat.S_IMODE(sc.base.stat().st_mode) == 0o711
         assert (sc.lib / "checks.py").exists() and not (sc.lib.parent / "solutions").exists()
-        # of the grader's package, the kernel gets the guard its cells call, not the pipeline
-        assert sorted(p.name for p in sc.guard.glob("*.py")) == sorted(sandbox.GUARD_FILES)
-        assert sc.guard == sc.lib.parent / "course_grading" and not (sc.guard / "sandbox.py").exists()
-        for pkg in (sc.lib, sc.guard):  # compiled: the kernel writes no bytecode
+        # of the grader's package, the kernel gets the judge's driver, not the pipeline
+        assert sorted(p.name for p in sc.driver.glob("*.py")) == sorted(sandbox.KERNEL_FILES)
+        assert sc.driver == sc.lib.parent / "course_grading" and not (sc.driver / "sandbox.py").exists()
+        assert not (sc.driver / "judging.py").exists()
+        lab = sc.lib_for("lab01", ["course_lib.perf.ops.matmul_cost"])
+        text = (lab / "perf" / "ops.py").read_text()
+        assert "withheld while this lab is graded" in text and "flops=2 * m * n * k" not in text
+        assert "flops=2 * m * n * k" in (sc.lib / "perf" / "ops.py").read_text()   # the run's copy keeps it
+        assert (lab.parent / "course_grading" / "driver.py").exists()
+        for pkg in (sc.lib, sc.driver, lab):  # compiled: the kernel writes no bytecode
             assert (pkg / "__pycache__").is_dir()
             assert all(stat.S_IMODE(p.stat().st_mode) in (0o644, 0o755) for p in pkg.rglob("*"))
         ks = sc.kernel("s001")
