@@ -26,19 +26,19 @@ t_n`` the product of all ``s_i``. The shares add up to 1; a step that slows thin
 The cost per 1M tokens at each step is Module 00's formula, ``course_lib.perf.metrics.cost_per_million_tokens``
 (price per hour / tokens per hour).
 
-**The final project** (labs/lab13, graded by ``course grade``): a student's ``build(model) -> generate_fn`` is
-checked and timed against the course's baseline (``baseline_build``: ``generate`` without a KV cache) by
-``evaluate_project``, in the student's own kernel: greedy tokens equal to the baseline's on prompts drawn
-fresh from the held-out corpus (``project_prompts``; a lossy entry instead decodes its own ``lossy_model``
-greedily within ``BPB_BOUND`` bits per byte of the model on held-out text), then the two interleaved round
-by round on new prompts (``perf.timing.interleave``), the speed-up the paired per-round ratio, and the points
-``speed_points`` of its lower quartile. ``ProjectResult.record()`` is the line the grader's leaderboard
-reads (``course_grading.leaderboard``).
+**The final project** (labs/lab13): a student's ``build(model) -> generate_fn`` is checked and timed against
+the course's baseline (``baseline_build``: ``generate`` without a KV cache). ``evaluate_project`` does it in the
+student's own process (the lab's visible test): greedy tokens equal to the baseline's on prompts cut from the
+held-out corpus (``project_prompts``; a lossy entry instead decodes its own ``lossy_model`` greedily within
+``BPB_BOUND`` bits per byte of the model on held-out text), then the two interleaved round by round on new
+prompts (``perf.timing.interleave``), the speed-up the paired per-round ratio, and the points ``speed_points``
+of its lower quartile. ``course grade`` judges the project in its own process (judges/lab13.py): it draws the
+prompts, computes the baseline's tokens itself, calls the entry through ``run_entry`` and checks the model with
+``state_digest``.
 """
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 import statistics
@@ -64,7 +64,7 @@ from course_lib.validate import integer
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
            "GPU_PRICES", "int8_weights", "baseline_build", "project_prompts", "speed_points", "evaluate_project",
-           "ProjectResult", "PROJECT_POINTS", "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "RECORD_PREFIX", "run_entry",
+           "ProjectResult", "PROJECT_POINTS", "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "run_entry",
            "state_digest"]
 
 STEP_NAMES = ("no cache", "KV cache", "static cache + compile", "int8 weights", "speculative (tiny-draft)",
@@ -258,7 +258,6 @@ RATIO_FLOOR = 1.2      # a speed-up at or below this earns no points: the baseli
                        # within it on a busy machine (its lower quartile: see `speed_points`)
 RATIO_FULL = 2.0       # a speed-up at or above this earns every point; between, linear in log(speed-up)
 BPB_BOUND = 0.05       # a lossy entry's held-out bits per byte may exceed the model's by at most this
-RECORD_PREFIX = "[course-project] "   # the line the grader's leaderboard reads from the test cell's output
 
 
 def baseline_build(model):
@@ -346,17 +345,6 @@ class ProjectResult:
                 f"{self.baseline_s * 1e3:.1f} ms per generation); speed points {self.points:g}/{self.max_points:g}"
                 + (f" (from the lower quartile, {self.quantile(0.25):.2f}x)" if self.correct else
                    " (an entry that is not correct scores none)"))
-
-    def record(self) -> str:
-        """The one line the grader's leaderboard reads (printed by the project's test cell)."""
-        def num(x):
-            return None if x is None or not math.isfinite(x) else round(float(x), 4)
-        return RECORD_PREFIX + json.dumps({
-            "correct": self.correct, "problem": self.problem[:300], "lossy": self.lossy, "rounds": len(self.ratios),
-            "ratio": num(self.ratio), "q1": num(self.quantile(0.25)), "q3": num(self.quantile(0.75)),
-            "min": num(min(self.ratios)) if self.ratios else None, "max": num(max(self.ratios)) if self.ratios else None,
-            "points": self.points, "max_points": self.max_points, "bpb": num(self.bpb), "bpb_model": num(self.bpb_model),
-            "baseline_ms": num(self.baseline_s * 1e3), "entry_ms": num(self.entry_s * 1e3)}, sort_keys=True)
 
 
 def _token_list(out, n: int) -> tuple[list[int] | None, str]:

@@ -15,11 +15,12 @@
 #
 # * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
 # * Each part is followed by a test cell. Run it: the tests you see check fixed examples and tell you
-#   what was expected and what came. When grading, **hidden tests** also check your functions on fresh
-#   random inputs against the course's reference implementation, so make them correct in general, not
-#   only on the examples.
-# * Use plain Python, `math`, `numpy` and `torch`. Do not import the answers from `course_lib.perf` or
-#   `course_lib.generation`: the hidden tests check that the functions are your own.
+#   what was expected and what came. When grading, the grader also calls your functions on inputs of its
+#   own (drawn for you, and a grid of edge cases) and compares them with the course's reference
+#   implementation, so make them correct in general, not only on the examples.
+# * Use plain Python, `math`, `numpy` and `torch`. Do not import the answers from `course_lib.perf`,
+#   `course_lib.sampling` or `course_lib.generation`: the grader flags an answer that does, and while it
+#   grades, the course's metrics and sampling functions are not in the library at all.
 # * Parts marked **contract** give what the function takes, returns and refuses, not the steps: the steps are
 #   in hints you open on purpose (the ▸ lines). Try without them first.
 # * Everything runs on a CPU in seconds. Total: 12 points.
@@ -27,12 +28,11 @@
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
 import os
-import time
 
 import numpy as np
 import torch
 
-from course_lib.checks import check_close, check_equal, check_raises, diagnose
+from course_lib.checks import check_close, check_equal, check_raises
 
 # Known misconceptions: when a test finds one of these in your answer, its message names it.
 MISTAKES = {
@@ -47,26 +47,6 @@ MISTAKES = {
     "e2e_n_gaps": "the end-to-end prediction counts n TPOT gaps after the first token; n tokens have n - 1 "
                   "gaps, so E2E = TTFT + (n - 1) * TPOT (see notebook 00, section '4. One generation, measured')",
 }
-
-
-def _own_work(fn, name):
-    """The grader's check that `fn` is the student's own function, not course_lib's reference."""
-    if getattr(fn, "__module__", None) != "__main__":
-        raise AssertionError(f"{name} must be defined in this notebook, not imported "
-                             f"(it comes from {getattr(fn, '__module__', '?')})")
-    for ref in getattr(getattr(fn, "__code__", None), "co_names", ()):
-        obj = fn.__globals__.get(ref)
-        mod = getattr(obj, "__module__", None) or getattr(obj, "__name__", "")
-        if isinstance(mod, str) and mod.startswith(("course_lib.perf", "course_lib.generation")):
-            raise AssertionError(f"{name} calls {ref} from {mod}: write it yourself")
-
-
-def _p_off_boundaries(logits, p, gap=1e-4):
-    """True when no token's cumulative probability lies within `gap` of p, so that correct answers
-    written with a different rounding order cannot disagree (the grader draws p again otherwise)."""
-    probs = torch.softmax(logits.double(), dim=-1).sort(dim=-1, descending=True).values
-    before = probs.cumsum(-1) - probs
-    return bool(((before - p).abs() > gap).all())
 
 
 # %% [markdown] id="c004"
@@ -128,22 +108,6 @@ check_close(ttft(2.0, np.array([2.5])), 0.5, "ttft(2.0, np.array([2.5])) (a nump
 check_raises(lambda: ttft(0.0, []), ValueError, "ttft(0.0, []) (no tokens)")
 check_raises(lambda: e2e_latency(0.0, []), ValueError, "e2e_latency(0.0, []) (no tokens)")
 print("Part A (TTFT, E2E): visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.perf import metrics as _ref
-
-_own_work(ttft, "ttft")
-_own_work(e2e_latency, "e2e_latency")
-_seed = time.time_ns() % 2**32
-_rng = np.random.default_rng(_seed)
-for _ in range(50):
-    _n = int(_rng.integers(1, 40))
-    _start = float(_rng.uniform(0, 1e3))
-    _times = _start + _rng.exponential(0.2) + np.cumsum(_rng.exponential(0.03, size=_n))
-    _what = f"(random trace, seed {_seed}: start={_start:.4f}, {_n} times from {_times[0]:.4f})"
-    check_close(ttft(_start, list(_times)), _ref.ttft(_start, list(_times)), "ttft " + _what, rtol=1e-9)
-    check_close(e2e_latency(_start, list(_times)), _ref.e2e_latency(_start, list(_times)),
-                "e2e_latency " + _what, rtol=1e-9)
-### END HIDDEN TESTS
 
 # %% id="c007" nbgrader={"grade": true, "grade_id": "tpot_tps_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 start, times = 100.0, [100.25, 100.30, 100.45, 100.50]
@@ -156,23 +120,6 @@ check_raises(lambda: tpot([1.0]), ValueError, "tpot([1.0]) (one token: no gap)")
 check_raises(lambda: tpot([]), ValueError, "tpot([]) (no tokens)")
 check_raises(lambda: tokens_per_second(0.0, []), ValueError, "tokens_per_second(0.0, []) (no tokens)")
 print("Part A (TPOT, tokens/s): visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.perf import metrics as _ref
-
-_own_work(tpot, "tpot")
-_own_work(tokens_per_second, "tokens_per_second")
-_seed = time.time_ns() % 2**32
-_rng = np.random.default_rng(_seed)
-for _ in range(50):
-    _n = int(_rng.integers(2, 40))
-    _start = float(_rng.uniform(0, 1e3))
-    _times = _start + _rng.exponential(0.2) + np.cumsum(_rng.exponential(0.03, size=_n))
-    _what = f"(random trace, seed {_seed}: start={_start:.4f}, {_n} times from {_times[0]:.4f})"
-    check_close(tpot(list(_times)), _ref.tpot(list(_times)), "tpot " + _what, rtol=1e-9,
-                mistakes={MISTAKES["tpot_n"]: (_times[-1] - _times[0]) / _n})
-    check_close(tokens_per_second(_start, list(_times)), _ref.tokens_per_second(_start, list(_times)),
-                "tokens_per_second " + _what, rtol=1e-9)
-### END HIDDEN TESTS
 
 # %% [markdown] id="c008"
 # ## Part B · Percentiles over requests (2 points, contract)
@@ -238,38 +185,6 @@ check_raises(lambda: percentile([], 50), ValueError, "percentile([], 50)")
 check_raises(lambda: percentile([1, 2], 101), ValueError, "percentile([1, 2], 101)")
 check_raises(lambda: percentile([1, 2], -1), ValueError, "percentile([1, 2], -1)")
 print("Part B: visible tests passed")
-### BEGIN HIDDEN TESTS
-_own_work(percentile, "percentile")
-_used = {"percentile", "quantile", "nanpercentile", "nanquantile"} & set(percentile.__code__.co_names)
-if _used:
-    raise AssertionError(f"percentile calls {sorted(_used)}: implement the interpolation yourself")
-
-
-def _percentile_at_n(values, q):
-    """The planted mistake: the position q/100 * n instead of q/100 * (n - 1)."""
-    v = sorted(values)
-    r = min(q / 100 * len(v), len(v) - 1)
-    i = math.floor(r)
-    return v[i] if i >= len(v) - 1 else v[i] + (r - i) * (v[i + 1] - v[i])
-
-
-_seed = time.time_ns() % 2**32
-_rng = np.random.default_rng(_seed)
-for _ in range(200):
-    _n = int(_rng.integers(1, 50))
-    _vals = _rng.lognormal(-3, 1, size=_n)
-    _q = float(_rng.choice([0, 50, 90, 99, 100])) if _rng.random() < 0.3 else float(_rng.uniform(0, 100))
-    _want = np.percentile(_vals, _q)
-    _wrong = _percentile_at_n(list(_vals), _q)
-    check_close(percentile(list(_vals), _q), _want, f"percentile of {_n} random values (seed {_seed}) at q={_q}",
-                rtol=1e-9, mistakes={MISTAKES["percentile_n"]: _wrong} if abs(_wrong - _want) > 1e-9 * _want else None)
-_vals = _rng.lognormal(-3, 1, size=31)
-_vals0 = _vals.copy()
-_ps = [percentile(_vals, _q) for _q in np.linspace(0, 100, 41)]
-if any(b < a for a, b in zip(_ps, _ps[1:])):
-    raise AssertionError(f"percentile of 31 random values (seed {_seed}) decreases as q grows: {_ps}")
-check_equal(_vals, _vals0, "the values after percentile (must not change)")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c011"
 # ## Part C · Top-k filtering (1 point)
@@ -311,22 +226,6 @@ check_equal(top_k_filter(xb, 2), torch.tensor([[-inf, 1.0, 2.0], [5.0, 4.0, -inf
 check_equal(x, torch.tensor([0.1, 2.0, -1.0, 0.5]), "the input logits after top_k_filter (must not change)")
 check_raises(lambda: top_k_filter(x, 0), ValueError, "top_k_filter(x, k=0)")
 print("Part C: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib import generation as _gen
-
-_own_work(top_k_filter, "top_k_filter")
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _ in range(30):
-    _shape = [int(s) for s in torch.randint(1, 6, (int(torch.randint(0, 3, (1,), generator=_g)),), generator=_g)]
-    _V = int(torch.randint(2, 300, (1,), generator=_g))
-    _x = torch.randn(*_shape, _V, generator=_g) * 3
-    _k = int(torch.randint(1, _V + 5, (1,), generator=_g))
-    _x0 = _x.clone()
-    check_equal(top_k_filter(_x, _k), _gen.top_k_filter(_x, _k),
-                f"top_k_filter on random logits of shape {tuple(_x.shape)}, k={_k} (seed {_seed})")
-    check_equal(_x, _x0, "the input logits after top_k_filter (must not change)")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c014"
 # ## Part D · Top-p (nucleus) filtering (2 points, contract)
@@ -347,8 +246,8 @@ for _ in range(30):
 #   sort per row, O(V log V);
 # * raises `ValueError` for `p` outside `(0, 1]` (or not a number).
 #
-# The hidden tests draw random logits and values of p away from ties, and compare with
-# `course_lib.generation.top_p_filter`.
+# The grader calls your function on logits and values of p of its own (drawn away from ties, and an edge
+# grid), and compares with the course's `top_p_filter`.
 #
 # <details><summary>Hint 1: the rule, token by token</summary>
 #
@@ -403,39 +302,6 @@ check_equal(x, torch.tensor([0.5, 0.3, 0.15, 0.05]).log(), "the input logits aft
 check_raises(lambda: top_p_filter(x, 0.0), ValueError, "top_p_filter(x, p=0.0)")
 check_raises(lambda: top_p_filter(x, 1.5), ValueError, "top_p_filter(x, p=1.5)")
 print("Part D: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib import generation as _gen
-
-_own_work(top_p_filter, "top_p_filter")
-
-
-def _top_p_drops_crossing(logits, p):
-    """The planted mistake: remove a token once the cumulative probability, its own included, exceeds p."""
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    cum = torch.softmax(sorted_logits.double(), dim=-1).cumsum(-1)
-    remove_sorted = cum > p
-    remove_sorted[..., 0] = False
-    return logits.masked_fill(torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted), float("-inf"))
-
-
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _ in range(40):
-    _B = int(torch.randint(1, 5, (1,), generator=_g))
-    _V = int(torch.randint(2, 300, (1,), generator=_g))
-    _x = torch.randn(_B, _V, generator=_g) * float(torch.empty(1).uniform_(0.3, 6, generator=_g))
-    _p = float(torch.empty(1).uniform_(0.01, 1.0, generator=_g))
-    while not _p_off_boundaries(_x, _p):
-        _p = float(torch.empty(1).uniform_(0.01, 1.0, generator=_g))
-    _x0 = _x.clone()
-    _got, _want = top_p_filter(_x, _p), _gen.top_p_filter(_x, _p)
-    _wrong = torch.isinf(_top_p_drops_crossing(_x, _p))
-    check_equal(torch.isinf(_got), torch.isinf(_want),
-                f"which logits top_p_filter removes, random logits of shape {tuple(_x.shape)}, p={_p:.4f} (seed {_seed})",
-                mistakes={MISTAKES["top_p_drop"]: _wrong} if not torch.equal(_wrong, torch.isinf(_want)) else None)
-    check_close(_got, _want, f"top_p_filter on random logits, p={_p:.4f} (seed {_seed})")
-    check_equal(_x, _x0, "the input logits after top_p_filter (must not change)")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c017"
 # ## Part E · Temperature and sampling (2 points)
@@ -503,33 +369,6 @@ freq = torch.bincount(draws, minlength=4).double() / 4000
 check_close(freq[:3], sampling_probs(x, 1.0, top_k=3)[:3].double(),
             "the sampled frequencies of tokens 0-2 (4000 draws, top_k=3)", atol=0.035)
 print("Part E: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib import generation as _gen
-
-_own_work(sampling_probs, "sampling_probs")
-_own_work(sample, "sample")
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _ in range(30):
-    _B = int(torch.randint(1, 5, (1,), generator=_g))
-    _V = int(torch.randint(2, 200, (1,), generator=_g))
-    _x = torch.randn(_B, _V, generator=_g) * 3
-    _t = float(torch.empty(1).uniform_(0.2, 2.5, generator=_g))
-    _k = int(torch.randint(1, _V + 3, (1,), generator=_g)) if bool(torch.rand(1, generator=_g) < 0.6) else None
-    _p = float(torch.empty(1).uniform_(0.05, 1.0, generator=_g)) if bool(torch.rand(1, generator=_g) < 0.6) else None
-    _xk = _gen.top_k_filter(_x / _t, _k) if _k is not None else _x / _t
-    while _p is not None and not _p_off_boundaries(_xk, _p):
-        _p = float(torch.empty(1).uniform_(0.05, 1.0, generator=_g))
-    _what = f"random logits {tuple(_x.shape)}, temperature={_t:.3f}, top_k={_k}, top_p={_p} (seed {_seed})"
-    _want = _gen.sampling_probs(_x, _t, _k, _p)
-    check_close(sampling_probs(_x, _t, _k, _p), _want, "sampling_probs on " + _what, atol=1e-6)
-    check_close(sampling_probs(_x, 0.0), _gen.sampling_probs(_x, 0.0), "sampling_probs(temperature=0) on " + _what)
-    check_equal(sample(_x, 0.0, _k, _p), _x.argmax(-1), "sample(temperature=0) on " + _what)
-    _d = sample(_x, _t, _k, _p, generator=torch.Generator().manual_seed(_seed))
-    check_equal(tuple(_d.shape), (_B,), "the shape of sample on " + _what)
-    check_equal(bool((_want.gather(-1, _d.long()[:, None]) > 0).all()), True,
-                "sample drew only tokens with a non-zero probability, on " + _what)
-### END HIDDEN TESTS
 
 # %% [markdown] id="c019a"
 # ## Part F · Predict, then measure (2 points)
@@ -568,27 +407,6 @@ check_close(predict_request(0.4, 0.02, 1)[0], 0.4, "predict_request(0.4, 0.02, 1
 check_raises(lambda: predict_request(0.4, 0.02, 0), ValueError, "predict_request(0.4, 0.02, n_tokens=0)")
 check_raises(lambda: predict_request(-0.1, 0.02, 5), ValueError, "predict_request(ttft=-0.1, ...)")
 print("Part F: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.perf import metrics as _ref
-
-_seed = time.time_ns() % 2**32
-_rng = np.random.default_rng(_seed)
-for _ in range(50):
-    _n = int(_rng.integers(1, 2000))
-    _ttft, _tpot = float(_rng.uniform(1e-3, 3.0)), float(_rng.uniform(1e-4, 0.2))
-    _start = float(_rng.uniform(0, 1e3))
-    # the model's trace: the first token at start + TTFT, then one every TPOT
-    _times = [_start + _ttft + _tpot * _i for _i in range(_n)]
-    _what = f"predict_request(ttft={_ttft:.6g}, tpot={_tpot:.6g}, n_tokens={_n}) (seed {_seed})"
-    _e2e, _tps = predict_request(_ttft, _tpot, _n)
-    _wrong = _ttft + _n * _tpot
-    check_close(_e2e, _ref.e2e_latency(_start, _times), _what + ": E2E", rtol=1e-6,
-                mistakes={MISTAKES["e2e_n_gaps"]: _wrong})
-    check_close(_tps, _ref.tokens_per_second(_start, _times), _what + ": tokens/s", rtol=1e-6,
-                mistakes={MISTAKES["e2e_n_gaps"]: _n / _wrong})
-check_raises(lambda: predict_request(0.4, -0.02, 5), ValueError, "predict_request(tpot=-0.02, ...)")
-check_raises(lambda: predict_request(0.4, 0.02, 2.5), ValueError, "predict_request(n_tokens=2.5)")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c020"
 # ## Putting it together (not graded)
@@ -600,17 +418,22 @@ check_raises(lambda: predict_request(0.4, 0.02, 2.5), ValueError, "predict_reque
 from course_lib.generation import generate
 from course_lib.models import load
 
-model, tok = load("tiny", device="cpu", verbose=False)
-prompt = tok("def fibonacci(n):\n", add_special_tokens=False)["input_ids"]
-tokens, trace = generate(model, prompt, 12)
-print(f"ref:  TTFT {trace.ttft * 1e3:.2f} ms, TPOT {trace.tpot * 1e3:.2f} ms, {trace.tokens_per_second:.1f} tokens/s")
 try:
+    if os.environ.get("NBGRADER_EXECUTION"):
+        raise RuntimeError("skipped while grading (the course's metrics are not in the library then)")
+    model, tok = load("tiny", device="cpu", verbose=False)
+    prompt = tok("def fibonacci(n):\n", add_special_tokens=False)["input_ids"]
+    tokens, trace = generate(model, prompt, 12)
+    print(f"ref:  TTFT {trace.ttft * 1e3:.2f} ms, TPOT {trace.tpot * 1e3:.2f} ms, "
+          f"{trace.tokens_per_second:.1f} tokens/s")
     print(f"mine: TTFT {ttft(trace.start, trace.times) * 1e3:.2f} ms, TPOT {tpot(trace.times) * 1e3:.2f} ms, "
           f"{tokens_per_second(trace.start, trace.times):.1f} tokens/s")
     logits = model(torch.tensor([prompt]))[0, -1].detach()
     print("tokens kept by top-p 0.9:", int((sampling_probs(logits, 1.0, top_p=0.9) > 0).sum()), "of", logits.numel())
 except NotImplementedError:
     print("Finish the exercises above first: then your numbers appear here beside the reference's.")
+except RuntimeError as e:
+    print(e)
 
 # %% [markdown] id="c021a"
 # **Predicted, then measured.** A short generation gives TTFT and TPOT; your `predict_request` predicts a

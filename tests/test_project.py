@@ -1,7 +1,7 @@
-"""The final project (solutions/lab13): its scale, its record line, and `course grade` writing the leaderboard.
+"""The final project (solutions/lab13): its scale, its judge's record, and `course grade` writing the leaderboard.
 
 The slow test grades a folder of three project submissions with `course grade` (the round trip's machinery:
-the release filled with the solution's answers, or with a planted wrong one from tests/lab_mutants.py):
+the release filled with the solution's answers, or with the judge's planted wrong one, judges/lab13.py):
 
 * ``baseline``: the blank release, whose ``build`` is the course's baseline: correct, about 1x, no speed points;
 * ``fast``: the solution's reference entry, a KV cache (a fresh one per prompt) in a lean greedy loop;
@@ -11,8 +11,8 @@ Timing on a shared 2-core machine is noisy, so the test asserts no margin: only 
 ranks above the baseline and has a speed-up above 1. That holds by a wide margin at the lab's sizes (64-token
 prompts, 16 new tokens): the baseline runs the model over 64..79 positions per step, the cache over one, and
 measured here the cached entry was 2.5-2.8x the baseline (lower quartile 2.1-2.6x) while the baseline against
-itself stayed within 0.9-1.1x. Cost: three autogrades of lab13 (each: the bundled model, 3 visible and 7 hidden
-prompts, 16 new tokens).
+itself stayed within 0.9-1.1x. Cost: three gradings of lab13 (each: the bundled model, 7 prompts the grader
+draws, 16 new tokens).
 """
 from __future__ import annotations
 
@@ -26,21 +26,16 @@ from pathlib import Path
 import pytest
 
 from course_grading.build import answer_sources, fill_answers, notebook_text, read_notebook
-from course_grading.leaderboard import RECORD_PREFIX, method_line, project_record, rows
+from course_grading.judging import PartResult, Verdict
+from course_grading.leaderboard import method_line, project_record, rows
 from course_grading.pipeline import grade_main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from lab_mutants import MUTANTS  # noqa: E402
+from judge_tools import lab_mutants  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = "lab13"
 slow = pytest.mark.slow
-
-
-def test_record_prefix_is_the_libraries():
-    """The grader (which imports nothing of course_lib) reads the line the kernel's evaluator prints."""
-    from course_lib.capstone import RECORD_PREFIX as printed
-    assert RECORD_PREFIX == printed
 
 
 def test_speed_points_scale():
@@ -133,7 +128,6 @@ def _contract_breaks(m, prompts):
 
     ok = evaluate_project(baseline_build, m, prompts, 4, rounds=2)   # its points: timing noise, not asserted
     assert ok.correct and len(ok.ratios) == 2 and ok.outputs == ok.expected and len(ok.outputs) == 3, ok.describe()
-    assert ok.record().startswith(RECORD_PREFIX)
     def fails(model):
         return lambda p, n: 1 / 0
 
@@ -157,7 +151,7 @@ def _submission(release, answers: dict, method: str):
 def test_course_grade_writes_the_leaderboard(tmp_path, capsys):
     release = read_notebook(ROOT / "labs" / f"{LAB}.ipynb")
     answers = answer_sources(read_notebook(ROOT / "solutions" / f"{LAB}.ipynb"))
-    (_, wrong_cells, _), = MUTANTS[LAB]
+    wrong_cells = next(cells for what, cells, _ in lab_mutants(LAB) if "build_answer" in cells)
     subs = tmp_path / "submissions"
     entries = {"baseline": ({}, ""),
                "fast": (answers, "KV cache, fresh per prompt, lean greedy loop"),
@@ -168,7 +162,7 @@ def test_course_grade_writes_the_leaderboard(tmp_path, capsys):
         (subs / student / f"{LAB}.ipynb").write_text(notebook_text(nb), encoding="utf-8")
     out = tmp_path / "grades"
     rc = grade_main([str(subs), "--assignment", LAB, "--out", str(out), "--labs-release", str(ROOT / "labs"),
-                     "--solutions", str(ROOT / "solutions"), "-q"])
+                     "--solutions", str(ROOT / "solutions"), "--secret-file", str(tmp_path / "secret"), "-q"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     with open(out / "leaderboard.csv", newline="", encoding="utf-8") as f:
@@ -181,7 +175,7 @@ def test_course_grade_writes_the_leaderboard(tmp_path, capsys):
     assert base["method"] == "(no method given)"             # the template's line, left as it was
     assert wrong["method"] == "one KV cache kept across calls"
     # the wrong one: no speed points however fast, and the reason is on the board
-    assert float(wrong["points"]) == 0.0 and "differ" in wrong["problem"], wrong
+    assert float(wrong["points"]) == 0.0 and "per-prompt state" in wrong["problem"], wrong
     # ordering only, no margin (see the module docstring): the cached entry is faster than the baseline
     assert float(fast["speedup"]) > 1.0 and float(fast["speedup"]) > float(base["speedup"]), board
     assert float(base["points"]) <= float(fast["points"]), board
@@ -222,7 +216,7 @@ def test_leaderboard_rows_sort_and_read_the_report():
     assert method_line(nb) == "int8 weights"
     nb.cells[0].source = "**Method:** the course's baseline (replace this with one line: what your `build` does)"
     assert method_line(nb) == ""
-    out = nbformat.v4.new_code_cell("", metadata={"nbgrader": {"grade": True, "grade_id": "t", "points": 6}})
-    out.outputs = [nbformat.v4.new_output("stream", name="stdout", text=RECORD_PREFIX + '{"correct": true}\nmore\n')]
-    nb.cells.append(out)
-    assert project_record(nb) == ("t", {"correct": True})
+    # the record comes from the judge's part (plain data made in the grader), never from a printed line
+    verdict = Verdict({"b": PartResult("b", 2.0), "t": PartResult("t", 6.0, record={"correct": True})})
+    assert project_record(verdict) == ("t", {"correct": True})
+    assert project_record(Verdict({"b": PartResult("b", 2.0)})) is None and project_record(None) is None
