@@ -43,6 +43,7 @@ Status of a submission:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -68,7 +69,7 @@ from .leaderboard import is_project, project_entry, write_leaderboard
 from .nbgrader_env import DEFAULT_TIMEOUT, CourseDir, find_config, quiet_nbgrader
 from .references import answer_table, reference_imports
 from .repair import repair
-from .sandbox import DEFAULT_MEMORY_GB, Isolation, RunScratch, kernel_spec, kill_leftovers, probe
+from .sandbox import DEFAULT_MEMORY_GB, Isolation, RunScratch, exposed_paths, kernel_spec, kill_leftovers, probe
 from .session import Limits, check_kernel, is_test_cell, run_submission
 
 MAX_CELLS = 3000
@@ -585,9 +586,6 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, uid=None) -> dict | No
 
 
 def _with_uid(iso: Isolation, uid: int) -> Isolation:
-    import dataclasses
-
-    from .sandbox import exposed_paths
     return dataclasses.replace(iso, uid=uid, gid=uid, user=f"uid {uid}", notes=list(iso.notes),
                                expose=exposed_paths(uid, uid) if iso.expose or iso.level == "bwrap" else [])
 

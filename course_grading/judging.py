@@ -41,6 +41,7 @@ import ast
 import hashlib
 import hmac
 import importlib.util
+import json
 import os
 import random
 import secrets as _secrets
@@ -50,7 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import wire
+from . import driver, wire
 
 SHOWN_FAILURES = 3     # failing cases shown per part on the feedback page
 
@@ -480,10 +481,6 @@ def release_mistakes(nb) -> dict[str, str]:
 def local_send(namespace: dict):
     """A `send` that runs the ops here, in `namespace` (trusted code only: the tests of the judges run the
     instructor's solutions and mutants this way, without a kernel)."""
-    import json
-
-    from . import driver
-
     def send(ops, timeout, remote=None, fresh=True):
         reply = driver.handle(json.dumps({"id": "local", "ops": ops, "fresh": fresh}), namespace=namespace,
                               remote=remote)

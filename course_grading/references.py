@@ -157,7 +157,11 @@ def reference_imports(cells, table: AnswerTable, release_cells=()) -> dict[str, 
             full = f"{mod}.{name}" if name else mod
             what = f"cell {k}: " + (f"from {mod} import {name}" if name else f"import {mod}")
             for gid, refs in table.references.items():
-                if full in refs or full in mods[gid]:
+                # the reference itself, its module, or the reference re-exported by a package above its module
+                # (`from course_lib.quant import absmax_quantize` for course_lib.quant.core.absmax_quantize)
+                reexport = name and any(q.rsplit(".", 1)[1] == name and q.rsplit(".", 1)[0].startswith(mod + ".")
+                                        for q in refs)
+                if full in refs or full in mods[gid] or reexport:
                     add(gid, what)
             if _private(name):
                 for gid in owners:

@@ -27,12 +27,15 @@ import queue
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import nbformat
 
 from . import wire
+from .driver import RPC_PREFIX
 from .judging import KernelGone
-from .sandbox import SandboxKernelManager
+from .sandbox import (LIB_MOUNT, USERNS_HELP, SandboxKernelManager, SandboxUnavailable, course_lib_root, kernel_spec,
+                      python_paths)
 
 DEAD_ENAME = "DeadKernelError"
 TIMEOUT_ENAME = "CellTimeoutError"
@@ -385,7 +388,6 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
                     if reply.get("id") == nonce and not found:
                         found.append(reply)
             def stdin(prompt):
-                from .driver import RPC_PREFIX
                 if remote is None or not prompt.startswith(RPC_PREFIX) or len(prompt) > wire.MAX_BYTES:
                     return json.dumps({"raised": {"module": "builtins", "type": "RuntimeError",
                                                   "message": "no input is given while grading"}})
@@ -450,10 +452,6 @@ def check_kernel(iso, scratch, timeout: float = 120.0) -> dict:
     what it sees (its user, its own copies of course_lib and of the driver, no pipeline, no repository, no
     key system call); raise SandboxUnavailable with the reason (the jail's own words where it failed) when
     it does not start or sees more than it should. Returns what the kernel reported."""
-    from pathlib import Path
-
-    from .sandbox import LIB_MOUNT, USERNS_HELP, SandboxUnavailable, course_lib_root, kernel_spec, python_paths
-
     ks = scratch.kernel("check")
     conn = ks.run / "kernel.json"
     spec = kernel_spec(iso, ks, conn, "check", None, scratch.lib)

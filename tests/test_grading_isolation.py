@@ -170,6 +170,9 @@ def test_reference_table_from_the_judge():
     assert t.references["cost_tests"] == {"course_lib.perf.ops.matmul_cost"}
     cells = [code("from course_lib.perf.ops import matmul_cost"), code("from course_lib.perf import GPUS")]
     assert reference_imports(cells, t) == {"cost_tests": ["cell 0: from course_lib.perf.ops import matmul_cost"]}
+    # a package above the reference's module that re-exports it
+    assert reference_imports([code("from course_lib.perf import matmul_cost as mc")], t) == {
+        "cost_tests": ["cell 0: from course_lib.perf import matmul_cost"]}
 
     # the library's private names: flagged for the tests whose answers the cell defines, or all of them
     cells = [code("from course_lib.perf.ops import _flops\ndef scale(x):\n    return x"),

@@ -318,16 +318,16 @@ def test_grading_and_the_course_meet_only_in_the_cli():
 
 
 def test_the_checker_sees_imports_across_the_split():
-    # the guard importing the checks it watches; the cli importing the pipeline at its top; a library module
+    # the driver importing the checks; the cli importing the pipeline at its top; a library module
     # importing the pipeline anywhere
-    planted = {**GRAPH, "course_grading.guard": GRAPH["course_grading.guard"] | {"course_lib.checks"},
+    planted = {**GRAPH, "course_grading.driver": GRAPH["course_grading.driver"] | {"course_lib.checks"},
                "course_lib.generation": GRAPH["course_lib.generation"] | {"course_grading.build"}}
     top = {**TOP_LEVEL, "course_lib.cli": TOP_LEVEL["course_lib.cli"] | {"course_grading.pipeline"}}
     assert sorted(split_leaks(planted, top)) == [
-        "course_grading.guard imports course_lib.checks",
+        "course_grading.driver imports course_lib.checks",
         "course_lib.cli imports course_grading.pipeline at its top",
         "course_lib.generation imports course_grading.build"]
-    assert "course_grading.guard" in MODULES and "course_lib.checks" in MODULES
+    assert "course_grading.driver" in MODULES and "course_lib.checks" in MODULES
 
 
 def place_graph(graph: dict[str, set[str]] = GRAPH) -> dict[str, set[str]]:
