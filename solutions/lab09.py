@@ -17,16 +17,16 @@
 # How it works:
 #
 # * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
-# * Each part is followed by a test cell with fixed examples. When grading, **hidden tests** also run
-#   your scheduler on fresh random workloads and compare every request's token times with the course's
-#   reference scheduler, so meet the contract exactly.
-# * Plain Python only; do not import `fcfs_schedule` or `blocks_needed` from `course_lib`: the hidden tests
-#   check that the code is your own. Everything runs on a CPU in seconds. Total: 12 points.
+# * Each part is followed by a test cell with fixed examples. When grading, the grader calls your
+#   functions on inputs of its own (drawn for you, and a grid of edge cases): it compares your scheduler's
+#   decisions with the course's reference scheduler on random states and on every scheduling round of
+#   random simulated workloads, so meet the contract exactly.
+# * Plain Python only; do not import `fcfs_schedule` or `blocks_needed` from `course_lib`: the grader flags
+#   an answer that does, and while it grades, the course's scheduler is not in the library. Everything
+#   runs on a CPU in seconds. Total: 12 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
-import random
-import time
 
 from course_lib.checks import check_close, check_equal
 from course_lib.serving import (ContinuousBatching, Decision, Request, SeqView, StepCostModel, check_invariants,
@@ -46,18 +46,6 @@ MISTAKES = {
                     "the first token: a request of O output tokens takes 1 prefill step and O - 1 decode steps; "
                     "see notebook 09, section '2. What one engine step costs'",
 }
-
-
-def _own_work(fn, name):
-    """The grader's check that `fn` is the student's own function, not course_lib's."""
-    if getattr(fn, "__module__", None) != "__main__":
-        raise AssertionError(f"{name} must be defined in this notebook (it comes from {fn.__module__})")
-    for ref in fn.__code__.co_names:
-        val = fn.__globals__.get(ref)
-        mod = getattr(val, "__module__", None) or ""
-        if isinstance(mod, str) and mod.startswith(("course_lib.serving", "course_lib.paged")) \
-                and ref in ("fcfs_schedule", "blocks_needed"):
-            raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
 
 
 def simulated_batch_s(B, P, O, cost, scheduler=None):
@@ -124,13 +112,6 @@ for _bad in ((5, 0), (5, -16), (-1, 16), (2.5, 16)):
     else:
         raise AssertionError(f"blocks_needed{_bad} should raise ValueError")
 print("Part A: visible tests passed")
-### BEGIN HIDDEN TESTS
-_own_work(blocks_needed, "blocks_needed")
-_rng = random.Random(time.time_ns())
-for _ in range(500):
-    _t, _b = _rng.randrange(0, 10**6), _rng.randrange(1, 300)
-    check_equal(blocks_needed(_t, _b), -(-_t // _b), f"blocks_needed({_t}, {_b})")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c007"
 # ## Part B · The scheduler (6 points, contract)
@@ -160,8 +141,8 @@ for _ in range(500):
 # * *Errors*: `ValueError` if `free_blocks < 0`, `block_size < 1` or `max_batch < 1`.
 #
 # The visible tests below check small decisions by hand and one whole simulation against the reference;
-# the hidden ones compare your decisions with the reference on hundreds of random states, then every
-# token time of whole random workloads.
+# when grading, the grader compares your decisions with the reference's on an edge grid, hundreds of
+# random states and every scheduling round of whole random workloads.
 #
 # <details><summary>Hint 1: the order of the walk</summary>
 #
@@ -262,73 +243,6 @@ check_close([r.finish for r in _mine.records], [r.finish for r in _ref.records],
             "finishing times of the 40 requests (s)", rtol=1e-9)
 print(f"Part B: visible tests passed ({len(_mine.preemptions)} preemptions, throughput "
       f"{_mine.summary()['throughput_tok_s']:.0f} tok/s)")
-### BEGIN HIDDEN TESTS
-from course_lib.serving import fcfs_schedule as _ref_schedule
-
-_own_work(schedule, "schedule")
-
-
-def _planted(ignore_blocks=False, skip=False):
-    """The reference scheduler with one known misconception planted in its admission."""
-    def planted(waiting, running, free_blocks, block_size, max_batch):
-        d = _ref_schedule(waiting, running, free_blocks, block_size, max_batch)
-        if d.preempt:
-            return d
-        run_left, free, admit = len(running), free_blocks, []
-        for r in running:
-            free -= max(0, blocks_needed(r.need, block_size) - r.blocks)
-        for w in waiting:
-            nb = blocks_needed(w.need, block_size)
-            if run_left + len(admit) >= max_batch:
-                break
-            if nb > free and not ignore_blocks:
-                if skip:
-                    continue
-                break
-            admit.append(w.rid)
-            free -= nb
-        return Decision(preempt=list(d.preempt), admit=admit)
-    return planted
-
-
-_wrong = {MISTAKES["admit_ignores_blocks"]: _planted(ignore_blocks=True), MISTAKES["fcfs_skip"]: _planted(skip=True)}
-_seed = time.time_ns() % 2**32
-_rng = random.Random(_seed)
-# direct decisions on random states
-for _trial in range(300):
-    _bs = _rng.choice([1, 4, 16])
-    _run = []
-    for _k in range(_rng.randint(0, 6)):
-        _need = _rng.randint(1, 80)
-        _held = blocks_needed(_need, _bs) - _rng.choice([0, 0, 1])
-        _run.append(V(_k, 0.1 * _k, max(0, _held), _need))
-    _wait = [V(100 + _k, 1.0 + _k, 0, _rng.randint(1, 80)) for _k in range(_rng.randint(0, 5))]
-    _free, _mb = _rng.randint(0, 12), _rng.randint(1, 8)
-    _want = _ref_schedule(_wait, _run, _free, _bs, _mb)
-    _got = schedule(_wait, _run, _free, _bs, _mb)
-    _what = (f"schedule(waiting={_wait}, running={_run}, free_blocks={_free}, block_size={_bs}, max_batch={_mb}) "
-             f"(seed {_seed})")
-    check_equal(sorted(_got.preempt), sorted(_want.preempt), "preempt of " + _what)
-    check_equal(list(_got.admit), _want.admit, "admit of " + _what,
-                mistakes={k: f(_wait, _run, _free, _bs, _mb).admit for k, f in _wrong.items()})
-# whole runs on fresh random workloads: invariants, then the same token times as the reference
-for _trial in range(4):
-    _s = _rng.randrange(2**31)
-    _reqs = make_workload(_rng.randint(20, 50), rate=_rng.uniform(5, 60), arrival=_rng.choice(["poisson", "bursty"]),
-                          seed=_s, max_context=512, prompt_median=_rng.choice([30, 120]), output_median=60)
-    _nb, _mb = _rng.randint(32, 120), _rng.choice([4, 16, 64])
-    _pol = ContinuousBatching(max_batch=_mb, scheduler=schedule)
-    _mine = simulate(_reqs, _pol, cost=COST, num_blocks=_nb, block_size=16, strict=False)
-    _what = f"workload seed {_s}, {len(_reqs)} requests, {_nb} blocks, max_batch {_mb}"
-    check_equal(check_invariants(_mine, _reqs), [], "rules broken on " + _what)
-    _ref = simulate(_reqs, ContinuousBatching(max_batch=_mb), cost=COST, num_blocks=_nb, block_size=16)
-    check_equal([r.rid for r in sorted(_mine.records, key=lambda r: (r.finish, r.rid))],
-                [r.rid for r in sorted(_ref.records, key=lambda r: (r.finish, r.rid))], "completion order on " + _what)
-    check_close([r.finish for r in _mine.records], [r.finish for r in _ref.records],
-                "finishing times on " + _what, rtol=1e-9)
-    check_close(_mine.summary()["throughput_tok_s"], _ref.summary()["throughput_tok_s"], "throughput on " + _what,
-                rtol=1e-9)
-### END HIDDEN TESTS
 
 # %% [markdown] id="c010"
 # ## Part C · Goodput (2 points)
@@ -366,23 +280,6 @@ _span = max(r.finish for r in _res.records) - min(r.start for r in _res.records)
 print(f"goodput of a simulated run at TTFT <= 0.2 s, TPOT <= 15 ms: "
       f"{goodput([r.ttft for r in _res.records], [r.tpot for r in _res.records], 0.2, 0.015, _span):.2f} req/s")
 print("Part C: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.serving import goodput as _ref_goodput
-
-_rng = random.Random(time.time_ns())
-for _ in range(50):
-    _n = _rng.randint(1, 40)
-    _a = [_rng.choice([0.5, 1.0, _rng.uniform(0, 2)]) for _ in range(_n)]
-    _b = [_rng.choice([0.05, _rng.uniform(0, 0.1)]) for _ in range(_n)]
-    _d = _rng.uniform(0.5, 20)
-    _want = sum(1 for x, y in zip(_a, _b) if x <= 1.0 and y <= 0.05) / _d
-    check_close(goodput(_a, _b, 1.0, 0.05, _d), _want, f"goodput({_a}, {_b}, 1.0, 0.05, {_d})")
-_res = simulate(make_workload(25, rate=_rng.uniform(5, 20), seed=_rng.randrange(2**31), max_context=512),
-                ContinuousBatching(16), cost=COST, num_blocks=200)
-_span = max(r.finish for r in _res.records) - min(r.start for r in _res.records)
-check_close(goodput([r.ttft for r in _res.records], [r.tpot for r in _res.records], 0.3, 0.02, _span),
-            _ref_goodput(_res, 0.3, 0.02), "goodput of a simulated run vs course_lib.serving.goodput")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c020"
 # ## Part D · Predict a batch's time (2 points)
@@ -400,8 +297,8 @@ check_close(goodput([r.ttft for r in _res.records], [r.tpot for r in _res.record
 #
 # Write `predict_batch_s(B, P, O, cost)`: the seconds until the last token of the batch (the makespan),
 # using only `cost.step_time`. Raise `ValueError` if `B`, `P` or `O` is not an integer >= 1. The test
-# compares it with the simulator on the same inputs (a deterministic model, not a timing); the hidden test
-# does so on random batches and random cost models.
+# compares it with the simulator on the same inputs (a deterministic model, not a timing); the grader does
+# so on batches and cost models of its own.
 
 # %% id="c021" nbgrader={"grade": false, "grade_id": "predict_batch_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def predict_batch_s(B, P, O, cost):
@@ -435,18 +332,6 @@ for _bad in ((0, 10, 10), (4, 0, 10), (4, 10, 0), (2.0, 10, 10)):
     else:
         raise AssertionError(f"predict_batch_s{_bad} should raise ValueError")
 print("Part D: visible tests passed")
-### BEGIN HIDDEN TESTS
-_rng = random.Random(time.time_ns())
-for _ in range(12):
-    _cost = StepCostModel(fixed_s=_rng.uniform(1e-3, 2e-2), per_token_s=_rng.choice([0.0, _rng.uniform(0, 1e-5)]),
-                          per_seq_s=_rng.choice([0.0, _rng.uniform(0, 1e-4)]),
-                          per_context_token_s=_rng.uniform(0, 1e-6), compute_s_per_token=_rng.uniform(0, 1e-4),
-                          overhead_s=_rng.uniform(0, 2e-3))
-    _B, _P, _O = _rng.randint(1, 24), _rng.randint(1, 300), _rng.randint(1, 60)
-    check_close(predict_batch_s(_B, _P, _O, _cost), simulated_batch_s(_B, _P, _O, _cost),
-                f"predict_batch_s(B={_B}, P={_P}, O={_O}, {_cost}) vs the simulator (s)", rtol=1e-9,
-                mistakes={MISTAKES["decode_steps"]: _one_step_per_token(_B, _P, _O, _cost)})
-### END HIDDEN TESTS
 
 # %% [markdown] id="c023"
 # Now measure it: the simulator runs the batch with **your** scheduler, and the same batch with static
