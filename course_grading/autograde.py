@@ -664,10 +664,14 @@ def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: P
         r.flags["time_budget"] = [f"{ctx.budget:g}s"]
         r.messages.append(f"the notebook used up its time budget of {ctx.budget:g} s; what came after was not run "
                           "and scores 0")
-    if session.output_dropped:
-        r.flags["output_limit"] = [f"{session.output_dropped:,} characters"]
+    if session.output_dropped or session.messages_dropped:
+        r.flags["output_limit"] = ([f"{session.output_dropped:,} characters"] if session.output_dropped else []) + (
+            [f"{session.messages_dropped} message(s) over {Limits.message_bytes // 2**20} MiB"]
+            if session.messages_dropped else [])
         r.messages.append(f"{session.output_dropped:,} characters of output were not kept (a cell keeps "
-                          f"{Limits.cell_chars:,}, a notebook {Limits.notebook_chars:,})")
+                          f"{Limits.cell_chars:,}, a notebook {Limits.notebook_chars:,}), and "
+                          f"{session.messages_dropped} message(s) larger than {Limits.message_bytes // 2**20} MiB "
+                          "were never read")
     if manual:
         r.flags.setdefault("needs_manual_grading", [c["grade_id"] for c in cells if c["needs_manual_grade"]])
     r.messages.append(f"graded in {carry['elapsed']:.1f} s ({session.started} kernel start(s))"

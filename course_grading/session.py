@@ -61,6 +61,7 @@ class SessionResult:
     died: list = field(default_factory=list)      # cell labels that killed the kernel
     budget_at: str | None = None                  # the first cell not run for want of time
     output_dropped: int = 0                       # characters of output not kept
+    messages_dropped: int = 0                     # messages over Limits.message_bytes, never read
     started: int = 0                              # kernels started
     pgids: list = field(default_factory=list)
     elapsed: float = 0.0
@@ -145,6 +146,7 @@ class Kernel:
         self.spec, self.connection_file, self.limits, self.kernel_name = spec, connection_file, limits, kernel_name
         self.stderr = stderr            # a file for what the jail and the kernel say (the start-up check's)
         self.km = self.kc = None
+        self.dropped_messages = 0
 
     async def start(self) -> None:
         import zmq
@@ -164,6 +166,19 @@ class Kernel:
         self.kc = km.client(context=ctx)
         self.kc.start_channels()
         await self.kc.wait_for_ready(timeout=STARTUP_TIMEOUT)
+
+    def reconnect_iopub(self) -> None:
+        """A new iopub socket: the client's socket drops a peer that sends a message over `message_bytes` and
+        does not connect again, so after such a message the kernel's outputs (and the judge's replies) would be
+        lost for good."""
+        old = self.kc._iopub_channel
+        self.kc._iopub_channel = None
+        try:
+            if old is not None:
+                old.close()
+        except Exception:  # noqa: BLE001
+            pass
+        self.kc.iopub_channel.start()
 
     @property
     def pgid(self):
@@ -261,7 +276,12 @@ class Kernel:
                     except Exception:  # noqa: BLE001
                         pass
                 elif time.monotonic() - replied_at > 2.0:
-                    return status          # the reply came; the idle status was lost with a dropped message
+                    self.reconnect_iopub()   # the reply came, the idle status did not: a message too big was dropped
+                    sink("stream", {"name": "stdout", "text": "\n[the kernel sent a message larger than the grader "
+                                                             f"reads ({self.limits.message_bytes // 2**20} MiB): it "
+                                                             "was dropped, with what came after it in this cell]\n"})
+                    self.dropped_messages += 1
+                    return status
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
@@ -286,8 +306,10 @@ async def _run_cells(kernel: Kernel, cells: list[tuple[int, object]], outputs: d
                 f"the notebook's time budget of {limits.budget:g} s was used up before this cell"), traceback=[])]
             continue
         cap = _Capped(limits, spent)
+        dropped = kernel.dropped_messages
         status = await kernel.execute(cell.source, min(limits.cell_timeout, left), cap.add)
         result.output_dropped += cap.dropped
+        result.messages_dropped += kernel.dropped_messages - dropped
         if cap.dropped:
             cap.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
                 f"\n[{cap.dropped:,} characters of output not kept: a cell keeps {limits.cell_chars:,}, a "
@@ -396,7 +418,9 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
                 except ValueError:
                     request = None
                 return json.dumps(remote(request))
+            dropped = k.dropped_messages
             status = await k.execute(code, min(timeout, left), sink, store_history=False, stdin=stdin)
+            result.messages_dropped += k.dropped_messages - dropped
             if status == "dead":
                 raise KernelGone("the kernel died or stopped answering during this call")
             if status == "timeout":

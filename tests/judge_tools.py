@@ -71,13 +71,16 @@ def parts_of(release) -> list:
             for c in release.cells if is_test_cell(c)]
 
 
-def judge_locally(lab: str, answers: dict | None = None, student: str = "student", secret: bytes = SECRET):
-    """The judge's verdict on the release filled with `answers` (None: the blank release)."""
+def judge_locally(lab: str, answers: dict | None = None, student: str = "student", secret: bytes = SECRET,
+                  only=None):
+    """The judge's verdict on the release filled with `answers` (None: the blank release); `only`: judge these
+    parts alone (grade_ids)."""
     release = _release(lab)
     nb = fill_answers(release, answers) if answers is not None else release
     ns = namespace_of(nb)
     judge = load_judge(ROOT / "judges" / f"{lab}.py")
-    return judge_parts(judge, local_send(ns), parts_of(release), secret, lab, student, release_mistakes(release))
+    order = [(g, p) for g, p in parts_of(release) if only is None or g in only]
+    return judge_parts(judge, local_send(ns), order, secret, lab, student, release_mistakes(release))
 
 
 def lab_mutants(lab: str) -> list:

@@ -1,9 +1,10 @@
 """The fixture lab's judge (tests/data/solutions/lab99.ipynb): what the pipeline's tests grade with.
 
 add: the visible case, an edge grid and 20 drawn cases (2 points); multiply: the visible case and drawn ones
-(1 + 1 points over two test cells); clamp: an edge grid around the bounds (1 point). No case of add has a sum of
-0 and none of multiply a product equal to the sum, so the tests' planted wrong answers (a - b, a + b) and an
-attacker's constant 0 earn nothing there, whatever the draw."""
+(1 + 1 points over two test cells); clamp: values below and above drawn ranges (1 point). No case of add has a
+sum of 0 and none of multiply a product equal to the sum or to 0, and each case of clamp checks two different
+answers, so the tests' planted wrong answers (a - b, a + b, returning x) and an attacker's constant 0 earn
+nothing, whatever the draw."""
 from course_grading.judging import Judge
 
 judge = Judge()
@@ -45,6 +46,8 @@ def multiply(t):
 
 @judge.part("clamp_tests")
 def clamp(t):
-    for x in (-2, -1, 4, 5, -50, 77):          # outside the range: a clamp that returns x fails every case
-        with t.case(f"clamp({x}, 0, 3)"):
-            _equal(t, f"clamp({x}, 0, 3)", t.call("clamp", x, 0, 3), max(0, min(x, 3)))
+    # each case one range, a value below it and one above: the two answers differ, so no constant passes a case
+    for lo, hi in ((0, 3), (-5, 2), (10, 11), (-40, -7), (1, 100), (6, 9)):
+        with t.case(f"clamp below and above [{lo}, {hi}]"):
+            for x in (lo - t.rng.randint(1, 50), hi + t.rng.randint(1, 50)):
+                _equal(t, f"clamp({x}, {lo}, {hi})", t.call("clamp", x, lo, hi), max(lo, min(x, hi)))
