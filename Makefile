@@ -86,9 +86,12 @@ slides: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python tools/slides.py build --out build/slides
 	$(DEV)/bin/python tools/site.py check build/slides
 
-## Maintainers: is this commit ready to release? The tag RELEASE at HEAD, a clean tree, every badge, install
-## cell and link at REPO and RELEASE, the version, the site built in strict mode and its link check; says
-## what it cannot check offline. Exit 1 on any failed check (README, "Publishing a release").
+## Maintainers: build the student edition (build/student-edition/: this repository's tracked files without
+## solutions/, judges/, tests/ and the CI, checked to hold no answer, judge or hidden input: what students and
+## the public repository get; this repository stays private) and check that the commit is ready to release:
+## the tag RELEASE at HEAD, a clean tree, every badge, install cell and link at REPO and RELEASE, the version,
+## the site built in strict mode and its link check; says what it cannot check offline. Exit 1 on any failed
+## check (README, "Publishing a release").
 release: setup-dev
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python tools/release.py
 

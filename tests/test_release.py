@@ -90,8 +90,37 @@ def test_a_release_ready_repository_passes_every_check(repo):
     assert "not checked here (they need the network):" in report
     assert f"git ls-remote --tags https://github.com/{REPO} {RELEASE}" in report
     assert f"GitHub Pages serves the site at {SITE_URL}" in report and "that Colab opens the badges" in report
-    assert report.endswith(f"ready to release {RELEASE}: push the tag, then publish build/site "
-                           "(README, \"Publishing a release\")")
+    assert report.endswith(f"ready to release {RELEASE}: publish build/student-edition as {REPO} with the tag, "
+                           "then build/site (README, \"Publishing a release\")")
+    assert _line(report, "edition").strip().startswith("ok"), report
+
+
+def test_the_student_edition_holds_nothing_of_the_instructors(repo):
+    """solutions/, judges/ and tests/ stay out; a lab that carries a solution marker or an answer key, or a judge
+    put anywhere else, fails the check, named."""
+    for rel, text in (("solutions/lab00.py", "### BEGIN SOLUTION\n"), ("judges/lab00.py", "judge = Judge()\n"),
+                      ("tests/test_x.py", "def test(): pass\n")):
+        (repo / rel).parent.mkdir(exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "instructor files")
+    git(repo, "tag", "-f", "-a", RELEASE, "-m", RELEASE)
+    rc, report = _run(repo)
+    assert rc == 0, report
+    edition = repo / "build" / "student-edition"
+    assert (edition / "labs" / "lab00.ipynb").exists() and (edition / "STUDENT_EDITION.md").exists()
+    assert not any((edition / d).exists() for d in ("solutions", "judges", "tests"))
+    lab = nbformat.read(repo / "labs" / "lab00.ipynb", as_version=4)
+    lab.cells.append(nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION"))
+    nbformat.write(lab, repo / "labs" / "lab00.ipynb")
+    (repo / "tools").mkdir()
+    (repo / "tools" / "helper.py").write_text("from course_grading.judging import Judge\njudge = Judge()\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a leak")
+    git(repo, "tag", "-f", "-a", RELEASE, "-m", RELEASE)
+    rc, report = _run(repo)
+    assert rc == 1 and _line(report, "edition").strip().startswith("FAIL"), report
+    assert "labs/lab00.ipynb holds BEGIN SOLUTION" in report and "tools/helper.py is a lab's judge" in report
 
 
 def test_no_tag_says_how_to_create_it(repo):

@@ -15,6 +15,11 @@ the site built from it. Each check prints one line (ok / FAIL, and what to do wh
            labs and solutions (and the built site) uses exactly REPO and RELEASE; each notebook and lab has
            its badge and install cell, README a badge for each and the site's address
   site     `tools/site.py build --strict` (no page whose timing claim did not hold) and its link check
+  edition  the student edition, built into build/student-edition/ (`student_edition`): the tree students and
+           the public repository and site get, this repository's tracked files without what only the
+           instructor may hold (solutions/, judges/, the tests that grade with them, the CI); checked to hold
+           no solution, answer key, judge, hidden input or planted mistake, and to import. The instructor's
+           repository (this one) stays private.
 
 Then it says what it cannot check offline (the tag on GitHub, GitHub Pages serving SITE_URL, Colab opening
 the badges), and exits 1 if any check failed (or was skipped).
@@ -221,6 +226,76 @@ def check_site(root: Path, pub: Published, builder=build_site) -> Check:
                                "every link and asset resolves")
 
 
+# What only the instructor may hold: the answers (solutions/, with the answer keys), the judges (the hidden cases'
+# generators and the planted mistakes), the tests and tools that grade with them, and the maintainers' CI and
+# end-to-end tier. Everything else tracked goes to the student edition.
+INSTRUCTOR_ONLY = ("solutions/", "judges/", "tests/", "e2e/", ".ci/", "conftest.py", "tools/gpu_check.sh")
+EDITION_OUT = "build/student-edition"
+EDITION_NOTE = """# Student edition
+
+This tree is the course as students and the public site get it (built by `make release` from the instructor's
+repository, which stays private): the library, the notebooks, the labs, the site's tools. It holds no solution,
+answer key, grading judge or test suite; `make course` sets it up and opens it.
+"""
+
+
+def tracked_files(root: Path) -> list[str]:
+    r = _git(root, "ls-files", "-z")
+    if r.returncode:
+        raise SystemExit(f"release: git ls-files failed in {root}: {r.stderr.strip()}")
+    return sorted(f for f in r.stdout.split("\0") if f)
+
+
+def student_edition(root: Path, out: Path) -> list[str]:
+    """Copy the tracked files of `root` but the instructor's (`INSTRUCTOR_ONLY`) to `out` (made afresh), with
+    STUDENT_EDITION.md; the files copied."""
+    import shutil
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    kept = [f for f in tracked_files(root) if not f.startswith(INSTRUCTOR_ONLY)]
+    for f in kept:
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / f, out / f)
+    (out / "STUDENT_EDITION.md").write_text(EDITION_NOTE, encoding="utf-8")
+    return kept
+
+
+def edition_problems(out: Path) -> list[str]:
+    """What the student edition must not hold, one line each: instructor folders, notebooks with solution or
+    hidden-test markers or answer-key cells, a judge or planted mistakes anywhere; and that its course_lib
+    imports."""
+    problems = [f"{d}/ is in the edition" for d in ("solutions", "judges", "tests") if (out / d).exists()]
+    for nb in sorted(out.rglob("*.ipynb")):
+        text = nb.read_text(encoding="utf-8", errors="replace")
+        for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "BEGIN MARK SCHEME", '"answer-key"'):
+            if marker in text:
+                problems.append(f"{nb.relative_to(out)} holds {marker}")
+    for py in sorted(out.rglob("*.py")):
+        text = py.read_text(encoding="utf-8", errors="replace")
+        if re.search(r"^(judge = Judge\(|def mutants\()", text, re.M):
+            problems.append(f"{py.relative_to(out)} is a lab's judge")
+    r = subprocess.run([sys.executable, "-c", "import course_lib"],
+                       cwd=out, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(out)})
+    if r.returncode:
+        problems.append(f"course_lib does not import from the edition: {r.stderr.strip().splitlines()[-1:]}")
+    for need in ("labs", "notebooks", "course_lib", "README.md", "pyproject.toml"):
+        if not (out / need).exists():
+            problems.append(f"{need} is missing from the edition")
+    return problems
+
+
+def check_edition(root: Path, pub: Published) -> Check:
+    out = root / EDITION_OUT
+    kept = student_edition(root, out)
+    problems = edition_problems(out)
+    if problems:
+        return Check("edition", False, f"the student edition in {EDITION_OUT} holds what it must not",
+                     tuple(problems))
+    return Check("edition", True, f"{len(kept)} files in {EDITION_OUT} (no solutions, judges or tests): publish it "
+                                  f"as {pub.repo}, tagged {pub.release}")
+
+
 def offline_limits(pub: Published) -> list[str]:
     return [f"that the tag is on GitHub: git ls-remote --tags {pub.repo_url} {pub.release}",
             f"that GitHub Pages serves the site at {pub.site_url} (push {SITE_OUT} to the gh-pages branch: "
@@ -233,7 +308,7 @@ def run(root: Path = ROOT, site: bool = True, builder=build_site, out=print) -> 
     root = Path(root).resolve()
     pub = published(root)
     out(f"release {pub.release} of {pub.repo} (from {root})")
-    checks = [check_version(root, pub), check_tag(root, pub), check_clean(root, pub)]
+    checks = [check_version(root, pub), check_tag(root, pub), check_clean(root, pub), check_edition(root, pub)]
     site_check = check_site(root, pub, builder) if site else None
     built = root / SITE_OUT if site_check is not None and site_check.ok else None
     checks.insert(3, check_links(root, pub, built))
@@ -257,7 +332,8 @@ def run(root: Path = ROOT, site: bool = True, builder=build_site, out=print) -> 
     if not site:
         out("not ready: the site was not checked")
         return 1
-    out(f"ready to release {pub.release}: push the tag, then publish {SITE_OUT} (README, \"Publishing a release\")")
+    out(f"ready to release {pub.release}: publish {EDITION_OUT} as {pub.repo} with the tag, then {SITE_OUT} "
+        "(README, \"Publishing a release\")")
     return 0
 
 
