@@ -23,7 +23,8 @@ Nothing of the object's code comes to the kernel.
 
 TARGET is ``name.attr...`` in the notebook's namespace (the student's functions and classes), ``$NAME.attr...``
 on a stored object, or ``lib:course_lib.module.name`` (a public name of the course's library). Arguments are
-`wire` values, where ``{"$ref": NAME}`` is a stored object and ``{"$gen": seed}`` a fresh torch.Generator.
+`wire` values, where ``{"$ref": NAME}`` is a stored object, ``{"$name": NAME}`` a name of the notebook (the
+student's function, handed to a library call) and ``{"$gen": seed}`` a fresh torch.Generator.
 
 A result is ``{"ok": value}`` (value in `wire` form, or null when not sent), ``{"raised": {"type", "mro",
 "message"}}`` when the student's code raised, or ``{"error": text}`` when the op itself was malformed or
@@ -174,6 +175,11 @@ def _resolve_tag(kind: str, value):
     """`wire.decode`'s hook: a stored object (``$ref``) or a remote object (``$remote``)."""
     if kind == "$ref":
         return _ref(value["$ref"])
+    if kind == "$name":            # a name of the notebook's namespace: the student's function itself
+        ns = _namespace()
+        if value["$name"] not in ns:
+            raise OpError(f"name {value['$name']!r} is not defined in the notebook")
+        return ns[value["$name"]]
     if kind == "$remote":
         return Remote(value.get("$remote"), value.get("attrs") or (), value.get("methods") or ())
     raise OpError(f"unknown tag {kind}")

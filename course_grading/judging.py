@@ -122,6 +122,7 @@ class Let:
 
 
 ref = wire.ref
+notebook = wire.notebook
 generator = wire.generator
 
 

@@ -24,6 +24,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+import nbgrader  # noqa: F401 - the grading extra (its release, gradebook and feedback template): without it the
+                 # cli says what to install instead of failing half-way through a grade run
+
 from .autograde import GradeReport, Result, grade, summary, write_outputs
 from .build import (LabBuild, LabBuildError, answer_sources, build_labs, build_ok, fill_answers, find_leaks,
                     lab_names, secret_and_public_lines)

@@ -793,7 +793,10 @@ def withhold(package: Path, names) -> None:
 # the kernel's launch
 
 def kernel_env(work: Path, pythonpath: str | Path | None, marker: str = "", tmpdir: str | Path | None = None) -> dict:
-    """The kernel's whole environment (nothing of the grader's is inherited). JPY_PARENT_PID is 1,
+    """The kernel's whole environment (nothing of the grader's is inherited). OMP_WAIT_POLICY=PASSIVE: torch's
+    threads sleep while they wait for each other instead of spinning, so kernels graded side by side (--jobs)
+    or on a busy machine do not slow each other down many times over (root conftest.py measures it).
+    JPY_PARENT_PID is 1,
     ipykernel's "my parent is init" (no polling, no banner on the terminal): in a PID namespace the
     kernel's parent is pid 1, and with the grader's pid ipykernel takes that for its parent having exited
     and shuts down ("Kernel died before replying to kernel_info"). The jail and bubblewrap kill the
@@ -802,7 +805,7 @@ def kernel_env(work: Path, pythonpath: str | Path | None, marker: str = "", tmpd
            "LOGNAME": "student", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "IPYTHONDIR": str(work / ".ipython"),
            "MPLCONFIGDIR": str(work / ".matplotlib"), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
            "COURSE_OFFLINE": "1", "COURSE_QUICK": "1", "NBGRADER_EXECUTION": "autograde",
-           "OMP_NUM_THREADS": "2", "JPY_PARENT_PID": "1"}
+           "OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE", "JPY_PARENT_PID": "1"}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     if marker:

@@ -13,6 +13,7 @@ Tags (a JSON object with one ``$`` key; every other dict is a ``$dict`` of pairs
     {"$array": {"lib": "torch"|"numpy", "dtype", "shape", "data": base64}}   an array, little-endian
     {"$obj": "TypeName", "fields": {...}?, "repr": "..."}  a dataclass (its fields) or anything else
     {"$ref": "name"}                                     (grader -> kernel) an object the driver stored
+    {"$name": "name"}                                    (grader -> kernel) a name of the notebook (a function)
     {"$remote": "name", "attrs": [...], "methods": [...]} (grader -> kernel) a stand-in for a grader's object
     {"$gen": seed}                                       (grader -> kernel) a fresh torch.Generator
 """
@@ -248,6 +249,10 @@ def _decode(x, budget: _Budget, depth: int, arrays: str, refs):
         return Opaque(name, str(x.get("repr", ""))[:200])
     if "$ref" in x and refs is not None:
         return refs("$ref", {"$ref": str(x["$ref"])})
+    if "$name" in x and refs is not None:
+        if not isinstance(x["$name"], str) or not x["$name"].isidentifier():
+            raise WireError("a malformed name")
+        return refs("$name", {"$name": x["$name"]})
     if "$remote" in x and refs is not None:
         return refs("$remote", {"$remote": str(x["$remote"])[:100], "attrs": _names(x.get("attrs")),
                                 "methods": _names(x.get("methods"))})
@@ -283,6 +288,11 @@ def decode(x, arrays: str = "native", refs=None, limit: int = MAX_BYTES):
 def ref(name: str) -> Tagged:
     """An argument that names an object the driver stored (`driver.py`)."""
     return Tagged({"$ref": str(name)})
+
+
+def notebook(name: str) -> Tagged:
+    """An argument the driver takes from the notebook's namespace: the student's function or class itself."""
+    return Tagged({"$name": str(name)})
 
 
 def remote(name: str, attrs=(), methods=()) -> Tagged:

@@ -414,7 +414,7 @@ def predict_request(t):
 
 
 def mutants():
-    """Planted wrong answers for the round trip (tests/lab_mutants.py)."""
+    """Planted wrong answers for the round trips (tests/test_judges.py, tests/test_grading.py)."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -153,8 +153,8 @@ def predict_decode_step(t):
 
 
 def mutants():
-    """Planted wrong answers for the round trip (tests/lab_mutants.py): (what, {answer grade_id: source},
-    [misconception texts the feedback must show])."""
+    """Planted wrong answers for the round trips (tests/test_judges.py, tests/test_grading.py): (what,
+    {answer grade_id: source}, [MISTAKES keys the verdict must name])."""
     return [
         ("a matmul counted as m*n*k FLOPs; the decode step reads the weights once per sequence",
          {"matmul_cost": '''\

@@ -203,7 +203,7 @@ def counted(T, n, cache):
 
 
 def mutants():
-    """Planted wrong answers for the round trip (tests/lab_mutants.py)."""
+    """Planted wrong answers for the round trips (tests/test_judges.py, tests/test_grading.py)."""
     return [
         ("the KV cache made once in build and kept from one call to the next (the next prompt attends to the "
          "previous one's keys and values): fast, but its tokens differ, so no speed points; Part B right",

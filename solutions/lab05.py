@@ -16,15 +16,15 @@
 #
 # * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
 # * Each part is followed by a test cell. Run it: the tests you see check fixed examples and tell you
-#   what was expected and what came. When grading, **hidden tests** also check your code on fresh random
-#   inputs against the course's reference implementation, so make it correct in general.
-# * Use plain Python and `torch`. Do not import the answers from `course_lib.kvcache`: the hidden tests
-#   check that the code is your own.
+#   what was expected and what came. When grading, the grader calls your functions and drives your caches on
+#   inputs of its own (random shapes, updates and prompts drawn for you, and a grid of edge cases) and compares
+#   them with the course's reference implementation, so make it correct in general.
+# * Use plain Python and `torch`. Do not import the answers from `course_lib.kvcache`: the grader flags an
+#   answer that imports a reference, and while it grades, the references are not in the library.
 # * Everything runs on a CPU in seconds. Total: 13 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
-import time
 
 import torch
 
@@ -51,23 +51,6 @@ MISTAKES = {
                       "position is the number of tokens seen, stored or evicted; see notebook 05, section "
                       "'6.2 Sliding window'",
 }
-
-
-def _own_work(obj, name):
-    """The grader's check that `obj` (a function or a class) is the student's own, not course_lib's."""
-    if getattr(obj, "__module__", None) != "__main__":
-        raise AssertionError(f"{name} must be defined in this notebook, not imported "
-                             f"(it comes from {getattr(obj, '__module__', '?')})")
-    fns = [obj] if callable(obj) and not isinstance(obj, type) else [
-        f for f in vars(obj).values() if callable(f) and hasattr(f, "__code__")]
-    for fn in fns:
-        for ref in fn.__code__.co_names:
-            val = fn.__globals__.get(ref)
-            mod = getattr(val, "__module__", None) or getattr(val, "__name__", "")
-            if isinstance(mod, str) and mod.startswith("course_lib.kvcache"):
-                raise AssertionError(f"{name} uses {ref} from {mod}: write it yourself")
-    if isinstance(obj, type) and any(b.__module__.startswith("course_lib.kvcache") for b in obj.__mro__):
-        raise AssertionError(f"{name} must not inherit from course_lib.kvcache")
 
 
 # %% [markdown] id="c004"
@@ -129,22 +112,6 @@ _k = [torch.zeros(2, cfg.num_key_value_heads, 7, cfg.head_dim) for _ in range(2 
 check_equal(kv_cache_bytes(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 7, 2, 4),
             sum(t.numel() * t.element_size() for t in _k), "kv_cache_bytes for the course model (7 tokens, batch 2, fp32)")
 print("Part A (formula): visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.kvcache import kv_cache_bytes as _ref_bytes
-
-_own_work(kv_cache_bytes, "kv_cache_bytes")
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _ in range(100):
-    _a = [int(torch.randint(1, 100, (1,), generator=_g)) for _ in range(3)]
-    _t, _b = int(torch.randint(0, 200000, (1,), generator=_g)), int(torch.randint(0, 64, (1,), generator=_g))
-    _e = [0.5, 1, 2, 4][int(torch.randint(0, 4, (1,), generator=_g))]
-    check_equal(kv_cache_bytes(*_a, _t, _b, _e), _ref_bytes(*_a, _t, _b, _e),
-                f"kv_cache_bytes{(*_a, _t, _b, _e)} (random, seed {_seed})",
-                mistakes={MISTAKES["one_factor"]: _ref_bytes(*_a, _t, _b, _e) // 2})
-for _bad in ((-3, 8, 128, 5), (32, -1, 128, 5), (32, 8, 0, 5), (32, 8, 128, -7)):
-    check_raises(lambda: kv_cache_bytes(*_bad), ValueError, f"kv_cache_bytes{_bad}")
-### END HIDDEN TESTS
 
 # %% id="c007" nbgrader={"grade": true, "grade_id": "max_sequences_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 # an 80 GB GPU holding Llama-2-7B in fp16 (13.5e9 bytes of weights): 4096-token sequences of 2 GiB each
@@ -153,19 +120,6 @@ check_equal(max_sequences(80e9, 13.5e9, 32, 8, 128, 4096), 123, "max_sequences(8
 check_equal(max_sequences(16e9, 15e9, 32, 32, 128, 4096), 0, "max_sequences(16e9, 15e9, 32, 32, 128, 4096) (nothing fits)")
 check_equal(max_sequences(2 * 2**30, 0, 32, 32, 128, 4096), 1, "max_sequences(2 GiB, 0, ...) (exactly one)")
 print("Part A (max_sequences): visible tests passed")
-### BEGIN HIDDEN TESTS
-_own_work(max_sequences, "max_sequences")
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _ in range(100):
-    _L, _K, _D = (int(torch.randint(1, 81, (1,), generator=_g)), int(torch.randint(1, 33, (1,), generator=_g)),
-                  int(torch.randint(1, 5, (1,), generator=_g)) * 32)
-    _t = int(torch.randint(1, 200000, (1,), generator=_g))
-    _gpu, _w = float(torch.randint(8, 200, (1,), generator=_g)) * 1e9, float(torch.rand(1, generator=_g)) * 100e9
-    _per = 2 * _L * _K * _D * 2 * _t
-    check_equal(max_sequences(_gpu, _w, _L, _K, _D, _t), max(0, int((_gpu - _w) // _per)),
-                f"max_sequences({_gpu:.3g}, {_w:.3g}, {_L}, {_K}, {_D}, {_t}) (random, seed {_seed})")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c008"
 # ## Part B · A KV cache (4 points, contract)
@@ -187,8 +141,9 @@ for _ in range(100):
 # * *Invariant*: generating with the cache gives exactly the tokens of recomputing the whole sequence.
 # * *Memory*: what it stores grows by T tokens per layer and forward, nothing else.
 #
-# The hidden tests drive your cache and `course_lib.kvcache.ContiguousCache` with the same random updates,
-# and generate with the real model from random prompts. (`torch.cat` is fine.)
+# The grader drives your cache and `course_lib.kvcache.ContiguousCache` with the same random updates, and
+# feeds random sequences through your cache in the real model (a prompt in one forward, then token by token),
+# comparing the logits of every position with recomputation. (`torch.cat` is fine.)
 
 # %% id="c009" nbgrader={"grade": false, "grade_id": "cache_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 class KVCache:
@@ -233,28 +188,6 @@ check_shape(c.update(k2, v2, 1)[0], (1, 2, 4, 4), "k_all of layer 1 after one mo
 check_equal(c.get_seq_length(), 4, "get_seq_length() after prefill + 1 token",
             mistakes={MISTAKES["length_per_update"]: 8})
 print("Part B (contract): visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.kvcache import ContiguousCache as _Ref
-
-_own_work(KVCache, "KVCache")
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _trial in range(20):
-    _B, _K, _D, _L = (int(torch.randint(1, 4, (1,), generator=_g)), int(torch.randint(1, 5, (1,), generator=_g)),
-                      int(torch.randint(1, 9, (1,), generator=_g)), int(torch.randint(1, 4, (1,), generator=_g)))
-    _mine, _ref = KVCache(), _Ref()
-    for _step in range(int(torch.randint(1, 6, (1,), generator=_g))):
-        _T = int(torch.randint(1, 5, (1,), generator=_g))
-        check_equal(_mine.get_seq_length(), _ref.get_seq_length(), f"get_seq_length() before step {_step} (seed {_seed})",
-                    mistakes={MISTAKES["length_per_update"]: _ref.get_seq_length() * _L})
-        for _layer in range(_L):
-            _k, _v = torch.randn(_B, _K, _T, _D, generator=_g), torch.randn(_B, _K, _T, _D, generator=_g)
-            _a, _b = _mine.update(_k, _v, _layer), _ref.update(_k, _v, _layer)
-            _what = f"update at step {_step}, layer {_layer}, k of shape {(_B, _K, _T, _D)} (seed {_seed})"
-            check_equal(_a[0], _b[0], "k_all of " + _what)
-            check_equal(_a[1], _b[1], "v_all of " + _what)
-    check_equal(_mine.get_seq_length(), _ref.get_seq_length(), f"get_seq_length() at the end (seed {_seed})")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c011"
 # The real test: generating with your cache must give exactly the tokens of recomputation. The loop
@@ -283,21 +216,6 @@ prompt = torch.tensor([[5, 17, 300, 42, 1000, 7]])
 check_equal(greedy_cached(prompt, 10, KVCache()), greedy_recompute(prompt, 10),
             "greedy tokens with your KVCache vs recomputation (prompt [5, 17, 300, 42, 1000, 7], 10 tokens)")
 print("Part B (model): visible tests passed")
-### BEGIN HIDDEN TESTS
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _B in (1, 2):
-    _p = torch.randint(1, cfg.vocab_size, (_B, int(torch.randint(1, 20, (1,), generator=_g))), generator=_g)
-    check_equal(greedy_cached(_p, 8, KVCache()), greedy_recompute(_p, 8),
-                f"greedy tokens with your KVCache, random prompt of shape {tuple(_p.shape)} (seed {_seed})")
-    _c = KVCache()
-    with torch.no_grad():
-        _full = model(_p)
-        if _p.shape[1] > 1:
-            model(_p[:, :-1], cache=_c)
-        _last = model(_p[:, -1:], cache=_c)
-    check_close(_last[:, -1], _full[:, -1], f"last-token logits through your cache (seed {_seed})", rtol=1e-4, atol=1e-4)
-### END HIDDEN TESTS
 
 # %% [markdown] id="c013"
 # ## Part C · A bounded cache with attention sinks (5 points, contract)
@@ -328,8 +246,8 @@ for _B in (1, 2):
 #   **banded** mask, where query i sees key j when j ≤ i and (j < sinks or i − j < W). (A prefill longer
 #   than W would need that banded mask too; the library's cache provides it; yours need not.)
 #
-# The hidden tests drive your cache and `course_lib.kvcache.SlidingWindowCache(window, sinks,
-# reposition=False)` with the same random updates (some of several tokens), and check the real model with
+# The grader drives your cache and `course_lib.kvcache.SlidingWindowCache(window, sinks,
+# reposition=False)` with the same random updates (some of several tokens), and checks the real model with
 # random windows, sinks and prompts.
 #
 # <details><summary>Hint 1: one update, step by step</summary>
@@ -432,33 +350,6 @@ check_equal(ka.flatten().tolist(), [0, 1, 7, 8, 9, 10], "keys returned for token
 check_raises(lambda: SinkKVCache(0), ValueError, "SinkKVCache(0)")
 check_raises(lambda: SinkKVCache(4, sinks=-1), ValueError, "SinkKVCache(4, sinks=-1)")
 print("Part C: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.kvcache import SlidingWindowCache as _RefW
-
-_own_work(SinkKVCache, "SinkKVCache")
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _trial in range(40):
-    _W, _S = int(torch.randint(1, 9, (1,), generator=_g)), int(torch.randint(0, 4, (1,), generator=_g))
-    _B, _K, _D = int(torch.randint(1, 3, (1,), generator=_g)), int(torch.randint(1, 3, (1,), generator=_g)), 4
-    _mine, _ref = SinkKVCache(_W, sinks=_S), _RefW(_W, sinks=_S)
-    # the known wrong caches, driven with the same updates: a window one too wide, the sinks dropped
-    _wide, _nosink = _RefW(_W + 1, sinks=_S), _RefW(_W, sinks=0)
-    for _step in range(int(torch.randint(1, 14, (1,), generator=_g))):
-        _T = int(torch.randint(1, 6, (1,), generator=_g)) if torch.rand(1, generator=_g) < 0.3 else 1
-        for _layer in range(2):
-            _k, _v = torch.randn(_B, _K, _T, _D, generator=_g), torch.randn(_B, _K, _T, _D, generator=_g)
-            _a, _b = _mine.update(_k, _v, _layer), _ref.update(_k, _v, _layer)
-            _wrong = {MISTAKES["window_off_by_one"]: _wide.update(_k, _v, _layer)[0],
-                      MISTAKES["sinks_dropped"]: _nosink.update(_k, _v, _layer)[0]}
-            _what = f"sinks {_S}, window {_W}, step {_step} with {_T} new tokens, layer {_layer} (seed {_seed})"
-            check_equal(_a[0], _b[0], "keys returned, " + _what, mistakes=_wrong)
-            check_equal(_a[1], _b[1], "values returned, " + _what)
-            check_equal(_mine.stored_length(_layer), _ref.stored_length(_layer), "stored_length, " + _what)
-        check_equal(_mine.get_seq_length(), _ref.get_seq_length(), f"get_seq_length, sinks {_S}, window {_W} "
-                    f"(seed {_seed})", mistakes={MISTAKES["seen_vs_stored"]: _ref.stored_length()})
-check_raises(lambda: SinkKVCache(3, sinks=1.5), ValueError, "SinkKVCache(3, sinks=1.5)")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c016"
 # The invariant on the real model: a sequence fed through your cache (the prompt in one forward, then one
@@ -491,30 +382,6 @@ check_close(streamed_logits(_ids, 4, _c), _want, "logits of 24 tokens streamed t
 check_equal([_c.stored_length(l) for l in range(cfg.num_hidden_layers)], [8] * cfg.num_hidden_layers,
             "stored_length(layer) of every layer after 24 tokens (sinks 2 + window 6)")
 print("Part C (model): visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.kvcache import SlidingWindowCache as _RefW
-
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _ in range(2):
-    _W, _S = int(torch.randint(2, 9, (1,), generator=_g)), int(torch.randint(0, 4, (1,), generator=_g))
-    _B, _N = int(torch.randint(1, 3, (1,), generator=_g)), int(torch.randint(_W + _S + 3, 28, (1,), generator=_g))
-    _P = int(torch.randint(1, _W + 1, (1,), generator=_g))
-    _ids = torch.randint(1, cfg.vocab_size, (_B, _N), generator=_g)
-    _what = f"{_N} tokens of batch {_B} through SinkKVCache({_W}, sinks={_S}), prompt {_P} (seed {_seed})"
-    with torch.no_grad():
-        _want = model(_ids, attn_mask=band(_N, _W, _S))
-        _wrong = {MISTAKES["window_off_by_one"]: model(_ids, attn_mask=band(_N, _W + 1, _S)),
-                  MISTAKES["sinks_dropped"]: model(_ids, attn_mask=band(_N, _W, 0))}
-    _c = SinkKVCache(_W, sinks=_S)
-    check_close(streamed_logits(_ids, _P, _c), _want, "logits of " + _what + " vs the banded mask", atol=1e-3, rtol=0,
-                mistakes=_wrong)
-    check_equal(_c.get_seq_length(), _N, "get_seq_length() after " + _what)
-    # greedy generation: the same tokens as with course_lib's cache
-    _p = _ids[:, :_P]
-    check_equal(greedy_cached(_p, 6, SinkKVCache(_W, sinks=_S)), greedy_cached(_p, 6, _RefW(_W, sinks=_S)),
-                f"greedy tokens with SinkKVCache({_W}, sinks={_S}) vs course_lib's (seed {_seed})")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c018"
 # ## Part D · Predict: the bytes of a cache (1 point)
@@ -554,27 +421,6 @@ check_equal(predict_cache_bytes(cfg, 100, window=32, sinks=4, batch=2, bytes_per
             "predict_cache_bytes(the course model, 100 tokens, window 32, sinks 4, batch 2, fp32)")
 check_raises(lambda: predict_cache_bytes(cfg, 10, window=0), ValueError, "predict_cache_bytes(cfg, 10, window=0)")
 print("Part D: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.kvcache import kv_cache_bytes as _ref_bytes
-
-_own_work(predict_cache_bytes, "predict_cache_bytes")
-_seed = time.time_ns() % 2**32
-_g = torch.Generator().manual_seed(_seed)
-for _ in range(50):
-    _c = SimpleNamespace(num_hidden_layers=int(torch.randint(1, 81, (1,), generator=_g)),
-                         num_key_value_heads=int(torch.randint(1, 33, (1,), generator=_g)),
-                         head_dim=int(torch.randint(1, 5, (1,), generator=_g)) * 32)
-    _t, _b = int(torch.randint(0, 100000, (1,), generator=_g)), int(torch.randint(1, 9, (1,), generator=_g))
-    _w = None if torch.rand(1, generator=_g) < 0.3 else int(torch.randint(1, 8192, (1,), generator=_g))
-    _s = int(torch.randint(0, 9, (1,), generator=_g))
-    _e = [0.5, 1, 2, 4][int(torch.randint(0, 4, (1,), generator=_g))]
-    _held = _t if _w is None else min(_t, _s + _w)
-    _args = (_c.num_hidden_layers, _c.num_key_value_heads, _c.head_dim)
-    check_equal(predict_cache_bytes(_c, _t, _w, _s, _b, _e), _ref_bytes(*_args, _held, _b, _e),
-                f"predict_cache_bytes(config {_args}, {_t} tokens, window={_w}, sinks={_s}, batch={_b}, "
-                f"{_e} bytes) (random, seed {_seed})",
-                mistakes={MISTAKES["sinks_dropped"]: _ref_bytes(*_args, _held if _w is None else min(_t, _w), _b, _e)})
-### END HIDDEN TESTS
 
 # %% [markdown] id="c021"
 # ## Measure: the bytes your caches hold (not graded)

@@ -9,7 +9,10 @@
 #
 # * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).
 # * Run the test cell under it: the visible tests check fixed examples and tell you what was expected.
-#   When the lab is graded, more tests run on random shapes, so write the general code.
+#   When the lab is graded, the grader calls your functions on inputs of its own (drawn for you, of random
+#   shapes, and an edge grid: one rank, one row or column per rank, the sizes a world size does not divide)
+#   and compares the results with `course_lib.parallel`, so write the general code. Do not import that
+#   reference: the grader flags an answer that does, and while it grades, the reference is not in the library.
 # * Conventions: a linear layer computes `y = x @ W.T + b` with `W` of shape `[out, in]` (as
 #   `torch.nn.Linear` and `F.linear`). Rank `r` of `p` owns the `r`-th of `p` equal, contiguous slices.
 #
@@ -17,7 +20,6 @@
 
 # %% id="c003"
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -95,21 +97,6 @@ check_close(sum(F.linear(_x[:, 2 * r:2 * r + 2], shard_row(_w, r, 3)) for r in r
 check_raises(lambda: shard_column(_w, _b, 0, 3), ValueError, "shard_column with world_size=3 for 4 outputs")
 check_raises(lambda: shard_row(_w, 0, 4), ValueError, "shard_row with world_size=4 for 6 inputs")
 print("shards: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.parallel.layers import shard_range as _range
-
-_g = torch.Generator().manual_seed(time.time_ns() % 2 ** 31)
-for _ in range(5):
-    _p = int(torch.randint(1, 5, (1,), generator=_g))
-    _out, _in = _p * int(torch.randint(1, 5, (1,), generator=_g)), _p * int(torch.randint(1, 5, (1,), generator=_g))
-    _w, _b = torch.randn(_out, _in, generator=_g), torch.randn(_out, generator=_g)
-    for _r in range(_p):
-        _ws, _bs = shard_column(_w, _b, _r, _p)
-        check_equal(_ws, _w[_range(_out, _r, _p)], f"shard_column, weight [{_out}, {_in}], rank {_r} of {_p}")
-        check_equal(_bs, _b[_range(_out, _r, _p)], f"shard_column, bias [{_out}], rank {_r} of {_p}")
-        check_equal(shard_row(_w, _r, _p), _w[:, _range(_in, _r, _p)], f"shard_row, [{_out}, {_in}], rank {_r} of {_p}")
-check_raises(lambda: shard_row(torch.randn(3, 7), 0, 2), ValueError, "shard_row, 7 inputs over 2 ranks")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c007"
 # ## Exercise 2 — What the all-reduce costs (2 points)
@@ -144,21 +131,6 @@ check_close(ring_allreduce_bytes(1000, 8), 1750.0, "ring_allreduce_bytes(1000, p
 # Llama-2-70B: hidden 8192, 80 layers, bf16, TP=8
 check_close(tp_bytes_per_token(8192, 80, 8), 2 * 80 * 1.75 * 8192 * 2, "tp_bytes_per_token(8192, 80, p=8)")
 print("cost: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.models.config import LlamaConfig as _Cfg
-from course_lib.parallel import cost as _cost
-
-for _ in range(5):
-    _p = int(torch.randint(1, 17, (1,)))
-    _n = float(torch.randint(1, 10 ** 6, (1,)))
-    check_close(ring_allreduce_bytes(_n, _p), _cost.ring_allreduce_bytes(_n, _p), f"ring_allreduce_bytes({_n}, {_p})")
-    _L, _heads = int(torch.randint(1, 100, (1,))), 8
-    _D = _heads * 2 * int(torch.randint(1, 64, (1,)))
-    _bpe = [1, 2, 4][int(torch.randint(0, 3, (1,)))]
-    _ref = _cost.tp_comm_per_token(_Cfg(hidden_size=_D, num_hidden_layers=_L, num_attention_heads=_heads), _p,
-                                   bpe=_bpe)["sent_bytes"]
-    check_close(tp_bytes_per_token(_D, _L, _p, _bpe), _ref, f"tp_bytes_per_token({_D}, {_L}, {_p}, {_bpe})")
-### END HIDDEN TESTS
 
 # %% [markdown] id="c010"
 # ## Exercise 3 — The column/row-parallel MLP with its all-reduce (4 points, contract)
@@ -232,13 +204,6 @@ def check_mlp_on_ranks(d, f, batch, seed, world_size=2):
 
 check_mlp_on_ranks(d=4, f=6, batch=2, seed=0)
 print("parallel_mlp: visible test passed (2 processes, gloo)")
-### BEGIN HIDDEN TESTS
-_g = torch.Generator().manual_seed(time.time_ns() % 2 ** 31)
-_d = int(torch.randint(2, 12, (1,), generator=_g))
-_f = 2 * int(torch.randint(1, 10, (1,), generator=_g))
-check_mlp_on_ranks(d=_d, f=_f, batch=int(torch.randint(1, 4, (1,), generator=_g)),
-                   seed=int(torch.randint(0, 2 ** 31, (1,), generator=_g)))
-### END HIDDEN TESTS
 
 # %% [markdown] id="c014"
 # ## Exercise 4 — Predict the pipeline bubble (2 points)
@@ -270,19 +235,6 @@ check_close(predict_bubble(2, 1), 0.5, "predict_bubble(p=2, m=1): one micro-batc
 for _bad in ((0, 4), (4, 0), (2.0, 4)):
     check_raises(lambda: predict_bubble(*_bad), ValueError, f"predict_bubble{_bad}")
 print("predict_bubble: visible tests passed")
-### BEGIN HIDDEN TESTS
-from course_lib.parallel.pipeline import bubble_formula as _formula
-from course_lib.parallel.pipeline import bubble_fraction as _fraction
-from course_lib.parallel.pipeline import gpipe_schedule as _schedule
-
-_g = torch.Generator().manual_seed(time.time_ns() % 2 ** 31)
-for _ in range(30):
-    _p, _m = int(torch.randint(1, 17, (1,), generator=_g)), int(torch.randint(1, 65, (1,), generator=_g))
-    _want = _fraction(_schedule(_p, _m), _p)                      # the ideal timeline's idle share
-    check_close(_want, _formula(_p, _m), f"the reference timeline vs the formula, p={_p}, m={_m}", atol=1e-12)
-    check_close(predict_bubble(_p, _m), _want, f"predict_bubble(p={_p}, m={_m})",
-                mistakes={MISTAKES["bubble_over_m"]: (_p - 1) / _m})
-### END HIDDEN TESTS
 
 # %% [markdown] id="c017"
 # Now measure. First the ideal GPipe timeline (`gpipe_schedule`), with equal stages and then with a second
@@ -293,12 +245,12 @@ for _ in range(30):
 
 # %% id="c018"
 try:
+    if os.environ.get("NBGRADER_EXECUTION"):  # a measurement, not a test: the grader skips it (and its timeline)
+        raise NotImplementedError
     for _p, _m in ((2, 1), (2, 4), (4, 8)):
         print(f"p={_p} m={_m}: predicted {predict_bubble(_p, _m):.3f}, ideal timeline "
               f"{bubble_fraction(gpipe_schedule(_p, _m), _p):.3f}, stage 2 twice as slow "
               f"{bubble_fraction(gpipe_schedule(_p, _m, [1.0, 2.0] + [1.0] * (_p - 2)), _p):.3f}")
-    if os.environ.get("NBGRADER_EXECUTION"):  # a measurement, not a test: the grader skips the 2-rank run
-        raise NotImplementedError
     _cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     _steps = [(pipeline_run, (ModelSpec(config=_cfg, seed=3), _m), dict(batch=4, seq=8, stage_sleep_s=0.02))
@@ -312,7 +264,7 @@ try:
                  measured=", ".join(f"m={r['m']}: {r['bubble']:.3f}" for r in _pipe))
 except NotImplementedError:
     print("finish the exercises first" if not os.environ.get("NBGRADER_EXECUTION") else
-          "the 2-rank measurement is skipped while grading")
+          "the measurement is skipped while grading")
 
 # %% [markdown] id="c013"
 # ## Going further (not graded)

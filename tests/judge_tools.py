@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import linecache
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -43,9 +44,11 @@ def namespace_of(nb, grading: bool = True) -> dict:
         for k, c in enumerate(nb.cells):
             if c.cell_type != "code" or is_test_cell(c):
                 continue
-            with contextlib.redirect_stdout(io.StringIO()):
+            code, name = _transform(c.source), f"<cell {k}>"
+            linecache.cache[name] = (len(code), None, code.splitlines(True), name)   # as IPython keeps a cell's
+            with contextlib.redirect_stdout(io.StringIO()):                           # source (inspect reads it)
                 try:
-                    exec(compile(_transform(c.source), f"<cell {k}>", "exec"), ns)
+                    exec(compile(code, name, "exec"), ns)
                 except Exception as e:  # noqa: BLE001
                     errors.append((k, f"{type(e).__name__}: {e}"))
     finally:

@@ -1,0 +1,323 @@
+"""Lab 04's judge: the KD loss, its gradient across temperatures, the combined loss, the acceptance rate and the
+draft's predicted cost.
+
+Logits, labels and distributions are drawn here and sent as tensors; the losses are compared with
+`course_lib.distill`'s here. The gradient is taken in the kernel (the student's loss, backward, the logits'
+.grad sent back) and compared with the reference's gradient, which is what the T^2 factor is about. Part B
+uses the student's Part A, so its planted values carry Part A's mistakes (charged once, in Part A). Part D's
+configs are built in the kernel (`LlamaConfig`, a library class) with their `num_parameters` set to None
+there: an answer must count the weights from the fields itself, as the old hidden test demanded, and one that
+calls the method fails with a message that says so.
+"""
+from dataclasses import asdict
+
+import torch
+
+from course_grading.judging import Get, Judge, Let, call, ref
+from course_lib.checks import check_close
+from course_lib.distill.losses import distillation_loss, hard_label_loss, kd_loss, kd_loss_double_softmax
+from course_lib.models.config import LlamaConfig, preset
+from course_lib.speculative.theory import acceptance_rate
+
+judge = Judge(references={
+    "kd_t1_tests": ["course_lib.distill.losses.kd_loss"],
+    "kd_temperature_tests": ["course_lib.distill.losses.kd_loss"],
+    "combined_tests": ["course_lib.distill.losses.distillation_loss", "course_lib.distill.losses.kd_loss"],
+    "acceptance_tests": ["course_lib.speculative.theory.acceptance_rate"],
+    "predict_cost_tests": ["course_lib.models.config.flops_per_token"],
+})
+
+
+def randn(t, *shape, scale=1.0):
+    return torch.randn(*shape, generator=t.torch_generator()) * scale
+
+
+def draw_shape(t, v_max=300):
+    """0 to 3 leading (position) dimensions and a vocabulary of 2 to v_max."""
+    return tuple(t.rng.randint(1, 5) for _ in range(t.rng.randint(0, 3))) + (t.rng.randint(2, v_max),)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part A: the KD loss
+
+def kd_mistakes(t, s, te, T):
+    return {t.mistake("double_softmax"): kd_loss_double_softmax(s, te, T),
+            t.mistake("no_t2"): kd_loss(s, te, T) / (T * T)}
+
+
+def kd_case(t, what, s, te, T, unshifted=None):
+    """The student's loss of (s, te) against the reference's; `unshifted`: logits s minus a shift the loss ignores."""
+    got = t.call("kd_loss", s, te, T)
+    shape = tuple(getattr(got, "shape", ()))
+    t.expect(shape == (), f"{what}: expected a scalar, got shape {shape}")
+    s = s if unshifted is None else unshifted
+    check_close(got, kd_loss(s, te, T), what, rtol=1e-4, atol=1e-5, mistakes=kd_mistakes(t, s, te, T))
+
+
+def kd_errors(t, cases):
+    for what, args in cases:
+        with t.case(f"kd_loss with {what}", group="errors"):
+            t.raises(t.outcome("kd_loss", *args), "ValueError", what=f"kd_loss with {what}")
+
+
+VISIBLE_S, VISIBLE_T = torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([[2.0, 1.0, 0.0]])
+BATCH_S = torch.tensor([[[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 3.0, 0.0]]])
+BATCH_T = torch.tensor([[[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]])
+
+
+@judge.part("kd_t1_tests", groups={"values": 3, "errors": 1})
+def kd_t1(t):
+    x = randn(t, 3, 4, 50, scale=3)
+    shift = randn(t, 3, 4, 1, scale=10)
+    cases = [("kd_loss([[0, 1, 2]], [[2, 1, 0]], T=1)", VISIBLE_S, VISIBLE_T, None),
+             ("kd_loss([[5, 6, 7]], [[2, 1, 0]], T=1) (the logits shifted by 5: the same loss)", VISIBLE_S + 5,
+              VISIBLE_T, VISIBLE_S),
+             ("kd_loss(x + c, y, T=1), x, y [3, 4, 50], with a different constant c per position (the loss of x, y)",
+              x + shift, randn(t, 3, 4, 50, scale=3), x),
+             ("kd_loss of the [1, 2, 4] batch at T=1 (mean over the 2 positions)", BATCH_S, BATCH_T, None),
+             ("kd_loss of one distribution [7] at T=1 (no leading dimension)", randn(t, 7, scale=3),
+              randn(t, 7, scale=3), None),
+             ("kd_loss of [6, 2] at T=1 (two tokens)", randn(t, 6, 2, scale=3), randn(t, 6, 2, scale=3), None)]
+    for _ in range(6):
+        shape = draw_shape(t)
+        cases.append((f"kd_loss of random logits {list(shape)} at T=1", randn(t, *shape, scale=3),
+                      randn(t, *shape, scale=3), None))
+    for what, s, te, unshifted in cases:
+        with t.case(what, group="values"):
+            kd_case(t, what, s, te, 1.0, unshifted)
+    x, y = randn(t, 5, 30, scale=3), randn(t, 5, 30, scale=3)
+    with t.case("kd_loss(x, x, T=1) is 0, kd_loss(x, y, T=1) is not", group="values"):
+        same, other = t.run([call("kd_loss", x, x, 1.0), call("kd_loss", x, y, 1.0)])
+        check_close(same.get(), 0.0, "kd_loss(x, x, T=1) (student == teacher)", atol=1e-5,
+                    mistakes={t.mistake("double_softmax"): kd_loss_double_softmax(x, x, 1.0)})
+        check_close(other.get(), kd_loss(x, y, 1.0), "kd_loss(x, y, T=1)", rtol=1e-4, atol=1e-5,
+                    mistakes=kd_mistakes(t, x, y, 1.0))
+    kd_errors(t, [("shapes (1, 3) and (1, 2, 4)", (VISIBLE_S, BATCH_S, 1.0)), ("T=0", (VISIBLE_S, VISIBLE_T, 0.0)),
+                  ("shapes (16, 64) and (16, 10)", (randn(t, 16, 64), randn(t, 16, 10), 1.0)),
+                  ("shapes (5,) and (1, 5)", (randn(t, 5), randn(t, 1, 5), 1.0))])
+
+
+def gradient_case(t, what, s, te, T):
+    """The gradient of the student's loss with respect to the student's logits, taken in the kernel."""
+    got = t.run([Let("s", s), call("$s.requires_grad_", True, send=False),
+                 call("kd_loss", ref("s"), te, T, store="loss"), call("$loss.backward", send=False), Get("$s.grad")])
+    got[2].get()
+    t.expect(got[3].ok, f"{what}: the loss could not be differentiated ({got[3].error or got[3].raised}): keep it a "
+                        "torch expression of student_logits")
+    grad = got[4].get()
+    t.expect(grad is not None, f"{what}: student_logits.grad is None after backward: keep the loss a torch "
+                               "expression of student_logits")
+
+    def reference_grad(loss_fn):
+        x = s.clone().requires_grad_(True)
+        loss_fn(x, te, T).backward()
+        return x.grad
+
+    want = reference_grad(kd_loss)
+    check_close(grad, want, what, rtol=1e-3, atol=1e-4 * float(want.abs().max()),
+                mistakes={t.mistake("no_t2"): want / (T * T),
+                          t.mistake("double_softmax"): reference_grad(kd_loss_double_softmax)})
+
+
+@judge.part("kd_temperature_tests", groups={"values": 3, "gradient": 1, "errors": 1})
+def kd_temperature(t):
+    cases = [("kd_loss([[0, 1, 2]], [[2, 1, 0]], T=2)", VISIBLE_S, VISIBLE_T, 2.0),
+             ("kd_loss([[0, 1, 2]], [[2, 1, 0]], T=4)", VISIBLE_S, VISIBLE_T, 4.0),
+             ("kd_loss of the [1, 2, 4] batch at T=3", BATCH_S, BATCH_T, 3.0),
+             ("kd_loss([[0, 50, 100]], [[100, 50, 0]], T=1) (large logits: no inf or nan)", VISIBLE_S * 50,
+              VISIBLE_T * 50, 1.0),
+             ("kd_loss of large logits [4, 40] at T=0.5 (no inf or nan)", randn(t, 4, 40, scale=50),
+              randn(t, 4, 40, scale=50), 0.5)]
+    for _ in range(16):
+        shape = draw_shape(t)
+        T = t.rng.uniform(0.5, 8.0)
+        cases.append((f"kd_loss of random logits {list(shape)} at T={T:.3f}", randn(t, *shape, scale=4),
+                      randn(t, *shape, scale=4), T))
+    for what, s, te, T in cases:
+        with t.case(what, group="values"):
+            kd_case(t, what, s, te, T)
+    gs = torch.linspace(-1, 1, 40).reshape(2, 20) * torch.tensor([[1.0], [-0.5]])
+    gt = torch.linspace(-1, 1, 40).flip(0).reshape(2, 20)
+    grads = [(gs, gt, 8.0), (gs, gt, 16.0)]
+    a, b = randn(t, 16, 64), randn(t, 16, 64)
+    grads += [(a, b, T) for T in (5.0, 10.0, 20.0)]
+    shape = draw_shape(t, 100)
+    grads.append((randn(t, *shape, scale=3), randn(t, *shape, scale=3), t.rng.uniform(0.5, 4.0)))
+    for s, te, T in grads:
+        what = f"the gradient of kd_loss with respect to student_logits {list(s.shape)} at T={T:g}"
+        with t.case(what, group="gradient"):
+            gradient_case(t, what, s, te, T)
+    kd_errors(t, [("T=-1", (a, b, -1.0)), ("T=0", (a, b, 0.0)), ("shapes (16, 64) and (16, 10)", (a, b[:, :10], 2.0))])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part B: the combined loss
+
+@judge.part("combined_tests", groups={"values": 3, "errors": 1})
+def combined(t):
+    cases = [("combined_loss([[0, 1, 2]], [[2, 1, 0]], [2], alpha=0, T=2) (pure cross entropy)", VISIBLE_S, VISIBLE_T,
+              torch.tensor([2]), 0.0, 2.0),
+             ("combined_loss([[0, 1, 2]], [[2, 1, 0]], [2], alpha=0.7, T=2)", VISIBLE_S, VISIBLE_T, torch.tensor([2]),
+              0.7, 2.0),
+             ("combined_loss on the [1, 2, 4] batch, alpha=0.25, T=3", BATCH_S, BATCH_T, torch.tensor([[3, 2]]), 0.25,
+              3.0),
+             ("combined_loss of [6, 11] logits, alpha=1, T=2.5 (pure KD)", randn(t, 6, 11, scale=3),
+              randn(t, 6, 11, scale=3), torch.randint(0, 11, (6,), generator=t.torch_generator()), 1.0, 2.5)]
+    for _ in range(16):
+        shape = tuple(t.rng.randint(1, 4) for _ in range(t.rng.randint(1, 3))) + (t.rng.randint(2, 199),)
+        labels = torch.randint(0, shape[-1], shape[:-1], generator=t.torch_generator())
+        alpha, T = t.rng.random(), t.rng.uniform(0.5, 4.5)
+        cases.append((f"combined_loss of random logits {list(shape)}, alpha={alpha:.3f}, T={T:.3f}",
+                      randn(t, *shape, scale=3), randn(t, *shape, scale=3), labels, alpha, T))
+    for what, s, te, y, alpha, T in cases:
+        with t.case(what, group="values"):
+            ce = hard_label_loss(s, y)
+            # the answer uses its own Part A: Part A's mistakes carry over (charged there, not again here)
+            wrong = {k: alpha * v + (1 - alpha) * ce for k, v in kd_mistakes(t, s, te, T).items()}
+            check_close(t.call("combined_loss", s, te, y, alpha, T), distillation_loss(s, te, y, alpha, T), what,
+                        rtol=1e-4, atol=1e-5, mistakes=wrong)
+    for alpha in (1.5, -0.1):
+        with t.case(f"combined_loss(alpha={alpha})", group="errors"):
+            t.raises(t.outcome("combined_loss", VISIBLE_S, VISIBLE_T, torch.tensor([2]), alpha, 2.0), "ValueError",
+                     what=f"combined_loss(alpha={alpha})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part C: the acceptance rate
+
+def distribution(t, shape, scale, sparse=False):
+    logits = randn(t, *shape, scale=scale)
+    if sparse:                 # some tokens impossible: exact zeros in the distribution
+        logits[torch.rand(shape, generator=t.torch_generator()) < 0.4] = -float("inf")
+        logits[..., 0] = logits[..., 0].clamp(min=-1e9)     # each row keeps a possible token
+    return torch.softmax(logits, -1)
+
+
+@judge.part("acceptance_tests", groups={"values": 3, "errors": 1})
+def acceptance(t):
+    cases = [("acceptance(p, p) for p = [0.5, 0.5]", torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5])),
+             ("acceptance of disjoint p, q", torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])),
+             ("acceptance([0.7, 0.2, 0.1], [0.5, 0.1, 0.4])", torch.tensor([0.7, 0.2, 0.1]),
+              torch.tensor([0.5, 0.1, 0.4])),
+             ("acceptance of uniform [2, 3, 4] against a drawn q", torch.full((2, 3, 4), 0.25),
+              distribution(t, (2, 3, 4), 2)),
+             ("acceptance of a one-hot p [3, 9] against a drawn q", torch.eye(9)[[2, 0, 8]],
+              distribution(t, (3, 9), 2)),
+             ("acceptance of distributions with zeros, [4, 12]", distribution(t, (4, 12), 2, sparse=True),
+              distribution(t, (4, 12), 2, sparse=True)),
+             ("acceptance of one token [5, 1] (always accepted)", torch.ones(5, 1), torch.ones(5, 1))]
+    for _ in range(10):
+        shape = draw_shape(t)
+        sparse = t.rng.random() < 0.3
+        p = distribution(t, shape, t.rng.uniform(0.5, 4), sparse)
+        cases.append((f"acceptance of random distributions {list(shape)}" + (" with zeros" if sparse else ""), p,
+                      distribution(t, shape, t.rng.uniform(0.5, 4), sparse)))
+    for what, p, q in cases:
+        with t.case(what, group="values"):
+            got = t.call("acceptance", p, q)
+            t.expect(tuple(getattr(got, "shape", ())) == tuple(p.shape[:-1]),
+                     f"{what}: expected one rate per position, shape {tuple(p.shape[:-1])}, got "
+                     f"{tuple(getattr(got, 'shape', ())) or type(got).__name__}")
+            check_close(got, acceptance_rate(p, q), what, atol=1e-6)
+    for what, p, q in (("shapes (3,) and (4,)", torch.ones(3) / 3, torch.ones(4) / 4),
+                       ("shapes (2, 3) and (3, 2)", torch.ones(2, 3) / 3, torch.ones(3, 2) / 2),
+                       ("shapes (2, 5) and (5,)", torch.ones(2, 5) / 5, torch.ones(5) / 5)):
+        with t.case(f"acceptance of {what}", group="errors"):
+            t.raises(t.outcome("acceptance", p, q), "ValueError", what=f"acceptance of {what}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Part D: predict the draft's cost per token
+
+def planted_count(cfg, mistake):
+    """A parameter count with one known mistake planted."""
+    D, F_, V, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    H, K = cfg.num_attention_heads, cfg.num_key_value_heads
+    K = H if mistake == "kv_full" else K
+    layer = 2 * D * H * Dh + 2 * D * K * Dh + (2 if mistake == "mlp_two" else 3) * D * F_ + 2 * D
+    tied_once = cfg.tie_word_embeddings and mistake != "tied_twice"
+    return cfg.num_hidden_layers * layer + V * D * (1 if tied_once else 2) + D
+
+
+def config_ops(name, cfg):
+    """Build `cfg` (fields, or a preset's name) in the kernel as `name`, a new LlamaConfig (never the library's
+    shared preset object), its num_parameters() method shadowed by None."""
+    fields = asdict(preset(cfg)) if isinstance(cfg, str) else cfg
+    return [call("lib:course_lib.models.config.LlamaConfig", store=name, send=False, **fields),
+            call(f"${name}.__setattr__", "num_parameters", None, send=False)]
+
+
+def random_config(t):
+    kv = t.rng.randint(1, 4)
+    heads, dh = kv * t.rng.randint(1, 4), 2 * t.rng.randint(2, 16)
+    explicit = t.rng.random() < 0.5                 # an explicit head_dim need not be hidden_size / heads
+    return dict(vocab_size=t.rng.randint(50, 50_000), hidden_size=t.rng.randint(8, 400) if explicit else heads * dh,
+                intermediate_size=t.rng.randint(8, 1500), num_hidden_layers=t.rng.randint(1, 32),
+                num_attention_heads=heads, num_key_value_heads=kv, head_dim=dh if explicit else None,
+                tie_word_embeddings=t.rng.random() < 0.5)
+
+
+def as_config(cfg):
+    return preset(cfg) if isinstance(cfg, str) else LlamaConfig(**cfg)
+
+
+def describe(cfg) -> str:
+    if isinstance(cfg, str):
+        return repr(cfg)
+    c = as_config(cfg)
+    return (f"LlamaConfig(V={c.vocab_size}, D={c.hidden_size}, F={c.intermediate_size}, layers={c.num_hidden_layers}, "
+            f"H={c.num_attention_heads}, K={c.num_key_value_heads}, Dh={c.head_dim}, "
+            f"{'tied' if c.tie_word_embeddings else 'untied'})")
+
+
+@judge.part("predict_cost_tests", groups={"values": 3, "errors": 1})
+def predict_cost(t):
+    small = dict(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1)
+    big = dict(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=1)
+    pairs = [(big, big), (small, big), ("tiny-draft", "tiny"), ("tiny", "llama-3-8b"), ("smollm2-135m", "llama-2-7b"),
+             ({**small, "tie_word_embeddings": False}, {**big, "tie_word_embeddings": False}),   # untied, both
+             ({**big, "num_key_value_heads": 4}, {**big, "head_dim": 6}),        # MHA; a head_dim other than D / H
+             ({**small, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 10}, "tiny")]
+    pairs += [(random_config(t), random_config(t)) for _ in range(32)]
+    for d, g in pairs:
+        dc, gc = as_config(d), as_config(g)
+        what = f"predict_cost_ratio({describe(d)}, {describe(g)})"
+        want = dc.num_parameters() / gc.num_parameters()
+        wrong = {t.mistake(m): planted_count(dc, m) / planted_count(gc, m)
+                 for m in ("tied_twice", "mlp_two", "kv_full")}
+        with t.case(what, group="values"):
+            o = t.run(config_ops("d", d) + config_ops("g", g) + [call("predict_cost_ratio", ref("d"), ref("g"))])[-1]
+            if o.raised is not None and o.raised.is_a("TypeError") and "not callable" in o.raised.message:
+                raise AssertionError(f"{what}: the answer calls the config's num_parameters(); count the weights from "
+                                     "the config's fields yourself (the grader's configs have no num_parameters)")
+            check_close(o.get(), want, what, rtol=1e-9,
+                        mistakes={k: v for k, v in wrong.items() if abs(v / want - 1) > 1e-9})
+    for what, args in (("('tiny-draft', a LlamaConfig)", ["tiny-draft", ref("g")]),
+                       ("(a LlamaConfig, a dict)", [ref("g"), {"hidden_size": 8}]),
+                       ("(None, a LlamaConfig)", [None, ref("g")]), ("(a LlamaConfig, 'tiny')", [ref("g"), "tiny"])):
+        with t.case(f"predict_cost_ratio{what}", group="errors"):
+            o = t.run(config_ops("g", big) + [call("predict_cost_ratio", *args)])[-1]
+            t.raises(o, "TypeError", what=f"predict_cost_ratio{what}")
+
+
+def mutants():
+    """Planted wrong answers for the round trips (tests/test_judges.py, tests/test_grading.py)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from judge_tools import solution_with
+    return [
+        ("the lecture notes' double softmax: log_softmax of the student's probabilities instead of its logits",
+         {"kd_answer": solution_with("lab04", "kd_answer", {
+             "    log_q = F.log_softmax(student_logits / T, dim=-1)":
+             "    log_q = F.log_softmax(F.softmax(student_logits / T, dim=-1), dim=-1)"})},
+         ["double_softmax"]),
+        ("the KD loss without the T^2 factor (charged in Part A, not again in Part B), and the draft's cost ratio with "
+         "a tied LM head counted twice",
+         {"kd_answer": solution_with("lab04", "kd_answer", {"    return kl.mean() * T * T": "    return kl.mean()"}),
+          "predict_cost": solution_with("lab04", "predict_cost", {
+              "        embeddings = V * D * (1 if cfg.tie_word_embeddings else 2)": "        embeddings = 2 * V * D"})},
+         ["no_t2", "tied_twice"]),
+    ]
