@@ -12,20 +12,16 @@ Precedence: built-in defaults < this file < command-line flags (e.g. `course gra
 """
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 
-# Per-cell time limit when autograding, in seconds (nbgrader's default is 30). A cell that runs longer
-# is interrupted, the rest of the notebook still runs, and the submission is flagged for review.
+# Time limit of each cell when grading, and of each call of the judge, in seconds (`course grade --timeout`
+# overrides it). A cell that runs longer is interrupted, the rest of the notebook still runs, and the
+# submission is flagged for review. (Grading runs its own kernels, not nbgrader's autograde: see README,
+# "How a submission is graded".)
 c.Execute.timeout = 60
-c.Execute.interrupt_on_timeout = True
-# No re-runs of a failing notebook: a student's infinite loop would cost the time limit again.
-c.Execute.execute_retries = 0
 
 # What students see in place of a solution. Lab tests rely on the code stub raising.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# Keep the autograded notebooks (and feedback) readable when a student prints a lot.
-c.LimitOutput.max_lines = 1000
-c.LimitOutput.max_traceback = 100
 
 # Every lab keeps the `python3` kernelspec: the pipeline writes it into the labs and the submissions'
 # working copies; nbgrader's OverwriteKernelspec then takes it from the source lab.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 
-#: Per-cell time limit for autograding, in seconds (nbgrader's own default is 30 s).
+#: Time limit of each cell and of each call of the judge when grading, in seconds (nbgrader's own default is 30 s).
 DEFAULT_TIMEOUT = 60
 
 #: The kernelspec every lab keeps (Colab and the course's environment both provide ``python3``).
@@ -58,8 +58,6 @@ def make_config(root: Path, config_file: Path | None = None, timeout: float | No
     c.Execute.execute_retries = 0
     # the kernel's own start-up warnings (e.g. "running over TCP without encryption") are noise here
     c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]
-    c.LimitOutput.max_lines = 1000
-    c.LimitOutput.max_traceback = 100
     if config_file is not None:
         loaded = PyFileConfigLoader(Path(config_file).name, path=str(Path(config_file).parent)).load_config()
         c.merge(loaded)
@@ -125,9 +123,6 @@ class CourseDir:
     def autograded(self, student: str, assignment: str) -> Path:
         return self.root / "autograded" / student / assignment / f"{assignment}.ipynb"
 
-    def feedback(self, student: str, assignment: str) -> Path:
-        return self.root / "feedback" / student / assignment / f"{assignment}.html"
-
     def add_source(self, assignment: str, nb) -> Path:
         p = self.source(assignment)
         if p.parent.exists():
@@ -140,13 +135,6 @@ class CourseDir:
         with quiet_nbgrader():
             return self.api.generate_assignment(assignment, force=True, create=True)
 
-    def autograde(self, student: str, assignment: str) -> dict:
-        with quiet_nbgrader():
-            return self.api.autograde(assignment, student, force=True, create=True)
-
-    def generate_feedback(self, student: str, assignment: str) -> dict:
-        with quiet_nbgrader():
-            return self.api.generate_feedback(assignment, student, force=True)
 
 
 @contextmanager

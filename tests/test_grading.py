@@ -602,8 +602,12 @@ def test_lab_round_trip(real_graded, lab):
         page = _plain(Path(m.feedback).read_text(encoding="utf-8")) if m.feedback else ""
         missing = [d for d in diagnoses if _plain(d) not in page]
         assert not missing, f"{lab} mutant {what!r}: its feedback does not name the misconception: {missing}"
-    for who, x in res.items():  # every submission has its feedback page, none was judged by a failing judge
+    judge_code = [ln.strip() for ln in (ROOT / "judges" / f"{lab}.py").read_text().splitlines()
+                  if ln.strip().startswith(("with t.case(", "@judge.part(")) or "t.call(" in ln]
+    for who, x in res.items():  # every submission has its feedback page, none was judged by a failing judge,
         assert x.feedback and "judge_failed" not in x.flags, (lab, who, x.flags, x.messages)
+        page = _plain(Path(x.feedback).read_text(encoding="utf-8"))   # and no page shows the judge's code
+        assert judge_code and not [ln for ln in judge_code if _plain(ln) in page], (lab, who)
 
 
 @slow
