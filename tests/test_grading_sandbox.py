@@ -373,8 +373,11 @@ def course_cgroups() -> list[str]:
             and not foreign_and_alive(p.name)]
 
 
-def scratch_mounts() -> list[str]:
-    return [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if "/cg-" in ln]
+def scratch_mounts(bases) -> list[str]:
+    """The mounts left under this run's own scratch folders (`bases`): another grading run live on the machine
+    (a test on another worker, an instructor's) has mounts of its own, which are not this run's to judge."""
+    return [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+            if any(f" {b}/" in ln or f" {b} " in ln for b in bases)]
 
 
 @pytest.fixture(scope="module", params=["user", "bwrap"])
@@ -428,6 +431,7 @@ def batch(request):
     lines = []
     t0 = time.time()
     terminal = base / "terminal.txt"  # the grader's stdout and stderr (file descriptors 1, 2) during the run
+    bases: list[str] = []
     saved = [os.dup(1), os.dup(2)]
     try:
         with pytest.MonkeyPatch.context() as mp, open(terminal, "wb") as term:
@@ -435,6 +439,12 @@ def batch(request):
             os.dup2(term.fileno(), 2)
             mp.setenv("TMPDIR", str(locked / "tmp"))
             mp.setattr(tempfile, "tempdir", str(locked / "tmp"))
+            made = sandbox.RunScratch.__init__
+
+            def recording(self, iso):              # this run's scratch folders: the mounts it may leave behind
+                made(self, iso)
+                bases.append(str(self.base))
+            mp.setattr(sandbox.RunScratch, "__init__", recording)
             report = grade(sub, labs_release=labs, solutions=sols, out=base / "out", timeout=60,
                            workdir=base / "work", isolation=level, memory_gb=MEMORY_GB, echo=lines.append,
                            secret_file=base / "class-secret")
@@ -447,9 +457,10 @@ def batch(request):
     time.sleep(0.5)
     listener.close()
     after = {"victim": victim.read_bytes(), "shm": shm_keys(), "left": [p for p in leftovers if os.path.exists(p)],
-             "cgroups": course_cgroups(), "mounts": scratch_mounts(), "locked": sorted(os.listdir(locked / "tmp")),
+             "cgroups": course_cgroups(), "mounts": scratch_mounts(bases), "locked": sorted(os.listdir(locked / "tmp")),
              "terminal": terminal.read_text(errors="replace")}
     print(f"\n{level}: {len(report.results)} submissions graded in {wall:.1f} s")
+    assert bases, "the run's scratch folder was not seen: the mount check would look at nothing"
     return dict(level=level, report=report, lines=lines, before=before, after=after, listener=listener,
                 canary=canary, base=base, wall=wall, disk=iso_disk, token=token, shm_key=shm_key)
 
