@@ -7,8 +7,9 @@
    which students run themselves; while grading, the judge takes their place. Each cell has a time limit
    (then the kernel is interrupted, and the cell is marked), the notebook a budget (the cells after it are
    not run), and what a cell prints is capped: `Limits.cell_chars` of text kept per cell,
-   `Limits.notebook_chars` per notebook, and no message over `Limits.message_bytes` is even read (the
-   client's sockets drop a larger one: a 600 MB output line never reaches the grader's memory). A cell
+   `Limits.notebook_chars` per notebook, no message over `Limits.message_bytes` is even read (the client's
+   sockets drop a larger one: a 600 MB output line never reaches the grader's memory) and no more than
+   `Limits.queued_messages` wait unread (zmq drops the rest: a flood of outputs is bounded too). A cell
    that kills the kernel is marked; a new kernel replays the cells that ran before it and goes on after it.
 2. **The judge.** `judge_fn(send, restart)` (see `judging.judge_parts`) sends its requests through
    `send(ops, timeout)`: one line executed in the kernel, whose reply is the display output of the judge's
@@ -49,7 +50,8 @@ class Limits:
     budget: float = 600.0               # seconds for the notebook's cells and the judge together
     cell_chars: int = 100_000           # text kept per cell
     notebook_chars: int = 2_000_000     # text kept per notebook
-    message_bytes: int = 48 * 2**20     # a larger message from the kernel is never read
+    message_bytes: int = 16 * 2**20     # a larger message from the kernel is never read
+    queued_messages: int = 16           # messages the client's sockets hold unread (zmq's high-water mark)
     restarts: int = 3                   # kernels started again after one died
 
 
@@ -160,8 +162,11 @@ class Kernel:
         self.km = km
         await km.start_kernel(extra_arguments=["--IPKernelApp.log_level=ERROR"],
                               **({"stderr": self.stderr} if self.stderr is not None else {}))
+        # every socket the client makes: no message over message_bytes is read, no more than queued_messages
+        # wait unread (zmq drops the rest): the grader's memory for a kernel's messages stays under their product
         ctx = zmq.asyncio.Context()
-        ctx.setsockopt(zmq.MAXMSGSIZE, int(self.limits.message_bytes))   # every socket the client makes
+        ctx.setsockopt(zmq.MAXMSGSIZE, int(self.limits.message_bytes))
+        ctx.setsockopt(zmq.RCVHWM, int(self.limits.queued_messages))
         self._ctx = ctx
         self.kc = km.client(context=ctx)
         self.kc.start_channels()

@@ -25,7 +25,7 @@ import math
 import sys
 
 MIME = "application/vnd.course-judge+json"
-MAX_BYTES = 32 * 2**20        # one reply, all arrays together
+MAX_BYTES = 8 * 2**20         # one reply, all arrays together (base64 on the wire: under session.Limits' 16 MiB)
 MAX_STR = 20_000              # characters of one string
 MAX_ITEMS = 100_000           # elements of one list, tuple or dict
 MAX_DEPTH = 32

@@ -74,10 +74,31 @@ def parts_of(release) -> list:
             for c in release.cells if is_test_cell(c)]
 
 
+def needs_own_process(lab: str) -> bool:
+    """A lab whose setup cell sets TRITON_INTERPRET (lab07): Triton reads it once, when first imported, so the
+    lab runs in a fresh process of its own, and leaves this one's environment as it was."""
+    return any("TRITON_INTERPRET" in c.source for c in _release(lab).cells if c.cell_type == "code")
+
+
 def judge_locally(lab: str, answers: dict | None = None, student: str = "student", secret: bytes = SECRET,
                   only=None):
     """The judge's verdict on the release filled with `answers` (None: the blank release); `only`: judge these
-    parts alone (grade_ids)."""
+    parts alone (grade_ids). Run in a fresh process where the lab needs one (`needs_own_process`)."""
+    if needs_own_process(lab) and os.environ.get("COURSE_JUDGE_CHILD") != "1":
+        import pickle
+        import subprocess
+        import sys
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "verdict.pickle"
+            code = ("import pickle, sys; sys.path.insert(0, %r); import judge_tools as j; "
+                    "args = pickle.load(sys.stdin.buffer); open(%r, 'wb').write(pickle.dumps(j.judge_locally(*args)))"
+                    % (str(Path(__file__).parent), str(out)))
+            r = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((lab, answers, student, secret, only)),
+                               capture_output=True, env={**os.environ, "COURSE_JUDGE_CHILD": "1"}, timeout=1800)
+            if r.returncode or not out.exists():
+                raise RuntimeError(f"judging {lab} in its own process failed:\n{r.stderr.decode()[-3000:]}")
+            return pickle.loads(out.read_bytes())
     release = _release(lab)
     nb = fill_answers(release, answers) if answers is not None else release
     ns = namespace_of(nb)

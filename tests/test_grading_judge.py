@@ -548,8 +548,9 @@ def test_a_regrade_gives_the_same_grades(tmp_path):
 
 @slow
 def test_the_graders_memory_is_bounded(tmp_path):
-    """A 300 MB output line and a 70 MB notebook, graded by `course grade` in a process of its own: the grader's
-    peak memory stays far below what they would take whole; the batch ends with grades.csv."""
+    """A 300 MB output line, a flood of 60 outputs of 10 MB and a 70 MB notebook, graded by `course grade` in a
+    process of its own: the grader's peak memory stays far below what they would take whole; the batch ends
+    with grades.csv."""
     sols, judges = tmp_path / "solutions", tmp_path / "judges"
     sols.mkdir()
     judges.mkdir()
@@ -560,6 +561,9 @@ def test_the_graders_memory_is_bounded(tmp_path):
     a = answer_sources(read_notebook(sols / "lab99.ipynb"))
     _write(tmp_path / "subs" / "big-line" / "lab99.ipynb", fill_answers(lab, {
         **a, "add_answer": a["add_answer"] + "\nprint('y' * 300_000_000)"}))
+    _write(tmp_path / "subs" / "flood" / "lab99.ipynb", fill_answers(lab, {   # 60 messages of 10 MB, flushed
+        **a, "add_answer": a["add_answer"] + "\nimport sys\nfor _ in range(60):\n    print('f' * 10_000_000, "
+                                             "flush=True)"}))
     huge = fill_answers(lab, a)
     huge.cells[0].setdefault("outputs", [])
     big = nbformat.v4.new_code_cell("pass")
@@ -577,6 +581,6 @@ def test_the_graders_memory_is_bounded(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     peak = float(re.search(r"PEAK_MB ([\d.]+)", out).group(1))
     assert (tmp_path / "out" / "grades.csv").exists(), out
-    assert peak < 900, (peak, out)                   # the 300 MB line and the 70 MB notebook are never held whole
-    assert "('big-line', 5.0" in out and "output_limit" in out, out
+    assert peak < 700, (peak, out)     # the 300 MB line, the 600 MB flood and the 70 MB notebook never held whole
+    assert "('big-line', 5.0" in out and "('flood', 5.0" in out and "output_limit" in out, out
     assert time.time() - t0 < 300
