@@ -298,6 +298,15 @@ class Trial:
         """Call `fn` in the kernel; its result as plain data (raises StudentRaised, DriverError)."""
         return self.run([Call(fn, args, kwargs)])[0].get()
 
+    def batch(self, items) -> None:
+        """[(label, group, Call, check(value))]: every call in one round trip, then one case each, in which
+        `check` judges the call's value (a request costs the kernel a few milliseconds: batch the cases that do
+        not depend on each other)."""
+        items = list(items)
+        for (label, group, _, check), o in zip(items, self.run([c for _, _, c, _ in items])):
+            with self.case(label, group=group):
+                check(o.get())
+
     def outcome(self, fn: str, *args, **kwargs) -> Outcome:
         return self.run([Call(fn, args, kwargs)])[0]
 

@@ -223,10 +223,11 @@ class Kernel:
                 pass
 
     async def _answer_stdin(self, msg_id: str, stdin) -> None:
+        """Answer the input requests waiting on the stdin channel (the judge's remote objects)."""
         while True:
             try:
-                req = await self.kc.get_stdin_msg(timeout=0.001)
-            except Exception:  # noqa: BLE001 - nothing waiting
+                req = await self.kc.get_stdin_msg(timeout=0)
+            except Exception:  # noqa: BLE001 - nothing waiting, or a message the session could not read
                 return
             if req.get("msg_type") != "input_request" or req.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
@@ -242,9 +243,18 @@ class Kernel:
         """Run `code`; every iopub message of it goes to ``sink(msg_type, content)``. Returns "ok",
         "error" (the cell raised), "timeout" (interrupted; the kernel answered again) or "dead". `stdin`:
         ``stdin(prompt) -> reply`` answers the code's input requests (the judge's remote objects); None: the
-        code gets no stdin (input() raises in the kernel)."""
+        code gets no stdin (input() raises in the kernel). One poll waits on the iopub, shell and stdin
+        sockets together: a judge's request costs the kernel's work, not the grader's polling."""
+        import zmq
+        import zmq.asyncio
         msg_id = self.kc.execute(code, store_history=store_history, allow_stdin=stdin is not None,
                                  stop_on_error=False)
+        iopub, shell = self.kc.iopub_channel.socket, self.kc.shell_channel.socket
+        poller = zmq.asyncio.Poller()
+        poller.register(iopub, zmq.POLLIN)
+        poller.register(shell, zmq.POLLIN)
+        if stdin is not None:
+            poller.register(self.kc.stdin_channel.socket, zmq.POLLIN)
         deadline = time.monotonic() + max(1.0, timeout)
         status, replied_at, interrupted = "ok", None, False
         checked = time.monotonic()
@@ -260,42 +270,43 @@ class Kernel:
                     return "dead"
                 deadline = now + 10.0
                 status = "timeout"
-            if stdin is not None:
+            ready = dict(await poller.poll(timeout=200 if replied_at is None else 100))
+            if stdin is not None and ready.get(self.kc.stdin_channel.socket):
                 await self._answer_stdin(msg_id, stdin)
-            try:
-                msg = await self.kc.get_iopub_msg(timeout=0.5 if stdin is None else 0.002)
-            except (queue.Empty, asyncio.TimeoutError, TimeoutError):
-                msg = None
-            except Exception:  # noqa: BLE001 - a message the session could not read (a bad signature)
-                msg = None
-            if msg is None:
-                if time.monotonic() - checked > 0.5:
-                    checked = time.monotonic()
-                    if not await self.alive():
-                        return "dead"
-                if replied_at is None:
-                    try:
-                        reply = await self.kc.get_shell_msg(timeout=0.01)
-                        if reply.get("parent_header", {}).get("msg_id") == msg_id:
-                            replied_at = time.monotonic()
-                    except Exception:  # noqa: BLE001
-                        pass
-                elif time.monotonic() - replied_at > 2.0:
-                    self.reconnect_iopub()   # the reply came, the idle status did not: a message too big was dropped
-                    sink("stream", {"name": "stdout", "text": "\n[the kernel sent a message larger than the grader "
-                                                             f"reads ({self.limits.message_bytes // 2**20} MiB): it "
-                                                             "was dropped, with what came after it in this cell]\n"})
-                    self.dropped_messages += 1
+            if ready.get(shell) and replied_at is None:
+                try:
+                    reply = await self.kc.get_shell_msg(timeout=0)
+                    if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                        replied_at = time.monotonic()
+                except Exception:  # noqa: BLE001 - an old reply, or one the session could not read
+                    pass
+            while ready.get(iopub):
+                try:
+                    msg = await self.kc.get_iopub_msg(timeout=0)
+                except (queue.Empty, asyncio.TimeoutError, TimeoutError):
+                    break
+                except Exception:  # noqa: BLE001 - a message the session could not read (a bad signature)
+                    continue
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = msg.get("msg_type"), msg.get("content") or {}
+                if kind == "status" and content.get("execution_state") == "idle":
                     return status
-                continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind, content = msg.get("msg_type"), msg.get("content") or {}
-            if kind == "status" and content.get("execution_state") == "idle":
+                if kind == "error" and status == "ok":
+                    status = "error"
+                sink(kind, content)
+            if not ready and time.monotonic() - checked > 0.5:
+                checked = time.monotonic()
+                if not await self.alive():
+                    return "dead"
+            if replied_at is not None and time.monotonic() - replied_at > 2.0:
+                self.reconnect_iopub()   # the reply came, the idle status did not: a message too big was dropped
+                sink("stream", {"name": "stdout", "text": "\n[the kernel sent a message larger than the grader "
+                                                         f"reads ({self.limits.message_bytes // 2**20} MiB), or more "
+                                                         "than it holds unread: dropped, with what came after it "
+                                                         "in this cell]\n"})
+                self.dropped_messages += 1
                 return status
-            if kind == "error" and status == "ok":
-                status = "error"
-            sink(kind, content)
 
 
 async def _run_cells(kernel: Kernel, cells: list[tuple[int, object]], outputs: dict, result: SessionResult,

@@ -65,14 +65,6 @@ def maybe_array(t, times):
     return np.array(times) if t.rng.random() < 1 / 3 else list(times)
 
 
-def run_cases(t, calls):
-    """[(label, group, Call, check(value))]: the calls in one round trip, then one case each."""
-    outs = t.run([c for _, _, c, _ in calls])
-    for (label, group, _, check), o in zip(calls, outs):
-        with t.case(label, group=group):
-            check(o.get())
-
-
 def error_cases(t, calls, also=None):
     """[(label, Call)] that must raise ValueError: one round trip, one case each in group "errors" (`also()`:
     a further condition of each case)."""
@@ -100,7 +92,7 @@ def ttft_e2e(t):
             what = f"{name}({start:.6g}, {shown(times)})"
             calls.append((what, "values", call(name, start, times),
                           lambda got, what=what, want=ref_fn(start, ts): check_close(got, want, what, rtol=1e-9)))
-    run_cases(t, calls)
+    t.batch(calls)
     error_cases(t, [(f"{name}(3.0, {label}) (no token)", call(name, 3.0, empty))
                     for name in ("ttft", "e2e_latency")
                     for label, empty in (("[]", []), ("np.array([])", np.array([])))])
@@ -127,7 +119,7 @@ def tpot_tps(t):
         what = f"tokens_per_second({start:.6g}, {shown(times)})"
         calls.append((what, "values", call("tokens_per_second", start, times),
                       lambda got, what=what, want=ref_tps(start, ts): check_close(got, want, what, rtol=1e-9)))
-    run_cases(t, calls)
+    t.batch(calls)
     error_cases(t, [("tpot([1.0]) (one token: no gap)", call("tpot", [1.0])),
                     ("tpot([]) (no tokens)", call("tpot", [])),
                     ("tpot(np.array([3.0])) (one token)", call("tpot", np.array([3.0]))),
@@ -180,7 +172,7 @@ def percentile(t):
                      f"{what}: expected a number, got {got!r}"[:300])
             check_close(got, want, what, rtol=1e-9, atol=1e-12, mistakes=mistakes)
         calls.append((what, "values", call("percentile", vals, q), check))
-    run_cases(t, calls)
+    t.batch(calls)
     # invariants: the values are not modified (a list and an array kept in the kernel); non-decreasing in q
     arr = np.array([t.rng.lognormvariate(-3, 1) for _ in range(31)])
     for kind, vals in (("np.array", arr), ("list", list(arr[:17]))):
@@ -347,7 +339,7 @@ def sampling(t):
             t.expect(isinstance(got, torch.Tensor), f"{what}: expected a tensor of token ids, got {got!r}"[:300])
             check_equal(got, want, what + " (the argmax of each row)")
         calls.append((what, "sample", call("sample", logits, 0.0, k, p), greedy))
-    run_cases(t, calls)
+    t.batch(calls)
     # drawn tokens: shape, dtype, support, the generator's seed decides them
     for logits, temperature, k, p in grid[2:4] + grid[-1:] + drawn[:12]:
         seed = t.rng.getrandbits(62)
@@ -407,7 +399,7 @@ def predict_request(t):
             check_close(got[0], want[0], what + ": E2E", rtol=1e-6, mistakes={t.mistake("e2e_n_gaps"): wrong})
             check_close(got[1], want[1], what + ": tokens/s", rtol=1e-6, mistakes={t.mistake("e2e_n_gaps"): n / wrong})
         calls.append((what, "values", call("predict_request", ttft, tpot, n), check))
-    run_cases(t, calls)
+    t.batch(calls)
     error_cases(t, [(f"predict_request({a}, {b}, n_tokens={n!r})", call("predict_request", a, b, n))
                     for a, b, n in ((0.4, 0.02, 0), (0.4, 0.02, -3), (0.4, 0.02, 2.5), (0.4, 0.02, 3.0),
                                     (-0.1, 0.02, 5), (0.4, -0.02, 5))])
