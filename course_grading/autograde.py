@@ -186,6 +186,7 @@ class _Lab:
     lib: str                         # the kernel's course_lib copy, with the graded references withheld
     answers: object                  # references.AnswerTable: what the static reference-import check reads
     error: str = ""
+    clean: bool = False              # its judge times the entry against a clean kernel (Judge(clean=True))
 
 
 @dataclass
@@ -201,6 +202,7 @@ class _Context:
     release_keys: dict                # lab -> (grade_ids, sources), for "is this the wrong lab?"
     secret: bytes
     feedback_outputs: str = "shown"
+    clean_uid: int | None = None      # the user the clean kernels run as (a fresh one, no submission's)
 
     def __getstate__(self):
         """What a worker process gets (jobs.py): the course by its folder (no nbgrader API objects)."""
@@ -215,7 +217,7 @@ class _Context:
 
 
 REVIEW_FLAGS = {"timeout", "needs_manual_grading", "several_files", "assignment_from_content", "wrong_lab",
-                "kernel_died", "time_budget", "reference_import", "processes_left_behind", "feedback_failed",
+                "project_review", "kernel_died", "time_budget", "reference_import", "processes_left_behind", "feedback_failed",
                 "memory_limit", "output_limit", "judge_failed"}
 
 
@@ -345,8 +347,9 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         if who:
             say(who)
         if iso.uid is not None and not explicit_users:
-            uids = submission_uids(len(todo))
+            uids = submission_uids(len(todo) + 1)
             todo = [(k, sub, r, uid) for (k, sub, r), uid in zip(todo, uids)]
+            ctx.clean_uid = uids[-1]      # the clean kernels' own (they run only the grader's requests)
         else:
             todo = [(k, sub, r, None) for k, sub, r in todo]
         prog = (BarProgress(len(todo)) if progress == "bar" else
@@ -404,7 +407,7 @@ def _prepare_lab(course: CourseDir, scratch: RunScratch, lab: str, solutions: Pa
                              + (f"; parts for no test cell: {', '.join(extra)}" if extra else ""))
         lib = scratch.lib_for(lab, judge.withheld)
         return _Lab(str(judge_path), order, release_mistakes(release_nb), str(lib),
-                    answer_table(source_nb, judge.references))
+                    answer_table(source_nb, judge.references), clean=judge.clean)
     except (LabBuildError, OSError, ValueError, SyntaxError, ImportError) as e:
         empty.error = f"{type(e).__name__}: {e}"
         return empty
@@ -543,6 +546,7 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, uid=None) -> dict | No
                                   f"({'; '.join(where)})")
     # 3. run and judge in a sandboxed kernel, in a folder (the sandbox user's) holding only this notebook
     ks = ctx.scratch.kernel(sid, iso)
+    clean_ks = None
     log_lines: list[str] = []
     t0 = time.time()
     try:
@@ -555,11 +559,18 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, uid=None) -> dict | No
             os.chown(ks.work / f"{lab}.ipynb", iso.uid, iso.gid)
         judge = load_judge(lab_info.judge_path)
         limits = Limits(cell_timeout=float(ctx.course.timeout), budget=ctx.budget)
+        clean = None
+        if lab_info.clean:   # a kernel of its own (folders, cgroups, user) running only the grader's requests
+            clean_iso = _with_uid(ctx.iso, ctx.clean_uid) if ctx.clean_uid is not None else iso
+            clean_ks = ctx.scratch.kernel(f"{sid}-clean", clean_iso)
+            clean_conn = clean_ks.run / "kernel.json"
+            clean = {"spec": kernel_spec(clean_iso, clean_ks, clean_conn, marker, cpu, ctx.scratch.lib),
+                     "connection_file": str(clean_conn)}
 
         def judge_fn(send, restart):
             return judge_parts(judge, send, lab_info.order, ctx.secret, lab, sub.student, lab_info.mistakes,
                                timeout=limits.cell_timeout, on_kernel_gone=restart, log=log_lines.append)
-        session = run_submission(work, spec, str(conn), judge_fn, limits, log=log_lines.append)
+        session = run_submission(work, spec, str(conn), judge_fn, limits, log=log_lines.append, clean=clean)
         left = kill_leftovers(marker, iso.uid, session.pgids)
         if left:
             r.flags["processes_left_behind"] = [str(len(left))]
@@ -573,6 +584,8 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, uid=None) -> dict | No
                               + (session.startup_error or "") + (f" ({jail[-500:]})" if jail else ""))
             return None
     finally:
+        if clean_ks is not None:
+            ctx.scratch.release(clean_ks)
         usage = ctx.scratch.release(ks)  # kills what is left, removes its folders, tmpfs and cgroups
         if usage.get("oom_kill"):  # said whatever else happened (an early return included)
             r.flags["memory_limit"] = [f"{iso.memory_gb:g}GiB"]
@@ -647,6 +660,10 @@ def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: P
                               "until you look at it")
     if is_project(release_nb):  # the final project: its leaderboard entry, from the judge's record
         r.project = project_entry(verdict, read_notebook(executed), cells)
+        why = list((r.project.get("record") or {}).get("flags") or [])
+        if why:    # the judge's anomalies: the board says "review" and why
+            r.flags["project_review"] = [str(w)[:300] for w in why]
+            r.messages += [f"the project's measurement needs a look: {w}" for w in why]
     if session.timeouts:
         r.flags["timeout"] = list(session.timeouts)
         r.messages.append(f"cells hit the time limit of {course.timeout} s: {', '.join(session.timeouts)}")

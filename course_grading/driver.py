@@ -285,20 +285,23 @@ def run_op(op) -> dict:
     return out
 
 
-def handle(request_text: str, namespace: dict | None = None, remote=None) -> dict:
-    """The reply to one request (a JSON text); `namespace` replaces the notebook's and `remote` answers the
-    remote objects' requests (tests)."""
-    global _namespace_override, _remote_handler
+def handle(request_text: str, namespace: dict | None = None, remote=None, store: dict | None = None) -> dict:
+    """The reply to one request (a JSON text); `namespace` replaces the notebook's, `remote` answers the
+    remote objects' requests and `store` replaces the kept objects (tests: two "kernels" in one process)."""
+    global _namespace_override, _remote_handler, _store
     req = json.loads(request_text)
     results = []
+    kept = _store
     _namespace_override, _remote_handler = namespace, remote
+    if store is not None:
+        _store = store
     if req.get("fresh", True):      # a part's first request: no object of an earlier part answers for it
         _store.clear()
     try:
         for op in req.get("ops") or []:
             results.append(run_op(op))
     finally:
-        _namespace_override, _remote_handler = None, None
+        _namespace_override, _remote_handler, _store = None, None, kept
     return {"id": req.get("id"), "results": results}
 
 

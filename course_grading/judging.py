@@ -29,6 +29,10 @@ What `t` (a `Trial`) gives a part:
   `StudentRaised` or any failure to compare inside it fails the case, with its message; everything else goes on;
 * ``t.mistake(key)``: the explanation of a known misconception, from the release's public ``MISTAKES`` dict,
   to pass to ``check_close(..., mistakes={explanation: wrong_value})``.
+* ``Judge(clean=True)``: the grader starts a clean kernel beside the student's (a sandbox of its own running
+  none of the notebook); ``t.run(ops, where="clean")`` sends there, and ``t.cpu(where)`` reads a kernel's CPU
+  seconds from outside it (the final project times its entry against the baseline this way);
+* ``t.record``: plain data the part reports beyond its score (the project's leaderboard row).
 
 Scoring: a part's points are split over its groups by their weights (``@judge.part(gid, groups={"values":
 3, "errors": 1})``; one group by default) and within a group over its cases. A misconception is charged
@@ -46,6 +50,7 @@ import os
 import random
 import secrets as _secrets
 import sys
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -281,15 +286,17 @@ class Trial:
         self.record: dict | None = None      # plain data a part reports beyond its score (the project's board)
         self._gen = None
         self._remotes = _Remotes()
-        self._sent = False           # the part's first request starts the kernel's store afresh
+        self._sent: set = set()      # the part's first request to a kernel starts its store afresh
 
     # -- the kernel ------------------------------------------------------------------------------
-    def run(self, ops: list) -> list[Outcome]:
-        """Send the ops in one request; one Outcome each (raises KernelGone when the kernel is gone)."""
+    def run(self, ops: list, where: str = "entry") -> list[Outcome]:
+        """Send the ops in one request; one Outcome each (raises KernelGone when the kernel is gone).
+        ``where="clean"``: to the clean kernel of a judge made with ``Judge(clean=True)``, which runs none of
+        the student's code (its own store of objects; `ref` names objects of the kernel the request goes to)."""
         if not ops:
             return []
-        raw = self._send([o.op() for o in ops], self.timeout, self._remotes.answer, not self._sent)
-        self._sent = True
+        raw = self._send([o.op() for o in ops], self.timeout, self._remotes.answer, where not in self._sent, where)
+        self._sent.add(where)
         if not isinstance(raw, list):
             raw = []
         return [_outcome(raw[k] if k < len(raw) else None) for k in range(len(ops))]
@@ -317,6 +324,18 @@ class Trial:
         an earlier one)."""
         self._remotes.add(name, obj, attrs, methods)
         return wire.remote(name, attrs, methods)
+
+    def cpu(self, where: str = "entry") -> float | None:
+        """The CPU seconds the kernel's processes (`where`: "entry" or "clean") have used so far, read from
+        outside the kernel (`session.CpuClock`); None where it cannot be read."""
+        reader = getattr(self._send, "cpu", None)
+        return reader(where) if reader is not None else None
+
+    def clock_kind(self, where: str = "entry") -> str:
+        """How `cpu` is read: "cgroup" (exact), "proc" (a scan of the kernel's processes) or "process"
+        (judged locally: this process's own CPU time)."""
+        reader = getattr(self._send, "clock_kind", None)
+        return reader(where) if reader is not None else "none"
 
     def torch_generator(self):
         """A torch.Generator seeded like `rng` (for tensors the grader draws)."""
@@ -401,9 +420,10 @@ class Judge:
     ({name: why}: the library itself needs it where the lab runs, e.g. the model's default cache); an
     answer that imports any of them is flagged for review (`references.reference_imports`)."""
 
-    def __init__(self, references: dict | None = None, kept: dict | None = None):
+    def __init__(self, references: dict | None = None, kept: dict | None = None, clean: bool = False):
         self.references = {g: list(v) for g, v in (references or {}).items()}
         self.kept = dict(kept or {})
+        self.clean = bool(clean)       # the grader starts a clean kernel beside the student's (`Trial.run`)
         self.parts: dict[str, PartSpec] = {}
 
     @property
@@ -488,13 +508,25 @@ def release_mistakes(nb) -> dict[str, str]:
     return {}
 
 
-def local_send(namespace: dict):
+def local_send(namespace: dict, clean: dict | None = None):
     """A `send` that runs the ops here, in `namespace` (trusted code only: the tests of the judges run the
-    instructor's solutions and mutants this way, without a kernel)."""
-    def send(ops, timeout, remote=None, fresh=True):
-        reply = driver.handle(json.dumps({"id": "local", "ops": ops, "fresh": fresh}), namespace=namespace,
-                              remote=remote)
+    instructor's solutions and mutants this way, without a kernel); ``where="clean"`` runs them in `clean`
+    (another namespace of this process). ``send.cpu(where)``: this process's CPU time spent in that
+    namespace's requests (as if each were a process of its own)."""
+    spaces = {"entry": namespace, "clean": {} if clean is None else clean}
+    stores: dict = {"entry": {}, "clean": {}}
+    spent = {"entry": 0.0, "clean": 0.0}
+
+    def send(ops, timeout, remote=None, fresh=True, where="entry"):
+        t0 = time.process_time()
+        try:
+            reply = driver.handle(json.dumps({"id": "local", "ops": ops, "fresh": fresh}), namespace=spaces[where],
+                                  remote=remote, store=stores[where])
+        finally:
+            spent[where] += time.process_time() - t0
         return json.loads(json.dumps(reply))["results"]     # through JSON, as from a kernel
+    send.cpu = lambda where="entry": spent[where]
+    send.clock_kind = lambda where="entry": "process"
     return send
 
 

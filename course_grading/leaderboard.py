@@ -1,13 +1,18 @@
 """The final project's leaderboard (labs/lab13): `leaderboard.csv` and `leaderboard.html`, next to grades.csv.
 
 A project lab's judge reports, beside the part's score, a record (`judging.PartResult.record`), made in the
-grader's process: correct or not, the speed-up over the course's baseline (median of the paired per-round
-ratios, its quartiles, min and max, the rounds), the points of its scale. The grader reads the points from
-its own gradebook and the method from the student's report: the first ``**Method:**`` line of a markdown
-cell of the submission.
+grader's process from what it measured itself (judges/lab13.py): correct or not, the speed-up over the
+course's baseline (the geometric mean of the per-round ratios of CPU time, each kernel's read from outside
+it) with its 90% interval, the wall-clock speed-up, the rounds, the points, and the flags that put an entry
+under review. The grader reads the points from its own gradebook and the method from the student's report:
+the first ``**Method:**`` line of a markdown cell of the submission.
 
-Sorted: correct entries first, by speed-up (median), then the entries that are not correct (no speed points,
-whatever their time), then the submissions that have no record (the grader could not run them).
+Ranked by the statistic that scores (`capstone.SpeedUp`): correct entries first, each ranked below only the
+entries whose whole interval lies above its own, so entries whose intervals overlap share a rank (a tie,
+shown "=") and are listed by the lower end of their interval (what the points come from); then the entries
+that are not correct (no speed points, whatever their time); then the submissions with no record (the
+grader could not run them). Status: ``ok``, ``review`` (the flags say why; the rank stands until a person
+looks), ``not correct``, ``error``.
 """
 from __future__ import annotations
 
@@ -22,8 +27,9 @@ from .feedback import write_text
 
 METHOD_RE = re.compile(r"^\s*\*\*Method:\*\*\s*(.*?)\s*$", re.M)
 TEMPLATE_METHOD = "the course's baseline (replace this"   # the template's line, left as it was
-COLUMNS = ["rank", "student", "assignment", "method", "correct", "speedup", "q1", "q3", "min", "max", "rounds",
-           "points", "max_points", "score", "max_score", "status", "problem", "file"]
+COLUMNS = ["rank", "tie", "student", "assignment", "method", "correct", "lossy", "speedup", "low", "high",
+           "wall_speedup", "rounds", "points", "max_points", "score", "max_score", "status", "flags", "problem",
+           "clock", "file"]
 
 
 def project_record(verdict) -> tuple[str, dict] | None:
@@ -68,68 +74,105 @@ def project_entry(verdict, submitted_nb, cells: list) -> dict:
 
 
 def _num(x, digits=2) -> str:
-    return "" if not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.{digits}f}"
+    return "" if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _interval(rec: dict) -> tuple[float, float] | None:
+    lo, hi = rec.get("low"), rec.get("high")
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (lo, hi))
+    return (float(lo), float(hi)) if ok else None
+
+
+def _status(r, rec: dict) -> str:
+    if not rec or r.status == "error":
+        return "error"
+    if rec.get("flags") or r.status == "review":
+        return "review"
+    return "ok" if rec.get("correct") else "not correct"
 
 
 def rows(results) -> list[dict]:
-    """One row per graded project submission, sorted and ranked."""
+    """One row per graded project submission, ranked (see the module docstring)."""
     out = []
     for r in results:
         if not getattr(r, "project", None):
             continue
         rec = r.project.get("record") or {}
         points = r.project.get("points")
+        flags = [str(f) for f in rec.get("flags") or []]
         out.append({
             "student": r.student, "assignment": r.assignment, "method": r.project.get("method") or "(no method given)",
             "correct": "yes" if rec.get("correct") else "no" if rec else "no record",
-            "speedup": _num(rec.get("ratio")), "q1": _num(rec.get("q1")), "q3": _num(rec.get("q3")),
-            "min": _num(rec.get("min")), "max": _num(rec.get("max")), "rounds": str(rec.get("rounds", "")),
+            "lossy": "yes" if rec.get("lossy") else "",
+            "speedup": _num(rec.get("ratio")), "low": _num(rec.get("low")), "high": _num(rec.get("high")),
+            "wall_speedup": _num(rec.get("wall_ratio")), "rounds": str(rec.get("rounds") or ""),
             "points": "" if points is None else f"{points:g}",
             "max_points": "" if r.project.get("max_points") is None else f"{r.project['max_points']:g}",
             "score": "" if r.score is None else f"{r.score:g}", "max_score": "" if r.max_score is None else f"{r.max_score:g}",
-            "status": r.status, "problem": str(rec.get("problem") or ""), "file": r.file,
-            "_key": (0 if rec.get("correct") else 1 if rec else 2, -(rec.get("ratio") or 0.0), r.student)})
-    out.sort(key=lambda row: (row["assignment"], row["_key"]))
-    rank, last = 0, None
-    for row in out:
-        rank = 1 if row["assignment"] != last else rank + 1
-        last = row["assignment"]
-        row["rank"] = str(rank)
-        del row["_key"]
-    return out
+            "status": _status(r, rec), "flags": "; ".join(flags), "problem": str(rec.get("problem") or ""),
+            "clock": str(rec.get("clock") or ""), "file": r.file,
+            "_tier": 0 if rec.get("correct") and _interval(rec) else 1 if rec else 2,
+            "_interval": _interval(rec) if rec.get("correct") else None})
+    ranked = []
+    for a in sorted({row["assignment"] for row in out}):
+        rs = [row for row in out if row["assignment"] == a]
+        correct = [row for row in rs if row["_tier"] == 0]
+        for row in correct:     # below only the entries whose whole interval is above this one's
+            lo, hi = row["_interval"]
+            row["_rank"] = 1 + sum(1 for other in correct if other["_interval"][0] > hi)
+        correct.sort(key=lambda row: (row["_rank"], -row["_interval"][0], row["student"]))
+        rest = sorted((row for row in rs if row["_tier"] > 0), key=lambda row: (row["_tier"], row["student"]))
+        for k, row in enumerate(rest):
+            row["_rank"] = len(correct) + k + 1
+        shared = [row["_rank"] for row in correct]
+        for row in correct + rest:
+            row["rank"] = str(row["_rank"])
+            row["tie"] = "yes" if row["_tier"] == 0 and shared.count(row["_rank"]) > 1 else ""
+            ranked.append(row)
+    for row in ranked:
+        for k in ("_tier", "_interval", "_rank"):
+            del row[k]
+    return ranked
 
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Final project leaderboard</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:80em}}table{{border-collapse:collapse}}
-th,td{{border:1px solid #ccc;padding:.3em .6em;text-align:left}}td.n{{text-align:right}}tr.wrong{{color:#999}}
-</style></head><body>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:90em}}table{{border-collapse:collapse}}
+th,td{{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}}td.n{{text-align:right}}
+tr.wrong{{color:#999}}tr.review td{{background:#fff6e0}}small{{color:#666}}</style></head><body>
 <h1>Final project leaderboard</h1>
-<p>Speed-up: the course's baseline time over the entry's, measured in the same process, the two interleaved
-round by round on fresh hidden prompts; the median over the rounds, with the interquartile range and the
-extremes. An entry whose tokens differ from the baseline's (or, for a lossy entry, whose held-out bits per
-byte exceed the bound) is not correct and scores no speed points. Points from the lower quartile by the
-project's scale (course_lib.capstone.speed_points).</p>
+<p>Each entry ran in its own sandboxed kernel and the course's baseline in a clean kernel of the grader's, on
+the same fresh hidden prompts, round by round, the order alternating. Speed-up: the baseline's CPU time over
+the entry's (each kernel's processes, read from outside it, whatever the entry did in the meantime charged to
+it): the geometric mean over the rounds, with its 90% interval. The points come from the interval's lower
+end by the project's scale (course_lib.capstone.speed_points), and so does the rank: an entry is ranked
+below only the entries whose whole interval lies above its own, so overlapping intervals share a rank (=).
+An entry whose tokens differ from the baseline's (or, for a lossy entry, from its lossy_model's greedy
+tokens, or whose held-out bits per byte exceed the bound) is not correct and scores no speed points.
+<b>review</b>: the grader saw something in the measurement a person should look at (the flags say what).</p>
 {tables}
 </body></html>
 """
 
 
 def _table(assignment: str, rs: list[dict]) -> str:
-    head = ("<tr><th>#</th><th>student</th><th>method</th><th>correct</th><th>speed-up (median)</th>"
-            "<th>IQR</th><th>min&ndash;max</th><th>rounds</th><th>speed points</th></tr>")
+    head = ("<tr><th>#</th><th>student</th><th>method</th><th>correct</th><th>speed-up</th>"
+            "<th>90% interval</th><th>wall</th><th>rounds</th><th>speed points</th><th>status</th></tr>")
     body = []
     for r in rs:
         e = {k: html.escape(v) for k, v in r.items()}
-        iqr = f"{e['q1']}&ndash;{e['q3']}" if r["q1"] else ""
-        span = f"{e['min']}&ndash;{e['max']}" if r["min"] else ""
+        span = f"{e['low']}&ndash;{e['high']}x" if r["low"] else ""
         pts = f"{e['points']} / {e['max_points']}" if r["points"] else ""
-        why = f' title="{e["problem"]}"' if r["problem"] else ""
-        cls = "" if r["correct"] == "yes" else ' class="wrong"'
-        body.append(f"<tr{cls}><td class=n>{e['rank']}</td><td>{e['student']}</td><td>{e['method']}</td>"
-                    f"<td{why}>{e['correct']}</td><td class=n>{e['speedup']}{'x' if r['speedup'] else ''}</td>"
-                    f"<td class=n>{iqr}</td><td class=n>{span}</td><td class=n>{e['rounds']}</td>"
-                    f"<td class=n>{pts}</td></tr>")
+        correct = e["correct"] + (" (lossy)" if r["lossy"] else "")
+        if r["problem"]:
+            correct += f"<br><small>{e['problem']}</small>"
+        status = e["status"] + (f"<br><small>{e['flags']}</small>" if r["flags"] else "")
+        cls = ' class="review"' if r["status"] == "review" else "" if r["correct"] == "yes" else ' class="wrong"'
+        body.append(f"<tr{cls}><td class=n>{e['rank']}{'=' if r['tie'] else ''}</td><td>{e['student']}</td>"
+                    f"<td>{e['method']}</td><td>{correct}</td>"
+                    f"<td class=n>{e['speedup']}{'x' if r['speedup'] else ''}</td><td class=n>{span}</td>"
+                    f"<td class=n>{e['wall_speedup']}{'x' if r['wall_speedup'] else ''}</td>"
+                    f"<td class=n>{e['rounds']}</td><td class=n>{pts}</td><td>{status}</td></tr>")
     return f"<h2>{html.escape(assignment)}</h2>\n<table>\n{head}\n" + "\n".join(body) + "\n</table>"
 
 

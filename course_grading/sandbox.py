@@ -148,9 +148,11 @@ def _under(mount: str, root: str, path: str) -> Path:
 @dataclass
 class Cgroups:
     """Where this run makes its per-submission cgroups: ``v2`` (memory.max, pids.max) or ``v1`` (the
-    memory controller's memory.limit_in_bytes, and the pids controller's pids.max where mounted)."""
+    memory controller's memory.limit_in_bytes, and the pids controller's pids.max where mounted). Each also
+    counts the CPU time of all its processes, the exited ones included (v2's cpu.stat; v1's cpuacct where
+    mounted): the project's judge times its calls by it (`cpu_seconds`)."""
     version: str
-    parents: dict                     # "memory"/"pids" (v1) or "unified" (v2) -> parent folder
+    parents: dict                     # "memory"/"pids"/"cpuacct" (v1) or "unified" (v2) -> parent folder
     pids: bool = False
     run: dict = field(default_factory=dict)   # the same keys -> this run's folder
 
@@ -177,9 +179,11 @@ class Cgroups:
                 why.append(err)
         v1 = {}
         for mnt, fstype, opts, root in mounts:
-            for c in ("memory", "pids"):
-                if fstype == "cgroup" and c in opts and c in own:
-                    v1[c] = _under(mnt, root, own[c])
+            for c in ("memory", "pids", "cpuacct"):
+                if fstype == "cgroup" and c in opts and c in own and c not in v1:
+                    where = _under(mnt, root, own[c])
+                    if where not in v1.values():   # controllers mounted together: one folder
+                        v1[c] = where
         if "memory" in v1:
             cg = cls("v1", v1, pids="pids" in v1)
             err = cg._try()
@@ -235,6 +239,20 @@ class Cgroups:
             if k in ("unified", "pids") and pids and self.pids:
                 _write(d / "pids.max", str(int(pids)))
         return dirs
+
+    @staticmethod
+    def cpu_seconds(dirs) -> float | None:
+        """CPU seconds used by every process that ever ran in these cgroups (nanosecond counters), or None
+        where none of them counts CPU time."""
+        for d in map(Path, dirs):
+            t = _read(d / "cpuacct.usage").strip()
+            if t.isdigit():
+                return int(t) / 1e9
+            for line in _read(d / "cpu.stat").splitlines():
+                k, _, v = line.partition(" ")
+                if k == "usage_usec" and v.strip().isdigit():
+                    return int(v) / 1e6
+        return None
 
     def usage(self, dirs: list[Path]) -> dict:
         """{"peak": bytes or None, "oom_kill": processes killed for memory} of one submission."""

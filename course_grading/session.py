@@ -16,6 +16,9 @@
    MIME type tagged with the request's nonce (`driver.py`); everything else the kernel prints meanwhile is
    dropped. A request that times out interrupts the kernel; a kernel that is gone raises `KernelGone`, and
    `restart()` brings up a new one with the notebook replayed.
+3. **The clean kernel** (a project's judge only): a second kernel in a sandbox of its own (its own user and
+   cgroups) that runs none of the notebook, only the grader's requests: the baseline the entry is timed
+   against. Each kernel's CPU time is read from outside it (`CpuClock`).
 
 Nothing the kernel sends is believed beyond what it is: outputs are text to show, and a reply is data that
 `judging` decodes and judges in the grader's process.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import secrets
 import time
@@ -35,8 +39,8 @@ import nbformat
 from . import wire
 from .driver import RPC_PREFIX
 from .judging import KernelGone
-from .sandbox import (LIB_MOUNT, USERNS_HELP, SandboxKernelManager, SandboxUnavailable, course_lib_root, kernel_spec,
-                      python_paths)
+from .sandbox import (LIB_MOUNT, USERNS_HELP, Cgroups, SandboxKernelManager, SandboxUnavailable, course_lib_root,
+                      kernel_spec, python_paths)
 
 DEAD_ENAME = "DeadKernelError"
 TIMEOUT_ENAME = "CellTimeoutError"
@@ -344,14 +348,63 @@ async def _run_cells(kernel: Kernel, cells: list[tuple[int, object]], outputs: d
     return None
 
 
+class CpuClock:
+    """The CPU seconds a kernel's processes have used, read from outside them (nothing the kernel does can
+    change it): its cgroups' counter where it has one (exact: every process, the exited ones too); else a
+    scan of /proc for the processes of its own user (a sandbox user of its own), or of the process tree of
+    its launcher, each process counted with its reaped children and kept at the last value seen after it is
+    gone (so the sum never goes back; a process that leaves the tree and exits unseen is missed). Where
+    the kernel runs as the grader's own user and there is no cgroup the tree is all there is."""
+
+    def __init__(self, cgroups=(), uid: int | None = None, root_pid=lambda: None):
+        self.cgroups, self.uid, self.root_pid = [str(d) for d in cgroups], uid, root_pid
+        self.kind = "cgroup" if Cgroups.cpu_seconds(self.cgroups) is not None else "proc"
+        self._seen: dict = {}
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def __call__(self) -> float | None:
+        if self.kind == "cgroup":
+            return Cgroups.cpu_seconds(self.cgroups)
+        own = self.uid is not None and self.uid != os.getuid()
+        root = None if own else self.root_pid()
+        procs = {}
+        for d in os.scandir("/proc"):
+            if not d.name.isdigit():
+                continue
+            try:
+                if own and d.stat().st_uid != self.uid:
+                    continue
+                with open(f"/proc/{d.name}/stat") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            f = text[text.rfind(")") + 2:].split()
+            procs[int(d.name)] = (int(f[1]), int(f[19]), sum(int(x) for x in f[11:15]))  # ppid, start, ticks
+        if not own:
+            if root is None:
+                return None
+            keep, frontier = set(), {root}
+            while frontier:
+                keep |= frontier
+                frontier = {p for p, (pp, _, _) in procs.items() if pp in frontier and p not in keep}
+            procs = {p: v for p, v in procs.items() if p in keep}
+        for p, (_, start, ticks) in procs.items():
+            key = (p, start)
+            self._seen[key] = max(ticks, self._seen.get(key, 0))
+        return sum(self._seen.values()) / self._tick
+
+
 def run_submission(nb, spec: dict | None, connection_file: str, judge_fn, limits: Limits,
-                   log=None) -> SessionResult:
+                   log=None, clean=None) -> SessionResult:
     """Run `nb`'s cells (not its test cells) in a sandboxed kernel, then `judge_fn(send, restart)`; see the
-    module's docstring. Never raises for what the notebook does."""
-    return asyncio.run(_run_submission(nb, spec, connection_file, judge_fn, limits, log or (lambda s: None)))
+    module's docstring. `clean`: {"spec", "connection_file"} of a second sandboxed kernel that runs none of
+    the notebook, for the judge's requests sent with ``where="clean"`` (the project's baseline, timed beside
+    the entry and out of its reach); started on its first request. ``send.cpu(where)``: the CPU seconds
+    that kernel's processes have used so far (`CpuClock`). Never raises for what the notebook does."""
+    return asyncio.run(_run_submission(nb, spec, connection_file, judge_fn, limits, log or (lambda s: None), clean))
 
 
-async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, log) -> SessionResult:
+async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, log, clean=None) -> SessionResult:
     t0 = time.monotonic()
     result = SessionResult(executed=nb)
     cells = [(k, c) for k, c in enumerate(nb.cells) if c.get("cell_type") == "code" and not is_test_cell(c)]
@@ -404,16 +457,9 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
                 break
         if state["kernel"] is not None and not await state["kernel"].alive() and not await replay():
             return result
-        # the judge, in the same kernel
-        loop_kernel = state
-
-        async def send_async(ops, timeout, remote=None, fresh=True):
-            k = loop_kernel["kernel"]
-            if k is None:
-                raise KernelGone("no kernel")
-            left = limits.budget - (time.monotonic() - t0)
-            if left <= 0:
-                raise KernelGone(f"the time budget of {limits.budget:g} s was used up")
+        # the judge: in the same kernel; a judge that times the entry against the baseline also gets a clean
+        # kernel (`clean`: started on its first request, running only the grader's requests)
+        async def request(k: Kernel, ops, timeout, remote, fresh) -> list:
             nonce = secrets.token_hex(8)
             request = json.dumps({"id": nonce, "ops": ops, "fresh": bool(fresh)})
             code = f"__import__('course_grading.driver', fromlist=['serve']).serve({request!r})"
@@ -425,6 +471,7 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
                     reply = data[wire.MIME]
                     if reply.get("id") == nonce and not found:
                         found.append(reply)
+
             def stdin(prompt):
                 if remote is None or not prompt.startswith(RPC_PREFIX) or len(prompt) > wire.MAX_BYTES:
                     return json.dumps({"raised": {"module": "builtins", "type": "RuntimeError",
@@ -435,21 +482,63 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
                     request = None
                 return json.dumps(remote(request))
             dropped = k.dropped_messages
-            status = await k.execute(code, min(timeout, left), sink, store_history=False, stdin=stdin)
+            status = await k.execute(code, timeout, sink, store_history=False, stdin=stdin)
             result.messages_dropped += k.dropped_messages - dropped
             if status == "dead":
                 raise KernelGone("the kernel died or stopped answering during this call")
             if status == "timeout":
-                raise KernelGone(f"the call ran longer than {min(timeout, left):g} s and was interrupted")
+                raise KernelGone(f"the call ran longer than {timeout:g} s and was interrupted")
             if not found:
                 return []
             results = found[0].get("results")
             return results if isinstance(results, list) else []
 
+        async def send_async(ops, timeout, remote=None, fresh=True, where="entry"):
+            if where == "clean":
+                if clean is None:
+                    raise ValueError("this session has no clean kernel (run_submission's clean=)")
+                if state.get("clean") is None:
+                    k = Kernel(clean["spec"], clean["connection_file"], limits)
+                    try:
+                        await k.start()
+                    except Exception as e:  # noqa: BLE001
+                        await k.stop()
+                        raise RuntimeError(f"the grader's clean kernel did not start: {type(e).__name__}: "
+                                           f"{str(e)[:300]}") from None
+                    state["clean"] = k
+                    if k.pgid and k.pgid not in result.pgids:
+                        result.pgids.append(k.pgid)
+                try:
+                    return await request(state["clean"], ops, timeout, remote, fresh)
+                except KernelGone as e:
+                    raise RuntimeError(f"the grader's clean kernel failed: {e}") from None
+            if where != "entry":
+                raise ValueError(f"where must be 'entry' or 'clean', got {where!r}")
+            k = state["kernel"]
+            if k is None:
+                raise KernelGone("no kernel")
+            left = limits.budget - (time.monotonic() - t0)
+            if left <= 0:
+                raise KernelGone(f"the time budget of {limits.budget:g} s was used up")
+            return await request(k, ops, min(timeout, left), remote, fresh)
+
         loop = asyncio.get_running_loop()
 
-        def send(ops, timeout, remote=None, fresh=True):
-            return asyncio.run_coroutine_threadsafe(send_async(ops, timeout, remote, fresh), loop).result()
+        def send(ops, timeout, remote=None, fresh=True, where="entry"):
+            return asyncio.run_coroutine_threadsafe(send_async(ops, timeout, remote, fresh, where), loop).result()
+
+        def launcher(which):
+            k = state.get(which)
+            proc = getattr(getattr(getattr(k, "km", None), "provisioner", None), "process", None)
+            return getattr(proc, "pid", None)
+
+        clocks = {"entry": CpuClock((spec or {}).get("cgroup") or (), (spec or {}).get("uid"),
+                                    lambda: launcher("kernel"))}
+        if clean is not None:
+            cs = clean["spec"] or {}
+            clocks["clean"] = CpuClock(cs.get("cgroup") or (), cs.get("uid"), lambda: launcher("clean"))
+        send.cpu = lambda where="entry": clocks[where]()
+        send.clock_kind = lambda where="entry": clocks[where].kind
 
         def restart():
             return asyncio.run_coroutine_threadsafe(replay(), loop).result()
@@ -457,8 +546,9 @@ async def _run_submission(nb, spec, connection_file, judge_fn, limits: Limits, l
         if state["kernel"] is not None:
             result.verdict = await loop.run_in_executor(None, judge_fn, send, restart)
     finally:
-        if state["kernel"] is not None:
-            await state["kernel"].stop()
+        for which in ("kernel", "clean"):
+            if state.get(which) is not None:
+                await state[which].stop()
         result.elapsed = time.monotonic() - t0
         for k, c in enumerate(nb.cells):
             if c.get("cell_type") == "code":

@@ -29,12 +29,13 @@ The cost per 1M tokens at each step is Module 00's formula, ``course_lib.perf.me
 **The final project** (labs/lab13): a student's ``build(model) -> generate_fn`` is checked and timed against
 the course's baseline (``baseline_build``: ``generate`` without a KV cache). ``evaluate_project`` does it in the
 student's own process (the lab's visible test): greedy tokens equal to the baseline's on prompts cut from the
-held-out corpus (``project_prompts``; a lossy entry instead decodes its own ``lossy_model`` greedily within
-``BPB_BOUND`` bits per byte of the model on held-out text), then the two interleaved round by round on new
-prompts (``perf.timing.interleave``), the speed-up the paired per-round ratio, and the points ``speed_points``
-of its lower quartile. ``course grade`` judges the project in its own process (judges/lab13.py): it draws the
-prompts, computes the baseline's tokens itself, calls the entry through ``run_entry`` and checks the model with
-``state_digest``.
+held-out corpus (``prompt_stream``, ``project_prompts``; a lossy entry instead decodes its own ``lossy_model``
+greedily within ``BPB_BOUND`` bits per byte of the model on held-out text), then the two interleaved round by
+round on new prompts (``perf.timing.interleave``, CPU time on a CPU), the speed-up the geometric mean of the
+paired per-round ratios with its 90% interval (``speedup_interval``), and the points ``speed_points`` of the
+interval's lower end. ``course grade`` judges the project from outside (judges/lab13.py): the entry in the
+student's sandboxed kernel, the baseline in a clean kernel of the grader's, each call through ``run_entry``,
+each kernel's CPU time read from its cgroup; a lossy entry's ``model_logits`` scored by the grader.
 """
 from __future__ import annotations
 
@@ -63,9 +64,9 @@ from course_lib.serving.request import SamplingParams
 from course_lib.validate import integer
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
-           "GPU_PRICES", "int8_weights", "baseline_build", "project_prompts", "speed_points", "evaluate_project",
-           "ProjectResult", "PROJECT_POINTS", "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "run_entry",
-           "state_digest"]
+           "GPU_PRICES", "int8_weights", "baseline_build", "prompt_stream", "project_prompts", "speed_points",
+           "speedup_interval", "SpeedUp", "evaluate_project", "ProjectResult", "PROJECT_POINTS", "PROJECT_CONFIDENCE",
+           "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "run_entry", "model_logits", "state_digest"]
 
 STEP_NAMES = ("no cache", "KV cache", "static cache + compile", "int8 weights", "speculative (tiny-draft)",
               "continuous batching")
@@ -255,7 +256,7 @@ def hardware_choice(models=("llama-2-7b", "llama-2-70b"), gpus=tuple(GPU_PRICES)
 # --- the final project: a student's generate, checked and timed against the course's baseline ------------
 PROJECT_POINTS = 6.0   # the speed points of the project (labs/lab13, Part A)
 RATIO_FLOOR = 1.2      # a speed-up at or below this earns no points: the baseline timed against itself lands
-                       # within it on a busy machine (its lower quartile: see `speed_points`)
+                       # well below it on a busy machine (its interval's lower end: see `speedup_interval`)
 RATIO_FULL = 2.0       # a speed-up at or above this earns every point; between, linear in log(speed-up)
 BPB_BOUND = 0.05       # a lossy entry's held-out bits per byte may exceed the model's by at most this
 
@@ -269,35 +270,92 @@ def baseline_build(model):
     return generate_fn
 
 
-def project_prompts(tokenizer, n: int, length: int, seed: int | None = None, split: str = "heldout",
-                    max_files: int = 60) -> list[torch.Tensor]:
-    """`n` prompts of exactly `length` token ids ([length] int64 tensors on the CPU), cut at random places
-    from the corpus' `split` (held-out stdlib source by default, which no bundled model trained on). `seed`
-    None draws from the clock: the grader's hidden prompts are new on every run."""
-    n, length = integer(n, "n", low=1), integer(length, "length", low=1)
+def prompt_stream(tokenizer, length: int, seed: int | None = None, split: str = "heldout", max_files: int = 60):
+    """Prompts of exactly `length` token ids ([length] int64 tensors on the CPU), cut one at a time at random
+    places from the corpus' `split` (held-out stdlib source by default, which no bundled model trained on):
+    an endless generator, so a grader draws each prompt only when it needs it. `seed` None draws from the
+    clock."""
+    length = integer(length, "length", low=1)
     rng = random.Random(time.time_ns() if seed is None else seed)
     texts = [t for t in load_split(split, max_files=max_files) if len(t) > 16 * length]
     if not texts:
         raise ValueError(f"no text of the {split!r} split is long enough for prompts of {length} tokens")
-    prompts: list[torch.Tensor] = []
-    for _ in range(100 * n):
-        if len(prompts) == n:
-            break
+    misses = 0
+    while True:
         text = rng.choice(texts)
         start = rng.randrange(0, len(text) - 12 * length)
         ids = tokenizer(text[start:start + 12 * length], add_special_tokens=False)["input_ids"][:length]
         if len(ids) == length:
-            prompts.append(torch.tensor(ids, dtype=torch.long, device="cpu"))
-    if len(prompts) < n:
-        raise ValueError(f"could not cut {n} prompts of {length} tokens from the {split!r} split")
-    return prompts
+            misses = 0
+            yield torch.tensor(ids, dtype=torch.long, device="cpu")
+        else:
+            misses += 1
+            if misses >= 100:
+                raise ValueError(f"could not cut a prompt of {length} tokens from the {split!r} split")
+
+
+def project_prompts(tokenizer, n: int, length: int, seed: int | None = None, split: str = "heldout",
+                    max_files: int = 60) -> list[torch.Tensor]:
+    """The first `n` prompts of ``prompt_stream(tokenizer, length, seed, split, max_files)``. `seed` None
+    draws from the clock."""
+    n = integer(n, "n", low=1)
+    stream = prompt_stream(tokenizer, length, seed, split, max_files)
+    return [next(stream) for _ in range(n)]
+
+
+PROJECT_CONFIDENCE = 0.90   # the speed-up's interval: the points and the rank come from its lower end
+
+
+@dataclass(frozen=True)
+class SpeedUp:
+    """An entry's speed-up over the baseline from paired rounds: ``estimate`` (the geometric mean of the
+    per-round ratios), the `confidence` interval ``low``-``high`` around it, and the rounds ``n``."""
+    estimate: float
+    low: float
+    high: float
+    n: int
+    confidence: float = PROJECT_CONFIDENCE
+
+    def overlaps(self, other: "SpeedUp") -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+    def __str__(self) -> str:
+        return (f"{self.estimate:.2f}x ({100 * self.confidence:g}% interval {self.low:.2f}-{self.high:.2f}x, "
+                f"{self.n} rounds)")
+
+
+def _t_quantile(p: float, df: int) -> float:
+    """Student's t quantile: exact for 1 and 2 degrees of freedom, else the Cornish-Fisher expansion around
+    the normal's (within 1% at df = 3, 0.1% from df = 5 on)."""
+    if df == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = statistics.NormalDist().inv_cdf(p)
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def speedup_interval(ratios, confidence: float = PROJECT_CONFIDENCE) -> SpeedUp:
+    """The speed-up of paired rounds (``ratios[r]`` = baseline time / entry time in round r): the geometric
+    mean of the ratios and Student's t interval of the mean of their logs, at `confidence` (two-sided). A
+    ratio is a product of effects, so its log is what averages; the rounds are paired (the same prompt, the
+    same moment of the machine), so the noise they share cancels in each ratio."""
+    xs = [math.log(r) for r in ratios if isinstance(r, (int, float)) and math.isfinite(r) and r > 0]
+    if len(xs) != len(list(ratios)) or len(xs) < 2:
+        raise ValueError(f"ratios must be 2 or more positive finite numbers, got {list(ratios)!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    n, m = len(xs), statistics.fmean(xs)
+    half = _t_quantile(0.5 + confidence / 2, n - 1) * statistics.stdev(xs) / math.sqrt(n)
+    return SpeedUp(math.exp(m), math.exp(m - half), math.exp(m + half), n, confidence)
 
 
 def speed_points(ratio: float, points: float = PROJECT_POINTS, floor: float = RATIO_FLOOR,
                  full: float = RATIO_FULL) -> float:
     """The project's scale: 0 at or below `floor` x the baseline's speed, `points` at or above `full`, linear
     in log(speed-up) between (each doubling is worth the same), rounded down to half points. The grader
-    passes the lower quartile of the paired per-round ratios, so noise rarely adds a point."""
+    passes the lower end of the speed-up's interval (`speedup_interval`), so noise rarely adds a point."""
     if not (0 < floor < full):
         raise ValueError(f"floor and full must satisfy 0 < floor < full, got floor={floor!r}, full={full!r}")
     if not (isinstance(ratio, (int, float)) and math.isfinite(ratio)) or ratio <= floor:
@@ -309,9 +367,9 @@ def speed_points(ratio: float, points: float = PROJECT_POINTS, floor: float = RA
 @dataclass
 class ProjectResult:
     """One evaluation of a project entry. ``ratios[r]``: baseline seconds / entry seconds in round r (the same
-    prompt for both, in the same round). ``outputs`` / ``expected``: the entry's and the reference's tokens on
-    every prompt, checks then timed rounds (the reference is the baseline; for a lossy entry, the baseline
-    decoding its ``lossy_model``)."""
+    prompt for both, in the same round; CPU seconds of the process on a CPU, wall seconds on a GPU: `clock`).
+    ``outputs`` / ``expected``: the entry's and the reference's tokens on every prompt, checks then timed
+    rounds (the reference is the baseline; for a lossy entry, the baseline decoding its ``lossy_model``)."""
     correct: bool
     problem: str
     ratios: list = field(default_factory=list)
@@ -324,26 +382,30 @@ class ProjectResult:
     entry_s: float = float("nan")
     outputs: list = field(default_factory=list, repr=False)
     expected: list = field(default_factory=list, repr=False)
+    clock: str = "cpu"
+
+    @property
+    def speed_up(self) -> SpeedUp | None:
+        """The statistic the points come from (`speedup_interval`); None with fewer than 2 rounds."""
+        return speedup_interval(self.ratios) if len(self.ratios) >= 2 else None
 
     @property
     def ratio(self) -> float:
-        return statistics.median(self.ratios) if self.ratios else float("nan")
-
-    def quantile(self, q: float) -> float:
-        return percentile(self.ratios, 100 * q) if self.ratios else float("nan")
+        """The speed-up's estimate: the geometric mean of the per-round ratios."""
+        return math.exp(statistics.fmean(math.log(r) for r in self.ratios)) if self.ratios else float("nan")
 
     def describe(self) -> str:
-        """Two lines a student reads: correct or why not, then the speed-up with its spread and the points."""
+        """Two lines a student reads: correct or why not, then the speed-up with its interval and the points."""
         ok = ("correct: the greedy tokens equal the baseline's" if not self.lossy else
               f"correct (lossy): greedy decoding of lossy_model, {self.bpb:.4f} bits/byte held out vs the model's "
               f"{self.bpb_model:.4f} (bound +{BPB_BOUND})") if self.correct else f"NOT correct: {self.problem}"
-        if not self.ratios:
+        s = self.speed_up
+        if s is None:
             return ok
-        return (f"{ok} on {len(self.outputs)} prompts\nspeed-up {self.ratio:.2f}x the baseline (median of "
-                f"{len(self.ratios)} interleaved rounds; IQR {self.quantile(0.25):.2f}-{self.quantile(0.75):.2f}x, "
-                f"min {min(self.ratios):.2f}x, max {max(self.ratios):.2f}x; {self.entry_s * 1e3:.1f} ms vs "
+        clock = "CPU time" if self.clock == "cpu" else "wall time"
+        return (f"{ok} on {len(self.outputs)} prompts\nspeed-up {s} ({clock}; {self.entry_s * 1e3:.1f} ms vs "
                 f"{self.baseline_s * 1e3:.1f} ms per generation); speed points {self.points:g}/{self.max_points:g}"
-                + (f" (from the lower quartile, {self.quantile(0.25):.2f}x)" if self.correct else
+                + (f" (from the interval's lower end, {s.low:.2f}x)" if self.correct else
                    " (an entry that is not correct scores none)"))
 
 
@@ -363,6 +425,17 @@ def _token_list(out, n: int) -> tuple[list[int] | None, str]:
         return None, (f"returned {len(out)} tokens for max_new_tokens={n}; expected exactly the {n} new tokens "
                       "(not the prompt, no early stop)")
     return out, ""
+
+
+@torch.inference_mode()
+def model_logits(model, ids) -> torch.Tensor:
+    """`model`'s next-token logits at every position of `ids` (a list or 1-D tensor of token ids, one
+    sequence): float32 [len(ids), vocab] on the CPU. The project's grader asks a lossy entry's
+    ``lossy_model`` for these and scores them itself (bits per byte, greedy tokens)."""
+    ids = torch.as_tensor(ids, dtype=torch.long).view(1, -1).to(_model_device(model))
+    out = model(ids)
+    out = out if isinstance(out, torch.Tensor) else out.logits
+    return out[0].float().cpu()
 
 
 @torch.inference_mode()
@@ -409,9 +482,11 @@ def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5
     lossy entry (one whose generate_fn has a ``lossy_model`` attribute) is referenced against the baseline
     decoding its ``lossy_model``, whose bits per byte on `heldout` (default: held-out corpus text; needs
     `tokenizer`) may exceed `model`'s by at most ``BPB_BOUND``; the speed-up is always against the baseline
-    on `model`. The result's points are ``speed_points`` of the lower quartile of the per-round ratios. A call
-    of the entry that raises makes it incorrect (its output None) and the evaluation goes on; `build` raising
-    is raised."""
+    on `model`. Each call is timed by the process's CPU time (all its threads) where the model is on the CPU,
+    by the wall clock on a GPU. The result's points are ``speed_points`` of the lower end of the speed-up's
+    interval (`speedup_interval`: the grader's statistic; the grader times the two in separate processes). A
+    call of the entry that raises makes it incorrect (its output None) and the evaluation goes on; `build`
+    raising is raised."""
     prompts = list(prompts)
     rounds = integer(rounds, "rounds", low=1)
     max_new_tokens = integer(max_new_tokens, "max_new_tokens", low=1)
@@ -453,7 +528,8 @@ def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5
         calls = {"baseline": lambda: seen["baseline"].append(base(timed[len(seen["baseline"])].clone(),
                                                                   max_new_tokens)),
                  "entry": lambda: seen["entry"].append(run(entry, timed[len(seen["entry"])]))}
-        times = interleave(calls, warmup=0, repeats=rounds, device=device)
+        clock = "cpu" if torch.device(device).type == "cpu" else "wall"
+        times = interleave(calls, warmup=0, repeats=rounds, device=device, clock=clock)
         outputs += seen["entry"]
         if lossy_model is None:
             expected += [_token_list(o, max_new_tokens)[0] for o in seen["baseline"]]
@@ -464,7 +540,7 @@ def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5
     if lossy_model is not None:
         if tokenizer is None:
             raise ValueError("a lossy entry is checked on held-out text: give evaluate_project a tokenizer")
-        texts = heldout if heldout is not None else [t[:2000] for t in load_split("heldout", max_files=4)]
+        texts = heldout if heldout is not None else [t[:1200] for t in load_split("heldout", max_files=4)]
         bpb = bits_per_byte(lossy_model, tokenizer, texts, progress=False)
         bpb_model = bits_per_byte(model, tokenizer, texts, progress=False)
         if not bpb <= bpb_model + BPB_BOUND:
@@ -486,6 +562,6 @@ def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5
         torch.set_default_dtype(settings[2])
     correct = not problems
     result = ProjectResult(correct, "; ".join(problems), ratios, 0.0, PROJECT_POINTS, lossy_model is not None, bpb,
-                           bpb_model, times["baseline"].median, times["entry"].median, outputs, expected)
-    result.points = speed_points(result.quantile(0.25)) if correct else 0.0
+                           bpb_model, times["baseline"].median, times["entry"].median, outputs, expected, clock)
+    result.points = speed_points(result.speed_up.low) if correct and result.speed_up is not None else 0.0
     return result

@@ -6,9 +6,9 @@
 # output**.
 #
 # * **Part A (6 points, contract): a fast `build(model)`.** You write one function; the grader checks its
-#   tokens on prompts you have never seen and times it against the course's baseline, interleaved, timing
-#   each call from outside your kernel. The points come from the speed-up by a fixed scale; the leaderboard
-#   ranks everyone.
+#   tokens on prompts you have never seen and times it against the course's baseline, which runs in a clean
+#   process of the grader's, round by round, each call timed from outside both. The points come from the
+#   speed-up by a fixed scale; the leaderboard ranks everyone by the same number.
 # * **Part B (2 points): predict the work a KV cache saves**, before you measure it.
 # * **The report (ungraded, shown on the leaderboard):** one line saying what you did, then what you
 #   measured and what did not work.
@@ -34,12 +34,12 @@ QUICK = course_lib.env.quick()
 MODEL = "tiny" if QUICK else "smollm2-135m"     # the bundled model on a CPU, SmolLM2-135M on a GPU
 PROMPT_LEN = 64 if QUICK else 256               # tokens per prompt
 NEW_TOKENS = 16 if QUICK else 64                # tokens generated per prompt
-ROUNDS = 5 if QUICK else 9                      # interleaved timing rounds when grading
+VISIBLE_ROUNDS = 4                              # timed rounds of the visible test (the grader runs 6 to 30)
 if QUICK:
     torch.set_num_threads(1)                    # one thread: less noise on a shared CPU (the same for both sides)
 model, tokenizer = load(MODEL, device=course_lib.env.device())
 model.eval()
-VISIBLE_PROMPTS = project_prompts(tokenizer, 3, PROMPT_LEN, seed=0, split="train")
+VISIBLE_PROMPTS = project_prompts(tokenizer, 1 + VISIBLE_ROUNDS, PROMPT_LEN, seed=0, split="train")
 
 # Known misconceptions: a test that recognises one names it (public text, pointing to the notebooks)
 MISTAKES = {
@@ -104,22 +104,35 @@ build = baseline_build
 #   the weights in another layout, compiled code, preallocated buffers that you reset before each prompt);
 #   never anything that depends on an earlier prompt. Every timed prompt is new to `generate_fn`, so a
 #   cache of outputs gains nothing;
-# * *forbidden*: changing `model` (its weights, buffers or modules: copy it first), changing torch's global
-#   settings (threads, grad mode, default dtype: they would slow or speed the baseline too), reading the
-#   grader's prompts or files, and any work left running in the background. Each makes the entry incorrect;
+# * *forbidden*: changing `model` (its weights, buffers or modules: copy it first) and reading the grader's
+#   files: each makes the entry incorrect. Torch's global settings (threads, grad mode, default dtype) stay
+#   as they are too: the visible test runs the baseline in your process and refuses an entry that changes them
+#   (the grader's baseline runs elsewhere and does not care). Work left running in the background gains
+#   nothing: it is charged to you (below);
 # * *lossy entries* (int8 weights, a pruned model, ...): give `generate_fn` an attribute `lossy_model`, the
-#   model it decodes greedily. Its tokens are then checked against the baseline decoding `lossy_model`, and
-#   `lossy_model`'s bits per byte on held-out text may exceed `model`'s by at most `BPB_BOUND` (0.05);
-# * *how it is graded*: on fresh prompts the grader cuts from held-out text, it checks every output against
-#   the baseline's tokens, computed on its own copy of the model, and the rules above; then it times the
-#   baseline and your entry in interleaved rounds, each round both on the same new prompt, each call timed
-#   from outside your kernel. The speed-up is the per-round ratio (baseline time / yours): the median and its
-#   spread are shown, and the points are `speed_points` of its **lower quartile**: none at or below 1.2x, all
-#   6 at 2x or more, linear in log(speed-up) between, rounded down to half points. An entry that is not
-#   correct scores no points at all, however fast. Beyond 2x, the leaderboard ranks you.
+#   model it decodes greedily (a model whose call on token ids of shape [1, T] returns logits [1, T, vocab]).
+#   Its tokens are then checked against `lossy_model`'s greedy ones (the grader asks your kernel for
+#   `lossy_model`'s logits on each prompt followed by your tokens and takes the argmax itself), and
+#   `lossy_model`'s bits per byte on held-out text, within the model's context, computed by the grader from
+#   the logits `lossy_model` gives, may exceed `model`'s by at most `BPB_BOUND` (0.05). The speed-up is still
+#   against the baseline on `model`;
+# * *how it is graded*: your notebook runs in a sandboxed kernel; the course's baseline runs in a second,
+#   clean kernel of the grader's (another user, none of your code: nothing your process does to itself
+#   reaches it). After `build` returned, the grader cuts each prompt from held-out text only when it sends it,
+#   new to both kernels, and checks every output against the baseline's tokens and the rules above. It times
+#   rounds: in each, one new prompt to the baseline and to you, the order alternating. The clock is each
+#   kernel's **CPU time**, read from outside it (its cgroup's counter) over the whole round, so CPU your
+#   kernel spends while the baseline runs counts as yours, and waiting for a busy core counts for no one.
+#   The speed-up is the geometric mean of the per-round ratios (baseline CPU / yours) with its 90%
+#   confidence interval; rounds go on (6 to 30) until that interval is about +-5%. The points are
+#   `speed_points` of the interval's **lower end**: none at or below 1.2x, all 6 at 2x or more, linear in
+#   log(speed-up) between, rounded down to half points. An entry that is not correct scores no points at all,
+#   however fast. The leaderboard ranks by the same interval (entries whose intervals overlap tie) and marks
+#   for review an entry whose measurement looks wrong (a call that did no work, CPU used in the background,
+#   rounds spread far beyond the noise, a wall-clock speed-up far below the CPU one);
 #
-# The visible test below runs the same evaluation in your kernel (`evaluate_project`) on three fixed prompts
-# (rough: two timing rounds).
+# The visible test below runs a rough copy of the evaluation in your kernel (`evaluate_project`: the baseline
+# in your own process, CPU time, one check and four timed rounds on fixed prompts, the same statistic).
 #
 # <details><summary>Hint 1: where the baseline's time goes</summary>
 #
@@ -129,8 +142,11 @@ build = baseline_build
 # </details>
 # <details><summary>Hint 2: what else the course taught</summary>
 #
-# * a static cache and `torch.compile` of the decode step (Module 12: `generate(..., compile=True)`; worth
-#   it on a GPU, where launch overhead dominates; on a CPU measure first, the compile takes a while);
+# * a static cache and `torch.compile` of the decode step (Module 12: `generate(..., compile=True)`): worth
+#   it on a GPU, where launch overhead dominates. On a CPU, mind the cost: the first compiled call compiles
+#   (tens of seconds with an empty compile cache, which is how the grader's kernel starts), each call the
+#   grader makes has a limit of 60 s, and the compiled step gains little over a lean eager loop on this small
+#   model. If you use it, compile in `build` (one call on a dummy prompt) and measure both;
 # * the per-step overhead of `generate` itself (its trace, its checks): a lean loop of your own;
 # * speculative decoding [@leviathan2023fast; @chen2023accelerating] with the bundled `tiny-draft`, or prompt
 #   lookup [@saxena2023prompt] (Module 08: exact at temperature 0);
@@ -158,7 +174,7 @@ def build(model):
 
 
 # %% id="c006" nbgrader={"grade": true, "grade_id": "speed_tests", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
-_result = evaluate_project(build, model, VISIBLE_PROMPTS, NEW_TOKENS, rounds=2, tokenizer=tokenizer)
+_result = evaluate_project(build, model, VISIBLE_PROMPTS, NEW_TOKENS, rounds=VISIBLE_ROUNDS, tokenizer=tokenizer)
 print(_result.describe())
 _evaluated = [(_result, VISIBLE_PROMPTS, "the visible prompts")]   # checked below, after every evaluation
 for _res, _prompts, _which in _evaluated:
@@ -210,8 +226,8 @@ try:
     _base, _cached = predict_positions(PROMPT_LEN, NEW_TOKENS)
     print(f"positions: baseline {_base}, KV cache {_cached}: {_base / _cached:.1f}x less work predicted")
     if "_result" in globals():     # Part A's visible test measured it (a grading run does not run test cells)
-        print(f"measured (the visible test, on this run): {_result.ratio:.2f}x (median of {len(_result.ratios)} "
-              "rounds)")
+        print(f"measured (the visible test, on this run): {_result.ratio:.2f}x (geometric mean of "
+              f"{len(_result.ratios)} rounds)")
     else:
         print("run Part A's test cell to measure the speed-up beside the prediction")
 except NotImplementedError:

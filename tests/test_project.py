@@ -1,18 +1,21 @@
-"""The final project (solutions/lab13): its scale, its judge's record, and `course grade` writing the leaderboard.
+"""The final project (solutions/lab13): its scale and statistic, the in-process evaluation students run, and
+`course grade` judging entries from outside their process and writing the leaderboard.
 
-The slow test grades a folder of three project submissions with `course grade` (the round trip's machinery:
-the release filled with the solution's answers, or with the judge's planted wrong one, judges/lab13.py):
+The slow tests grade through real sandboxed kernels (bubblewrap where it runs, else the user level):
 
-* ``baseline``: the blank release, whose ``build`` is the course's baseline: correct, about 1x, no speed points;
-* ``fast``: the solution's reference entry, a KV cache (a fresh one per prompt) in a lean greedy loop;
-* ``wrong``: lab13's mutant, a KV cache kept from one call to the next: as fast, but its tokens differ.
+* ``test_cheats_earn_nothing_and_the_board_says_so``: the blank release (the course's baseline), an honest
+  lossy int8 entry, and the cheats that fooled the in-process evaluation (tests/data/project_entries.py): no
+  cheat earns a speed point unflagged or ranks above an honest entry unflagged; the lossy entry earns its
+  points; the board has its columns. Cost: eleven gradings of lab13, two at a time.
+* ``test_the_blank_release_never_earns_a_point``: the blank release judged 20 times, each with prompts of its
+  own, in the same two kernels (one grading's notebook run, twenty judgings): never a speed point, never a
+  flag. Cost: about 20 x 8 calls of the baseline on each side.
 
-Timing on a shared 2-core machine is noisy, so the test asserts no margin: only that the KV-cached entry
-ranks above the baseline and has a speed-up above 1. That holds by a wide margin at the lab's sizes (64-token
-prompts, 16 new tokens): the baseline runs the model over 64..79 positions per step, the cache over one, and
-measured here the cached entry was 2.5-2.8x the baseline (lower quartile 2.1-2.6x) while the baseline against
-itself stayed within 0.9-1.1x. Cost: three gradings of lab13 (each: the bundled model, 7 prompts the grader
-draws, 16 new tokens).
+Timing noise: the statistic is the geometric mean of the per-round ratios of CPU time with its 90% interval;
+the points come from its lower end (``capstone.speedup_interval``). Measured on this project's 2-core machine
+with two gradings at a time and two busy loops beside them, the blank's per-round log-ratio had a standard
+deviation of 0.03-0.11 (the wall clock's: 0.04-0.16), its intervals stayed within 0.96-1.06x, and the first
+half point needs 1.25x.
 """
 from __future__ import annotations
 
@@ -49,6 +52,62 @@ def test_speed_points_scale():
     assert pts == sorted(pts) and all(p * 2 == int(p * 2) for p in pts)  # monotone, in half points
     with pytest.raises(ValueError, match="floor"):
         speed_points(2.0, floor=2.0, full=1.5)
+
+
+def test_speedup_interval_is_the_t_interval_of_the_log_ratios():
+    from course_lib.capstone import SpeedUp, _t_quantile, speedup_interval
+    # Student's t quantiles (tables: 0.95 and 0.975 one-sided), the ones the grader's round counts use
+    table = {1: (6.314, 12.706), 2: (2.920, 4.303), 3: (2.353, 3.182), 5: (2.015, 2.571), 9: (1.833, 2.262),
+             29: (1.699, 2.045)}
+    for df, (q95, q975) in table.items():
+        assert _t_quantile(0.95, df) == pytest.approx(q95, rel=0.012) and \
+            _t_quantile(0.975, df) == pytest.approx(q975, rel=0.012), df
+    r = [2.0, 2.2, 1.9, 2.1, 2.05, 1.95]
+    s = speedup_interval(r)
+    logs = [math.log(x) for x in r]
+    m = sum(logs) / len(logs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
+    half = 2.015 * sd / math.sqrt(len(logs))
+    assert s.estimate == pytest.approx(math.exp(m)) and s.n == 6 and s.confidence == 0.9
+    assert s.low == pytest.approx(math.exp(m - half), rel=1e-3) and s.high == pytest.approx(math.exp(m + half), rel=1e-3)
+    assert speedup_interval([x * 3 for x in r]).estimate == pytest.approx(3 * s.estimate)   # scale-free
+    wide = speedup_interval([1.0, 4.0, 1.0, 4.0, 1.0, 4.0])
+    assert wide.low < s.low < s.high < wide.high and wide.overlaps(s) and not s.overlaps(SpeedUp(3, 2.5, 3.5, 6))
+    assert "90% interval" in str(s)
+    for bad in ([2.0], [1.0, 0.0], [1.0, float("nan")], [1.0, -2.0]):
+        with pytest.raises(ValueError, match="ratios"):
+            speedup_interval(bad)
+    with pytest.raises(ValueError, match="confidence"):
+        speedup_interval(r, confidence=1.5)
+
+
+def test_cpu_clock_reads_a_process_tree_from_outside():
+    """The fallback clock of the grader (no cgroup): the CPU of a kernel's process tree, its children
+    included, read from /proc; it never goes back when a process is gone."""
+    import subprocess
+    import time
+
+    from course_grading.session import CpuClock
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+    code = ("import subprocess, sys, time\n"
+            f"subprocess.run([sys.executable, '-c', {burn.format(s=0.4)!r}])\n"   # a child, reaped: its CPU moves
+            + burn.format(s=0.3) + "time.sleep(30)\n")                         # to the parent's count
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        clock = CpuClock((), None, lambda: p.pid)
+        assert clock.kind == "proc"
+        t0 = time.monotonic()
+        first = clock()
+        while clock() - first < 0.6 and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        used = clock() - first
+        assert 0.6 <= used <= 1.5, used       # the child's 0.4 s and the parent's 0.3 s (less what ran before)
+    finally:
+        p.kill()
+        p.wait()
+    after = clock()
+    assert after >= first + used - 0.02      # the process is gone: what it used is kept
 
 
 def test_evaluate_project_catches_the_contract_breaks():
@@ -147,52 +206,108 @@ def _submission(release, answers: dict, method: str):
     return nb
 
 
+ENTRY_METHODS = {"blank": "", "lossy_int8": "int8 weight-only linears + KV cache (lossy)"}
+
+
+def _entries():
+    sys.path.insert(0, str(ROOT / "tests" / "data"))
+    try:
+        from project_entries import ENTRIES
+    finally:
+        sys.path.pop(0)
+    return ENTRIES
+
+
 @slow
-def test_course_grade_writes_the_leaderboard(tmp_path, capsys):
+def test_cheats_earn_nothing_and_the_board_says_so(tmp_path, capsys):
     release = read_notebook(ROOT / "labs" / f"{LAB}.ipynb")
     answers = answer_sources(read_notebook(ROOT / "solutions" / f"{LAB}.ipynb"))
-    wrong_cells = next(cells for what, cells, _ in lab_mutants(LAB) if "build_answer" in cells)
+    entries = _entries()
     subs = tmp_path / "submissions"
-    entries = {"baseline": ({}, ""),
-               "fast": (answers, "KV cache, fresh per prompt, lean greedy loop"),
-               "wrong": ({**answers, **wrong_cells}, "one KV cache kept across calls")}
-    for student, (cells, method) in entries.items():
-        nb = _submission(release, cells, method) if cells or method else release
-        (subs / student).mkdir(parents=True)
-        (subs / student / f"{LAB}.ipynb").write_text(notebook_text(nb), encoding="utf-8")
+    (subs / "blank").mkdir(parents=True)
+    (subs / "blank" / f"{LAB}.ipynb").write_text(notebook_text(release), encoding="utf-8")
+    for name, (source, method, _) in entries.items():
+        (subs / name).mkdir(parents=True)
+        nb = _submission(release, {**answers, "build_answer": source}, method)
+        (subs / name / f"{LAB}.ipynb").write_text(notebook_text(nb), encoding="utf-8")
     out = tmp_path / "grades"
     rc = grade_main([str(subs), "--assignment", LAB, "--out", str(out), "--labs-release", str(ROOT / "labs"),
-                     "--solutions", str(ROOT / "solutions"), "--secret-file", str(tmp_path / "secret"), "-q"])
+                     "--solutions", str(ROOT / "solutions"), "--secret-file", str(tmp_path / "secret"), "-q",
+                     "--jobs", "2"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     with open(out / "leaderboard.csv", newline="", encoding="utf-8") as f:
-        board = list(csv.DictReader(f))
-    assert [r["student"] for r in board] == ["fast", "baseline", "wrong"], board
-    fast, base, wrong = board
-    assert [r["rank"] for r in board] == ["1", "2", "3"]
-    assert (fast["correct"], base["correct"], wrong["correct"]) == ("yes", "yes", "no"), board
-    assert fast["method"] == "KV cache, fresh per prompt, lean greedy loop"
-    assert base["method"] == "(no method given)"             # the template's line, left as it was
-    assert wrong["method"] == "one KV cache kept across calls"
-    # the wrong one: no speed points however fast, and the reason is on the board
-    assert float(wrong["points"]) == 0.0 and "per-prompt state" in wrong["problem"], wrong
-    # ordering only, no margin (see the module docstring): the cached entry is faster than the baseline
-    assert float(fast["speedup"]) > 1.0 and float(fast["speedup"]) > float(base["speedup"]), board
-    assert float(base["points"]) <= float(fast["points"]), board
-    for r in board:   # the spread is reported: quartiles inside min..max, the median between the quartiles
-        lo, q1, med, q3, hi = (float(r[k]) for k in ("min", "q1", "speedup", "q3", "max"))
-        assert lo <= q1 <= med <= q3 <= hi and int(r["rounds"]) >= 3, r
-        assert r["max_points"] == "6"
+        board = {r["student"]: r for r in csv.DictReader(f)}
+    assert set(board) == {"blank"} | set(entries), board.keys()
+    for r in board.values():
+        assert r["clock"] in ("cgroup", "proc") and int(r["rounds"]) >= 6 and r["max_points"] == "6", r
+        assert float(r["low"]) <= float(r["speedup"]) <= float(r["high"]), r
+    # the blank release: the baseline against itself, correct, no point, no flag (not even for its own
+    # `build = baseline_build`)
+    blank = board["blank"]
+    assert (blank["correct"], blank["points"], blank["status"], blank["flags"]) == ("yes", "0", "ok", ""), blank
+    assert blank["method"] == "(no method given)"
+    # the honest lossy entry: correct as lossy, its bits per byte within the bound, its speed points earned
+    lossy = board["lossy_int8"]
+    assert (lossy["correct"], lossy["lossy"], lossy["status"]) == ("yes", "yes", "ok"), lossy
+    assert float(lossy["points"]) > 0 and float(lossy["low"]) > 1.25, lossy
+    honest_fast = [r for name, r in board.items() if name in ENTRY_METHODS and float(r["points"] or 0) > 0]
+    for name, (_, method, kind) in entries.items():
+        r = board[name]
+        assert r["method"] == method
+        if kind != "cheat":
+            continue
+        # no cheat earns a speed point unless it is flagged for review ...
+        assert float(r["points"] or 0) == 0 or r["status"] == "review", (name, r)
+        # ... and none ranks above an honest entry that earned points without being flagged
+        if r["status"] != "review":
+            assert all(int(r["rank"]) > int(h["rank"]) for h in honest_fast), (name, r, honest_fast)
+    # the two cheats aimed at the new measurement are seen: work in the background is charged and flagged,
+    # made-up tokens behind forged logits are flagged (an instant answer, tokens the model does not agree with)
+    assert board["background_spin"]["status"] == "review" and "background" in board["background_spin"]["flags"]
+    assert float(board["background_spin"]["points"]) == 0
+    forged = board["lossy_forged"]
+    assert forged["status"] == "review" and "CPU" in forged["flags"] and "agrees" in forged["flags"], forged
     # the grades agree with the board: the speed cell's score is the board's points
     with open(out / "grades.csv", newline="", encoding="utf-8") as f:
         grades = {r["student"]: r for r in csv.DictReader(f)}
-    for r in board:
+    for r in board.values():
         assert grades[r["student"]]["score"] == r["score"], (grades[r["student"]], r)
-    assert float(grades["wrong"]["score"]) == 2.0      # Part B only
+    assert grades["lossy_forged"]["status"] == "review"
     page = html.unescape(re.sub(r"<[^>]+>", " ", (out / "leaderboard.html").read_text(encoding="utf-8")))
-    where = [page.index(s) for s in ("KV cache, fresh per prompt", "(no method given)", "one KV cache kept")]
-    assert where == sorted(where), "the HTML page lists the entries in the CSV's order"
-    assert "speed-up" in page and "no" in page
+    assert "90% interval" in page and "review" in page and "int8 weight-only" in page
+
+
+@slow
+def test_the_blank_release_never_earns_a_point(tmp_path, monkeypatch):
+    """20 judgings of the blank release, each with prompts of its own (another student key), in the same two
+    kernels: the baseline against itself never earns a speed point and is never flagged."""
+    import course_grading.autograde as autograde
+    from course_grading.judging import judge_parts
+
+    verdicts = []
+
+    def twenty(judge, send, order, secret, lab, student, *a, **k):
+        for n in range(20):
+            verdicts.append(judge_parts(judge, send, [o for o in order if o[0] == "speed_tests"], secret, lab,
+                                        f"{student}-{n}", *a, **k))
+        return judge_parts(judge, send, order, secret, lab, student, *a, **k)
+    monkeypatch.setattr(autograde, "judge_parts", twenty)
+    subs = tmp_path / "submissions" / "blank"
+    subs.mkdir(parents=True)
+    (subs / f"{LAB}.ipynb").write_text((ROOT / "labs" / f"{LAB}.ipynb").read_text(encoding="utf-8"),
+                                       encoding="utf-8")
+    report = autograde.grade(subs.parent, labs_release=ROOT / "labs", solutions=ROOT / "solutions",
+                             out=tmp_path / "grades", workdir=tmp_path / "work", secret_file=tmp_path / "secret",
+                             jobs=1, budget=3600)
+    assert report.results[0].score == 0, report.results[0].messages
+    assert len(verdicts) == 20
+    records = [v.parts["speed_tests"].record for v in verdicts]
+    seen = [(round(r["low"], 3), round(r["ratio"], 3), round(r["high"], 3), r["rounds"]) for r in records]
+    for v, r in zip(verdicts, records):
+        assert v.parts["speed_tests"].score == 0 and r["points"] == 0 and r["correct"], (r, seen)
+        assert r["flags"] == [], (r, seen)
+        assert r["low"] < 1.25 and r["high"] > 0.8, (r, seen)   # an interval around 1x, not just a low one
 
 
 def test_leaderboard_rows_sort_and_read_the_report():
@@ -205,12 +320,23 @@ def test_leaderboard_rows_sort_and_read_the_report():
             self.score, self.max_score = score, 8.0
             self.project = {"method": student.upper(), "record": rec, "points": points, "max_points": 6.0}
 
-    rec = lambda ok, ratio: {"correct": ok, "ratio": ratio, "q1": ratio, "q3": ratio, "min": ratio,  # noqa: E731
-                             "max": ratio, "rounds": 5, "problem": "" if ok else "differ"}
+    rec = lambda ok, ratio: {"correct": ok, "ratio": ratio, "low": ratio * 0.95, "high": ratio * 1.05,  # noqa: E731
+                             "rounds": 6, "problem": "" if ok else "differ", "flags": []}
     got = rows([R("slow", rec(True, 1.1), 0.0), R("none", None, None), R("cheat", rec(False, 9.0), 0.0),
                 R("quick", rec(True, 3.0), 6.0)])
     assert [r["student"] for r in got] == ["quick", "slow", "cheat", "none"]
     assert [r["correct"] for r in got] == ["yes", "yes", "no", "no record"]
+    assert [r["rank"] for r in got] == ["1", "2", "3", "4"] and not any(r["tie"] for r in got)
+    assert [r["status"] for r in got] == ["ok", "ok", "not correct", "error"]
+    # ranked by the interval that scores: below only the entries whose whole interval lies above; overlapping
+    # intervals tie, listed by their lower end; a flagged entry keeps its rank and says why it needs a look
+    iv = lambda lo, hi, flags=(): {"correct": True, "ratio": (lo * hi) ** 0.5, "low": lo, "high": hi,  # noqa: E731
+                                   "rounds": 6, "flags": list(flags)}
+    got = rows([R("a", iv(2.0, 2.4), 6.0), R("b", iv(2.3, 2.6), 6.0), R("c", iv(1.5, 2.1), 4.0),
+                R("d", iv(3.0, 3.1, ["an entry call used 0.00 ms of CPU"]), 6.0)])
+    assert [(r["student"], r["rank"], r["tie"], r["status"]) for r in got] == [
+        ("d", "1", "", "review"), ("b", "2", "yes", "ok"), ("a", "2", "yes", "ok"), ("c", "3", "", "ok")], got
+    assert "0.00 ms" in got[0]["flags"]
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("## Report\n\n**Method:**   int8   weights\n\n**What I measured:** x")]
     assert method_line(nb) == "int8 weights"
