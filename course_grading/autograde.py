@@ -338,7 +338,8 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
                 continue
             todo.append((k, sub, r))
         if jobs == "auto":
-            n_jobs, why = auto_jobs(len(todo), iso.memory_gb)
+            kernels = 2 if any(labs[sub.assignment].clean for _, sub, _ in todo) else 1   # a clean kernel beside
+            n_jobs, why = auto_jobs(len(todo), iso.memory_gb * kernels if iso.memory_gb else iso.memory_gb)
             say(f"jobs: auto -> {n_jobs} ({why})")
         else:
             n_jobs = max(1, min(jobs, len(todo)))

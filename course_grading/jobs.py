@@ -72,7 +72,7 @@ def auto_jobs(n_submissions: int, memory_gb: float | None) -> tuple[int, str]:
     mem = _mem_available_gib()
     if memory_gb and mem is not None:
         by_mem = max(1, int(mem // memory_gb))
-        why.append(f"{mem:.0f} GiB available / {memory_gb:g} GiB per kernel")
+        why.append(f"{mem:.0f} GiB available / {memory_gb:g} GiB per submission (its kernels)")
         n = min(n, by_mem)
     n = max(1, min(n, n_submissions))
     return n, ", ".join(why)

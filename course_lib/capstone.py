@@ -432,7 +432,7 @@ def model_logits(model, ids) -> torch.Tensor:
     """`model`'s next-token logits at every position of `ids` (a list or 1-D tensor of token ids, one
     sequence): float32 [len(ids), vocab] on the CPU. The project's grader asks a lossy entry's
     ``lossy_model`` for these and scores them itself (bits per byte, greedy tokens)."""
-    ids = torch.as_tensor(ids, dtype=torch.long).view(1, -1).to(_model_device(model))
+    ids = torch.as_tensor(ids, dtype=torch.long, device=_model_device(model)).view(1, -1)
     out = model(ids)
     out = out if isinstance(out, torch.Tensor) else out.logits
     return out[0].float().cpu()

@@ -243,7 +243,7 @@ def speed(t):
                       min=round(min(ratios), 4), max=round(max(ratios), 4),
                       baseline_ms=round(1e3 * statistics.median(x["base_cpu"] for x in rounds), 3),
                       entry_ms=round(1e3 * statistics.median(x["entry_cpu"] for x in rounds), 3))
-        record["_raw"] = rounds
+        record["per_round_ms"] = [{k: round(1e3 * v, 2) for k, v in x.items()} for x in rounds]   # for a review
         flags += anomalies(rounds, ratios, speed_up, walls, overhead or 0.0)
     elif rounds:
         flags.append("no CPU clock: the kernels' CPU time could not be read (no cgroup, no /proc)")
