@@ -546,7 +546,7 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, uid=None) -> dict | No
                 r.messages.append(f"{gid}: the answer imports course_lib's reference or internals "
                                   f"({'; '.join(where)})")
     # 3. run and judge in a sandboxed kernel, in a folder (the sandbox user's) holding only this notebook
-    ks = ctx.scratch.kernel(sid, iso)
+    ks = ctx.scratch.kernel(f"{sid}-{lab}", iso)   # one student's labs may be graded side by side (--jobs)
     clean_ks = None
     log_lines: list[str] = []
     t0 = time.time()
@@ -563,7 +563,7 @@ def _grade_one(ctx: _Context, sub, r: Result, release_nb, uid=None) -> dict | No
         clean = None
         if lab_info.clean:   # a kernel of its own (folders, cgroups, user) running only the grader's requests
             clean_iso = _with_uid(ctx.iso, ctx.clean_uid) if ctx.clean_uid is not None else iso
-            clean_ks = ctx.scratch.kernel(f"{sid}-clean", clean_iso)
+            clean_ks = ctx.scratch.kernel(f"{sid}-{lab}-clean", clean_iso)
             clean_conn = clean_ks.run / "kernel.json"
             clean = {"spec": kernel_spec(clean_iso, clean_ks, clean_conn, marker, cpu, ctx.scratch.lib),
                      "connection_file": str(clean_conn)}

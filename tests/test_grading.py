@@ -594,7 +594,8 @@ def test_lab_round_trip(real_graded, lab):
     auto_max = sum(c["max_score"] for c in sol.cells if not c["needs_manual_grade"])
     assert sol.status in ("ok", "review") and not set(sol.flags) - {"needs_manual_grading"}, sol.messages
     assert sol.score == auto_max > 0, f"{lab}: the solution scores {sol.score}/{auto_max}: {sol.cells}"
-    assert res["blank"].score == 0, f"{lab}: the blank lab scores {res['blank'].score}: {res['blank'].cells}"
+    b = res["blank"]
+    assert b.score == 0, f"{lab}: the blank lab scores {b.score}: {b.cells} {b.flags} {b.messages} {(b.log or '')[-2000:]}"
     for k, (what, _, diagnoses) in enumerate(lab_mutants(lab)):
         m = res.get(f"mutant{k}")
         assert m is not None, f"{lab} mutant {what!r} was not graded"
