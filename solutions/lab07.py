@@ -400,10 +400,11 @@ print("Part C: visible tests passed")
 # ## Part D · Predict the memory traffic (1 point)
 #
 # Notebook 07, section 2, counts the elements attention moves between main memory and the chip (the IO
-# analysis of FlashAttention [@dao2022flashattention]). Your loop
-# of Part B (query tiles outside, key tiles inside) behaves like a kernel with one program per query
-# tile: it loads its query tile once, loads every key tile and value tile it visits, and writes its output
-# tile once; nothing else goes through main memory (the scores stay on chip).
+# analysis of FlashAttention [@dao2022flashattention]) for both loop orders. Your loop of Part B has the
+# query tiles outside and the key tiles inside (FlashAttention-2's order, not the paper's Algorithm 1) and
+# behaves like a kernel with one program per query tile: it loads its query tile once, loads every key
+# tile and value tile it visits, and writes its output tile once; nothing else goes through main memory
+# (the scores and the running statistics stay on chip).
 #
 # Implement `predict_flash_io(seq_len, head_dim, block_q)`: the elements read plus written, per (batch,
 # query head), by non-causal tiled attention with `Tq = Tk = seq_len`. The tests grade it against the IO
@@ -681,7 +682,10 @@ print("Part E: visible tests passed" + ("" if KERNEL_ON_GPU else " (in Triton's 
 # kernel on a T4), interleaved (`course_lib.perf.timing.compare`), causal, float16 (the 16-bit type every
 # GPU Triton builds for computes, the T4 included), tiles of 64. A plain kernel like the solution's
 # reaches a fraction of SDPA's speed on an A100 or H100 (no autotuning, no software-pipelining choices,
-# the key loop masked everywhere); on a T4, without tensor cores, expect several times slower. On a CPU
+# the key loop masked everywhere); on a T4 expect several times slower: a T4 has tensor cores, but the
+# code Triton generates for its compute capability 7.5 does not use them (`tl.dot` becomes ordinary FMA
+# instructions; `tests/test_triton_targets.py` checks the compiled code for that), while SDPA's kernels
+# do. On a CPU
 # your kernel ran in Triton's interpreter: there a timing measures NumPy, not the kernel, and the cell says
 # so instead of timing anything.
 
@@ -717,8 +721,8 @@ else:
         _ratio = _cmp.ratio("your kernel", "SDPA")
         timing_claim("your kernel is within 2x of SDPA's time on this GPU", held=_ratio <= 2.0,
                      measured=f"yours takes {_ratio:.2f}x SDPA's time; {_cmp.describe()}",
-                     advice="a plain kernel is expected to lose here (see above); on a T4 it has no tensor "
-                            "cores; try block_n=32 or 128, and see notebook 07, section '5. A Triton kernel'")
+                     advice="a plain kernel is expected to lose here (see above); on a T4 Triton's code does not "
+                            "use the tensor cores; try block_n=32 or 128, and see notebook 07, section '5. A Triton kernel'")
 
 # %% [markdown] id="c017"
 # ## Going further (not graded)
@@ -742,10 +746,13 @@ else:
 #   and the `IOCounter` total. Causal: query tile i (0-based) visits key tiles 0..i, so K and V are read
 #   128 x (1 + 2 + ... + 8) = 4,608 rows each instead of 8 x 1,024 = 8,192: 65,536 + 2 x 4,608 x 64 + 65,536
 #   = 720,896 elements (the counter also reports 36 tiles visited, 28 skipped). Standard attention moves
-#   4Nd + 4N^2 = 4,456,448: 3.8x more than tiled, 6.2x more than causal tiled. The causal count is 61% of
-#   the non-causal one, not 50%: Q and O are moved whole anyway, and the diagonal tiles (8 of the 36
-#   visited) are loaded whole although half their keys are masked, so K/V traffic is (n + 1) / 2n of the
-#   full one for n tiles (9/16 here), which tends to one half only for many tiles.
+#   4Nd + 4N^2 = 4,456,448: 3.8x more than tiled, 6.2x more than causal tiled. (A 128-row query tile at
+#   d = 64 is within what notebook 07's IO model gives this loop order, B_r = ceil(M / 4d) rows: 128 rows on
+#   a T4's 64 KB SM, 328 on an A100's 164 KB; with 328-row tiles the non-causal saving is 6.8x at
+#   N = 1024.) The causal count is 61% of the non-causal one, not 50%: Q and O are moved whole anyway, and
+#   the diagonal tiles (8 of the 36 visited) are loaded whole although half their keys are masked, so K/V
+#   traffic is (n + 1) / 2n of the full one for n tiles (9/16 here), which tends to one half only for many
+#   tiles.
 # * `exp(x) = 2^(x log2 e)`: scaling the scores by `scale * log2(e)` and using `exp2` gives the same
 #   weights, and every step of the online softmax is unchanged because the rescaling factor is
 #   `2^(m_old - m_new)` in the same units. There `m` is the running max of the scores in log2 units

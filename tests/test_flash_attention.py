@@ -5,6 +5,7 @@ backends and flash-attn reported."""
 import ast
 import math
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -15,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from device_tools import needs_triton_gpu
 
-from course_lib.attention import (IOCounter, combine_splits, flash_attention_io, flash_attn_status,
+from course_lib.attention import (LOOP_ORDERS, IOCounter, combine_splits, count_io, flash_attention_io, flash_attn_status,
                                   flash_backend_reason, flash_decode_torch, flash_io_theta, hf_attn_implementation,
-                                  io_reduction, merge_softmax_stats, online_softmax, online_softmax_stats,
+                                  io_reduction, io_reduction_limit, merge_softmax_stats, online_softmax, online_softmax_stats,
                                   reference_attention, scores_bytes, sdpa_backend_report, sdpa_default_backend,
-                                  softmax_stats_update, split_partials, sram_block_cols, sram_block_rows,
-                                  standard_attention_io, tiled_attention)
+                                  softmax_stats_update, split_partials, sram_tiles, standard_attention_io,
+                                  tiled_attention)
 from course_lib.attention.flash_decoding import split_bounds
 from course_lib.attention.online_softmax import split_sizes
 
@@ -190,50 +191,81 @@ def test_tiled_half_precision_and_padding(device):
 
 
 def test_io_counter_matches_the_io_model():
+    """tiled_attention's IOCounter, the loop counter of its order and the closed form agree exactly."""
     for N, d, bq, bk, causal in ((64, 16, 16, 16, False), (70, 8, 16, 8, True), (100, 32, 25, 25, True),
                                  (37, 16, 8, 16, True), (37, 16, 64, 64, False)):
         q, k, v = qkv(2, 4, 2, N, N, d, seed=N)
         c = IOCounter()
         tiled_attention(q, k, v, causal=causal, block_q=bq, block_k=bk, counter=c)
         model = flash_attention_io(N, d, block_q=bq, block_k=bk, causal=causal)
+        loops = count_io(N, d, bq, bk, "query_outer", causal)
         per_head = 2 * 4
         assert c.reads == model["reads"] * per_head and c.o_writes == model["writes"] * per_head, (c, model)
+        assert (c.q_reads, c.k_reads, c.v_reads, c.o_writes) == tuple(
+            per_head * loops[x] for x in ("q_reads", "k_reads", "v_reads", "o_writes"))
     # standard attention: 4 N d + 4 N^2 elements
     assert standard_attention_io(1024, 64)["total"] == 4 * 1024 * 64 + 4 * 1024 ** 2
 
 
+@pytest.mark.parametrize("order", LOOP_ORDERS)
+def test_closed_forms_equal_the_loop_counts(order):
+    """On random shapes, tiles that do not divide N, causal or not: the closed form is the loops' count."""
+    rng = random.Random(order)
+    for _ in range(60):
+        N, d = rng.randint(1, 300), rng.choice([1, 8, 16, 64])
+        bq, bk, causal = rng.randint(1, 80), rng.randint(1, 80), rng.random() < 0.5
+        loops, closed = count_io(N, d, bq, bk, order, causal), flash_attention_io(N, d, bq, bk, causal=causal,
+                                                                                   order=order)
+        assert (loops["reads"], loops["writes"]) == (closed["reads"], closed["writes"]), (N, d, bq, bk, causal)
+
+
+def test_algorithm_1_counted_term_by_term():
+    """The paper's loop order on N = 1024, d = 64, B_r = 64, B_c = 256 (4 key tiles): K and V once, the
+    initial O, l, m written once, and per key tile Q, O, l, m read and O, l, m written over all N rows."""
+    N, d, T_c = 1024, 64, 4
+    c = count_io(N, d, 64, 256, "kv_outer")
+    assert c["k_reads"] == c["v_reads"] == N * d
+    assert c["q_reads"] == c["o_reads"] == T_c * N * d and c["stats_reads"] == T_c * 2 * N
+    assert c["o_writes"] == N * d + T_c * N * d and c["stats_writes"] == 2 * N + T_c * 2 * N
+    assert c["total"] == N * d + 2 * N + 2 * N * d + T_c * (3 * N * d + 4 * N)
+    causal = count_io(N, d, 64, 256, "kv_outer", causal=True)      # key tile j: the query tiles from 4j on
+    assert causal["q_reads"] == d * sum(N - 256 * j for j in range(T_c))
+
+
 def test_io_model_tile_sizes_are_the_papers():
-    """Dao et al. 2022, Algorithm 1: B_c = ceil(M / 4d), B_r = min(ceil(M / 4d), d): the score tile
-    B_r x B_c fits in M/4 (up to the ceil's one row), next to the Q, O, K, V tiles."""
+    """Dao et al. 2022, Algorithm 1: B_c = ceil(M / 4d), B_r = min(ceil(M / 4d), d) with the key tiles outside;
+    the query-outer order swaps the roles. Every d-wide tile and the score tile fit in about M/4."""
     for d, M in ((64, 48 * 1024), (128, 116736), (128, 32768), (256, 116736), (80, 1000)):
-        b_r, b_c = sram_block_rows(d, M), sram_block_cols(d, M)
+        b_r, b_c = sram_tiles(d, M, "kv_outer")
         assert b_c == math.ceil(M / (4 * d)) and b_r == min(b_c, d), (d, M, b_r, b_c)
+        assert sram_tiles(d, M, "query_outer") == (b_c, b_r)
         assert b_r * b_c <= M / 4 + d and b_r * d <= M / 4 + d and b_c * d <= M / 4 + d
-        io = flash_attention_io(1000, d, sram_elements=M)
-        assert (io["block_q"], io["block_k"]) == (min(b_r, 1000), b_c)
-    # the old sizing B_r = B_c = M / 4d: at d = 128 on an H100 SM the score tile alone exceeds M / 4
-    assert sram_block_cols(128, 116736) ** 2 > 116736 / 4 and sram_block_rows(128, 116736) == 128
+        io = flash_attention_io(1000, d, sram_elements=M, order="kv_outer")
+        assert (io["block_q"], io["block_k"]) == (min(b_r, 1000), min(b_c, 1000))
+    with pytest.raises(ValueError, match="order"):
+        sram_tiles(64, 4096, "inner")
 
 
-def test_io_model_theta_and_the_sqrt_n_claim():
-    """The reduction over standard attention tends to 2 B_r / d and stops growing with N: it is not a factor
-    of sqrt(N). Large SRAM (M >= 4 d^2): B_r = d, the reduction is 2 and tiled IO is 2 N^2 (+ 2 N d), a constant
-    2 M / d^2 times the paper's N^2 d^2 / M. Small SRAM (M < 4 d^2): B_r = M / 4d, tiled IO / (N^2 d^2 / M)
-    tends to 8 (the paper's Theta) and the reduction to M / 2d^2."""
-    sqrt_growth = math.sqrt(2 ** 18 / 2 ** 12)                        # what sqrt(N) would predict: 8x
-    for d, M, b_r in ((64, 48 * 1024, 64), (128, 32 * 1024, 64)):
-        assert sram_block_rows(d, M) == b_r
-        ratios = [flash_attention_io(N, d, sram_elements=M)["total"] / flash_io_theta(N, d, M)
-                  for N in (2 ** 14, 2 ** 16, 2 ** 18)]
-        theta_constant = 2 * M / (d * b_r)                            # 2 N^2 d / B_r over N^2 d^2 / M
-        assert all(abs(r / theta_constant - 1) < 0.01 for r in ratios), (d, M, ratios)
-        reductions = [io_reduction(N, d, M) for N in (2 ** 12, 2 ** 14, 2 ** 16, 2 ** 18)]
-        assert abs(reductions[-1] / reductions[-2] - 1) < 0.02                    # flat in N ...
-        assert abs(reductions[-1] - 2 * b_r / d) / (2 * b_r / d) < 0.02           # ... at 2 B_r / d
-        assert reductions[-1] / reductions[0] < sqrt_growth / 4
-    assert 2 * M / (d * b_r) == 8 and 2 * b_r / d == M / (2 * d * d)             # the small-SRAM case: Theta's 8
-    # at d = 128 on an H100 SM (228 KB): B_r = d and standard attention moves exactly twice the elements
-    assert all(io_reduction(N, 128, 116736) == 2 for N in (256, 4096, 2 ** 17))
+@pytest.mark.parametrize("order", LOOP_ORDERS)
+def test_io_model_is_theta_n2d2_over_m_and_grows_with_m(order):
+    """Theorem 2: tiled IO is Theta(N^2 d^2 / M) for every M in the paper's range: the ratio to N^2 d^2 / M
+    settles at a constant (12 for the paper's order, 8 for the query-outer one) at any SRAM size, so the
+    reduction over standard attention grows like M / d^2 and does not grow with N (not a factor of sqrt(N))."""
+    for d in (64, 128):
+        constant = {"kv_outer": 12 + 16 / d, "query_outer": 8}[order]     # kv_outer: + l and m, 16 N^2 d / M
+        for M in (8 * d * d, 32 * d * d, 128 * d * d):
+            N = 2 ** 18
+            ratio = flash_attention_io(N, d, sram_elements=M, order=order)["total"] / flash_io_theta(N, d, M)
+            assert abs(ratio / constant - 1) < 0.05, (order, d, M, ratio)
+            reductions = [io_reduction(n, d, M, order) for n in (2 ** 14, 2 ** 16, 2 ** 18)]
+            limit = io_reduction_limit(d, M, order)
+            assert abs(reductions[-1] / limit - 1) < 0.02, (reductions, limit)
+            assert reductions[-1] / reductions[0] < 1.25           # sqrt(N) would be 4x over these lengths
+        limits = [io_reduction_limit(d, M, order) for M in (8 * d * d, 32 * d * d, 128 * d * d)]
+        assert limits[1] / limits[0] > 3.5 and limits[2] / limits[1] > 3.5          # ~ x4 per x4 of SRAM
+    # the issue's numbers: an H100 SM (228 KB, fp16) at d = 128; the paper's A100 SRAM (192 KB per SM) at d = 64
+    assert abs(io_reduction_limit(128, 116736, "kv_outer") - 116736 / (3 * 128 ** 2)) < 0.05
+    assert 7.5 < io_reduction_limit(64, 98304, "kv_outer") < 8.1
 
 
 def test_io_model_errors():
@@ -241,6 +273,10 @@ def test_io_model_errors():
         flash_attention_io(10, 4)
     with pytest.raises(ValueError, match="seq_len"):
         standard_attention_io(0, 4)
+    with pytest.raises(ValueError, match="order"):
+        count_io(10, 4, 2, 2, "q_outer")
+    with pytest.raises(ValueError, match="order"):
+        flash_attention_io(10, 4, 2, order="kv")
 
 
 def test_combine_splits_equals_full_attention():

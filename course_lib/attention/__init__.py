@@ -17,8 +17,8 @@ flash-decoding) and ``triton_splitkv`` (the split reduction, shared with ``cours
 from .backends import (flash_attn_status, flash_backend_reason, hf_attn_implementation, sdpa_backend_report,
                        sdpa_default_backend, triton_status)
 from .flash_decoding import flash_decode_torch, split_partials
-from .io_model import (flash_attention_io, flash_io_theta, io_reduction, sram_block_cols, sram_block_rows,
-                       standard_attention_io)
+from .io_model import (LOOP_ORDERS, count_io, flash_attention_io, flash_io_theta, io_reduction, io_reduction_limit,
+                       sram_tiles, standard_attention_io)
 from .online_softmax import (combine_splits, merge_softmax_stats, online_softmax, online_softmax_stats,
                              softmax_stats_update)
 from .reference import reference_attention, scores_bytes
@@ -29,6 +29,7 @@ from .tiled import IOCounter, tiled_attention
 __all__ = ["attention", "causal_mask", "rope_cos_sin", "apply_rope", "rotate_half",
            "reference_attention", "scores_bytes", "online_softmax", "online_softmax_stats", "softmax_stats_update",
            "merge_softmax_stats", "combine_splits", "tiled_attention", "IOCounter", "standard_attention_io",
-           "flash_attention_io", "flash_io_theta", "io_reduction", "sram_block_cols", "sram_block_rows",
+           "flash_attention_io", "flash_io_theta", "io_reduction", "io_reduction_limit", "sram_tiles", "count_io",
+           "LOOP_ORDERS",
            "flash_decode_torch", "split_partials", "sdpa_backend_report", "sdpa_default_backend",
            "flash_backend_reason", "flash_attn_status", "triton_status", "hf_attn_implementation"]
