@@ -717,7 +717,7 @@ for label, seed in [("greedy", 0), ("greedy, penalty 1.3", 0), ("T=1.0, top-p 0.
 
 # %% [markdown] id="c043i"
 # **The repetition penalty** is CTRL's "penalized sampling" [@keskar2019ctrl]: before the next token is
-# chosen, the logit of every token that already occurs in the text is divided by a penalty `θ > 1` (the
+# chosen, the logit of every token in a list of earlier tokens is divided by a penalty `θ > 1` (the
 # authors found `θ ≈ 1.2` a good balance). Divided, a *negative* logit grows, which makes the token more
 # likely, the opposite of the intent; Hugging Face's implementation therefore multiplies negative logits
 # by `θ` and divides positive ones (transformers issue #2302), and so does
@@ -725,9 +725,15 @@ for label, seed in [("greedy", 0), ("greedy, penalty 1.3", 0), ("T=1.0, top-p 0.
 # `generate(..., repetition_penalty=θ)` applies it at every step, before temperature, top-k and top-p, and
 # also to greedy decoding. Three things to know about it:
 #
-# * It counts **every** token of the text, the prompt included, once, however often it occurred. In code,
-#   where `self`, `(` and an indentation must recur, it also pushes the model away from tokens it *should*
-#   repeat.
+# * **Which** earlier tokens count is where the paper and the libraries part. CTRL's paper discounts the
+#   scores of the *previously generated* tokens (its list `g`). Hugging Face's `RepetitionPenaltyLogitsProcessor`
+#   penalizes every id of `input_ids`, which for a decoder-only model holds the prompt as well (its docstring
+#   says so; recent versions take `prompt_ignore_length` to leave the prompt out), and the course's
+#   `generate` follows Hugging Face: every token of the text, the prompt included, once however often it
+#   occurred. (The authors' released script, `generation.py` in the salesforce/ctrl repository, also loops
+#   over the prompt's positions, skipping newlines: the paper's formula and its code differ here.) Counting
+#   the prompt matters most in code, where `self`, `(` and an indentation must recur: the penalty pushes the
+#   model away from tokens it *should* repeat. The cell below shows the two sets on the prompt above.
 # * It is not shift-invariant. Softmax gives the same distribution for logits `z` and `z + c`, but
 #   dividing and multiplying depends on where zero falls, so the same `θ` is a different penalty on
 #   another model.
@@ -739,6 +745,29 @@ for label, seed in [("greedy", 0), ("greedy, penalty 1.3", 0), ("T=1.0, top-p 0.
 # of 1.2 to 1.3 removes most of greedy's repeats and raises distinct-1 to sampling's level. Which text is
 # *better* the share cannot tell: it measures repetition, not correctness. And the loops are not a toy's
 # quirk: the paper found them in GPT-2 Large, some 160 times the bundled target's size.
+
+# %% id="c043j"
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+from course_lib.generation import apply_repetition_penalty
+
+prompt_ids, gen_ids = degen_prompts[i], degen_tokens[("greedy, penalty 1.3", 0, i)]
+z = torch.randn(1, model.config.vocab_size, generator=torch.Generator().manual_seed(0))   # any logits do
+seen_all = apply_repetition_penalty(z[0], prompt_ids + gen_ids, 1.3)     # Hugging Face's rule, and ours
+seen_gen = apply_repetition_penalty(z[0], gen_ids, 1.3)                  # the paper's list: generated only
+hf = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt_ids + gen_ids]), z.clone())[0]
+assert torch.equal(hf, seen_all)                                         # input_ids include the prompt
+n_all, n_gen = int((seen_all != z[0]).sum()), int((seen_gen != z[0]).sum())
+assert n_all == len(set(prompt_ids + gen_ids)) and n_gen == len(set(gen_ids)) and n_all >= n_gen
+try:                                 # transformers versions with prompt_ignore_length: the paper's set
+    hf_gen = RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=len(prompt_ids))(
+        torch.tensor([prompt_ids + gen_ids]), z.clone())[0]
+    assert torch.equal(hf_gen, seen_gen)
+    ignore = "; with prompt_ignore_length it matches the generated-only set"
+except TypeError:
+    ignore = " (this transformers has no prompt_ignore_length)"
+print(f"prompt {i}: {n_all} token ids penalized with the prompt counted (Hugging Face's default{ignore}), "
+      f"{n_gen} from the {len(gen_ids)} generated tokens alone (the paper's list)")
 
 # %% [markdown] id="c043d"
 # ## Summary

@@ -149,7 +149,8 @@ print(f"prefill Q projection: {float(notes_pre[0].intensity):.0f} multiply-adds 
 # > * In fp16 the two factors of 2 cancel, so the tables' numbers happen to be right in FLOP/byte — but
 # >   only in fp16: in fp32 they are 2× too high, in int8 2× too low.
 # > * Scores are scaled by `1/√(head dim)` [@vaswani2017attention], not `1/√D`: with `1/√D` the logits of
-# >   every head are `√n_h` times too small and the softmax is nearly uniform.
+# >   every head are `√n_h` times too small, so the softmax is flatter than the model expects; for random
+# >   queries and keys it is nearly uniform (a trained model's peaked heads flatten less: both measured below).
 # > * And the architecture moved on: Llama models use grouped-query attention (fewer K/V heads than
 # >   query heads, so smaller K/V projections and KV cache), a SwiGLU MLP with three matrices, RMSNorm,
 # >   rotary embeddings, and an LM head over the vocabulary. The refined table below counts all of them.
@@ -201,9 +202,70 @@ std_d = float((q @ k.transpose(-1, -2) * Dm ** -0.5).std())
 assert 0.8 < std_head < 1.2 and math.isclose(std_head / std_d, math.sqrt(n_h), rel_tol=1e-5)
 
 # %% [markdown] id="c015"
-# With `1/√D` the logits have a standard deviation of about `1/√32 ≈ 0.18` instead of 1 and the
-# attention weights are within 1% of uniform in entropy: attention can hardly single out a key. The FLOP and byte counts do not
-# change (a scale is one multiplication per score either way), which is why the tables still hold.
+# For these **random** queries and keys, `1/√D` gives logits with a standard deviation of about
+# `1/√32 ≈ 0.18` instead of 1, and attention weights within 1% of uniform in entropy: attention can hardly
+# single out a key. That is the regime of a freshly initialized model, not of a trained one: training makes
+# the dot products of some query-key pairs far larger than random ones (heads that look at the previous
+# token, at a delimiter, at the first token), so a trained head is peaked, and shrinking its logits
+# `√n_h`-fold flattens it without making it uniform. (A model *trained* with `1/√D` would simply learn
+# larger queries and keys: the constant only matters against the one the weights were trained with.) The
+# bundled model's own heads on held-out text, with the scale it was trained with and with one `√n_h` times
+# smaller, as the tables' `1/√D` would be (its `n_h = 8`, so `√8`, not `√32`), beside random queries and keys
+# of the same shape:
+
+# %% id="c015a"
+from course_lib.kvcache import ContiguousCache
+from course_lib.models.corpus import load_split
+
+
+class KeepQueries(ContiguousCache):
+    """A KV cache that also keeps each layer's queries (after RoPE), to recompute the model's attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = []
+
+    def update(self, k, v, layer, q=None):
+        self.q.append(q)
+        return super().update(k, v, layer, q)
+
+
+def relative_entropy(q, k, scale):
+    """Causal softmax(q k^T * scale) per query: entropy / log(number of keys), averaged over heads and queries
+    (1 = uniform); q [1, H, T, Dh], k [1, K, T, Dh] (GQA: each KV head serves H/K query heads)."""
+    T = q.shape[2]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    p = ((q @ k.transpose(-1, -2)).float() * scale).masked_fill(~causal, float("-inf")).softmax(-1)
+    ent = -(p * p.clamp_min(1e-30).log()).sum(-1)[..., 1:]                 # the first query has a single key
+    return float((ent / torch.arange(2, T + 1, device=q.device).log()).mean())
+
+
+ATTN_TOKENS = 128 if QUICK else 256
+text_ids = tokenizer(load_split("heldout")[0], add_special_tokens=False, verbose=False)["input_ids"][:ATTN_TOKENS]
+kept = KeepQueries()
+with torch.no_grad():
+    model(torch.tensor([text_ids], device=dev), cache=kept)
+n_h_m, Dh_m = cfg.num_attention_heads, cfg.head_dim
+scales = {"1/sqrt(head_dim)": Dh_m ** -0.5, f"sqrt({n_h_m}) x smaller": Dh_m ** -0.5 / math.sqrt(n_h_m)}
+g_attn = torch.Generator(device=dev).manual_seed(0)
+rand_q = torch.randn(kept.q[0].shape, generator=g_attn, device=dev)
+rand_k = torch.randn(kept.k[0].shape, generator=g_attn, device=dev)
+attn_rel = {}
+for name, scale in scales.items():
+    attn_rel["trained", name] = sum(relative_entropy(q, k, scale) for q, k in zip(kept.q, kept.k)) / len(kept.q)
+    attn_rel["random", name] = relative_entropy(rand_q, rand_k, scale)
+    print(f"{name:>20}: entropy / uniform, trained heads (mean of {len(kept.q)} layers) "
+          f"{attn_rel['trained', name]:.2f}, random q and k {attn_rel['random', name]:.2f}")
+small = f"sqrt({n_h_m}) x smaller"
+assert attn_rel["random", small] > 0.95                    # random: the smaller scale is nearly uniform
+assert attn_rel["trained", "1/sqrt(head_dim)"] < 0.5       # trained heads are peaked ...
+assert attn_rel["trained", "1/sqrt(head_dim)"] < attn_rel["trained", small] < 0.85   # ... flatter, not uniform
+
+# %% [markdown] id="c015b"
+# The smaller scale flattens the trained heads (their entropy rises) but leaves them well short of uniform,
+# while the same scale makes random queries and keys all but uniform. Either way the FLOP and byte counts do
+# not change (a scale is one multiplication per score), which is why the tables still hold.
 #
 # ## 4. The refined table: FLOPs and bytes of a real model
 #

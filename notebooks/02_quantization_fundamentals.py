@@ -713,7 +713,11 @@ assert s_group > s_tensor
 # and Blackwell GPUs' tensor cores multiply FP4 operands with these block scales directly
 # [@nvidia2024blackwell; @alvarez2025introducing]. On a CPU we emulate the formats: `course_lib.quant.mx`
 # encodes and decodes them exactly as defined (its tests compare with PyTorch's E8M0 and E4M3 casts and with
-# `ml_dtypes`' E2M1; its docstring records a check against the spec authors' library, microxcaling). First
+# `ml_dtypes`' E2M1). Its docstring records where it agrees with the spec authors' library, microxcaling, and
+# with torchao's `to_mx`, and where they differ: microxcaling takes `floor(log2(max))` in float32, which for
+# a block maximum a few ulps below a power of two rounds up and doubles the scale (shown in the cell
+# below); torchao's releases up to 0.18.0 give a block holding an infinity a finite scale, and divide the
+# blocks of the smallest scale, 2^-127, by 2^-126 (its main branch now does as the spec and we do). First
 # the element and one block:
 
 # %% id="c056b"
@@ -734,6 +738,12 @@ print("  |w| / X :", [round(v, 2) for v in (blk.abs() / X)[:8].tolist()], "...")
 print("  codes   :", mx1.codes().reshape(-1)[:8].tolist(), "...  values", e2m1_decode(mx1.codes().reshape(-1)[:8]).tolist())
 assert X == 2.0 ** (math.floor(math.log2(amax)) - 2) and int(mx1.scales) == round(math.log2(X)) + 127
 assert 4 <= amax / X < 8                          # the block maximum lands in E2M1's top binade
+below8 = torch.nextafter(torch.tensor(8.0), torch.tensor(0.0))        # 8 - 2^-21, the float32 just below 8
+exact = int(torch.frexp(below8).exponent) - 1                          # its binary exponent: floor(log2) = 2
+shared_below8 = int(mxfp4_quantize(below8.expand(32)).scales) - 127
+print(f"max = 8 - 2^-21: floor(log2) = {exact}; float32 log2 gives {torch.log2(below8).item()!r} on this machine "
+      f"(floor {int(torch.log2(below8).floor())}); mxfp4_quantize's shared_exp = {shared_below8} = {exact} - 2")
+assert exact == 2 and shared_below8 == exact - 2
 nv1 = nvfp4_quantize(blk)
 print(f"NVFP4, same 32 weights = 2 blocks of 16: tensor scale {float(nv1.tensor_scale):.3g}, E4M3 block scales "
       f"{nv1.block_scales.float().tolist()}; max |w| / scale = "

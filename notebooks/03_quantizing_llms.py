@@ -421,14 +421,25 @@ except ImportError:
 #
 # FP8 E4M3 [@micikevicius2022fp8] has 3 mantissa bits, so the step between neighbours is 2^-3 of the power of two
 # below the value, wherever the value sits: relative to a value 1.m x 2^e it is 2^-3 / 1.m, 12.5% just above a power
-# of two (1.m = 1) down to 6.7% just below the next (1.m = 1.875, the largest mantissa; 6.25% measured against the
-# upper neighbour). Rounding to the nearest costs at most half a step: 3.1-6.25% of the value. (A round "about 6%" for
-# the step is the best case, not the rule; the cell below computes the spacing of every normal E4M3 value.) int8's
-# step is fixed in absolute terms. On a bell-shaped tensor int8 wins (more levels where the values are); with heavy
+# of two (1.m = 1) down to 6.7% just below the next (1.m = 1.875, the largest mantissa). Rounding to the nearest
+# costs at most half a step, and the worst case is a value exactly halfway between two neighbours a and a + s:
+# its error s/2, relative to the value itself, is (s/2) / (a + s/2). With s = 2^-3 x 2^e:
+#
+# * just above a power of two (a = 2^e): 2^-4 / (1 + 2^-4) = **1/17, about 5.9%**, the largest relative error of
+#   any normal E4M3 value (the unit roundoff u / (1 + u) with u = 2^-4);
+# * just below the next (a = 1.875 x 2^e): 2^-4 / (1.875 + 2^-4) = **1/31, about 3.2%**.
+#
+# So the worst rounding error is 3.2% to 5.9% of the value, depending on where in its binade the value sits;
+# subnormals (below 2^-6) have a fixed absolute step and larger relative errors. (Halving the steps instead,
+# 12.5% / 2 and 6.7% / 2, gives 6.25% and 3.3%: the errors relative to the lower neighbour, not to the
+# value.) The cell below computes the spacing of every normal E4M3 value and then rounds a dense sweep of
+# values through PyTorch's float8 cast. int8's step is fixed in absolute terms. On a bell-shaped tensor int8 wins (more levels where the values are); with heavy
 # tails and one scale per tensor FP8 wins, since its outliers do not stretch the step of the small values. E5M2 trades
 # a mantissa bit for range: about 6 dB worse.
 
 # %% id="c027f"
+import math
+
 from course_lib.quant import fp8_error_rows
 
 e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
@@ -436,10 +447,17 @@ normal = e4m3[(e4m3 >= 2.0 ** -6) & e4m3.isfinite()].unique()           # positi
 gap_rel = (normal[1:] - normal[:-1]) / normal[:-1]                       # step to the next value, per value
 mant = normal[:-1] / 2.0 ** normal[:-1].log2().floor()                   # 1.m of each value
 assert torch.allclose(gap_rel, 2.0 ** -3 / mant)                         # step = 2^-3 / 1.m
-print(f"E4M3: {normal.numel()} positive normal values up to {normal.max():.0f}; step to the next value "
-      f"{gap_rel.min():.2%} to {gap_rel.max():.2%} of the value; the worst rounding error is half of it, "
-      f"{gap_rel.max() / 2:.2%}")
 assert abs(gap_rel.max() - 0.125) < 1e-9 and abs(gap_rel.min() - 0.125 / 1.875) < 1e-9
+mid = (normal[1:] + normal[:-1]) / 2                                     # the halfway points
+worst = (normal[1:] - normal[:-1]) / 2 / mid                             # their error, relative to themselves
+assert abs(worst.max() - 1 / 17) < 1e-7 and abs(worst.min() - 1 / 31) < 1e-7
+sweep = torch.logspace(-6, math.log2(448), 200_001, base=2.0, dtype=torch.float64)   # the normal range
+rel = ((sweep.to(torch.float8_e4m3fn).double() - sweep).abs() / sweep)
+assert rel.max() <= 1 / 17 + 1e-12 and rel.max() > 1 / 17 - 1e-4      # the cast's worst case is 1/17
+print(f"E4M3: {normal.numel()} positive normal values up to {normal.max():.0f}; step to the next value "
+      f"{gap_rel.min():.2%} to {gap_rel.max():.2%} of the value; worst rounding error, relative to the value: "
+      f"{worst.min():.2%} (just below a power of two) to {worst.max():.2%} (just above); measured on "
+      f"{sweep.numel():,} values through torch's float8 cast: at most {rel.max():.2%}")
 
 g = torch.Generator().manual_seed(1)
 z = torch.randn(3, 256, 512, generator=g)

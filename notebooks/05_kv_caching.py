@@ -636,8 +636,18 @@ for r in (16, 32, 64, 96):
 # Bounded caches keep `BUDGET` tokens; the quantized caches keep the 16 to 31 newest tokens in full
 # precision (groups of 16) and quantize the rest. The FP8 caches store every token as FP8 E4M3 (3 mantissa
 # bits, largest value 448 [@micikevicius2022fp8]) times a float32 scale `amax / 448`, with no full-precision
-# tokens: one scale per token and KV head, or one per layer and KV head fixed by the layer's first update
-# (here the first token) and saturating past it, the static kind serving engines use.
+# tokens: one scale per token and KV head (computed from that token's `head_dim` values), or one per layer and
+# KV head fixed by the layer's first update (here the first token) and saturating past it. The second is
+# *static* like a serving engine's scale, but set from one token where an engine's comes from calibration:
+# vLLM's default FP8 cache keeps one `k_scale` and one `v_scale` per attention layer, 1.0 unless a
+# checkpoint's calibrated scales (or a one-off estimate at warm-up) replace it, and per-KV-head scales only
+# from an offline calibration [@vllm2026quantized]. The first is *dynamic*, and vLLM has it too: its
+# `fp8_per_token_head` (and `int8_per_token_head`) cache dtypes store one float32 scale per token **and KV
+# head**, for K and for V, each the absmax of that head's `head_dim` values divided by the format's maximum,
+# the same grouping as ours, not one scale shared across a token's KV heads (`KVQuantMode` in
+# `vllm/v1/kv_cache_interface.py`, whose page size adds 2 × block × KV heads float32 scales, and
+# `_reshape_cache_per_token_head` in `vllm/v1/attention/ops/triton_reshape_and_cache_flash.py`, one
+# program per (token, KV head); read in November 2026).
 # First, a check of the harness itself: streaming through the full cache must give the loss of one
 # ordinary forward pass.
 
@@ -759,10 +769,10 @@ assert shares[1, 512] < 0.03 and 0.13 < shares[1, 4096] < 0.15 and shares[32, 40
 # (44% of an fp16 one), 75% with a scale per head (50% of fp16). With a scale per token it costs about a
 # thousandth of a bit per byte on this model (asserted under 0.005); in the quick run that is more than int8
 # with its 16 exact recent tokens (E4M3 has 3 mantissa bits, int8 256 levels between each token's min and max). A per-head scale fixed by one token saturates the
-# larger values that come later; serving engines calibrate it instead. vLLM's FP8 cache
-# (`kv_cache_dtype="fp8"`) keeps one scale per K and V tensor by default, 1.0 unless calibrated;
-# `calculate_kv_scales=True` estimates it once during warm-up, and per-head scales need an offline
-# calibration with llm-compressor [@vllm2026quantized].
+# larger values that come later; serving engines calibrate a static scale instead (section 7's note): vLLM's
+# FP8 cache (`kv_cache_dtype="fp8"`) keeps one scale per K and V tensor of a layer by default, 1.0 unless
+# calibrated; `calculate_kv_scales=True` estimates it once during warm-up, and per-head scales need an
+# offline calibration with llm-compressor [@vllm2026quantized].
 #
 # ## Summary
 #

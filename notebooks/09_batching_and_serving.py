@@ -580,13 +580,23 @@ assert makespan["short (64 + 192)", "recompute"] < makespan["short (64 + 192)", 
 assert makespan["long (1536 + 256)", "swap"] < makespan["long (1536 + 256)", "recompute"]
 
 # %% [markdown] id="c026d"
-# Short contexts: recompute wins, as the PagedAttention paper found for small blocks of work
-# [@kwon2023efficient]: the re-prefill hides in a memory-bound step, the copies do not. Long contexts:
-# swap wins over PCIe 5, by the ratio of the slopes (2 × KV bytes / bandwidth against 2 × params / peak per
-# token); over a link slower than KV bytes per token × peak / params (about 24 GB/s here: PCIe 4 barely
-# clears it) recompute wins at every length. The differences are small next to the preemptions themselves,
-# one reason vLLM V1 dropped swapping and spends its effort on not preempting (and on prefix caching, which
-# keeps a victim's blocks around when it can).
+# What this simulation finds (our model, not a paper's result): with short contexts recompute wins, because
+# the re-prefill hides in a memory-bound step and the copies do not; with long contexts swap wins over
+# PCIe 5, by the ratio of the slopes (2 × KV bytes / bandwidth against 2 × params / peak per token); over a
+# link slower than KV bytes per token × peak / params (about 24 GB/s here: PCIe 4 barely clears it)
+# recompute wins at every length. The differences are small next to the preemptions themselves, one reason
+# vLLM V1 dropped swapping and spends its effort on not preempting (and on prefix caching, which keeps a
+# victim's blocks around when it can).
+#
+# > **Claim checked: what the PagedAttention paper found about swap and recompute.** Its comparison
+# > [@kwon2023efficient, Section 7.3 and Fig. 19] varies the **KV block size**, not the context. Swapping
+# > small blocks means many small CPU-GPU copies that do not use the PCIe bandwidth well, so swapping is
+# > slow with small blocks; recomputation never touches the blocks, so its cost does not depend on the block
+# > size. Recompute is the faster of the two for small blocks and swap for large ones, and for the middle
+# > sizes, 16 to 64 tokens per block (vLLM's default is 16), the two perform about the same end to end.
+# > Our simulator charges one link latency per copy of a whole request, so the block size never enters its
+# > swap cost: the paper's effect would need a cost per block copied, which the model above does not have.
+# > The context-length crossover above is a separate effect, and ours.
 #
 # > **Claim checked: the notes' model labels.** The lecture notes file the techniques of this notebook
 # > under models: "Iteration-level Scheduling (DeepSeek)", "Dynamic Batching with Optimized Kernels

@@ -40,6 +40,7 @@ MICRO_BATCHES = (1, 2, 4, 8) if QUICK else (1, 2, 4, 8, 16)
 STAGE_SLEEP_S = 0.02                         # a stage's "kernel" per micro-batch in the measured pipeline
 
 # %% id="c004"
+import copy
 import os
 import time
 
@@ -50,12 +51,12 @@ import torch.nn.functional as F
 from course_lib.attention import reference_attention
 from course_lib.models.config import LlamaConfig, as_config, preset
 from course_lib.parallel import (LINKS, ColumnParallelLinear, ModelSpec, RankFailed, RowParallelLinear,
-                                 allreduce_time, bubble_formula, bubble_fraction, check_tp_degree,
+                                 allreduce_time, bubble_formula, bubble_fraction, check_tp_degree, ep_dispatch_rows,
                                  ep_moe_layer_comm, failing_worker, gpipe_schedule, launch, linear_pair_check,
-                                 notes_example, per_gpu_memory, pipeline_run, rank_loads, ring_allreduce_bytes,
-                                 ring_attention_comm, ring_attention_overlap, sequence, shard_fused_qkv,
-                                 shard_range, simulate_ep_dispatch, simulate_ring_attention, time_model, tp_check,
-                                 tp_comm_per_token, tp_degrees, tp_step_time, tp_timing)
+                                 load_imbalance, notes_example, per_gpu_memory, pipeline_run, rank_loads,
+                                 ring_allreduce_bytes, ring_attention_comm, ring_attention_overlap, sequence,
+                                 shard_fused_qkv, shard_range, simulate_ep_dispatch, simulate_ring_attention,
+                                 time_model, tp_check, tp_comm_per_token, tp_degrees, tp_step_time, tp_timing)
 from course_lib.perf.claims import timing_claim
 from course_lib.perf.hardware import get_gpu
 from course_lib.perf.tables import format_table
@@ -245,9 +246,15 @@ for out in (tp2, tp4):
 # ## 4 · What it costs
 #
 # **Communication.** A ring all-reduce of `N` bytes over `p` ranks has each rank send `2(p-1)/p · N`
-# bytes, in `2(p-1)` steps (a reduce-scatter, then an all-gather); no all-reduce algorithm can send less
-# per rank [@patarasuk2009bandwidth]. With TP, every layer all-reduces the
-# activations `[tokens, D]` twice. Per generated token of Llama-2-70B in bf16, at TP=8:
+# bytes, in `2(p-1)` steps (a reduce-scatter, then an all-gather). When the ranks are joined by
+# point-to-point links and do the additions themselves, no all-reduce algorithm can send less per rank
+# [@patarasuk2009bandwidth]. That assumption is the whole bound: a switch that adds changes it. With
+# in-network reduction each rank sends its `N` bytes once into the switch, the switch sums what arrives and
+# sends the sum back, so each rank sends `N`, not `2(p-1)/p · N`, close to half at large `p`. InfiniBand
+# switches do it with SHARP, reducing on a tree of switches [@graham2016scalable], and the NVSwitch of H100
+# systems with NVLink SHARP [@nvidia2022upgrading], which NCCL uses for its all-reduce as the NVLS algorithm
+# where the hardware has it. With TP, every layer all-reduces the activations `[tokens, D]` twice. Per
+# generated token of Llama-2-70B in bf16, at TP=8:
 
 # %% id="c016"
 llama70 = preset("llama-2-70b")
@@ -255,9 +262,13 @@ comm = tp_comm_per_token(llama70, 8, bpe=2)
 print(f"Llama-2-70B: D = {llama70.hidden_size}, {llama70.num_hidden_layers} layers; per token at TP=8: "
       f"{comm['allreduces']} all-reduces of {comm['message_bytes'] / 1024:.0f} KiB, each rank sends "
       f"{comm['sent_bytes'] / 2**20:.2f} MiB")
+IN_SWITCH = 1.0                     # in-network reduction: each rank sends its tensor once, the switch adds
 for pp_ in (2, 4, 8, 64):
-    print(f"  ring all-reduce over p={pp_:>2}: each rank sends {ring_allreduce_bytes(1.0, pp_):.3f} x the tensor")
+    ring = ring_allreduce_bytes(1.0, pp_)
+    print(f"  all-reduce over p={pp_:>2}: each rank sends {ring:.3f} x the tensor on a ring, {IN_SWITCH:.0f} x "
+          f"through a reducing switch (ratio {ring / IN_SWITCH:.2f})")
 assert comm["allreduces"] == 2 * 80 and ring_allreduce_bytes(1.0, 64) < 2
+assert ring_allreduce_bytes(1.0, 2) == IN_SWITCH and ring_allreduce_bytes(1.0, 8) == 1.75   # 2(p-1)/p
 
 # %% [markdown] id="c017"
 # **Memory per GPU.** TP divides each layer's matrices and the KV cache (each rank keeps `K/p` KV heads);
@@ -457,7 +468,10 @@ timing_claim(f"more micro-batches shrink the bubble: m={MICRO_BATCHES[-1]} idles
 # of `p` ranks holds `E/p` whole experts, and each token's `k` assignments travel to the ranks of their
 # experts (the *dispatch* all-to-all) and the outputs travel back (the *combine* all-to-all), as GShard
 # shards its experts [@lepikhin2021gshard]. An all-to-all of a `B`-byte buffer sends `(p-1)/p · B` per rank
-# (the share for the rank's own experts stays). That is the mean; the step waits for the **most loaded
+# (the share for the rank's own experts stays). Counting one row per (token, expert) assignment, as we do
+# here, is an **upper bound**: when two of a token's `k` experts live on the same rank, a dispatch can send
+# the token there once and let that rank hand it to both, as DeepEP's high-throughput kernels do (their
+# layout marks, per token, which ranks it goes to: `is_token_in_rank`) [@zhao2025deepep]. That is the mean; the step waits for the **most loaded
 # rank**, whose experts compute, and whose links carry, `imbalance = max rank load / mean rank load` times the
 # mean. The load is the router's statistic, the one the balancing loss of Switch Transformer
 # [@fedus2022switch] pushes towards even. Measured on a small random MoE with the course's router, then
@@ -482,9 +496,29 @@ print(f"dispatch bytes received per rank (simulated): {sim['received']}; model: 
 assert sum(sim["received"]) == sum(sim["sent"]) and max(sim["received"]) <= max(sim["rank_load"]) * sim["bytes_per_row"]
 assert abs(max(sim["received"]) / (ep_small["max_rank_bytes_per_layer"] / 2) - 1) < 0.15
 
+# the upper bound against a dispatch that sends a token once per destination rank, on this routing and on
+# a router skewed towards experts 0 and 1 (both on rank 0, so more tokens have both experts on one rank)
+rows_ep = ep_dispatch_rows(ids_ep.view(EP, T_RANK, K_), E_)
+assert [b // sim["bytes_per_row"] for b in sim["sent"]] == rows_ep["per_assignment"]   # the simulation's rows
+skewed_router = copy.deepcopy(moe.router)
+with torch.no_grad():
+    skewed_router.gate.weight[:2] += 0.03
+    _, ids_skew, _ = skewed_router(x_ep + 0.5)
+rows_skew = ep_dispatch_rows(ids_skew.view(EP, T_RANK, K_), E_)
+load_skew = torch.bincount(ids_skew.reshape(-1), minlength=E_)
+for name, r, ld in (("this router", rows_ep, load_ep), ("skewed router", rows_skew, load_skew)):
+    print(f"{name:>13}: rows sent, once per assignment {sum(r['per_assignment'])}, once per (token, rank) "
+          f"{sum(r['per_rank'])}: {r['ratio']:.1%} of the bound's bytes (imbalance {load_imbalance(ld, EP):.2f})")
+assert rows_skew["ratio"] < rows_ep["ratio"] < 1.0
+assert ep_dispatch_rows(ids_ep.view(8, -1, K_), E_)["ratio"] == 1.0   # one expert per rank: nothing to merge
+
 # %% [markdown] id="c036"
 # The simulation and the model agree for the most loaded rank (the model assumes its tokens come from all
-# ranks alike, so a share `1/p` stays local; the simulation counts what did). Scaled to a layer of
+# ranks alike, so a share `1/p` stays local; the simulation counts what did). Sending a token once per
+# destination rank saves what the routing puts on a shared rank: a few percent for this nearly even router
+# over 4 ranks of 2 experts, more for the skewed one, whose favourite experts share rank 0, and nothing at
+# all with one expert per rank, where a token's `k` distinct experts are always on `k` distinct ranks (the
+# table below is that case, so the bound is exact there). Scaled to a layer of
 # hidden size 4096 with 8 experts and top-2 routing at EP=8 (one expert per rank), 4096 tokens per rank in
 # bf16, evenly routed and with this router's load per expert:
 
@@ -566,7 +600,8 @@ assert rows[0][1] < rows[1][1] < rows[2][1] < rows[3][1]
 #   `2(p-1)` hops each: keep it on NVLink. PP crosses machines; its bubble is `(p-1)/(m+p-1)`.
 # * "11B parameters per GPU" is 22 GB in fp16 before the KV cache: count bytes, not parameters.
 # * EP: two all-to-alls per MoE layer of `(p-1)/p` of the routed tokens' bytes each, times the router's
-#   imbalance (max rank load / mean). CP by ring attention: `(p-1)/p · 2·N·K·Dh·bpe` bytes per rank per
+#   imbalance (max rank load / mean); one row per assignment is the upper bound, a token sent once per
+#   destination rank moves less when a rank holds several of its experts. CP by ring attention: `(p-1)/p · 2·N·K·Dh·bpe` bytes per rank per
 #   layer, hidden behind the blocks' attention once a block holds enough tokens for the link.
 
 # %% [markdown] id="c034"
@@ -580,6 +615,9 @@ assert rows[0][1] < rows[1][1] < rows[2][1] < rows[3][1]
 # * [@lepikhin2021gshard; @fedus2022switch]: experts sharded over devices with all-to-all dispatch, and the
 #   load statistics that set the slowest rank; [@liu2023ring]: ring attention, K,V blocks passed around a
 #   ring while each block's attention runs.
+# * [@graham2016scalable; @nvidia2022upgrading]: all-reduce in the switch (InfiniBand SHARP, NVLink SHARP),
+#   the case the ring's bound leaves out; [@zhao2025deepep]: DeepEP, expert-parallel dispatch and combine
+#   kernels that send a token once per destination rank.
 #
 # To go further:
 #

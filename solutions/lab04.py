@@ -331,6 +331,12 @@ else:
 # 3. KL(student ‖ teacher) weighs the log-ratio by the student's probabilities: the student is punished for
 #    putting mass where the teacher has little, not for missing some of the teacher's modes, so it becomes
 #    mode-seeking (sharp, on the teacher's main mode). The forward KL is mass-covering: the student spreads to
-#    cover every token the teacher likes. The acceptance Σ min(p, q) = 1 − TV is symmetric but is lost
-#    wherever the draft's q misses the target's p, so a mass-covering draft (forward KL, or the TV itself)
-#    tends to suit speculative sampling better; notebook 04, section 3 fits both to a bimodal teacher.
+#    cover every token the teacher likes; notebook 04, section 3 fits both to a bimodal teacher. Which suits a
+#    draft has no answer in general. The acceptance Σ min(p, q) = 1 − TV (item 1) is symmetric: it is lost
+#    where the draft misses the target's mass and where it spreads mass the target does not have, so TV is the
+#    objective speculative sampling itself sets, and neither KL is it. Greedy verification instead accepts a
+#    token when the draft's argmax matches the target's, which rewards a draft sharp on the target's main
+#    mode. DistillSpec trained drafts with several divergences, forward and reverse KL among them, and found
+#    that the best divergence depends on the task and on the decoding strategy (greedy or sampling), the
+#    other key choice being to train on the draft's own samples (on-policy data) [@zhou2024distillspec]:
+#    measure the acceptance on your task and your decoding rather than pick a divergence by its shape.

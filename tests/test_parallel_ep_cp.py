@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from course_lib.attention.reference import reference_attention
-from course_lib.parallel.cost import (LINKS, Link, alltoall_bytes, alltoall_time, ep_moe_layer_comm, load_imbalance,
-                                      rank_loads, ring_attention_comm, ring_attention_overlap, simulate_ep_dispatch,
-                                      simulate_ring_attention)
+from course_lib.parallel.cost import (LINKS, Link, alltoall_bytes, alltoall_time, ep_dispatch_rows, ep_moe_layer_comm,
+                                      load_imbalance, rank_loads, ring_attention_comm, ring_attention_overlap,
+                                      simulate_ep_dispatch, simulate_ring_attention)
 from course_lib.sparsity.moe import TopKRouter
 
 
@@ -55,6 +55,55 @@ def test_ep_skewed_routing_from_the_router():
     assert model["comm_s"] == pytest.approx(2 * alltoall_time(imb * T * k * row, p, "nvlink4"))
 
 
+def _brute_force_rows(experts, E):
+    """Per source rank: rows sent once per off-rank assignment, and once per off-rank (token, rank) pair."""
+    p, T, k = experts.shape
+    per = E // p
+    by_assignment, by_rank = [0] * p, [0] * p
+    for src in range(p):
+        for t in range(T):
+            ranks = [int(e) // per for e in experts[src, t]]
+            by_assignment[src] += sum(r != src for r in ranks)
+            by_rank[src] += len({r for r in ranks if r != src})
+    return by_assignment, by_rank
+
+
+def _routing(p, T, k, E, gen, skew=0.0):
+    """k distinct experts per token, drawn with weights exp(-skew * expert): skew 0 is uniform."""
+    w = torch.exp(-skew * torch.arange(E, dtype=torch.float64)).expand(p * T, E)
+    return torch.multinomial(w, k, replacement=False, generator=gen).view(p, T, k)
+
+
+@pytest.mark.parametrize("p,E,k", [(1, 4, 2), (2, 4, 2), (4, 8, 2), (4, 16, 4), (8, 8, 2), (3, 12, 3), (2, 8, 8)])
+@pytest.mark.parametrize("skew", [0.0, 0.7])
+def test_ep_dispatch_rows_against_a_brute_force_count(p, E, k, skew):
+    gen = torch.Generator().manual_seed(1000 * p + 10 * E + k)
+    for _ in range(3):
+        ids = _routing(p, 16, k, E, gen, skew)
+        rows = ep_dispatch_rows(ids, E)
+        by_assignment, by_rank = _brute_force_rows(ids, E)
+        assert rows["per_assignment"] == by_assignment and rows["per_rank"] == by_rank
+        # the upper bound is what the simulation moves, row for row
+        sim = simulate_ep_dispatch(ids, E, hidden=4, dtype=torch.float32)
+        assert [b // sim["bytes_per_row"] for b in sim["sent"]] == rows["per_assignment"]
+        assert all(r <= a for r, a in zip(by_rank, by_assignment))
+        total = sum(by_assignment)
+        assert rows["ratio"] == (sum(by_rank) / total if total else 1.0)
+        if E == p:                       # one expert per rank, distinct experts per token: nothing to merge
+            assert rows["ratio"] == 1.0
+
+
+def test_ep_dispatch_rows_merges_a_token_whose_experts_share_a_rank():
+    # 2 ranks of 2 experts; rank 0's token 0 picks experts 2 and 3 (both on rank 1): 2 assignments, 1 row
+    ids = torch.tensor([[[2, 3], [0, 2]], [[0, 1], [2, 3]]])
+    rows = ep_dispatch_rows(ids, 4)
+    assert rows == {"per_assignment": [3, 2], "per_rank": [2, 1], "ratio": 3 / 5}
+    # a skewed router (popular experts 0 and 1 on one rank) merges more than a uniform one
+    gen = torch.Generator().manual_seed(0)
+    even, skewed = (ep_dispatch_rows(_routing(4, 512, 2, 8, gen, s), 8)["ratio"] for s in (0.0, 1.0))
+    assert skewed < even < 1.0
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 def test_ring_attention_equals_full_attention_and_counts_bytes(p, causal):
@@ -96,6 +145,10 @@ def test_ring_overlap_condition():
     (lambda: simulate_ring_attention(torch.zeros(1, 1, 6, 4), torch.zeros(1, 1, 6, 4), torch.zeros(1, 1, 6, 4), 4), "p=4"),
     (lambda: simulate_ep_dispatch(torch.zeros(2, 3, 1, dtype=torch.long), 3), "num_experts"),
     (lambda: simulate_ep_dispatch(torch.full((2, 3, 1), 5), 4), "experts"),
+    (lambda: ep_dispatch_rows(torch.zeros(2, 3, dtype=torch.long), 4), "experts"),
+    (lambda: ep_dispatch_rows(torch.zeros(2, 3, 1), 4), "experts"),
+    (lambda: ep_dispatch_rows(torch.zeros(3, 2, 1, dtype=torch.long), 4), "p=3"),
+    (lambda: ep_dispatch_rows(torch.full((2, 3, 1), -1), 4), "experts"),
 ])
 def test_bad_arguments_are_refused(call, arg):
     with pytest.raises(ValueError, match=arg):

@@ -145,6 +145,28 @@ def test_mxfp4_tiny_blocks_clamp_to_the_smallest_scale():
     assert bool((q.dequantize() == 0).all())                           # 2^-139 / 2^-127 rounds to 0
 
 
+def test_mxfp4_the_smallest_scale_divides_by_exactly_2_to_the_minus_127():
+    # shared_exp = -125 - 2 = -127: E = 0, and 1.5 * 2^-125 / 2^-127 = 6 exactly (torchao 0.18.0 divides by
+    # 2^-126 here and stores 3: the block decodes to half; the module docstring says who does what)
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 1] = 1.5 * 2.0 ** -125, 2.0 ** -127
+    q = mxfp4_quantize(x)
+    assert q.scales.item() == 0 and q.codes()[0, 0, :2].tolist() == [7, 2]  # codes of 6 and 1
+    assert torch.equal(q.dequantize(), x)
+
+
+@pytest.mark.parametrize("k", [-50, -1, 3, 20, 100])
+def test_mxfp4_shared_exponent_is_exact_just_below_a_power_of_two(k):
+    # the largest float32 below 2^k: floor(log2) is k - 1, though float32's log2 may round it to k (as
+    # microxcaling's floor(log2) in float32 does); the block maximum then lands in [4, 8) and clamps to 6
+    top = torch.nextafter(torch.tensor(2.0 ** k), torch.tensor(0.0))
+    x = torch.zeros(1, 32)
+    x[0, 0] = top
+    q = mxfp4_quantize(x)
+    assert q.scales.item() == (k - 1) - 2 + 127
+    assert q.dequantize()[0, 0].item() == 6 * 2.0 ** (k - 3)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_mxfp4_nan_and_inf_make_a_nan_scale_and_a_nan_block(bad):
     x = torch.randn(2, 96, generator=torch.Generator().manual_seed(3))

@@ -13,15 +13,15 @@ launch     launch (spawn + gloo/NCCL + free port + timeouts; RankFailed names th
 pipeline   gpipe_schedule, bubble_fraction, bubble_formula, split_layers, pipeline_run (a worker)
 cost       ring_allreduce_bytes, allreduce_time, LINKS, tp_comm_per_token, per_gpu_memory, tp_step_time,
            time_model, notes_example (the notes' 175B on 16 GPUs, in bytes); expert parallelism:
-           alltoall_bytes, alltoall_time, rank_loads, load_imbalance, ep_moe_layer_comm, simulate_ep_dispatch;
-           context parallelism: ring_attention_comm, ring_attention_overlap, simulate_ring_attention
+           alltoall_bytes, alltoall_time, rank_loads, load_imbalance, ep_moe_layer_comm, ep_dispatch_rows,
+           simulate_ep_dispatch; context parallelism: ring_attention_comm, ring_attention_overlap, simulate_ring_attention
 workers    ModelSpec, tp_check, linear_pair_check, tp_timing, failing_worker, sequence (importable workers)
 checks     check_parallel_mlp, run_parallel_mlp (lab 11: a student's function in a 2-process group)
 """
-from .cost import (LINKS, Link, allreduce_time, alltoall_bytes, alltoall_time, ep_moe_layer_comm, gpt3_parameters,
-                   layer_parameters, load_imbalance, notes_example, per_gpu_memory, rank_loads, ring_allreduce_bytes,
-                   ring_attention_comm, ring_attention_overlap, simulate_ep_dispatch, simulate_ring_attention,
-                   time_model, tp_comm_per_token, tp_step_time)
+from .cost import (LINKS, Link, allreduce_time, alltoall_bytes, alltoall_time, ep_dispatch_rows, ep_moe_layer_comm,
+                   gpt3_parameters, layer_parameters, load_imbalance, notes_example, per_gpu_memory, rank_loads,
+                   ring_allreduce_bytes, ring_attention_comm, ring_attention_overlap, simulate_ep_dispatch,
+                   simulate_ring_attention, time_model, tp_comm_per_token, tp_step_time)
 from .launch import RankFailed, free_port, init_from_env, launch, launch_source, loopback_ok
 from .layers import (ColumnParallelLinear, RowParallelLinear, ShardedAttention, ShardedMLP, parallel_mlp_reference,
                      shard_fused_qkv, shard_range)

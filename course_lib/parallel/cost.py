@@ -18,7 +18,11 @@ Units: bytes, seconds, bytes per second. ``bpe`` = bytes per element (2 for fp16
   all-to-all). An all-to-all of a B-byte buffer per rank sends (p-1)/p * B (the share addressed to the
   rank itself stays), in p-1 pairwise steps. The step waits for the most loaded rank: with the router's
   load per expert, imbalance = max rank load / mean rank load multiplies both the expert compute and the
-  all-to-all time (``simulate_ep_dispatch`` moves real buffers and counts them).
+  all-to-all time (``simulate_ep_dispatch`` moves real buffers and counts them). These count one row per
+  (token, expert) assignment, an **upper bound**: a dispatch that sends a token once per destination rank
+  (DeepEP's high-throughput kernels: ``get_dispatch_layout`` marks ``is_token_in_rank[token, rank]``) moves
+  one row per (token, rank) pair, fewer whenever two of a token's experts share a rank (E/p > 1).
+  ``ep_dispatch_rows`` counts both from a routing.
 * Context parallelism (CP) by ring attention: each rank keeps N/p tokens' queries, K and V, and passes
   its K, V block to the next rank p-1 times: (p-1)/p * 2 N K Dh bpe bytes per rank per layer. The
   transfer hides behind a block's attention when 4 c^2 H Dh / F >= c 2 K Dh bpe / B + latency (c = N/p
@@ -229,7 +233,10 @@ def ep_moe_layer_comm(tokens: int, hidden: int, top_k: int, p: int, bpe: float =
     ``hidden`` elements and sending each token to its ``top_k`` experts: a dispatch and a combine
     all-to-all of tokens * top_k * hidden * bpe bytes per rank. ``load`` (assignments per expert, from
     the router) sets the imbalance; the most loaded rank receives imbalance times the mean. With
-    ``link``, the seconds of both all-to-alls at the most loaded rank's volume."""
+    ``link``, the seconds of both all-to-alls at the most loaded rank's volume.
+
+    One row per (token, expert) assignment: the upper bound. A dispatch that sends a token once per
+    destination rank sends ``ep_dispatch_rows(...)["ratio"]`` of it (1 when every rank holds one expert)."""
     tokens, hidden = integer(tokens, "tokens", low=1), integer(hidden, "hidden", low=1)
     top_k, p = integer(top_k, "top_k", low=1), integer(p, "p", low=1)
     bpe = number(bpe, "bpe", 0, low_open=True)
@@ -243,6 +250,52 @@ def ep_moe_layer_comm(tokens: int, hidden: int, top_k: int, p: int, bpe: float =
     return out
 
 
+def _check_routing(experts, num_experts) -> tuple[int, int, int, int]:
+    """(p, T, k, num_experts) of a routing ``experts`` [p, T, k] (expert numbers, p dividing num_experts)."""
+    if not isinstance(experts, torch.Tensor) or experts.dim() != 3 or experts.is_floating_point() \
+            or experts.is_complex() or experts.dtype == torch.bool:
+        raise ValueError(f"experts must be an integer tensor [p, tokens, k], got "
+                         f"{getattr(experts, 'shape', type(experts).__name__)}")
+    p, T, k = experts.shape
+    if p < 1:
+        raise ValueError("experts must hold at least one rank (its shape is [p, tokens, k] with p >= 1)")
+    num_experts = integer(num_experts, "num_experts", low=p)
+    if num_experts % p:
+        raise ValueError(f"p={p} must divide num_experts={num_experts}")
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= num_experts):
+        raise ValueError(f"experts must be expert numbers in [0, {num_experts})")
+    return p, T, k, num_experts
+
+
+def ep_dispatch_rows(experts: torch.Tensor, num_experts: int) -> dict:
+    """Rows each rank sends in one MoE layer's dispatch all-to-all, counted two ways from a routing:
+    ``experts`` [p, T, k] holds the expert numbers chosen for the T tokens of each of p ranks, rank r
+    holding experts r*E/p ... (r+1)*E/p - 1.
+
+    * ``per_assignment`` [p]: one row per (token, expert) assignment whose expert lives on another rank,
+      what ``ep_moe_layer_comm`` and ``simulate_ep_dispatch`` count: the upper bound;
+    * ``per_rank`` [p]: one row per (token, destination rank) pair, destination another rank: what a
+      dispatch that sends a token once to each rank holding any of its experts moves (DeepEP's
+      high-throughput dispatch, whose layout is ``is_token_in_rank[token, rank]``); the receiver hands the
+      row to each of its experts the token chose, and the combine returns one row per pair the same way;
+    * ``ratio`` = sum(per_rank) / sum(per_assignment) (1.0 when nothing leaves a rank): the share of the
+      upper bound's bytes a deduplicating dispatch sends, 1 exactly when no two of a token's experts share
+      a rank (always so with one expert per rank and distinct experts per token).
+    Multiply by hidden * bpe for bytes. Host arithmetic on the routing; any device."""
+    p, T, k, num_experts = _check_routing(experts, num_experts)
+    per = num_experts // p
+    dest = (experts // per).to(torch.long)                                     # [p, T, k] rank of each choice
+    src = torch.arange(p, device=dest.device).view(p, 1, 1)
+    per_assignment = (dest != src).sum(dim=(1, 2))                             # [p]
+    hit = torch.zeros(p, T, p, dtype=torch.bool, device=dest.device)
+    hit.scatter_(2, dest, True)                                                # [p, T, p] token t goes to rank r
+    hit[torch.arange(p, device=dest.device), :, torch.arange(p, device=dest.device)] = False   # own rank stays
+    per_rank = hit.sum(dim=(1, 2))                                             # [p]
+    a, r = int(per_assignment.sum()), int(per_rank.sum())
+    return {"per_assignment": per_assignment.tolist(), "per_rank": per_rank.tolist(),
+            "ratio": r / a if a else 1.0}
+
+
 def simulate_ep_dispatch(experts: torch.Tensor, num_experts: int, hidden: int = 8,
                          dtype: torch.dtype = torch.float16) -> dict:
     """Simulate the dispatch all-to-all: ``experts`` [p, T, k] are the expert numbers chosen for the T
@@ -251,15 +304,7 @@ def simulate_ep_dispatch(experts: torch.Tensor, num_experts: int, hidden: int = 
     addressed to other ranks, and the receivers check that they got their assignments' rows. Returns
     sent and received bytes per rank (lists) and the assignments per rank; the combine all-to-all sends
     the same buffers back, so it moves the same bytes in the other direction."""
-    if not isinstance(experts, torch.Tensor) or experts.dim() != 3 or experts.is_floating_point():
-        raise ValueError(f"experts must be an integer tensor [p, tokens, k], got "
-                         f"{getattr(experts, 'shape', type(experts).__name__)}")
-    p, T, k = experts.shape
-    num_experts = integer(num_experts, "num_experts", low=p)
-    if num_experts % p:
-        raise ValueError(f"p={p} must divide num_experts={num_experts}")
-    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= num_experts):
-        raise ValueError(f"experts must be expert numbers in [0, {num_experts})")
+    p, T, k, num_experts = _check_routing(experts, num_experts)
     per = num_experts // p
     gen = torch.Generator(device=experts.device).manual_seed(0)
     x = torch.randn(p, T, integer(hidden, "hidden", low=1), generator=gen, device=experts.device).to(dtype)   # each rank's tokens

@@ -29,13 +29,29 @@ E = 0xFF is NaN. The conversion:
 so the block's largest magnitude lands in E2M1's top binade [4, 8): a maximum with mantissa above 1.5
 (e.g. 7 * 2^e) is clamped to 6 * 2^e, which is the price of a power-of-two scale. Decoding: v_i = X * P_i,
 and, as the specification says, **if X is NaN every value of the block is NaN, whatever the P_i**.
-What the algorithm leaves to the implementation, we decide as the spec authors' library (microsoft/
-microxcaling, ``mx_ops._quantize_mx``) and torchao's ``to_mx`` do:
+What the algorithm leaves to the implementation, we decide as follows (and say where the spec authors'
+library, microsoft/microxcaling's ``mx_ops._quantize_mx`` at commit 7bc4195, and torchao's
+``torchao.prototype.mx_formats.mx_tensor.to_mx`` in its default FLOOR mode agree; both read, and run on
+the cases below, in November 2026):
+* shared_exp is computed exactly, from the maximum's binary exponent (``frexp``). torchao reads the same
+  exponent bits. microxcaling takes floor(log2(max)) in float32, and float32's log2 rounds up to k for a
+  maximum within a few ulps below 2^k (1 ulp below 8, 22 below 2^-50 on torch 2.13): such a block gets a
+  scale twice the spec's (a block with maximum 8 - 2^-21 and a 5 decodes to 8 and 4 there, to 6 and 4 here);
 * an all-zero block (log2 0 = -inf) and any block with shared_exp < -127 get the smallest scale, 2^-127
-  (E = 0); the elements are then all 0 (or as small as they are);
+  (E = 0), and the elements are V_i / 2^-127, exactly; microxcaling agrees. torchao's release 0.18.0 (and
+  earlier) stores the same byte but divides by 2^-126, its float32 scale clamped to the smallest normal
+  (a workaround for subnormals in Triton), so such a block decodes to half its values (a block of values
+  near 2^-128: 932 of 2,048 values differ from ours); its main branch since PR #4725 (commit 5d73a0c,
+  August 2026) divides by the exact 2^-127 and agrees with us;
 * a block holding a NaN or an infinity has no finite shared_exp: its scale is NaN (0xFF) and it decodes
-  to NaN (E2M1 can hold neither). So does shared_exp > 127, possible only for float64 input above 2^130;
+  to NaN (E2M1 can hold neither). So does shared_exp > 127, possible only for float64 input above 2^130.
+  microxcaling agrees (log2 of infinity overflows its scale range into NaN). torchao 0.18.0 gives a NaN
+  block the NaN scale but an infinite one a finite scale (the exponent field 255 read as 128, less
+  emax_elem: 2^126 for E2M1): its infinities saturate to 6 * 2^126 and the block decodes to finite values; its
+  main branch since PR #4725 maps NaN and infinity alike to 0xFF, as we do;
 * float32 subnormal inputs are kept as they are (microxcaling's optional flush to zero is not in the spec).
+(torchao's RCEIL mode, the default of its ``MXDynamicActivationMXWeightConfig``, is another rule: the scale
+is amax / 6 rounded up to a power of two, so the maximum is never clamped; it is not the spec's algorithm.)
 Storage: 4 + 8/32 = 4.25 bits per value.
 
 NVFP4 (NVIDIA, "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference", 2025; the recipe of
@@ -68,11 +84,14 @@ decoding (microxcaling pads the same way), so a partial last block still pays fo
 
 The tests check the element table, every rounding midpoint and the E8M0/E4M3 bit patterns against the
 casts of PyTorch (``float8_e8m0fnu``, ``float8_e4m3fn``) and, where it is installed, ``ml_dtypes``'
-``float4_e2m1fn``. Checked once by hand (not a test: the library needs a checkout): ``mxfp4_quantize``'s
-decoded values equal microxcaling's ``mx_ops._quantize_mx(x, 8, "fp4_e2m1", axes=[-1], block_size=32,
-round="even")`` (commit 7bc4195) on 327,680 random float32 values over 2^-30..2^30 with planted midpoints,
-on blocks near 2^-149 and 2^126, and on NaN/Inf blocks; with its default round="nearest" (ties away from
-zero) 159 of 16,384 values differ, all on midpoints.
+``float4_e2m1fn``, and pin the three choices above. Checked by hand (not a test: neither library is a
+dependency): ``mxfp4_quantize``'s decoded values equal microxcaling's ``mx_ops._quantize_mx(x, 8,
+"fp4_e2m1", axes=[-1], block_size=32, round="even")`` (commit 7bc4195) on 327,680 random float32 values
+over 2^-30..2^30 with planted midpoints, on blocks near 2^-149 and 2^126, and on NaN/Inf blocks, and
+differ on blocks whose maximum sits a few ulps below a power of two (above); with its default
+round="nearest" (ties away from zero) 159 of 16,384 values differ, all on midpoints. They equal torchao's
+``to_mx(x, torch.float4_e2m1fn_x2, 32)`` decoded (0.18.0 and main at 36027d8) on 327,680 random float32
+values over 2^-30..2^30, and differ from 0.18.0 on the tiny and infinite blocks above.
 """
 from __future__ import annotations
 
