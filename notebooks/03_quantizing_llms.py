@@ -481,7 +481,8 @@ assert 4 < fp8_db[("gaussian", "fp8 e4m3", "row")] - fp8_db[("gaussian", "fp8 e5
 # Here: int3 with one scale per row, the tiny model, `QAT_STEPS` steps of
 # 4 x 128 tokens (12 in quick mode, 200 in full) distilling from the float model, held-out bits per byte before
 # and after. (In production:
-# torchao's `torchao.quantization.qat`; `torch.ao.quantization` is the legacy CNN-era workflow.)
+# torchao's `torchao.quantization.qat`; `torch.ao.quantization` is the deprecated CNN-era workflow
+# [@pytorch2026quantization].)
 
 # %% id="c027h"
 from course_lib.quant_eval import qat_vs_ptq
@@ -731,8 +732,10 @@ plt.show()
 # %% [markdown] id="c032"
 # > **Claim checked.** The lecture notes quantize with `torch.quantization.quantize_dynamic` and
 # > `prepare_qat`. `torch.quantization` is the legacy namespace kept for compatibility; the code lives in
-# > `torch.ao.quantization`, and PyTorch's current quantization library is **torchao** (`quantize_`,
-# > `Int8WeightOnlyConfig`, `Int4WeightOnlyConfig`, its QAT API). The cell checks the alias:
+# > `torch.ao.quantization`, itself deprecated: PyTorch's quantization work has moved to **torchao**
+# > (`quantize_`, `Int8WeightOnlyConfig`, `Int4WeightOnlyConfig`, its QAT API), and PyTorch's documentation
+# > asks users to migrate there before `torch.ao.quantization` is removed [@pytorch2026quantization]. The
+# > cell checks the alias:
 
 # %% id="c033"
 import torch.ao.quantization as aoq

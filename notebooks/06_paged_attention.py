@@ -134,9 +134,10 @@ assert paged.mean_batch > contig.mean_batch and paged.steps < contig.steps
 # runs out mid-decode it must evict someone (Module 09's schedulers decide whom).
 #
 # > **Claim checked.** Course notes describe a "block-based KV cache (Llama 3)" and say paging
-# > "prevents fragmentation". Paging belongs to the serving engine (vLLM, TGI, SGLang...), not to a model:
-# > it works for any decoder. And it does not remove fragmentation: it removes the external kind and the
-# > reservation, and bounds the internal kind to less than one block per sequence - measured above.
+# > "prevents fragmentation". Paging belongs to the serving engine (vLLM, SGLang, TensorRT-LLM...; TGI too,
+# > archived in March 2026 [@huggingface2025text]), not to a model: it works for any decoder. And it does
+# > not remove fragmentation: it removes the external kind and the reservation, and bounds the internal
+# > kind to less than one block per sequence - measured above.
 #
 # ### The block size knob
 #

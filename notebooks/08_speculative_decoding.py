@@ -709,7 +709,7 @@ assert wasted[0] > wasted[1] >= wasted[2], wasted
 # >   target's hidden states: a property of a deployment, not of the model. Distilling a draft from its
 # >   target works for any pair (section 6, Module 04).
 # > * **Adaptive drafting for DeepSeek**: what DeepSeek-V3 documents is a multi-token-prediction (MTP)
-# >   module, trained with the model, that engines run as the draft (vLLM's and SGLang's `mtp` method).
+# >   module, trained with the model, that engines run as the draft (vLLM's `mtp` method, SGLang's MTP mode).
 # >   Choosing the draft length from the draft's confidence is an engine- or algorithm-side rule that works
 # >   for any model (section 10); nothing makes it DeepSeek's. Section 9 trains such modules and drafts with them.
 # > * **Tree verification for Qwen-2**: token-tree verification comes from SpecInfer [@miao2024specinfer]

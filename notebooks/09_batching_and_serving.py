@@ -300,7 +300,8 @@ assert at("continuous", top, "throughput_tok_s") > 2 * at("static", top, "throug
 # %% [markdown] id="c019a"
 # > **Claim checked: "continuous batching gives 2-10x throughput."** The number is real somewhere, but it
 # > is not a property of continuous batching: it is a ratio between two systems on one workload at one
-# > load. The papers report their own: Orca measured 36.9x NVIDIA FasterTransformer's throughput at the
+# > load. The papers report their own (against NVIDIA's FasterTransformer, superseded by TensorRT-LLM since
+# > 2023 [@nvidia2023fastertransformer]): Orca measured 36.9x FasterTransformer's throughput at the
 # > same latency on GPT-3 175B [@yu2022orca]; vLLM 2-4x FasterTransformer's and Orca's at the same latency,
 # > more with longer sequences and larger models [@kwon2023efficient], a gain that comes mostly from
 # > fitting more sequences into the KV memory, not from the scheduling alone. The cell below measures what
@@ -604,7 +605,8 @@ assert makespan["long (1536 + 256)", "swap"] < makespan["long (1536 + 256)", "re
 # > vLLM)". None is a property of a model, and the notes give no source for the pairings. Iteration-level
 # > scheduling is Orca's (2022) [@yu2022orca], paged KV memory vLLM's (2023) [@kwon2023efficient],
 # > chunked prefill and disaggregation are serving-system designs [@agrawal2024taming; @zhong2024distserve];
-# > all of them live in the serving engine (vLLM, SGLang, TGI, TensorRT-LLM) and serve any decoder, as this
+# > all of them live in the serving engine (vLLM, SGLang, TensorRT-LLM; TGI, archived in March 2026
+# > [@huggingface2025text]) and serve any decoder, as this
 # > notebook's simulator and engine serve ours. The same holds for "block-based KV cache (Llama 3)"
 # > (Module 06).
 #

@@ -611,26 +611,40 @@ assert all(r["bound"] == "memory" for r in hw if r["batch"] == 1)
 # * **monitoring**: Prometheus scrapes `/metrics`; alerts on TTFT/TPOT percentiles, queue length and KV
 #   usage (a full KV pool means preemptions, Module 09); autoscaling on queue length, not CPU usage.
 #
-# The servers the lecture notes name, in our words:
+# The servers the lecture notes name, and one they leave out, in our words:
 #
 # * **vLLM**: an LLM engine and server built around paged attention and continuous batching; OpenAI-
 #   compatible API, quantized models, speculative decoding, prefix caching, tensor parallelism; what
 #   `course serve` imitates in miniature.
+# * **SGLang** [@zheng2024sglang]: an LLM engine and server of the same kind (continuous batching, paged KV,
+#   OpenAI-compatible API) whose prefix cache is a radix tree over the cached tokens (RadixAttention,
+#   Module 06), with a front-end language for programs that make many generation calls.
 # * **TGI** (Hugging Face Text Generation Inference): the same job (continuous batching, paged KV, streaming,
-#   Prometheus metrics), built for the Hugging Face Hub's models.
+#   Prometheus metrics), built for the Hugging Face Hub's models. **No longer developed**: in maintenance
+#   mode since December 2025, its maintainers pointing users to vLLM and SGLang, and archived (read-only)
+#   since March 2026 [@huggingface2025text].
 # * **Triton Inference Server** (NVIDIA): a general model server (HTTP/gRPC, many models, many frameworks,
 #   dynamic batching of whole requests); for LLMs it runs an LLM engine as a backend (TensorRT-LLM or vLLM),
 #   which supplies the iteration-level batching.
-# * **TorchServe**: PyTorch's general model server (handlers, model archives, request batching).
+# * **TorchServe**: PyTorch's general model server (handlers, model archives, request batching); in
+#   limited maintenance since February 2025 [@pytorch2025torchserve].
+#
+# > **Status as of November 2026** (checked on 2026-11-28; projects change, so look at a repository before
+# > you build on it). Developed, with releases in 2026: vLLM, SGLang, TensorRT-LLM, and Triton Inference
+# > Server with its TensorRT-LLM and vLLM backends. Archived: TGI [@huggingface2025text]. Limited
+# > maintenance, no fixes planned, security ones included: TorchServe [@pytorch2025torchserve]. Superseded:
+# > NVIDIA's FasterTransformer, the baseline of the Orca and vLLM papers, whose development moved to
+# > TensorRT-LLM in 2023 [@nvidia2023fastertransformer].
 #
 # > **Claim checked.** The notes list "TorchServe (PyTorch native), Triton Inference Server, TensorFlow
 # > Serving" as the servers that handle "batching, scheduling, and resource management" for LLMs. Two
 # > corrections. The batching those general servers do is request-level (dynamic batching: wait a little,
 # > run a batch of whole requests); an LLM server needs iteration-level (continuous) batching and a paged KV
 # > cache, which section 5 and Module 09 measured; Triton gets it from an LLM backend. And TorchServe's
-# > repository has been marked "Limited Maintenance" since early 2025 (no planned updates or security
-# > fixes): for new LLM deployments use vLLM, TGI, or Triton with an LLM backend. TensorFlow Serving serves
-# > TensorFlow SavedModels and is not used for today's open LLMs.
+# > repository has been marked "Limited Maintenance" since February 2025 (no planned updates or security
+# > fixes) [@pytorch2025torchserve]: for new LLM deployments use vLLM, SGLang, or Triton with an LLM backend
+# > (not TGI, archived in 2026). TensorFlow Serving serves TensorFlow SavedModels and is not used for
+# > today's open LLMs.
 #
 # ## Summary
 #
@@ -654,6 +668,10 @@ assert all(r["bound"] == "memory" for r in hw if r["batch"] == 1)
 # * [@ansel2024pytorch]: PyTorch 2, TorchDynamo's graph capture and guards and TorchInductor's fusion.
 # * [@nvidia2025cuda]: CUDA graphs, one launch for a recorded sequence of kernels.
 # * [@pytorchlabs2023gptfast]: gpt-fast, a decode loop in plain PyTorch with compile, int8/int4 and speculation.
+# * [@zheng2024sglang]: SGLang, its RadixAttention prefix cache and its front-end language (section 8).
+# * [@huggingface2025text]: TGI's repository, its maintenance-mode notice and its archiving (section 8).
+# * [@pytorch2025torchserve]: TorchServe's repository and its limited-maintenance notice (section 8).
+# * [@nvidia2023fastertransformer]: FasterTransformer's notice that its development moved to TensorRT-LLM.
 #
 # To go further:
 #
