@@ -108,7 +108,7 @@ assert rows[0]["scores / QKVO"] == 512 / (4 * 128)                    # N / 4d: 
 #     in HBM (zeros and -inf); for each key tile K_j, V_j (loaded once), every query tile loads Q_i, O_i,
 #     l_i, m_i, updates them and writes O_i, l_i, m_i back. Q and O go through HBM once per **key tile**:
 #     Nd + 2N + 2Nd + ceil(N / B_c)(3Nd + 4N) elements.
-#   * **query tiles outside**, FlashAttention-2's order [@dao2023flashattention2] and ours (`tiled_attention`,
+#   * **query tiles outside**, FlashAttention-2's order [@dao2024flashattention2] and ours (`tiled_attention`,
 #     the Triton kernel of section 5): each query tile loads Q_i once, walks every K and V tile and writes
 #     O_i once; its running m, l and output stay on chip. K and V go through HBM once per **query tile**:
 #     Nd + 2Nd ceil(N / B_r) + Nd elements.
@@ -541,7 +541,7 @@ if course_lib.env.triton_gpu_supported():
 # * **FlashAttention (2022)** [@dao2022flashattention]: tiling plus online softmax, the IO analysis of
 #   section 2, recomputation of the scores in the backward pass instead of storing them. Key/value tiles
 #   in the outer loop.
-# * **FlashAttention-2 (2023)** [@dao2023flashattention2]: query tiles in the outer loop (our loop order),
+# * **FlashAttention-2 (2023)** [@dao2024flashattention2]: query tiles in the outer loop (our loop order),
 #   so each program owns its output rows and never writes partial results (O and the running statistics
 #   no longer go through HBM once per key tile: section 2's M / 2d^2 against M / 3d^2); parallelism over the sequence,
 #   not only batch x heads; fewer non-matmul FLOPs (the division by l once at the end, not per tile: an
@@ -609,7 +609,7 @@ assert not torch.allclose(wrong, full[:, :, -T_CHUNK:], atol=1e-2)
 #
 # * [@dao2022flashattention]: tiling with online softmax, the IO analysis and the tile sizes of section 2,
 #   the SRAM and HBM bandwidths.
-# * [@dao2023flashattention2]: query tiles outside, fewer non-matmul FLOPs, parallelism over the sequence
+# * [@dao2024flashattention2]: query tiles outside, fewer non-matmul FLOPs, parallelism over the sequence
 #   (our loop order, section 8).
 # * [@shah2024flashattention3]: warp specialization, asynchronous wgmma, FP8 attention on Hopper.
 # * [@milakov2018online]: the online softmax normalizer of section 3.

@@ -544,7 +544,7 @@ assert ep_moe_layer_comm(4096, 4096, 2, 8)["sent_bytes_per_alltoall"] == 7 / 8 *
 # **Context parallelism (CP): ring attention.** A prompt of `N` tokens too long for one GPU's attention
 # is cut into `p` blocks of `c = N/p` tokens, one per rank. Each rank keeps its block's queries and passes
 # its K,V block around a ring: at each of `p` steps it attends to the block it holds and merges the partial
-# result by the online-softmax rule of Module 07, then hands the block on [@liu2023ring]. Per layer each rank
+# result by the online-softmax rule of Module 07, then hands the block on [@liu2024ring]. Per layer each rank
 # sends `(p-1)` blocks, `(p-1)/p · 2·N·K·Dh·bpe` bytes. The transfer hides behind the block's attention when
 # `4c²·H·Dh / F ≥ 2c·K·Dh·bpe / B + latency` (`F` FLOP/s, `B` bytes/s): the block must be long enough.
 # First the check, ring attention with `p` simulated ranks in one process against full attention:
@@ -613,7 +613,7 @@ assert rows[0][1] < rows[1][1] < rows[2][1] < rows[3][1]
 # * [@patarasuk2009bandwidth]: the ring all-reduce and its bandwidth optimality, `2(p-1)/p` of the data per rank.
 # * [@huang2019gpipe]: GPipe's micro-batched pipeline and its bubble.
 # * [@lepikhin2021gshard; @fedus2022switch]: experts sharded over devices with all-to-all dispatch, and the
-#   load statistics that set the slowest rank; [@liu2023ring]: ring attention, K,V blocks passed around a
+#   load statistics that set the slowest rank; [@liu2024ring]: ring attention, K,V blocks passed around a
 #   ring while each block's attention runs.
 # * [@graham2016scalable; @nvidia2022upgrading]: all-reduce in the switch (InfiniBand SHARP, NVLink SHARP),
 #   the case the ring's bound leaves out; [@zhao2025deepep]: DeepEP, expert-parallel dispatch and combine

@@ -251,7 +251,7 @@ check_raises(lambda: online_softmax(_x, 0), ValueError, "online_softmax with blo
 # <details><summary>Hint 1: the loop structure</summary>
 #
 # Loop over query tiles `i0:i1` outside and key tiles `j0:j1` inside (FlashAttention-2's order
-# [@dao2023flashattention2]; the first FlashAttention put the key tiles outside). Per query
+# [@dao2024flashattention2]; the first FlashAttention put the key tiles outside). Per query
 # tile keep, per row, a running max `m`, a running sum `l` and an unnormalized output `acc` `[..., rows, d]`,
 # starting at `-inf`, `0`, `0`. At the end of the key loop the tile's output is `acc / l`.
 # </details>
@@ -473,7 +473,7 @@ for _bq in (16, 64, 256):
 # ## Part E · A FlashAttention kernel in Triton (4 points, contract)
 #
 # On a GPU the loop of Parts B and C is one kernel, FlashAttention's [@dao2022flashattention] in
-# FlashAttention-2's work partitioning [@dao2023flashattention2]: a **program** (a block of threads) per
+# FlashAttention-2's work partitioning [@dao2024flashattention2]: a **program** (a block of threads) per
 # query tile and (batch, head) loads its Q tile once, walks the keys in tiles with the running (m, l, acc) in registers,
 # and writes only its output tile. Notebook 07, section '5. A Triton kernel', describes the course's own
 # (`course_lib/attention/triton_flash.py`, autotuned, with fp16/bf16 tensor-core paths); here you write
