@@ -451,7 +451,9 @@ def _calls(fn: ast.FunctionDef) -> set[str]:
 def test_the_three_kernels_share_one_tile_step():
     """The online-softmax tile step (a tl.dot for the scores, exp2 rescaling) is written once: the forward,
     flash-decoding and the paged decode kernel reach ``online_softmax_tile``, no other @triton.jit function
-    does both a tl.dot and an exp2, both decode kernels end in ``store_split``, and log2(e) is written once."""
+    does both a tl.dot and an exp2, both decode kernels end in ``store_split``, and log2(e) is written once.
+    (The backward kernels, ``triton_flash_backward``, recompute P from the saved log-sum-exp, with no running
+    max: not this step; their dots go through ``_bwd_dot``.)"""
     jit = _triton_jit_functions()
 
     def reaches(kernel, target):

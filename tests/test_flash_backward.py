@@ -76,3 +76,83 @@ def test_tiled_backward_bad_arguments_raise():
     with pytest.raises(ValueError, match="causal"):
         tiled_attention_backward(q[:, :, :1].expand(1, 4, 8, 8), k, v, out[:, :, :1].expand(1, 4, 8, 8),
                                  lse[:, :, :1].expand(1, 4, 8), do[:, :, :1].expand(1, 4, 8, 8), causal=True)
+
+
+# --- the Triton backward under the interpreter (a fresh process: TRITON_INTERPRET before triton) ---------
+TRITON_SCRIPT = textwrap.dedent("""
+    import sys, torch, triton
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    from test_flash_backward import qkv_do, autograd_grads
+    from course_lib.attention import triton_online_softmax
+    from course_lib.attention.triton_flash import flash_attention_triton
+    from course_lib.attention.triton_flash_backward import flash_attention_autograd, flash_attention_backward_triton
+
+    TOL = {{torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}}
+    CASES = [((1, 2, 2, 37, 37, 16), torch.float32, {{}}),                  # MHA, not tile multiples
+             ((1, 4, 2, 21, 21, 24), torch.float32, dict(block_m=32)),       # GQA 2, odd head dim, BLOCK_M > BLOCK_N
+             ((2, 3, 1, 7, 40, 16), torch.float32, dict(block_n=32)),        # MQA, T < S (a cache offset)
+             ((1, 2, 1, 33, 33, 32), torch.float16, {{}}),                   # GQA 2 in fp16
+             ((1, 2, 2, 20, 20, 16), torch.bfloat16, {{}})]                  # bf16
+
+    def check_backward():
+        for i, (shape, dtype, kw) in enumerate(CASES):
+            q, k, v, do = qkv_do(*shape, seed=40 + i, dtype=dtype)
+            for causal in (False, True):
+                want = autograd_grads(q, k, v, do, causal)
+                out, lse = flash_attention_triton(q, k, v, causal=causal, return_lse=True)
+                got = flash_attention_backward_triton(q, k, v, out, lse, do, causal=causal, **kw)
+                for name, g, w, x in zip("qkv", got, want, (q, k, v)):
+                    assert g.dtype == x.dtype and g.shape == x.shape, name
+                    torch.testing.assert_close(g.float(), w, rtol=TOL[dtype], atol=TOL[dtype],
+                                               msg=lambda m: f"{{shape}} {{dtype}} causal={{causal}} d{{name}}: {{m}}")
+        # the autograd function: loss.backward() through the Triton forward and backward
+        q, k, v, do = qkv_do(1, 4, 2, 19, 19, 16, seed=50)
+        want = autograd_grads(q, k, v, do, True, scale=0.2)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = flash_attention_autograd(*leaves, causal=True, scale=0.2)
+        (out * do).sum().backward()
+        for x, w in zip(leaves, want):
+            torch.testing.assert_close(x.grad, w, rtol=2e-4, atol=2e-4)
+
+    check_backward()          # the interpreter's loops: host-known bounds, every mask
+    q, k, v, do = qkv_do(1, 2, 2, 4, 4, 16, seed=13)
+    try:
+        flash_attention_backward_triton(q, k, v, q, q[..., 0], do, block_m=24)
+        raise AssertionError("block_m=24 accepted")
+    except ValueError as e:
+        assert "block_m" in str(e)
+    # the compiled path's loops (runtime bounds, the causal skipping), where the interpreter allows them
+    triton_online_softmax.STATIC_LOOP_IN_INTERPRETER = False
+    try:
+        check_backward()
+        print("RUNTIME_LOOP_OK")
+    except Exception as e:
+        if "0-dimensional" not in str(e):
+            raise
+        print("RUNTIME_LOOP_UNSUPPORTED", triton.__version__)
+    print("TRITON_BACKWARD_OK")
+""")
+
+
+@pytest.mark.slow
+def test_triton_backward_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    script = TRITON_SCRIPT.format(root=str(ROOT), tests=str(ROOT / "tests"))
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert "TRITON_BACKWARD_OK" in res.stdout, res.stdout + res.stderr
+    if "RUNTIME_LOOP_UNSUPPORTED" in res.stdout:
+        import triton
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+        assert version < (3, 9), "only old interpreters may refuse a tensor loop bound"
+
+
+def test_triton_backward_needs_cuda_or_the_interpreter():
+    pytest.importorskip("triton")
+    from course_lib.attention import triton_flash_backward
+    if triton_flash_backward.interpreting():
+        pytest.skip("TRITON_INTERPRET is set in this process")
+    q, k, v, do = qkv_do(1, 2, 2, 4, 4, 16, seed=13)
+    out, lse = tiled_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="CUDA"):
+        triton_flash_backward.flash_attention_backward_triton(q, k, v, out, lse, do)

@@ -110,6 +110,21 @@ KERNELS = {
          ("s_oh", _I32)),
         lambda dt: dict(NUM_SPLITS=5, BLOCK_S=8, HEAD_DIM=80, BLOCK_D=128),
         dict(num_warps=4), launched_in=("half", "fp16", "fp32")),
+    # FlashAttention's backward (training: the 16-bit types only), at the launcher's GPU default tiles
+    "flash backward dK dV": Kernel(
+        "course_lib.attention.triton_flash_backward", "_bwd_dkdv_kernel",
+        (("Q", "*T"), ("K", "*T"), ("V", "*T"), ("DO", "*T"), ("LSE", "*fp32"), ("DELTA", "*fp32"), ("DK", "*T"),
+         ("DV", "*T"), ("scale", "fp32"), ("qk_scale", "fp32"), ("T", _I32), ("S", _I32)),
+        lambda dt: dict(GROUP=4, HEAD_DIM=64, BLOCK_D=64, CAUSAL=True, STATIC_ROWS=0,
+                        DOT_PRECISION=_dot_precision(dt), UPCAST_DOT=False, BLOCK_M=64, BLOCK_N=64),
+        dict(num_warps=4, num_stages=2), dots=True, loops=True),
+    "flash backward dQ": Kernel(
+        "course_lib.attention.triton_flash_backward", "_bwd_dq_kernel",
+        (("Q", "*T"), ("K", "*T"), ("V", "*T"), ("DO", "*T"), ("LSE", "*fp32"), ("DELTA", "*fp32"), ("DQ", "*T"),
+         ("scale", "fp32"), ("qk_scale", "fp32"), ("T", _I32), ("S", _I32)),
+        lambda dt: dict(H=32, GROUP=4, HEAD_DIM=64, BLOCK_D=64, CAUSAL=True, STATIC_TOKENS=0,
+                        DOT_PRECISION=_dot_precision(dt), UPCAST_DOT=False, BLOCK_M=64, BLOCK_N=64),
+        dict(num_warps=4, num_stages=2), dots=True, loops=True),
 }
 
 # @triton.jit functions that are not launched themselves but inlined into a kernel of KERNELS: compiling
@@ -122,6 +137,8 @@ INLINED = {
     "_paged_tile": "paged decode",
     "online_softmax_tile": "paged decode",      # shared: flash forward (in _fwd_tiles), flash-decoding, paged decode
     "store_split": "flash-decoding",            # shared: flash-decoding and paged decode
+    "_dkdv_tiles": "flash backward dK dV",
+    "_bwd_dot": "flash backward dQ",            # shared: both backward kernels (dK dV through _dkdv_tiles)
 }
 
 
