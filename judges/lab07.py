@@ -1,4 +1,5 @@
-"""Lab 07's judge: online softmax, tiled attention (memory and work bounds), the IO prediction, the Triton kernel.
+"""Lab 07's judge: online softmax, tiled attention (memory and work bounds), the IO prediction, the Triton kernel,
+its backward pass.
 
 Inputs are drawn here and sent as tensors; outputs are compared with `course_lib.attention.reference_attention`
 here. The memory and work bounds of Parts B, C and E are what the driver's watch saw inside the kernel (every
@@ -7,7 +8,9 @@ the student's process, which a student who attacks the driver could falsify; the
 here. Part C is judged with Part B's known mistakes excused when Part B was charged for them (each planted
 mistake has its causal version below), so one bug in the shared loop costs one part. Part E's shapes include a
 grid over every residue of S and of S - T modulo the key tile, so a kernel whose loop stops one tile short
-fails on every run, not on the shapes a draw happens to give.
+fails on every run, not on the shapes a draw happens to give. Part F's gradients are compared with
+torch.autograd through `reference_attention`, here; its grid covers T < S, a decode row, T > S (non-causal)
+and exact tile multiples.
 """
 import math
 
@@ -27,6 +30,12 @@ judge = Judge(references={
     "flash_kernel_tests": ["course_lib.attention.reference.reference_attention",
                            "course_lib.attention.triton_flash.flash_attention_triton",
                            "course_lib.attention.triton_flash._flash_fwd_kernel"],
+    "flash_backward_tests": ["course_lib.attention.reference.reference_attention",
+                             "course_lib.attention.backward.tiled_attention_backward",
+                             "course_lib.attention.triton_flash_backward.flash_attention_backward_triton",
+                             "course_lib.attention.triton_flash_backward.flash_attention_autograd",
+                             "course_lib.attention.triton_flash_backward._bwd_dkdv_kernel",
+                             "course_lib.attention.triton_flash_backward._bwd_dq_kernel"],
 })
 
 
@@ -328,6 +337,85 @@ def flash_kernel(t):
             t.raises(t.outcome("flash_attention", *args, **kw), "ValueError", what=f"flash_attention with {bad}")
 
 
+# ---------------------------------------------------------------------------------------------------
+# Part F
+
+def backward_inputs(t, B, Hkv, G, T, S, D, causal):
+    """The inputs of flash_attention_backward (q, k, v, the forward's out and lse, dout), autograd's gradients
+    through the reference, and the gradients with the planted mistake (dS = P * dP, D not subtracted)."""
+    H = Hkv * G
+    q, do = randn(t, B, H, T, D), randn(t, B, H, T, D)
+    k, v = randn(t, B, Hkv, S, D), randn(t, B, Hkv, S, D)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, lse = reference_attention(*leaves, causal=causal, return_lse=True)
+    want = dict(zip(("dq", "dk", "dv"), torch.autograd.grad(out, leaves, do)))
+    scale = 1 / math.sqrt(D)
+    kr, vr = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = q @ kr.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(torch.arange(S)[None, :] > torch.arange(T)[:, None] + S - T, -math.inf)
+    ds = s.softmax(-1) * (do @ vr.transpose(-1, -2))                      # no "- D"
+    planted = {"dq": ds @ kr * scale,
+               "dk": (ds.transpose(-1, -2) @ q * scale).reshape(B, Hkv, G, S, D).sum(2)}
+    return (q, k, v, out.detach(), lse.detach(), do), want, planted
+
+
+def backward_case(t, what, inputs, want, planted, causal, bm=16, bn=16):
+    o = t.run([call("flash_attention_backward", *inputs, causal=causal, block_m=bm, block_n=bn,
+                    watch="tensors")])[0]
+    got = o.get()
+    t.expect(isinstance(got, (tuple, list)) and len(got) == 3,
+             f"{what}: flash_attention_backward must return (dq, dk, dv), got {type(got).__name__}")
+    for (name, w), x, g in zip(want.items(), inputs[:3], got):
+        t.expect(getattr(g, "shape", None) == x.shape, f"{what}: {name} must have shape {tuple(x.shape)}, got "
+                                                        f"{tuple(getattr(g, 'shape', ()))}")
+        check_close(g, w, f"{what}: {name}", rtol=1e-4, atol=1e-4,
+                    mistakes={t.mistake("bwd_no_delta"): planted[name]} if name in planted else None)
+    watch = o.watch or {}
+    t.expect(not watch.get("matmul_elements"), f"{what}: PyTorch matmuls produced {watch.get('matmul_elements')} "
+                                               "elements: the gradients must be computed by your Triton kernels, "
+                                               "not by torch in the launcher")
+    limit = max(inputs[0].numel(), inputs[1].numel())
+    t.expect(watch.get("largest", 0) <= limit,
+             f"{what}: a tensor of {watch.get('largest')} elements (shape {watch.get('largest_shape')}) was created, "
+             f"more than the contract's bound {limit}")
+
+
+@judge.part("flash_backward_tests", groups={"values": 3, "errors": 1})
+def flash_backward(t):
+    # (B, Hkv, G, T, S, D, causal, block_m, block_n): the grid, then drawn shapes
+    shapes = [(1, 1, 1, 1, 1, 16, False, 16, 16), (1, 1, 2, 16, 16, 16, True, 16, 16),
+              (1, 2, 2, 17, 33, 16, True, 16, 16), (1, 1, 3, 1, 40, 32, True, 16, 16),
+              (2, 1, 1, 31, 17, 16, False, 16, 16), (1, 1, 2, 20, 20, 64, False, 16, 16),
+              (1, 1, 2, 9, 45, 16, True, 32, 16)]
+    for bm, bn in ((16, 16), (16, 16), (16, 16), (16, 32), (32, 16), (16, 16)):
+        causal = t.rng.random() < 0.6
+        S = t.rng.randint(1, 48)
+        T = t.rng.randint(1, S) if causal else t.rng.randint(1, 48)
+        shapes.append((t.rng.randint(1, 2), t.rng.randint(1, 2), t.rng.randint(1, 3), T, S, t.rng.choice([16, 32]),
+                       causal, bm, bn))
+    for B, Hkv, G, T, S, D, causal, bm, bn in shapes:
+        inputs, want, planted = backward_inputs(t, B, Hkv, G, T, S, D, causal)
+        what = (f"flash_attention_backward(q [{B}, {Hkv * G}, {T}, {D}], k/v [{B}, {Hkv}, {S}, {D}], "
+                f"causal={causal}, block_m={bm}, block_n={bn})")
+        with t.case(what, group="values"):
+            backward_case(t, what, inputs, want, planted, causal, bm, bn)
+    (q, k, v, out, lse, do), _, _ = backward_inputs(t, 1, 2, 2, 10, 12, 16, False)
+    for bad, args, kw in (("lse of 9 rows for 10 queries", (q, k, v, out, lse[:, :, :9], do), {}),
+                          ("dout of 3 heads", (q, k, v, out, lse, do[:, :3]), {}),
+                          ("3 query heads over 2 KV heads", (q[:, :3], k, v, out[:, :3], lse[:, :3], do[:, :3]), {}),
+                          ("a head dim of 24", tuple(torch.zeros(*x.shape[:-1], 24) for x in (q, k, v, out))
+                           + (lse, torch.zeros(*do.shape[:-1], 24)), {}),
+                          ("float64 inputs", tuple(x.double() for x in (q, k, v, out, lse, do)), {}),
+                          ("causal with 10 queries and 8 keys", (q, k[:, :, :8], v[:, :, :8], out, lse, do),
+                           {"causal": True}),
+                          ("block_n=8", (q, k, v, out, lse, do), {"block_n": 8}),
+                          ("block_m=24", (q, k, v, out, lse, do), {"block_m": 24})):
+        with t.case(f"flash_attention_backward with {bad}", group="errors"):
+            t.raises(t.outcome("flash_attention_backward", *args, **kw), "ValueError",
+                     what=f"flash_attention_backward with {bad}")
+
+
 def mutants():
     """Planted wrong answers for the round trips (tests/test_judges.py, tests/test_grading.py)."""
     import sys
@@ -360,4 +448,9 @@ def mutants():
          {"flash_kernel_answer": solution_with("lab07", "flash_kernel_answer", {
              "    for start in range(0, hi, BLOCK_N):": "    for start in range(0, hi - 1, BLOCK_N):"})},
          []),
+        ("the backward forgets D = rowsum(dO * O): dS = P * dP in both kernels",
+         {"flash_backward_answer": solution_with("lab07", "flash_backward_answer", {
+             "            ds_t = p_t * (dp_t - delta[None, :])": "            ds_t = p_t * dp_t",
+             "        ds = p * (dp - delta[:, None])": "        ds = p * dp"})},
+         ["bwd_no_delta"]),
     ]

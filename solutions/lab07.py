@@ -15,6 +15,8 @@
 # * **Part E (4 points, contract): a FlashAttention kernel in Triton.** The same loop as one GPU kernel,
 #   written from its specification; graded in Triton's CPU interpreter, timed against PyTorch's SDPA when
 #   there is a GPU.
+# * **Part F (4 points, contract): the backward pass in Triton.** The gradients of attention from the
+#   forward's output and log-sum-exp, recomputing the probabilities tile by tile; graded in the interpreter.
 #
 # How it works:
 #
@@ -22,9 +24,9 @@
 # * Each part is followed by a test cell with fixed examples. When grading, the grader runs your code on
 #   shapes of its own (drawn for you, and a grid of edge cases: lengths that are not multiples of the tile
 #   sizes, every residue of the causal offset) and compares the results with the course's reference.
-# * PyTorch only (and Triton in Part E); do not import `course_lib.attention`: the grader flags an answer
+# * PyTorch only (and Triton in Parts E and F); do not import `course_lib.attention`: the grader flags an answer
 #   that does, and while it grades, the course's reference attention and kernels are not in the library.
-# * Everything runs on a CPU in seconds (Part E in Triton's interpreter, on small shapes). Total: 16 points.
+# * Everything runs on a CPU in seconds (Parts E and F in Triton's interpreter, on small shapes). Total: 20 points.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -78,6 +80,9 @@ MISTAKES = {
                                "accumulator acc: acc holds sums of exp(s - m_old) v and needs the same factor "
                                "exp(m_old - m_new) before the new tile's p @ v is added; see notebook 07, "
                                "sections '3. Online softmax, step by step' and '5. A Triton kernel'",
+    "bwd_no_delta": "your backward computes dS = P * dP without subtracting D = rowsum(dO * O): softmax's "
+                    "backward is dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik), and that row sum equals rowsum(dO * O) "
+                    "because O = P V; dv comes out right, dq and dk do not; see this lab's Part F, Hint 1",
 }
 
 
@@ -723,6 +728,235 @@ else:
                      measured=f"yours takes {_ratio:.2f}x SDPA's time; {_cmp.describe()}",
                      advice="a plain kernel is expected to lose here (see above); on a T4 Triton's code does not "
                             "use the tensor cores; try block_n=32 or 128, and see notebook 07, section '5. A Triton kernel'")
+
+# %% [markdown] id="c023a"
+# ## Part F · FlashAttention's backward pass in Triton (4 points, contract)
+#
+# Training needs the gradients of attention. Autograd through the plain version keeps the `T x S`
+# probabilities for the backward pass; FlashAttention's forward keeps only the output `O` and one number
+# per row, the natural log-sum-exp `L` of its scaled scores (the third item of "Going further" below), and
+# its backward **recomputes** each tile's probabilities from it, `P = exp(q k^T / sqrt(D) - L)`, exactly
+# [@dao2022flashattention, Appendix B]. With `dO` the gradient of the output, per query tile `i` and key
+# tile `j`: `dV_j += P^T dO_i`, `dP = dO_i V_j^T`, `dS = P * (dP - D_i)`, `dQ_i += dS K_j / sqrt(D)`,
+# `dK_j += dS^T Q_i / sqrt(D)`, where `D = rowsum(dO * O)` is one number per query row. FlashAttention-2
+# [@dao2024flashattention2, Algorithm 2] saves `L` alone, as here, and gives each program a key tile.
+#
+# **Contract.** `flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_m=16, block_n=16)`, a
+# launcher in Python that runs `@triton.jit` kernels of yours (one or more; names and arguments yours):
+#
+# * **takes** `q`, `out`, `dout` `[B, H, T, D]` and `k`, `v` `[B, Hkv, S, D]`, float32, and `lse` `[B, H, T]`
+#   float32 (the natural log-sum-exp of each row's scores `q k^T / sqrt(D)`, what the forward saved), all
+#   on `KERNEL_DEVICE`; `H` a multiple of `Hkv` (query head `h` reads KV head `h // (H // Hkv)`), `D` one of
+#   16, 32, 64, `S >= 1`, and, when `causal`, `T <= S` with query `t` seeing the keys `j <= t + S - T`
+#   (Part E's rule); `block_m`, `block_n` powers of two `>= 16` that need not divide `T` or `S`;
+# * **returns** `(dq, dk, dv)`, float32, shaped like `q`, `k`, `v`: the gradients of `sum(O * dout)` with
+#   respect to `q`, `k`, `v`, what `torch.autograd` gives through the plain attention, within `1e-4`
+#   (relative and absolute) on inputs of magnitude a few units. With GQA, a KV head's `dk` and `dv` sum the
+#   contributions of all its query heads;
+# * **memory bound**: the scores and probabilities exist only as tiles inside a program; the launcher
+#   creates no tensor larger than `q` or `k` and does no matmul in PyTorch (per-row quantities such as `D`
+#   may be computed there);
+# * **raises** `ValueError` when the shapes do not fit (as Part E, and `out`, `dout`, `lse` not matching
+#   `q`), `D` or a tile size is not allowed, an input is not float32, or `causal` with `T > S`.
+#
+# The tests run it in the interpreter on small shapes, causal and not, with GQA, `T < S` and lengths that are
+# not multiples of the tiles, against autograd through the plain attention.
+#
+# <details><summary>Hint 1: where D comes from</summary>
+#
+# Softmax's backward is `dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)`: the sum runs over a whole row of keys,
+# which no key tile has. Since `O = P V`, that sum equals `rowsum(dO * O)`, which needs no `P` at all:
+# compute it once per row before the tiles (forgetting it, `dS = P * dP`, leaves `dv` right and `dq`, `dk`
+# wrong).
+# </details>
+#
+# <details><summary>Hint 2: who writes what</summary>
+#
+# `dk` and `dv` of a key tile sum over every query; `dq` of a query tile sums over every key. A program
+# that owns a key tile (of one KV head) and walks the query tiles can keep `dk`, `dv` in registers and
+# write them once; `dq` then needs either atomic adds from every key tile or a second kernel that owns a
+# query tile and walks the keys, recomputing `P` once more (deterministic, no atomics, and what the
+# interpreter runs plainly). With GQA, the program of a KV head walks the query tiles of each head of its
+# group, so that no two programs write the same rows of `dk`, `dv`.
+# </details>
+#
+# <details><summary>Hint 3: masks and scales</summary>
+#
+# * Rows past `T` and keys past `S` load as zeros, and a zero score still gives a weight: set the padded and
+#   causally hidden entries of `P` itself to 0 (not only the scores), and load `lse` and `D` with the same
+#   row mask.
+# * The scale `1 / sqrt(D)` is inside `P` and multiplies `dq` and `dk` once more (the chain rule through the
+#   scores); `dv` has none.
+# * Causal: a key tile is seen only by the queries from position `j0 - (S - T)` on; the loop over query
+#   tiles may start at the tile that holds it.
+# </details>
+
+# %% id="c023b" nbgrader={"grade": false, "grade_id": "flash_backward_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# Your @triton.jit kernel(s) here, then the launcher below them.
+### BEGIN SOLUTION
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, T, S, scale,
+              H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: a key tile of one (batch, KV head); dK, dV summed over the queries of its G heads."""
+    j, bkv = tl.program_id(0), tl.program_id(1)        # bkv = b * Hkv + KV head
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    kv_ptrs = bkv * S * D + cols[:, None] * D + d[None, :]
+    k = tl.load(K + kv_ptrs, mask=cols[:, None] < S, other=0.0)
+    v = tl.load(V + kv_ptrs, mask=cols[:, None] < S, other=0.0)
+    dk = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, D], tl.float32)
+    lo = 0
+    if CAUSAL:                                         # the first query that sees key j * BLOCK_N, its tile
+        lo = (tl.maximum(j * BLOCK_N - (S - T), 0) // BLOCK_M) * BLOCK_M
+    for g in range(GROUP):
+        bh = bkv * GROUP + g                           # = b * H + h, h = kv head * GROUP + g
+        for start in range(lo, T, BLOCK_M):
+            rows = start + tl.arange(0, BLOCK_M)
+            q_ptrs = bh * T * D + rows[:, None] * D + d[None, :]
+            q = tl.load(Q + q_ptrs, mask=rows[:, None] < T, other=0.0)
+            do = tl.load(DO + q_ptrs, mask=rows[:, None] < T, other=0.0)
+            lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)
+            delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
+            valid = (cols[:, None] < S) & (rows[None, :] < T)             # [BLOCK_N, BLOCK_M]: transposed
+            if CAUSAL:
+                valid = valid & (cols[:, None] <= rows[None, :] + S - T)
+            s_t = tl.dot(k, tl.trans(q), input_precision="ieee") * scale
+            p_t = tl.where(valid, tl.exp(s_t - lse[None, :]), 0.0)         # P^T, recomputed
+            dv += tl.dot(p_t, do, input_precision="ieee")
+            dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += tl.dot(ds_t, q, input_precision="ieee")
+    tl.store(DK + kv_ptrs, dk * scale, mask=cols[:, None] < S)
+    tl.store(DV + kv_ptrs, dv, mask=cols[:, None] < S)
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, T, S, scale,
+            H: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, CAUSAL: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: a query tile of one (batch, head); dQ summed over the keys it sees."""
+    i, bh = tl.program_id(0), tl.program_id(1)
+    bkv = bh // GROUP                                  # = b * Hkv + (h // GROUP)
+    rows = i * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    q_ptrs = bh * T * D + rows[:, None] * D + d[None, :]
+    q = tl.load(Q + q_ptrs, mask=rows[:, None] < T, other=0.0)
+    do = tl.load(DO + q_ptrs, mask=rows[:, None] < T, other=0.0)
+    lse = tl.load(LSE + bh * T + rows, mask=rows < T, other=0.0)
+    delta = tl.load(DELTA + bh * T + rows, mask=rows < T, other=0.0)
+    dq = tl.zeros([BLOCK_M, D], tl.float32)
+    hi = S
+    if CAUSAL:
+        hi = tl.minimum(S, (i + 1) * BLOCK_M + S - T)
+    for start in range(0, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        kv_ptrs = bkv * S * D + cols[:, None] * D + d[None, :]
+        k = tl.load(K + kv_ptrs, mask=cols[:, None] < S, other=0.0)
+        v = tl.load(V + kv_ptrs, mask=cols[:, None] < S, other=0.0)
+        valid = (rows[:, None] < T) & (cols[None, :] < S)
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None] + S - T)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds, k, input_precision="ieee")
+    tl.store(DQ + q_ptrs, dq * scale, mask=rows[:, None] < T)
+### END SOLUTION
+
+
+def flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_m=16, block_n=16):
+    """FlashAttention's backward: the forward's out [B, H, T, D] and lse [B, H, T], dout -> (dq, dk, dv)."""
+    ### BEGIN SOLUTION
+    for name, size in (("block_m", block_m), ("block_n", block_n)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 16 or size & (size - 1):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.arange, tl.dot), got {size!r}")
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"q must be [B, H, T, D] and k, v the same [B, Hkv, S, D], got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if k.shape[0] != B or k.shape[3] != D or Hkv < 1 or H % Hkv or S < 1:
+        raise ValueError(f"k, v must be [B={B}, Hkv, S>=1, D={D}] with H={H} a multiple of Hkv, got {tuple(k.shape)}")
+    if out.shape != q.shape or dout.shape != q.shape or lse.shape != q.shape[:3]:
+        raise ValueError(f"out and dout must be shaped like q {tuple(q.shape)} and lse [B, H, T] = "
+                         f"{tuple(q.shape[:3])}, got {tuple(out.shape)}, {tuple(dout.shape)}, {tuple(lse.shape)}")
+    if D not in (16, 32, 64):
+        raise ValueError(f"the head dim D must be 16, 32 or 64, got {D}")
+    if any(x.dtype != torch.float32 for x in (q, k, v, out, lse, dout)):
+        raise ValueError("q, k, v, out, lse, dout must all be float32")
+    if causal and T > S:
+        raise ValueError(f"causal attention needs T <= S (the queries are the last T positions), got T={T}, S={S}")
+    q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
+    lse = lse.contiguous()
+    delta = (dout * out).sum(-1)                       # D = rowsum(dO * O): one number per query row
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    meta = dict(H=H, GROUP=H // Hkv, D=D, CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n)
+    scale = 1.0 / math.sqrt(D)
+    _bwd_dkdv[(triton.cdiv(S, block_n), B * Hkv)](q, k, v, dout, lse, delta, dk, dv, T, S, scale, **meta)
+    _bwd_dq[(triton.cdiv(T, block_m), B * H)](q, k, v, dout, lse, delta, dq, T, S, scale, **meta)
+    return dq, dk, dv
+    ### END SOLUTION
+
+
+# %% id="c023c" nbgrader={"grade": true, "grade_id": "flash_backward_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+def _backward_case(B, H, Hkv, T, S, D, causal, seed):
+    """Inputs, the forward's out and lse, and autograd's gradients through the plain attention."""
+    gen = torch.Generator().manual_seed(seed)
+    q, do = torch.randn(B, H, T, D, generator=gen), torch.randn(B, H, T, D, generator=gen)
+    k, v = torch.randn(B, Hkv, S, D, generator=gen), torch.randn(B, Hkv, S, D, generator=gen)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = _attention(*leaves, causal=causal)
+    grads = torch.autograd.grad(out, leaves, do)
+    G = H // Hkv
+    s = q @ k.repeat_interleave(G, 1).transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        s = s.masked_fill(torch.arange(S)[None, :] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    p, dp = s.softmax(-1), do @ v.repeat_interleave(G, 1).transpose(-1, -2)
+    no_delta_dq = (p * dp) @ k.repeat_interleave(G, 1) / math.sqrt(D)     # the mistake of Hint 1
+    return (q, k, v, out.detach(), torch.logsumexp(s, -1), do), grads, no_delta_dq
+
+
+def _backward_checked(inputs, causal, what):
+    """flash_attention_backward on KERNEL_DEVICE, under watch: three gradients shaped like q, k, v, no
+    PyTorch matmul, no tensor larger than q or k. Returns them on the CPU."""
+    inputs = [x.to(KERNEL_DEVICE) for x in inputs]
+    with _Watch() as watch:
+        got = flash_attention_backward(*inputs, causal=causal)
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        raise AssertionError(f"{what}: flash_attention_backward must return (dq, dk, dv), got {type(got).__name__}")
+    for name, g, x in zip(("dq", "dk", "dv"), got, inputs[:3]):
+        check_shape(g, tuple(x.shape), f"{what}: {name}")
+    if watch.matmul_elements:
+        raise AssertionError(f"{what}: PyTorch matmuls produced {watch.matmul_elements} elements: the gradients "
+                             "must be computed by your Triton kernels, not by torch in the launcher")
+    limit = max(inputs[0].numel(), inputs[1].numel())
+    if watch.largest > limit:
+        raise AssertionError(f"{what}: a tensor of {watch.largest} elements (shape {watch.largest_shape}) was "
+                             f"created, more than the contract's bound {limit}")
+    return [g.cpu() for g in got]
+
+
+for _shape, _causal in (((1, 2, 2, 20, 20, 16), False), ((1, 4, 2, 20, 20, 16), True),
+                        ((2, 2, 1, 5, 37, 16), True), ((1, 2, 1, 1, 18, 32), True)):
+    _inputs, _want, _no_delta = _backward_case(*_shape, _causal, seed=sum(_shape))
+    _what = (f"flash_attention_backward(q [{_shape[0]}, {_shape[1]}, {_shape[3]}, {_shape[5]}], k/v [{_shape[0]}, "
+             f"{_shape[2]}, {_shape[4]}, {_shape[5]}], causal={_causal})")
+    _got = _backward_checked(_inputs, _causal, _what)
+    check_close(_got[0], _want[0], _what + ": dq", rtol=1e-4, atol=1e-4,
+                mistakes={MISTAKES["bwd_no_delta"]: _no_delta})
+    for _name, _g, _w in zip(("dk", "dv"), _got[1:], _want[1:]):
+        check_close(_g, _w, f"{_what}: {_name}", rtol=1e-4, atol=1e-4)
+_inputs = [x.to(KERNEL_DEVICE) for x in _backward_case(1, 4, 2, 6, 6, 16, False, seed=3)[0]]
+check_raises(lambda: flash_attention_backward(*_inputs[:4], _inputs[4][:, :, :5], _inputs[5]), ValueError,
+             "flash_attention_backward with lse of 5 rows for 6 queries")
+check_raises(lambda: flash_attention_backward(_inputs[0][:, :3], *_inputs[1:]), ValueError,
+             "flash_attention_backward with 3 query heads over 2 KV heads")
+check_raises(lambda: flash_attention_backward(*_inputs, block_n=8), ValueError,
+             "flash_attention_backward with block_n=8")
+print("Part F: visible tests passed" + ("" if KERNEL_ON_GPU else " (in Triton's interpreter, on the CPU)"))
 
 # %% [markdown] id="c017"
 # ## Going further (not graded)
