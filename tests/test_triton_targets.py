@@ -136,3 +136,38 @@ def test_lab07_answer_kernel_builds_for_a_t4_and_an_a100(cc):
         assert "mma" not in ptx, "Triton now uses tensor cores on sm_75: update Lab 07 Part E's T4 paragraph"
     else:
         assert "mma" in ptx, "the lab's fp16 dots are not on tensor cores on sm_80"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", [75, 80])
+def test_lab07_backward_answer_kernels_build_for_a_t4_and_an_a100(cc):
+    """Lab 07 Part F's answer kernels (fp32 only, the lab's contract) compile for sm_75 and sm_80, where a
+    student's GPU runs them: no bf16, and IEEE fp32 dots (no tensor cores)."""
+    pytest.importorskip("triton")
+    _skip_if_interpreting()
+    import linecache
+    import math
+
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from course_grading.build import answer_sources, read_notebook
+    src = answer_sources(read_notebook(ROOT / "solutions" / "lab07.ipynb"))["flash_backward_answer"]
+    name = "<lab07 flash_backward_answer>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)    # @triton.jit reads the source here
+    ns = {"math": math, "torch": torch, "triton": triton, "tl": tl, "__name__": "lab07_backward_answer"}
+    exec(compile(src, name, "exec"), ns)
+    const = dict(H=16, GROUP=4, D=64, CAUSAL=True, BLOCK_M=32, BLOCK_N=32)
+    for kernel, pointers in (("_bwd_dkdv", ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV")),
+                             ("_bwd_dq", ("Q", "K", "V", "DO", "LSE", "DELTA", "DQ"))):
+        sig = {p: "*fp32" for p in pointers}
+        sig.update({"T": "i32", "S": "i32", "scale": "fp32"}, **{k: "constexpr" for k in const})
+        build = triton.compile(ASTSource(fn=ns[kernel], signature=sig, constexprs=const),
+                               target=GPUTarget("cuda", cc, 32), options=dict(num_warps=4, num_stages=2))
+        ptx = build.asm["ptx"]
+        assert re.search(rf"^\.target sm_{cc}a?\b", ptx, re.M) and len(build.asm["cubin"]) > 0, kernel
+        assert "bf16" not in build.asm["ttir"], f"{kernel}: an fp32 launch asks for bf16"
+        assert "mma" not in ptx, f"{kernel}: fp32 dots on tensor cores (tf32), not IEEE fp32"
