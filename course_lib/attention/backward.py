@@ -5,7 +5,7 @@ The forward saved only the output O [T, Dh] and each row's natural log-sum-exp L
 return_lse=True)``), never the T x S probabilities. The backward recomputes them tile by tile from L, so its
 memory stays linear in the sequence length: FlashAttention's backward (Dao et al. 2022, Appendix B.2 and
 B.4, Algorithm 4, which saves the row max and sum; FlashAttention-2's backward saves their log-sum-exp alone,
-as here, and puts the key tiles in the outer loop, Dao 2024, Section 3.1.2, Algorithm 2). With dO the
+as here, and gives each key tile its own thread block, Dao 2024, Section 3.1.2, Algorithm 2). With dO the
 gradient of the output, per (query tile i, key tile j):
 
     P_ij  = exp(Q_i K_j^T * scale - L_i)         the forward's probabilities, recomputed exactly
@@ -18,7 +18,7 @@ gradient of the output, per (query tile i, key tile j):
 D = rowsum(dO * O) is rowsum(P * dP) (since O = P V), computed once per row from what the forward saved
 instead of from a whole row of P (Dao et al. 2022, Appendix B.2).
 
-Loop order (FlashAttention-2's): the outer loop walks the key tiles, so each dK_j, dV_j is summed over the
+Loop order (both papers' backward): the outer loop walks the key tiles, so each dK_j, dV_j is summed over the
 query tiles in registers and written once; dQ_i gets a contribution from every key tile, here an fp32
 buffer (the Triton version gives dQ its own pass instead, see ``triton_flash_backward``). Causal: query t
 sits at position S - T + t and sees keys <= there (as ``tiled_attention``); (query tile, key tile) pairs

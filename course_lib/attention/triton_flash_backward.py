@@ -4,7 +4,7 @@ forward (``triton_flash.flash_attention_triton``) and whose backward is this.
 Same math as the PyTorch reference ``backward.tiled_attention_backward`` (read that first): the forward
 saves the output O and the natural log-sum-exp L of every row; the backward recomputes each tile's
 probabilities P = exp(Q K^T * scale - L), never storing a T x S matrix (Dao et al. 2022, Appendix B.4,
-Algorithm 4; with L alone saved and the key tiles outside, FlashAttention-2's backward, Dao 2024,
+Algorithm 4; with L alone saved and one program per key tile, FlashAttention-2's backward, Dao 2024,
 Section 3.1.2, Algorithm 2). Three steps:
 
 1. D = rowsum(dO * O) [B, H, T], fp32, in PyTorch (one elementwise product and a sum: nothing to tile);
@@ -15,8 +15,8 @@ Section 3.1.2, Algorithm 2). Three steps:
 3. ``_bwd_dq_kernel``, one program per (query tile of BLOCK_M, batch * query head): it walks the key tiles
    and accumulates dQ = scale * sum dS K, written once.
 
-FlashAttention-2 folds step 3 into step 2 with atomic adds on dQ; a second kernel recomputes P once more
-(about a third more FLOPs) but needs no atomics, so dQ is deterministic and the kernel runs as is under
+FlashAttention-2 folds step 3 into step 2 with atomic adds on dQ; a second kernel recomputes P and dP once
+more (7 tile matmuls instead of 5: 40% more FLOPs) but needs no atomics, so dQ is deterministic and the kernel runs as is under
 the interpreter. Both kernels work in log2 units (``exp2``, the scale folded with log2(e), as the forward).
 Causal (query t at position S - T + t sees keys <= there, T <= S): each kernel skips the tiles wholly in
 the future. Unlike the forward, every visited tile is masked (rows past T, keys past S, the diagonal):
