@@ -6,7 +6,9 @@ reference run on the same script here. Part B's manager and Part D's copy-on-wri
 allocator as a stand-in (`Trial.remote`): the allocator lives in the grader, so Part B is judged on the
 reference allocator, not on the student's Part A, and its code never enters the kernel. Part D is judged on
 its sharing structure: block numbers are compared up to a renaming (`canonical`), so an order of allocation
-that Part B chose (e.g. its free order, which Part B is charged for) is not charged again.
+that Part B chose (e.g. its free order, which Part B is charged for) is not charged again. Part C's prediction
+(the expected empty slots and the pool's waste fraction for a mix of length ranges) is judged on an edge grid and
+drawn mixes against an enumeration of every length here, not the cycle argument of the solution.
 """
 import math
 
@@ -272,16 +274,67 @@ def blocks(t):
                     "(free blocks, num_tokens('c'), block_table('c')) after the failed append_token")
 
 
+def waste_slots(n: int, bs: int) -> int:
+    """The empty slots of a sequence of n tokens: its ceil(n / bs) blocks hold ceil(n / bs) * bs slots."""
+    return -(-n // bs) * bs - n
+
+
+def waste_full_block(n: int, bs: int) -> int:
+    """The planted off-by-one: a length that fills its last block counted with a whole empty block."""
+    return bs - n % bs
+
+
+def mix_by_enumeration(mix, bs, waste=waste_slots):
+    """Every length of every kind, one by one (no cycle argument, unlike the solution): (E[empty slots],
+    E[tokens], E[empty / allocated] (the mean of each sequence's own fraction, a planted mistake))."""
+    empty = tokens = ratio = 0.0
+    for w, lo, hi in mix:
+        wastes = [(n, waste(n, bs)) for n in range(lo, hi + 1)]
+        empty += w * sum(x for _, x in wastes) / len(wastes)
+        tokens += w * sum(n for n, _ in wastes) / len(wastes)
+        ratio += w * sum(x / (n + x) for n, x in wastes) / len(wastes)
+    return empty, tokens, ratio
+
+
+def draw_mix(t, bs):
+    """1 to 3 kinds of requests, each a range of lengths: a single length, a range narrower than a block (a
+    templated request), or a wide one (chat turns, documents); weights that add up to 1."""
+    kinds = []
+    for _ in range(t.rng.randint(1, 3)):
+        lo = t.rng.choice([t.rng.randint(1, 300), t.rng.randint(1, 4000), t.rng.randint(1, 40) * bs])
+        hi = lo + t.rng.choice([0, t.rng.randint(1, bs), t.rng.randint(1, 3000)])
+        kinds.append([t.rng.randint(1, 9), lo, hi])
+    total = sum(k[0] for k in kinds)
+    return [(w / total, lo, hi) for w, lo, hi in kinds]
+
+
 @judge.part("predict_waste_tests")
 def predict_waste(t):
-    grid = [(100, 1), (455, 16), (1, 256), (5000, 2), (16, 16), (0.5, 8)]
-    drawn = [(t.rng.uniform(1, 5000), t.rng.choice([1, 2, 4, 8, 16, 32, 64, 128, 256])) for _ in range(40)]
-    for L, bs in grid + drawn:
-        e = (bs - 1) / 2
-        what = f"predict_paged_waste({L!r}, {bs})"
-        with t.case(what):
-            check_close(t.call("predict_paged_waste", L, bs), e / (L + e), what, rtol=1e-9,
-                        mistakes={t.mistake("waste_half_block"): (bs / 2) / (L + bs / 2)})
+    grid = [([(1.0, 1, 100)], 1), ([(0.7, 5, 9), (0.3, 1000, 1003)], 1), ([(1.0, 1, 1)], 1),   # blocks of 1
+            ([(1.0, 64, 64)], 16), ([(1.0, 65, 65)], 16), ([(1.0, 63, 63)], 16), ([(1.0, 7, 7)], 7),
+            ([(0.5, 32, 32), (0.5, 256, 256)], 16),                                # multiples of the block only
+            ([(1.0, 1, 128)], 16), ([(1.0, 17, 20)], 16), ([(1.0, 1, 3)], 256),    # whole cycles; narrow; tiny
+            ([(0.8, 20, 300), (0.2, 1500, 4000)], 16), ([(0.5, 129, 136), (0.5, 20, 300)], 16),
+            ([(0.5, 129, 136), (0.3, 20, 300), (0.2, 1500, 4000)], 64)]
+    for _ in range(26):
+        bs = t.rng.choice([1, 2, 3, 4, 8, 16, 32, 64, 128, 256])
+        grid.append((draw_mix(t, bs), bs))
+    items = []
+    for mix, bs in grid:
+        empty, tokens, ratio = mix_by_enumeration(mix, bs)
+        off, _, _ = mix_by_enumeration(mix, bs, waste_full_block)
+        thumb = (bs - 1) / 2
+        what = f"predict_paged_waste({[tuple(round(x, 4) for x in k) for k in mix]}, {bs})"
+
+        def check(got, what=what, empty=empty, tokens=tokens, ratio=ratio, off=off, thumb=thumb):
+            t.expect(isinstance(got, (list, tuple)) and len(got) == 2,
+                     f"{what}: expected a pair (empty_slots, waste_fraction), got {got!r}")
+            check_close(got[0], empty, f"{what}: expected empty slots per sequence", rtol=1e-6, atol=1e-9,
+                        mistakes={t.mistake("waste_uniform_tail"): thumb, t.mistake("waste_full_block"): off})
+            check_close(got[1], empty / (tokens + empty), f"{what}: waste fraction of the pool", rtol=1e-6, atol=1e-12,
+                        mistakes={t.mistake("waste_mean_of_ratios"): ratio})
+        items.append((what, "main", call("predict_paged_waste", [tuple(k) for k in mix], bs), check))
+    t.batch(items)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -498,13 +551,29 @@ def mutants():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from judge_tools import solution_with
     return [
-        ("a new block one token late; and the predicted waste takes block_size / 2 empty slots per sequence",
+        ("a new block one token late; and the predicted waste counts a whole empty block for a length that fills "
+         "its blocks",
          {"blocks_answer": solution_with("lab06", "blocks_answer", {
              "        if self.lengths[seq_id] % self.block_size == 0:":
              "        if self.lengths[seq_id] > self.block_size * len(self.tables[seq_id]):"}),
-          "predict_waste": "def predict_paged_waste(mean_len, block_size):\n"
-                           "    return (block_size / 2) / (mean_len + block_size / 2)\n"},
-         ["late_block", "waste_half_block"]),
+          "predict_waste": solution_with("lab06", "predict_waste", {
+              "block_size * (block_size - 1) // 2": "block_size * (block_size + 1) // 2",
+              "sum(-n % block_size for n": "sum(block_size - n % block_size for n"})},
+         ["late_block", "waste_full_block"]),
+        ("the predicted waste applies the rule of thumb, (block_size - 1) / 2 slots, whatever the lengths",
+         {"predict_waste": solution_with("lab06", "predict_waste", {
+             "        empty += weight * (cycles * per_cycle + sum(-n % block_size for n in range(lo, lo + rest))) / count":
+             "        empty += weight * (block_size - 1) / 2"})},
+         ["waste_uniform_tail"]),
+        ("the predicted waste fraction is the mean of each sequence's own fraction",
+         {"predict_waste": "def predict_paged_waste(mix, block_size):\n"
+                           "    empty = fraction = 0.0\n"
+                           "    for weight, lo, hi in mix:\n"
+                           "        wastes = [(n, -n % block_size) for n in range(lo, hi + 1)]\n"
+                           "        empty += weight * sum(w for _, w in wastes) / len(wastes)\n"
+                           "        fraction += weight * sum(w / (n + w) for n, w in wastes) / len(wastes)\n"
+                           "    return empty, fraction\n"},
+         ["waste_mean_of_ratios"]),
         ("free gives the blocks back first to last (Part B); copy-on-write unchanged, so Part D is not charged again",
          {"blocks_answer": solution_with("lab06", "blocks_answer", {
              "        for b in reversed(self.tables[seq_id]):": "        for b in self.tables[seq_id]:"})},

@@ -8,8 +8,9 @@
 # * **Part A (3 points): a block allocator.** A free list and reference counts.
 # * **Part B (4 points, contract): block tables.** Sequences get blocks exactly when they need them and
 #   give them back when they finish; you design the bookkeeping from its contract.
-# * **Part C (1 point): predict the waste.** How much of the memory paging leaves empty, from the
-#   notebook's model; then your block tables measure it on a serving workload.
+# * **Part C (1 point): predict the waste.** How much of the memory paging leaves empty for a mix of chat
+#   turns, documents and templated requests, exactly, where the notebook's rule of thumb only estimates it;
+#   then your block tables measure it.
 # * **Part D (3 points): fork with copy-on-write.** Parallel samples share their prompt's blocks.
 # * **Part E (4 points, contract): attention through a block table.** A decode step whose keys and values
 #   are scattered over a pool of blocks.
@@ -43,8 +44,18 @@ MISTAKES = {
                   "ceil(n / block_size) blocks, so the append that finds the last block full (the length a "
                   "multiple of block_size) allocates, not the one after; see notebook 06, section "
                   "'2. Blocks, block tables, and running out'",
-    "waste_half_block": "the last block holds 1 to block_size tokens, so on average (block_size - 1) / 2 of its "
-                        "slots are empty, not block_size / 2; see notebook 06, section 'The block size knob'",
+    "waste_uniform_tail": "the rule of thumb, (block_size - 1) / 2 empty slots per sequence, was applied whatever "
+                          "the lengths: it holds only when the lengths fall evenly over every position in a block; a "
+                          "narrow range of lengths, or one that stops partway through a cycle of block_size lengths, "
+                          "leaves a different number of slots empty on average; see notebook 06, section 'The block "
+                          "size knob', and lab 06 Part C's hints",
+    "waste_full_block": "a length that is a multiple of block_size was counted with a whole empty block: such a "
+                        "sequence fills its last block exactly and wastes nothing (it owns ceil(n / block_size) "
+                        "blocks), so the empty slots of a length run 0 to block_size - 1, not 1 to block_size; see "
+                        "notebook 06, section '2. Blocks, block tables, and running out'",
+    "waste_mean_of_ratios": "the waste fraction averaged each sequence's own fraction: the pool's fraction is its "
+                            "empty slots over its allocated slots, totals over the batch, so a long sequence counts "
+                            "for more of the pool than a short one; see lab 06 Part C's hints",
     "free_order": "free gave the blocks back first to last: the contract gives them back last to first, so that a "
                   "sequence's tail goes to the free list first and is recycled first (the allocator hands out the "
                   "blocks freed longest ago first); see notebook 06, section '2. Blocks, block tables, and running out'",
@@ -168,11 +179,18 @@ print("Part A: visible tests passed")
 # When grading, long random sequences of operations run on your manager and on the course's, and the
 # tables, lengths and free blocks are compared after every step.
 #
-# <details><summary>Hint: when exactly does a block come?</summary>
+# <details><summary>Hint 1: when exactly does a block come?</summary>
 #
-# A sequence of length `n` has `block_size * len(table) - n` free slots in its last block. The next token
-# needs a new block exactly when that is 0, i.e. when `n % block_size == 0`. Check the free count before
-# you allocate anything, so that a failure leaves everything as it was.
+# Before a token is added, ask whether the blocks the sequence already owns have a free slot left for it; only
+# when they are all full does that token bring a block. Pitfall: deciding from the length after the token is
+# counted, which allocates one token late (or early). Test it at the lengths where a block fills up.
+# </details>
+#
+# <details><summary>Hint 2: all or nothing</summary>
+#
+# A call that cannot finish must leave the manager and the allocator as they were. Pitfall: allocating blocks
+# one at a time and discovering halfway that the pool ran dry; know how many a call needs, and whether the
+# allocator has them, before you take the first.
 # </details>
 
 # %% id="c008" nbgrader={"grade": false, "grade_id": "blocks_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -265,45 +283,129 @@ print("Part B: visible tests passed")
 # ## Part C · Predict the waste (1 point)
 #
 # Paging's only waste is the unfilled tail of each sequence's last block. Notebook 06 ("The block size
-# knob") models it: a sequence's length is as likely to end anywhere in its last block, so that block
-# holds 1, 2, ..., `block_size` tokens with equal chance.
+# knob") estimates it with a rule of thumb, about `(block_size - 1) / 2` empty slots per sequence, which
+# assumes that a length is as likely to end anywhere in its last block. Real traffic is lumpier: a service
+# gets short chat turns, long documents, and templated requests whose lengths barely vary. Here you predict
+# the waste exactly for such a mix.
 #
-# Implement `predict_paged_waste(mean_len, block_size)`: the expected **fraction** of the allocated KV
-# slots that hold no token, for sequences of mean length `mean_len` (expected empty slots per sequence
-# over expected allocated slots per sequence). The tests grade it against the model on their own inputs;
-# the cell after them measures it with your Part B manager on a serving workload's lengths.
+# Implement `predict_paged_waste(mix, block_size)`:
+#
+# * **takes** `mix`, a list of request kinds `(weight, lo, hi)`: a request is of that kind with probability
+#   `weight` (the weights add up to 1), and its length (the tokens its KV cache holds) is then equally likely
+#   to be any integer from `lo` to `hi` inclusive (`1 <= lo <= hi`); and `block_size`, a positive integer;
+# * **returns** a pair `(empty_slots, waste_fraction)`: `empty_slots` is the expected number of KV slots
+#   that a sequence's blocks hold and no token fills (in slots); `waste_fraction` is the fraction of the
+#   allocated slots of the KV pool that are empty when a large batch of requests drawn from the mix is
+#   resident (a number between 0 and 1);
+# * uses the lab's model of paging (Part B: a sequence of `n` tokens owns exactly `ceil(n / block_size)`
+#   blocks), exactly: the grader draws its own mixes and block sizes and compares with the exact
+#   expectation, within `1e-6` relative. Ranges span at most a few thousand tokens.
+#
+# The visible tests check the units and what must hold whatever the formula; the cell after them compares
+# your prediction with what your Part B manager measures.
+#
+# <details><summary>Hint 1: the empty slots of one length</summary>
+#
+# A sequence's waste depends only on where its length falls inside a block, not on how many blocks come
+# before. Pitfall: a length that fills its last block exactly leaves nothing empty; it does not own a spare,
+# empty block.
+# </details>
+#
+# <details><summary>Hint 2: averaging over a range</summary>
+#
+# As the length grows by one token at a time, the waste goes round a cycle of `block_size` values. A range
+# that covers whole cycles averages to the notebook's rule of thumb; a narrow range (templated requests)
+# does not, and neither does the part of a range left over after its whole cycles. Adding up every length of
+# a range is fine at these sizes; counting whole cycles is faster. Pitfall: applying the rule of thumb to
+# every range.
+# </details>
+#
+# <details><summary>Hint 3: from slots to the pool's fraction</summary>
+#
+# The pool's fraction is its empty slots over its allocated slots, both totals over the whole batch.
+# Pitfall: averaging each sequence's own fraction instead; a long document holds many more of the pool's
+# slots than a chat turn, so the two do not count alike.
+# </details>
 
 # %% id="c021" nbgrader={"grade": false, "grade_id": "predict_waste", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_paged_waste(mean_len, block_size):
-    """Expected fraction of allocated KV slots left empty by paging (sequences of mean length mean_len)."""
+def predict_paged_waste(mix, block_size):
+    """(expected empty KV slots per sequence, fraction of the pool's allocated slots left empty) for request
+    lengths drawn from mix = [(weight, lo, hi), ...], each kind uniform over the integers lo..hi."""
     ### BEGIN SOLUTION
-    empty = (block_size - 1) / 2
-    return empty / (mean_len + empty)
+    empty = tokens = 0.0
+    for weight, lo, hi in mix:
+        count = hi - lo + 1
+        cycles, rest = divmod(count, block_size)           # the waste of length n repeats every block_size lengths
+        per_cycle = block_size * (block_size - 1) // 2     # one cycle: every residue once, 0 + 1 + ... + (bs - 1)
+        empty += weight * (cycles * per_cycle + sum(-n % block_size for n in range(lo, lo + rest))) / count
+        tokens += weight * (lo + hi) / 2
+    return empty, empty / (tokens + empty)                 # totals over a large batch: a ratio of expectations
     ### END SOLUTION
 
 
 # %% id="c022" nbgrader={"grade": true, "grade_id": "predict_waste_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-check_close(predict_paged_waste(100, 1), 0.0, "predict_paged_waste(100, 1): blocks of one token waste nothing",
-            mistakes={MISTAKES["waste_half_block"]: 0.5 / 100.5})
-check_close(predict_paged_waste(455, 16), 7.5 / 462.5, "predict_paged_waste(455, 16)",
-            mistakes={MISTAKES["waste_half_block"]: 8 / 463})
+def _predicted(mix, bs):
+    got = predict_paged_waste(mix, bs)
+    check_equal(len(got) if isinstance(got, (tuple, list)) else type(got).__name__, 2,
+                f"predict_paged_waste({mix}, {bs}) returns a pair (empty_slots, waste_fraction)")
+    return float(got[0]), float(got[1])
+
+
+def _in_bounds(mix, bs):
+    slots, frac = _predicted(mix, bs)
+    what = f"predict_paged_waste({mix}, {bs})"
+    check_equal(0 <= slots <= bs - 1, True, f"{what}: empty slots per sequence {slots:g} in [0, block_size - 1] "
+                f"(in slots: a sequence leaves 0 to block_size - 1 slots of its last block empty, never a whole block)")
+    check_equal(0 <= frac < 1, True, f"{what}: waste fraction {frac:g} in [0, 1) (a fraction, not a percentage "
+                f"or a count of slots)")
+    return slots, frac
+
+
+_chat, _docs, _form = (20, 300), (1500, 4000), (129, 136)       # a chat turn, a document, a templated request
+_mix = [(0.5, *_form), (0.3, *_chat), (0.2, *_docs)]
+check_close(_predicted([(1.0, 64, 64)], 16)[0], 0.0, "predict_paged_waste([(1.0, 64, 64)], 16): a length that "
+            "fills its blocks exactly leaves no slot empty",
+            mistakes={MISTAKES["waste_uniform_tail"]: 7.5, MISTAKES["waste_full_block"]: 16.0})
+check_close(_predicted([(0.5, 32, 32), (0.5, 256, 256)], 16), (0.0, 0.0), "lengths 32 and 256 in blocks of 16",
+            mistakes={MISTAKES["waste_uniform_tail"]: (7.5, 7.5 / (144 + 7.5)),
+                      MISTAKES["waste_full_block"]: (16.0, 16 / (144 + 16))})
+check_close(_predicted(_mix, 1), (0.0, 0.0), "blocks of one token waste nothing",
+            mistakes={MISTAKES["waste_full_block"]: (1.0, 1 / (1 + sum(w * (lo + hi) / 2 for w, lo, hi in _mix)))})
+for _bs in (4, 16, 256):
+    _parts = [_in_bounds([(1.0, lo, hi)], _bs)[0] for _, lo, hi in _mix]
+    _slots, _frac = _in_bounds(_mix, _bs)
+    check_close(_slots, sum(w * s for (w, _, _), s in zip(_mix, _parts)), f"empty slots of the mix in blocks of "
+                f"{_bs}: each kind's expected empty slots, weighted by how often the kind comes")
+    _longer = [(w, lo + 10 * _bs, hi + 10 * _bs) for w, lo, hi in _mix]
+    _slots2, _frac2 = _in_bounds(_longer, _bs)
+    check_close(_slots2, _slots, f"every length {10 * _bs} tokens longer (10 blocks of {_bs}): the last block "
+                f"ends alike, so the same empty slots")
+    check_equal(_frac2 < _frac, True, f"every length 10 blocks of {_bs} longer: the waste fraction must fall "
+                f"({_frac:.4g} before, {_frac2:.4g} after)")
 print("Part C: visible tests passed")
 
 # %% [markdown] id="c023"
 # ### Your prediction against your block tables (not graded)
 #
-# The lengths (prompt + output tokens) of 300 requests of the course's synthetic serving workload (notebook
-# 06, section 1), each given to your `BlockManager`: the measured waste is the fraction of the allocated
-# slots that hold no token.
+# 400 requests drawn from the mix above (half templated requests of 129 to 136 tokens, 30% chat turns of 20
+# to 300, 20% documents of 1,500 to 4,000), each given to your `BlockManager`: the measured waste is the
+# fraction of the allocated slots that hold no token. The rule of thumb's column applies
+# `(block_size - 1) / 2` empty slots to every sequence. A sample of 400 is not the large batch of the
+# prediction: expect the measurement to differ from it by a little sampling noise, and look at where the rule
+# of thumb goes wrong.
 
 # %% id="c024"
-from course_lib.perf.workload import limited_workload
+import random
 
-_lengths = [r.prompt_tokens + r.output_tokens for r in limited_workload(300, seed=0)]
+_rng = random.Random(0)
+_lengths = []
+for _ in range(400):
+    _w, _lo, _hi = _rng.choices(_mix, weights=[w for w, _, _ in _mix])[0]
+    _lengths.append(_rng.randint(_lo, _hi))
 _mean = sum(_lengths) / len(_lengths)
-for _bs in (() if os.environ.get("NBGRADER_EXECUTION") else (1, 4, 16, 64, 256)):   # not run while grading
+for _bs in (() if os.environ.get("NBGRADER_EXECUTION") else (1, 8, 16, 64, 256)):   # not run while grading
     try:
-        _pred = predict_paged_waste(_mean, _bs)
+        _slots, _pred = predict_paged_waste(_mix, _bs)
         _mgr = BlockManager(CourseAllocator(sum(-(-n // _bs) for n in _lengths)), _bs)
         for _i, _n in enumerate(_lengths):
             _mgr.add_sequence(_i, _n)
@@ -313,8 +415,11 @@ for _bs in (() if os.environ.get("NBGRADER_EXECUTION") else (1, 4, 16, 64, 256))
     except (OutOfBlocks, PagingError) as _e:
         print(f"your BlockManager raised {type(_e).__name__}: {_e} (Part B's tests say where)")
         break
-    _slots = sum(len(_mgr.block_table(_i)) for _i in range(len(_lengths))) * _bs
-    print(f"block_size {_bs:3d}: predicted waste {_pred:6.2%}, measured with your tables {1 - sum(_lengths) / _slots:6.2%}")
+    _held = sum(len(_mgr.block_table(_i)) for _i in range(len(_lengths))) * _bs
+    _thumb = (_bs - 1) / 2
+    print(f"block_size {_bs:3d}: predicted {_slots:6.2f} empty slots per sequence, waste {_pred:6.2%}; measured "
+          f"with your tables {(_held - sum(_lengths)) / len(_lengths):6.2f}, {1 - sum(_lengths) / _held:6.2%}; "
+          f"rule of thumb {_thumb:6.2f}, {_thumb / (_mean + _thumb):6.2%}")
 
 # %% [markdown] id="c010"
 # ## Part D · Fork with copy-on-write (3 points)
@@ -421,15 +526,19 @@ print("Part D: visible tests passed")
 #
 # <details><summary>Hint 1: from blocks to a contiguous K</summary>
 #
-# For one sequence, `k_pool[idx]` with `idx` its used blocks is `[nb, Hkv, block_size, d]`; put the block
-# axis next to the slot axis (`permute(1, 0, 2, 3)`), merge them (`reshape(Hkv, nb * block_size, d)`): the
-# tokens are now in order. Then keep the first `context_lens[b]` of them.
+# For one sequence, gather the blocks its table uses, in the table's order. Token order is block first, then
+# slot within the block: the two axes must sit side by side, block before slot, before you merge them into
+# one token axis. Pitfall: merging axes that are not adjacent (the head axis sits between them in the pool)
+# mixes heads and tokens without any error; and the merged axis is longer than the sequence, since the tail
+# of its last block is stale.
 # </details>
 #
 # <details><summary>Hint 2: GQA</summary>
 #
-# `q[b].reshape(Hkv, G, d)` groups the query heads by the KV head they read; `[Hkv, G, d] @ [Hkv, d, n]`
-# gives the scores `[Hkv, G, n]` without repeating K.
+# The `G = H / Hkv` query heads that read one KV head are consecutive. Group them under their KV head and
+# let one batched product over the KV heads score every group at once, so that K and V are never repeated.
+# Pitfall: taking every `Hkv`-th query head as a group (interleaved), which pairs head `h` with the wrong KV
+# head and still gives the right shape.
 # </details>
 
 # %% id="c014" nbgrader={"grade": false, "grade_id": "paged_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -542,3 +651,28 @@ print("Part E: visible tests passed")
 #   and then each request's own tokens: it is partial when first written and becomes different for the two,
 #   so it is not cached and each request gets its own (the 4 tokens' K/V are computed twice). 6 of 7 blocks
 #   shared saves 6 blocks of KV memory and the prefill of 96 tokens for the second request.
+#
+# #### Part C's prediction, the reasoning behind the solution
+#
+# A sequence of `n` tokens owns `ceil(n / bs)` blocks, so it leaves `ceil(n / bs) * bs - n` slots empty,
+# which is `(-n) mod bs`: 0 when `n` is a multiple of `bs` (not `bs`: the off-by-one that `waste_full_block`
+# names), else `bs - n mod bs`. As `n` runs over `bs` consecutive lengths, the residue takes every value once,
+# so the waste takes every value 0 to `bs - 1` once: a cycle that adds up to `bs (bs - 1) / 2`. A range
+# `lo..hi` of `c` lengths holds `c // bs` whole cycles plus `c mod bs` lengths left over, which are added one
+# by one; divided by `c`, that is the kind's expected waste. Over the kinds, the expectation is linear: weight
+# each kind's expected waste (and its mean length `(lo + hi) / 2`) by its probability. The rule of thumb
+# `(bs - 1) / 2` is exact only when every range is a whole number of cycles.
+#
+# For the pool: a batch of `N` requests holds `N E[n]` tokens and `N E[w]` empty slots, so as `N` grows its
+# waste fraction tends to `E[w] / (E[n] + E[w])`, a ratio of expectations. The mean of each sequence's own
+# `w / (n + w)` weighs a 20-token chat turn like a 4,000-token document, and short sequences waste the largest
+# share of their blocks, so it overstates the pool's waste.
+#
+# With the lab's mix (half templated requests of 129 to 136 tokens, 30% chat turns of 20 to 300, 20% documents
+# of 1,500 to 4,000; mean length 664.25) and blocks of 16: the templated range is half a cycle whose lengths
+# leave 15 down to 8 slots empty, 11.5 on average; the chat range of 281 lengths is 17 cycles plus 9 lengths
+# (7.516); the documents' 2,501 lengths are 156 cycles plus 5 (7.489). Together 0.5 x 11.5 + 0.3 x 7.516 +
+# 0.2 x 7.489 = 9.50 empty slots per sequence, not the rule of thumb's 7.5, and a pool waste of
+# 9.50 / (664.25 + 9.50) = 1.41% (the rule of thumb says 1.12%; the mean of the per-sequence fractions says
+# 5.95%). With blocks of 8 the templated range is exactly one cycle and the rule of thumb holds (3.5 slots);
+# with blocks of 64, 45.5 slots against 31.5. Blocks of 1 waste nothing.
