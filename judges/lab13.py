@@ -52,8 +52,10 @@ WINDOW, WINDOWS = 256, 6             # lossy entries: held-out windows scored fo
 TIE = 1e-3                           # a lossy entry's token may trail lossy_model's top logit by this much
 FLAG_UNDER = 1e-3                    # an entry call that used under 1 ms of CPU
 FLAG_BACKGROUND = 0.05               # the entry's CPU while the baseline ran, as a share of the baseline's
-FLAG_SPREAD = 3.0                    # max/min per-round ratio beyond this: more than the noise
-FLAG_BASELINE = 2.0                  # a baseline round this far (x or /) from the median baseline round
+# the noise bands below were measured: the blank release against its own baseline, graded while the whole test
+# suite ran on 2 cores, reached a max/min per-round ratio of 2.6x and one baseline round 2.05x its median
+FLAG_SPREAD = 5.0                    # max/min per-round ratio beyond this: more than the noise
+FLAG_BASELINE = 3.0                  # a baseline round this far (x or /) from the median baseline round
 FLAG_WALL = 0.5                      # the wall speed-up under this share of the CPU one
 FLAG_AGREEMENT = 0.5                 # a lossy entry's tokens: the model's own top-1 on fewer than this share
 
@@ -283,7 +285,7 @@ def anomalies(rounds, ratios, speed_up, walls, overhead) -> list[str]:
     far = [k + 1 for k, x in enumerate(rounds) if not med / FLAG_BASELINE <= x["base_cpu"] <= med * FLAG_BASELINE]
     if far:
         out.append(f"the baseline's CPU time in round(s) {', '.join(map(str, far[:5]))} is over {FLAG_BASELINE:g}x "
-                   "from its median: something else ran in its kernel?")
+                   "from its median: something else ran on the machine, or in its kernel?")
     if walls.estimate < FLAG_WALL * speed_up.estimate:
         out.append(f"the wall-clock speed-up ({walls.estimate:.2f}x) is far below the CPU one "
                    f"({speed_up.estimate:.2f}x): the entry waits for something the CPU clock does not see")

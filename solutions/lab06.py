@@ -397,6 +397,7 @@ print("Part C: visible tests passed")
 # %% id="c024"
 import random
 
+_mix = [(0.5, 129, 136), (0.3, 20, 300), (0.2, 1500, 4000)]    # templated requests, chat turns, documents
 _rng = random.Random(0)
 _lengths = []
 for _ in range(400):

@@ -737,8 +737,9 @@ else:
 # per row, the natural log-sum-exp `L` of its scaled scores (the third item of "Going further" below), and
 # its backward **recomputes** each tile's probabilities from it, `P = exp(q k^T / sqrt(D) - L)`, exactly
 # [@dao2022flashattention, Appendix B]. With `dO` the gradient of the output, per query tile `i` and key
-# tile `j`: `dV_j += P^T dO_i`, `dP = dO_i V_j^T`, `dS = P * (dP - D_i)`, `dQ_i += dS K_j / sqrt(D)`,
-# `dK_j += dS^T Q_i / sqrt(D)`, where `D = rowsum(dO * O)` is one number per query row. FlashAttention-2
+# tile `j`: `dV_j += P^T dO_i`, `dP = dO_i V_j^T`, `dS = P * (dP - delta_i)`, `dQ_i += dS K_j / sqrt(D)`,
+# `dK_j += dS^T Q_i / sqrt(D)`, where `delta = rowsum(dO * O)` is one number per query row (the paper's `D`;
+# here `D` is the head dim). FlashAttention-2
 # [@dao2024flashattention2, Algorithm 2] saves `L` alone, as here, and gives each program a key tile.
 #
 # **Contract.** `flash_attention_backward(q, k, v, out, lse, dout, causal=False, block_m=16, block_n=16)`, a
@@ -754,15 +755,15 @@ else:
 #   (relative and absolute) on inputs of magnitude a few units. With GQA, a KV head's `dk` and `dv` sum the
 #   contributions of all its query heads;
 # * **memory bound**: the scores and probabilities exist only as tiles inside a program; the launcher
-#   creates no tensor larger than `q` or `k` and does no matmul in PyTorch (per-row quantities such as `D`
-#   may be computed there);
+#   creates no tensor larger than `q` or `k` and does no matmul in PyTorch (per-row quantities such as
+#   `delta` may be computed there);
 # * **raises** `ValueError` when the shapes do not fit (as Part E, and `out`, `dout`, `lse` not matching
 #   `q`), `D` or a tile size is not allowed, an input is not float32, or `causal` with `T > S`.
 #
 # The tests run it in the interpreter on small shapes, causal and not, with GQA, `T < S` and lengths that are
 # not multiples of the tiles, against autograd through the plain attention.
 #
-# <details><summary>Hint 1: where D comes from</summary>
+# <details><summary>Hint 1: where delta comes from</summary>
 #
 # Softmax's backward is `dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)`: the sum runs over a whole row of keys,
 # which no key tile has. Since `O = P V`, that sum equals `rowsum(dO * O)`, which needs no `P` at all:
@@ -783,8 +784,8 @@ else:
 # <details><summary>Hint 3: masks and scales</summary>
 #
 # * Rows past `T` and keys past `S` load as zeros, and a zero score still gives a weight: set the padded and
-#   causally hidden entries of `P` itself to 0 (not only the scores), and load `lse` and `D` with the same
-#   row mask.
+#   causally hidden entries of `P` itself to 0 (not only the scores), and load `lse` and `delta` with the
+#   same row mask.
 # * The scale `1 / sqrt(D)` is inside `P` and multiplies `dq` and `dk` once more (the chain rule through the
 #   scores); `dv` has none.
 # * Causal: a key tile is seen only by the queries from position `j0 - (S - T)` on; the loop over query

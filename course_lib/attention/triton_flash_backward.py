@@ -33,11 +33,12 @@ import torch
 import triton
 import triton.language as tl
 
+from course_lib.env import use_triton
 from course_lib.validate import power_of_two
 
 from .backward import check_backward_inputs
-from .triton_flash import _check_device_dtype, flash_attention_triton
-from .triton_online_softmax import LOG2E, interpreting, static_tokens
+from .triton_flash import flash_attention_triton
+from .triton_online_softmax import LOG2E, SUPPORTED_DTYPES, interpreting, static_tokens
 
 
 @triton.jit
@@ -157,7 +158,10 @@ def flash_attention_backward_triton(q, k, v, out, lse, dout, causal: bool = Fals
     -> (dq, dk, dv) in the dtypes of q, k, v. ``causal`` needs T <= S. ``block_m``/``block_n``: powers of
     two >= 16 (tl.dot's smallest side); default 16 under the interpreter, 64 on a GPU."""
     B, H, K, T, S, Dh = check_backward_inputs(q, k, v, out, lse, dout)
-    _check_device_dtype(q, "the FlashAttention backward kernel", "flash_attention_backward_triton")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"the Triton kernels support {SUPPORTED_DTYPES}, got dtype {q.dtype}")
+    # the one decision of course_lib.env: ValueError where Triton cannot run, a warning on a T4
+    use_triton(q.device, "triton", "the FlashAttention backward kernel", "flash_attention_backward_triton")
     if causal and T > S:
         raise ValueError(f"causal attention needs at least as many keys as queries, got T={T} > S={S}")
     default = 16 if interpreting() else 64
