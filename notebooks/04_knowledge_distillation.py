@@ -125,7 +125,7 @@ entropies = []
 for i, T in enumerate(temps):
     p = F.softmax(t_logits[0, pos] / T, -1)
     entropies.append(-(p * p.log()).sum().item())
-    ax.bar(torch.arange(15) + 0.2 * i - 0.3, p[top], width=0.2, label=f"T={T}: entropy {entropies[-1]:.2f} nats")
+    ax.bar(torch.arange(15) + 0.2 * i - 0.3, p[top].cpu(), width=0.2, label=f"T={T}: entropy {entropies[-1]:.2f} nats")
 ax.set_xticks(range(15), [repr(tok.decode([int(j)]))[:8] for j in top], rotation=60, fontsize=7)
 ax.set_yscale("log")   # at T >= 2 the top token falls to a few percent: a log axis keeps every bar visible
 ax.set_ylabel("teacher probability"); ax.set_title(f"the teacher after {tok.decode(ids[0, pos - 6:pos + 1])!r}")

@@ -86,7 +86,10 @@ graphs_after_compile = counters["stats"]["unique_graphs"]
 for row in kc.table():
     print(f"{row['step']:9s} {row['kernels']:4d} kernels  ({row['what is counted']})")
 print(f"compiled in {t_compile:.1f} s (this run; less when inductor's disk cache already holds the step)")
-assert kc.eager > 3 * kc.compiled and graphs_after_compile >= 1
+print(f"eager / compiled = {kc.eager / kc.compiled:.1f}x fewer kernels per decode step on {device.type}")
+# the matmuls stay library calls on both sides, so the ratio is below the fusion's own: on an H100 (torch
+# 2.11) 291 eager CUDA launches against 105 compiled, 43 of them the same cuBLAS matmuls each side
+assert kc.eager > 2 * kc.compiled and graphs_after_compile >= 1
 
 kinds = {"matmul (extern)": sum(c.startswith("extern_kernels") for c in kc.compiled_calls),
          "fused (generated)": sum(c.startswith(("cpp_fused", "triton")) for c in kc.compiled_calls)}

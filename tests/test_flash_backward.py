@@ -156,3 +156,47 @@ def test_triton_backward_needs_cuda_or_the_interpreter():
     out, lse = tiled_attention(q, k, v, return_lse=True)
     with pytest.raises(ValueError, match="CUDA"):
         triton_flash_backward.flash_attention_backward_triton(q, k, v, out, lse, do)
+
+
+# --- the Triton backward compiled, on a CUDA GPU (`make gpu-check`) ---------------------------------------
+GPU_CASES = [((2, 8, 2, 300, 300, 64), torch.float32, {}),        # GQA 4, lengths not tile multiples
+             ((1, 4, 1, 77, 513, 128), torch.float32, {}),        # MQA, T < S, the largest head dim
+             ((2, 8, 8, 256, 256, 64), torch.float16, {}),        # MHA in fp16, the GPU's tiles
+             ((1, 6, 2, 129, 129, 24), torch.bfloat16, dict(block_m=32, block_n=16)),   # odd head dim, bf16
+             ((1, 2, 1, 1, 65, 32), torch.float16, dict(block_m=16, block_n=16))]       # one query (decode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dtype,kw", GPU_CASES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_triton_backward_compiled_on_cuda(shape, dtype, kw, causal):
+    pytest.importorskip("triton")
+    from course_lib.attention.triton_flash import flash_attention_triton
+    from course_lib.attention.triton_flash_backward import flash_attention_backward_triton
+    from course_lib.env import TRITON_FLOOR_CAPABILITY, compute_capability
+    if not torch.cuda.is_available() or tuple(compute_capability()) < TRITON_FLOOR_CAPABILITY:
+        pytest.skip("needs a CUDA GPU Triton compiles for")
+    if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        pytest.skip("no bf16 on this GPU")
+    q, k, v, do = qkv_do(*shape, seed=sum(shape), dtype=dtype, device="cuda")
+    want = autograd_grads(q, k, v, do, causal)
+    out, lse = flash_attention_triton(q, k, v, causal=causal, return_lse=True)
+    got = flash_attention_backward_triton(q, k, v, out, lse, do, causal=causal, **kw)
+    tol = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    for name, g, w, x in zip("qkv", got, want, (q, k, v)):
+        assert g.dtype == x.dtype and g.shape == x.shape and g.is_cuda, name
+        torch.testing.assert_close(g.float(), w, rtol=tol, atol=tol, msg=lambda m: f"d{name}: {m}")  # noqa: B023
+
+
+@pytest.mark.gpu
+def test_triton_autograd_function_on_cuda():
+    pytest.importorskip("triton")
+    from course_lib.attention.triton_flash_backward import flash_attention_autograd
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, k, v, do = qkv_do(2, 8, 2, 200, 200, 64, seed=3, device="cuda")
+    want = autograd_grads(q, k, v, do, True, scale=0.1)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    (flash_attention_autograd(*leaves, causal=True, scale=0.1) * do).sum().backward()
+    for x, w in zip(leaves, want):
+        torch.testing.assert_close(x.grad, w, rtol=2e-4, atol=2e-4)

@@ -69,7 +69,7 @@ def stream_logits(model, ids, cache, prefill=1, chunk=1):
             if a >= ids.shape[1]:
                 break
             b = min(a + s, ids.shape[1])
-            out.append(model(ids[:, a:b], cache=cache, attn_mask=cache.attn_mask(b - a)))
+            out.append(model(ids[:, a:b], cache=cache, attn_mask=cache.attn_mask(b - a, ids.device)))
             a = b
     return torch.cat(out, dim=1)
 

@@ -208,7 +208,7 @@ def test_accept_step_records_and_residual(device):
     """Also on the device: p, q there and a seeded generator there (accept_step draws with it)."""
     gen = torch.Generator(device=device).manual_seed(5)
     p, q = random_probs(4, 7, gen), random_probs(3, 7, gen)
-    assert p.device == q.device == gen.device
+    assert p.device.type == q.device.type == gen.device.type   # a generator says "cuda", a tensor "cuda:0"
     for _ in range(50):
         d = draft_sample(q, gen)
         r = accept_step(p, q, d, gen)
@@ -351,7 +351,9 @@ def test_caches_in_sync_after_every_pass(pair, prompts, temperature, device):
         n = ids.shape[1]
         assert tcache.get_seq_length() == n - 1                  # the last token is pending
         d_len = dcache.get_seq_length()
-        assert d_len in (n - 1, n - 2)                           # n - 2 after a pass with all drafts kept
+        # n - 2 after a pass with all drafts kept; n - 3 only after the last pass, when one token was left to
+        # emit and the draft had nothing to propose (budget 0: it did not run)
+        assert d_len in (n - 1, n - 2) or (d_len == n - 3 and n == end), (n, d_len, end)
         seen["lagging"] += d_len == n - 2
         for model, cache, length in ((target, tcache, n - 1), (draft, dcache, d_len)):
             ref = fresh_cache(model, ids[:, :length])
@@ -361,6 +363,7 @@ def test_caches_in_sync_after_every_pass(pair, prompts, temperature, device):
                 torch.testing.assert_close(cache.v[layer], ref.v[layer], **tol)
         seen["passes"] += 1
 
+    end = prompts[1].numel() + 24
     _, stats = speculative_generate(target, draft, prompts[1], 24, draft_length=3, temperature=temperature,
                                     generator=torch.Generator(device=device).manual_seed(4), on_pass=on_pass)
     assert seen["passes"] == stats.passes
