@@ -17,7 +17,7 @@ import math
 import torch
 
 from course_grading.judging import Judge, call
-from course_lib.attention import flash_attention_io, online_softmax_stats, reference_attention
+from course_lib.attention import count_io, online_softmax_stats, reference_attention
 from course_lib.checks import check_close
 
 judge = Judge(references={
@@ -26,7 +26,8 @@ judge = Judge(references={
                      "course_lib.attention.online_softmax.softmax_stats_update"],
     "tiled_tests": ["course_lib.attention.reference.reference_attention", "course_lib.attention.tiled.tiled_attention"],
     "causal_tests": ["course_lib.attention.reference.reference_attention", "course_lib.attention.tiled.tiled_attention"],
-    "predict_flash_io_tests": ["course_lib.attention.io_model.flash_attention_io"],
+    "predict_flash_io_tests": ["course_lib.attention.io_model.flash_attention_io",
+                               "course_lib.attention.io_model.count_io"],
     "flash_kernel_tests": ["course_lib.attention.reference.reference_attention",
                            "course_lib.attention.triton_flash.flash_attention_triton",
                            "course_lib.attention.triton_flash._flash_fwd_kernel"],
@@ -247,15 +248,42 @@ def causal(t):
                      what=f"causal with {Tk + 1} queries and {Tk} keys")
 
 
+def flash_io_by_tiles(T, S, d, bq, bk, causal, top_left=False, whole_tiles=True):
+    """The contract's count, tile by tile (`top_left`, `whole_tiles=False`: two planted mistakes)."""
+    keys = 0
+    for i0 in range(0, T, bq):
+        i1 = min(i0 + bq, T)
+        last = (min(S, i1 if top_left else S - T + i1)) if causal else S
+        keys += min(S, -(-last // bk) * bk) if whole_tiles else last
+    return 2 * T * d + 2 * keys * d
+
+
 @judge.part("predict_flash_io_tests")
 def predict_flash_io(t):
-    grid = [(1024, 64, 128), (100, 16, 32), (1, 1, 1), (4096, 128, 4096), (4097, 128, 4096), (64, 256, 1)]
-    drawn = [(t.rng.randint(1, 5000), t.rng.randint(1, 256), t.rng.randint(1, 600)) for _ in range(40)]
-    for N, d, bq in grid + drawn:
-        what = f"predict_flash_io({N}, {d}, {bq})"
+    """Causal chunks after a cache (T < S) are the point; T == S and decode rows are in the grid. The count is
+    checked against the IO model's own loops (count_io) where T == S."""
+    grid = [(5, 12, 8, 4, 4, True), (1, 4096, 128, 64, 64, True), (4096, 4096, 64, 128, 64, True),
+            (4096, 4096, 64, 128, 64, False), (100, 100, 16, 32, 16, True), (64, 1000, 128, 16, 128, True),
+            (33, 97, 16, 32, 32, True), (3, 3, 8, 16, 16, True), (512, 8192, 128, 64, 128, True),
+            (512, 8192, 128, 64, 128, False)]
+    drawn = []
+    for _ in range(30):
+        S = t.rng.randint(1, 20000)
+        drawn.append((t.rng.randint(1, S), S, t.rng.choice([64, 80, 128]), t.rng.choice([16, 32, 64, 128]),
+                      t.rng.choice([16, 32, 64, 128]), t.rng.random() < 0.8))
+    for T, S, d, bq, bk, causal in grid + drawn:
+        what = f"predict_flash_io({T}, {S}, {d}, {bq}, {bk}, causal={causal})"
+        want = flash_io_by_tiles(T, S, d, bq, bk, causal)
+        if T == S and S <= 5000:              # the IO model's loops, where they run in a moment
+            assert want == count_io(S, d, bq, bk, "query_outer", causal)["total"], what
+        mistakes = {t.mistake("io_kv_once"): 2 * T * d + 2 * S * d}
+        if causal:
+            mistakes[t.mistake("io_causal_no_skip")] = flash_io_by_tiles(T, S, d, bq, bk, False)
+            mistakes[t.mistake("io_causal_top_left")] = flash_io_by_tiles(T, S, d, bq, bk, True, top_left=True)
+            mistakes[t.mistake("io_keys_not_tiles")] = flash_io_by_tiles(T, S, d, bq, bk, True, whole_tiles=False)
         with t.case(what):
-            check_close(t.call("predict_flash_io", N, d, bq), flash_attention_io(N, d, block_q=bq)["total"], what,
-                        rtol=1e-9, mistakes={t.mistake("io_kv_once"): 4 * N * d})
+            check_close(t.call("predict_flash_io", T, S, d, bq, bk, causal), want, what, rtol=1e-9,
+                        mistakes={k: v for k, v in mistakes.items() if v != want})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -433,8 +461,10 @@ def mutants():
               "    offset = 0"}),
           "flash_kernel_answer": solution_with("lab07", "flash_kernel_answer", {
               "    pos = rows + S - T ": "    pos = rows ",
-              "hi = tl.minimum(S, (i + 1) * BLOCK_M + S - T)": "hi = tl.minimum(S, (i + 1) * BLOCK_M)"})},
-         ["sum_not_rescaled", "causal_top_left", "kernel_causal_top_left"]),
+              "hi = tl.minimum(S, (i + 1) * BLOCK_M + S - T)": "hi = tl.minimum(S, (i + 1) * BLOCK_M)"}),
+          "predict_flash_io": solution_with("lab07", "predict_flash_io", {
+              "min(kv_len, kv_len - q_len + i1) if causal": "min(kv_len, i1) if causal"})},
+         ["sum_not_rescaled", "causal_top_left", "kernel_causal_top_left", "io_causal_top_left"]),
         ("the accumulator is not rescaled in the tiled loop (charged in Part B only, not again in Part C) and in the "
          "kernel; the predicted traffic reads K and V once",
          {"tiled_answer": solution_with("lab07", "tiled_answer", {
@@ -442,15 +472,33 @@ def mutants():
              "            acc = acc + p @ v[:, :, None, j0:j1]"}),
           "flash_kernel_answer": solution_with("lab07", "flash_kernel_answer", {
               "        acc = acc * alpha[:, None] + tl.dot(": "        acc = acc + tl.dot("}),
-          "predict_flash_io": "def predict_flash_io(seq_len, head_dim, block_q):\n    return 4 * seq_len * head_dim\n"},
+          "predict_flash_io": "def predict_flash_io(q_len, kv_len, head_dim, block_q, block_k, causal):\n"
+                              "    return 2 * q_len * head_dim + 2 * kv_len * head_dim\n"},
          ["acc_not_rescaled", "kernel_acc_not_rescaled", "io_kv_once"]),
         ("the kernel's causal loop stops one key tile short when the last needed key starts a tile",
          {"flash_kernel_answer": solution_with("lab07", "flash_kernel_answer", {
-             "    for start in range(0, hi, BLOCK_N):": "    for start in range(0, hi - 1, BLOCK_N):"})},
-         []),
+             "    for start in range(0, hi, BLOCK_N):": "    for start in range(0, hi - 1, BLOCK_N):"}),
+          "predict_flash_io": solution_with("lab07", "predict_flash_io", {
+              "keys += min(kv_len, -(-last // block_k) * block_k)": "keys += last"})},
+         ["io_keys_not_tiles"]),
         ("the backward forgets D = rowsum(dO * O): dS = P * dP in both kernels",
          {"flash_backward_answer": solution_with("lab07", "flash_backward_answer", {
              "            ds_t = p_t * (dp_t - delta[None, :])": "            ds_t = p_t * dp_t",
-             "        ds = p * (dp - delta[:, None])": "        ds = p * dp"})},
-         ["bwd_no_delta"]),
+             "        ds = p * (dp - delta[:, None])": "        ds = p * dp"}),
+          "predict_flash_io": solution_with("lab07", "predict_flash_io", {
+              "if causal else kv_len": "if False else kv_len"})},
+         ["bwd_no_delta", "io_causal_no_skip"]),
     ]
+
+
+# Written parts: graded by the instructor from this rubric (never shown in the student's notebook).
+WRITTEN = {
+    "written_flash_io": {"points": 2, "rubric": [
+        (0.5, "compares the predicted and counted traffic with the student's own numbers, and if they differ names "
+              "the term and whether the loop or the model is off"),
+        (0.75, "gives the causal saving as a measured factor and explains it by the cached prefix that every query "
+               "must read, against the chunk's own triangle (half the tiles only when T = S)"),
+        (0.75, "names the K and V rereads (one pass per query tile, growing as T / block_q) and concludes that "
+               "block_q should be as large as the SRAM allows"),
+    ]},
+}

@@ -10,8 +10,9 @@
 #   computed tile by tile, never holding more than a tile of scores. You design the loop.
 # * **Part C (3 points, contract): causal tiles.** The same function with a causal mask when there are
 #   fewer queries than keys (a KV cache): skip the tiles in the future, mask the ones that cross it.
-# * **Part D (1 point): predict the memory traffic.** How many elements your loop moves, from the IO model;
-#   then a cell counts what your function really reads.
+# * **Part D (4 points, 2 of them written): predict the memory traffic.** How many elements your causal
+#   loop moves when a chunk of new queries attends to a cache, from the IO model; a cell counts what your
+#   function really reads, and you explain the numbers in words.
 # * **Part E (4 points, contract): a FlashAttention kernel in Triton.** The same loop as one GPU kernel,
 #   written from its specification; graded in Triton's CPU interpreter, timed against PyTorch's SDPA when
 #   there is a GPU.
@@ -26,7 +27,8 @@
 #   sizes, every residue of the causal offset) and compares the results with the course's reference.
 # * PyTorch only (and Triton in Parts E and F); do not import `course_lib.attention`: the grader flags an answer
 #   that does, and while it grades, the course's reference attention and kernels are not in the library.
-# * Everything runs on a CPU in seconds (Parts E and F in Triton's interpreter, on small shapes). Total: 20 points.
+# * Everything runs on a CPU in seconds (Parts E and F in Triton's interpreter, on small shapes). Total: 23
+#   points, 21 graded automatically and 2 for a written answer your instructor grades.
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -64,9 +66,15 @@ MISTAKES = {
                        "sits at position Tk - Tq + t and sees keys up to Tk - Tq + t (bottom-right alignment), "
                        "not only keys up to t; see this lab's Part C and notebook 07, section '4. Tiled exact "
                        "attention'",
-    "io_kv_once": "the traffic counts K and V once: with query tiles outside, every query tile reads all of K "
-                  "and V again, so they are read ceil(N / block_q) times; see notebook 07, section "
-                  "'2. Counting the bytes: the IO model'",
+    "io_kv_once": "the traffic counts K and V once: with query tiles outside, every query tile reads the key "
+                  "tiles it visits again, so K and V are read about once per query tile; see notebook 07, "
+                  "section '2. Counting the bytes: the IO model'",
+    "io_causal_no_skip": "the causal traffic is the non-causal one: a query tile stops at the key tile holding "
+                         "the last key its last row may see, and never loads the tiles after it",
+    "io_causal_top_left": "the causal traffic places the queries at positions 0 .. T-1: after S - T cached keys, "
+                          "query t sits at position S - T + t and sees S - T + t + 1 keys",
+    "io_keys_not_tiles": "the traffic counts only the visible keys: a key tile is loaded whole even when only "
+                         "some of its keys are visible (only the sequence's last tile is cut, at S)",
     "kernel_causal_top_left": "your kernel's causal mask is aligned top-left: with T queries after S - T cached "
                               "keys, query row t sits at position S - T + t and sees the keys j <= t + S - T "
                               "(bottom-right, as in Part C), not only j <= t; the offset S - T belongs in the "
@@ -402,34 +410,76 @@ check_raises(lambda: tiled_attention(_q, _k[:, :, :39], _v[:, :, :39], 8, 8, cau
 print("Part C: visible tests passed")
 
 # %% [markdown] id="c012"
-# ## Part D · Predict the memory traffic (1 point)
+# ## Part D · Predict the memory traffic of a causal chunk (4 points)
+#
+# Two points for the prediction, graded automatically; two for the written answer after it, graded by your
+# instructor.
 #
 # Notebook 07, section 2, counts the elements attention moves between main memory and the chip (the IO
-# analysis of FlashAttention [@dao2022flashattention]) for both loop orders. Your loop of Part B has the
-# query tiles outside and the key tiles inside (FlashAttention-2's order, not the paper's Algorithm 1) and
-# behaves like a kernel with one program per query tile: it loads its query tile once, loads every key
-# tile and value tile it visits, and writes its output tile once; nothing else goes through main memory
-# (the scores and the running statistics stay on chip).
+# analysis of FlashAttention [@dao2022flashattention]) for one sequence attending to itself (`T = S`). A
+# serving engine rarely runs that shape: chunked prefill and speculative verification run `T` new queries
+# against `S >= T` keys, the first `S - T` of them already cached, causally (Part C's alignment: query `t`
+# sits at position `S - T + t`). Predict that traffic.
 #
-# Implement `predict_flash_io(seq_len, head_dim, block_q)`: the elements read plus written, per (batch,
-# query head), by non-causal tiled attention with `Tq = Tk = seq_len`. The tests grade it against the IO
-# model on their own inputs; the cell after them counts what your `tiled_attention` really reads.
+# Your loop of Parts B and C has the query tiles outside and the key tiles inside (FlashAttention-2's order)
+# and behaves like a kernel with one program per query tile of `block_q` rows (the last one shorter): it
+# loads its query tile once and writes its output tile once; it loads, for K and for V, every key tile
+# of `block_k` keys it visits, each tile whole (only the last tile of the sequence is cut, at `S`); with
+# `causal`, it visits the key tiles from the first up to the one that holds the last key its last row may
+# see, and none after. Nothing else goes through main memory (the scores and the running statistics stay
+# on chip).
+#
+# Implement `predict_flash_io(q_len, kv_len, head_dim, block_q, block_k, causal)`: the elements read plus
+# written per (batch, query head), an `int`. Work it out on paper first for a small case (say `T = 5`,
+# `S = 12`, tiles of 4), then write it for any shape. The tests check properties any correct count has and
+# the grader checks the value on shapes of its own; the cell after the tests counts what your
+# `tiled_attention` really reads, so you can compare.
+#
+# <details><summary>Hint 1: the idea</summary>
+#
+# Add up per query tile: what it loads of Q, what it writes of O, and what it loads of K and V. Only the
+# last of these depends on `causal`, and only through one number per query tile: how far into the keys
+# its last row may look.
+# </details>
+#
+# <details><summary>Hint 2: the pitfalls</summary>
+#
+# With a cache in front, the queries are not at positions `0 .. T-1`; a tile is loaded whole even when
+# only some of its keys are visible; and the number of key tiles a query tile visits is a ceiling, not a
+# fraction. Check your formula by hand on the small case, tile by tile, before trusting it.
+# </details>
 
 # %% id="c013" nbgrader={"grade": false, "grade_id": "predict_flash_io", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_flash_io(seq_len, head_dim, block_q):
-    """Elements read + written per (batch, head) by non-causal tiled attention, query tiles outside."""
+def predict_flash_io(q_len, kv_len, head_dim, block_q, block_k, causal):
+    """Elements read + written per (batch, query head) by tiled attention, query tiles outside."""
     ### BEGIN SOLUTION
-    tiles = -(-seq_len // block_q)
-    return seq_len * head_dim + 2 * seq_len * head_dim * tiles + seq_len * head_dim
+    keys = 0
+    for i0 in range(0, q_len, block_q):
+        i1 = min(i0 + block_q, q_len)
+        last = min(kv_len, kv_len - q_len + i1) if causal else kv_len   # keys [0, last) are visible to the tile
+        keys += min(kv_len, -(-last // block_k) * block_k)               # whole key tiles, cut at S
+    return 2 * q_len * head_dim + 2 * keys * head_dim                     # Q in, O out; K and V per tile
     ### END SOLUTION
 
 
-# %% id="c014" nbgrader={"grade": true, "grade_id": "predict_flash_io_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-check_close(predict_flash_io(1024, 64, 128), 1024 * 64 * (1 + 2 * 8 + 1), "predict_flash_io(1024, 64, 128)",
-            mistakes={MISTAKES["io_kv_once"]: 4 * 1024 * 64})
-check_close(predict_flash_io(100, 16, 32), 100 * 16 * (1 + 2 * 4 + 1),
-            "predict_flash_io(100, 16, 32): 4 query tiles, the last one shorter")
-print("Part D: visible tests passed")
+# %% id="c014" nbgrader={"grade": true, "grade_id": "predict_flash_io_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+_shapes = [(5, 12, 8, 4, 4), (100, 100, 16, 32, 16), (7, 300, 64, 16, 32), (1, 50, 32, 16, 16)]
+for _T, _S, _d, _bq, _bk in _shapes:
+    _both = {}
+    for _causal in (False, True):
+        _what = f"predict_flash_io({_T}, {_S}, {_d}, {_bq}, {_bk}, causal={_causal})"
+        _got = predict_flash_io(_T, _S, _d, _bq, _bk, _causal)
+        assert isinstance(_got, int) and not isinstance(_got, bool), f"{_what} must return an int, got {_got!r}"
+        # every query is read and every output written once; the last query sees every key, K and V
+        assert _got >= 2 * _T * _d + 2 * _S * _d, f"{_what} = {_got}: less than reading Q, K, V and writing O once"
+        _both[_causal] = _got
+    assert _both[True] <= _both[False], f"causal {_both[True]} > non-causal {_both[False]} for {(_T, _S, _d, _bq, _bk)}"
+    # scaling: every term counts head_dim elements per row
+    assert predict_flash_io(_T, _S, 2 * _d, _bq, _bk, True) == 2 * _both[True], "doubling head_dim must double it"
+# more, smaller query tiles can only read K and V more often
+_io = [predict_flash_io(200, 200, 16, _bq, 16, False) for _bq in (200, 64, 16)]
+assert _io[0] <= _io[1] <= _io[2], f"non-causal traffic for block_q 200, 64, 16: {_io}, expected non-decreasing"
+print("Part D: visible tests passed (the grader checks the values on its own shapes)")
 
 # %% [markdown] id="c015"
 # ### Your prediction against your function (not graded)
@@ -437,8 +487,8 @@ print("Part D: visible tests passed")
 # The cell below runs your `tiled_attention` on one head and counts what it touches: the elements of every
 # slice it takes of `q`, `k` and `v` (what a kernel would load) and of every assignment into a tensor (what
 # it would store). The count assumes each slice is loaded once: a loop that re-slices its slices counts
-# more. Beside it, standard attention's traffic (section 2: `4 N d + 4 N^2`, the scores written and read
-# back).
+# more. Beside it, standard attention's traffic for the same shapes (section 2's count with `T` queries and
+# `S` keys: Q, K, V read, O written, and the `T x S` scores written and read back).
 
 # %% id="c016"
 class _Traffic(TorchFunctionMode):
@@ -460,19 +510,48 @@ class _Traffic(TorchFunctionMode):
         return out
 
 
-_N, _d = 256, 16
-_q, _k, _v = (torch.randn(1, 1, _N, _d) for _ in range(3))
-for _bq in (16, 64, 256):
-    try:
-        _pred = predict_flash_io(_N, _d, _bq)
-        with _Traffic(_q, _k, _v) as _t:
-            tiled_attention(_q, _k, _v, _bq, 32)
-    except NotImplementedError:
-        print("finish Parts B and D first")
-        break
-    print(f"N={_N}, d={_d}, block_q={_bq:3d}: predicted {_pred:7d} elements; counted in your function "
-          f"{_t.reads + _t.writes:7d} ({_t.reads} read, {_t.writes} written); standard attention "
-          f"{4 * _N * _d + 4 * _N * _N}")
+_T, _S, _d, _bk = 48, 256, 16, 32                  # a chunk of 48 new queries after 208 cached keys
+_q = torch.randn(1, 1, _T, _d)
+_k, _v = (torch.randn(1, 1, _S, _d) for _ in range(2))
+for _causal in (False, True):
+    for _bq in (16, 48):
+        try:
+            _pred = predict_flash_io(_T, _S, _d, _bq, _bk, _causal)
+            with _Traffic(_q, _k, _v) as _t:
+                tiled_attention(_q, _k, _v, _bq, _bk, causal=_causal)
+        except NotImplementedError:
+            print("finish Parts B, C and D first")
+            break
+        print(f"T={_T}, S={_S}, d={_d}, block_q={_bq:2d}, block_k={_bk}, causal={_causal!s:5}: predicted "
+              f"{_pred:6d} elements; counted in your function {_t.reads + _t.writes:6d} ({_t.reads} read, "
+              f"{_t.writes} written); standard attention {2 * _T * _d + 2 * _S * _d + 2 * _T * _S}")
+
+# %% [markdown] id="cw07a"
+# ### Part D, in words (2 of the part's points, graded by your instructor)
+#
+# Answer from the numbers the cell above printed on your machine, in a few sentences each:
+#
+# 1. Do your prediction and the count of your function agree? If not, which term differs, and is it your
+#    loop or your model that is off?
+# 2. By what factor does causal skipping cut the traffic of this chunk (48 queries after 208 cached keys)?
+#    Why so little, when causal attention over one whole sequence (`T = S`) skips almost half the tiles?
+# 3. With `block_q = 16` the tiled loop moves most of what standard attention moves here. Which term grows
+#    as the query tiles shrink, and what does that say about choosing `block_q` on a GPU with a fixed SRAM?
+#
+# A full answer quotes your numbers and explains each with the IO model (which tensor is read how often).
+
+# %% [markdown] id="cw07b" nbgrader={"grade": true, "grade_id": "written_flash_io", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# 1. They agree exactly (9,728 and 26,112 elements non-causal, 9,728 and 25,088 causal): my loop loads each
+#    query tile once, each visited key and value tile once per query tile, and writes each output tile once,
+#    which is the model.
+# 2. Only 26,112 / 25,088 = 1.04x at `block_q = 16`, and nothing at `block_q = 48`. The 208 cached keys are
+#    in every query's past, so every query tile must read them; skipping only saves key tiles of the chunk's
+#    own 48-key triangle, at most about a quarter of them, against a prefix four times larger. With `T = S`
+#    there is no prefix, and the skipped triangle is about half of all tiles.
+# 3. The K and V term: each query tile rereads all the keys it sees, so it grows as `T / block_q` (48 / 16 =
+#    3 passes over K and V). Larger query tiles read K and V fewer times, so a kernel makes `block_q` as large
+#    as its SRAM allows (the tile of Q, the accumulator and a score tile must fit), which is the `M / 4d` of
+#    FlashAttention's tile sizes; past that the traffic is bounded by the SRAM, not by the loop.
 
 # %% [markdown] id="c019"
 # ## Part E · A FlashAttention kernel in Triton (4 points, contract)
@@ -523,50 +602,37 @@ for _bq in (16, 64, 256):
 # The tests run it on small shapes with tiles of 16 (the interpreter is slow), lengths that are not
 # multiples of the tiles, GQA, causal with `T != S` and a decode step (`T = 1`), against the reference.
 #
-# <details><summary>Hint 1: the grid and one program</summary>
+# <details><summary>Hint 1: what one program owns</summary>
 #
-# Launch `kernel[grid](...)` with `grid = (triton.cdiv(T, block_m), B * H)`: program `(i, bh)` takes the
-# query rows `i * BLOCK_M + tl.arange(0, BLOCK_M)` of batch `bh // H`, head `bh % H`, and KV head
-# `(bh % H) // GROUP`. Pass the tile sizes, `H`, `GROUP`, `D` and `CAUSAL` as `tl.constexpr` arguments
-# (compile-time constants: `tl.arange` needs them), the lengths `T`, `S`, the scale and the strides as
-# ordinary ones. With `q.contiguous()` (and k, v, and `O = torch.empty_like(q)`) a row of a head starts at
-# `b * q.stride(0) + h * q.stride(1) + row * D`; a tile of pointers is `base + rows[:, None] * D +
-# tl.arange(0, D)[None, :]`.
+# Decide first what a program computes: one tile of query rows of one (batch, query head), and from that
+# which KV head it reads (Part B's rule). The grid then follows from the number of such tiles. Anything a
+# `tl.arange` or a tile shape depends on must be a compile-time constant (`tl.constexpr`); lengths and the
+# scale can stay ordinary arguments. Work out where row `r` of head `h` of batch `b` starts in memory from
+# the tensors' strides, and build a tile of pointers from a column of row offsets and a row of column
+# offsets (broadcasting, as in NumPy).
 # </details>
 #
-# <details><summary>Hint 2: the tile loop and the online softmax</summary>
+# <details><summary>Hint 2: the loop is Part B's</summary>
 #
-# Keep per row, in fp32, `m = tl.full([BLOCK_M], float("-inf"), tl.float32)`, `l = tl.zeros(...)` and
-# `acc = tl.zeros([BLOCK_M, D], tl.float32)`; then `for start in range(0, hi, BLOCK_N):` with
-# `cols = start + tl.arange(0, BLOCK_N)`:
-#
-# 1. load the K and V tiles, `s = tl.dot(q, tl.trans(k)) * scale` (`[BLOCK_M, BLOCK_N]`);
-# 2. `m_new = tl.maximum(m, tl.max(s, axis=1))`, `alpha = tl.exp(m - m_new)`, `p = tl.exp(s - m_new[:, None])`;
-# 3. `l = l * alpha + tl.sum(p, axis=1)` and `acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)`:
-#    both sums were taken against the old max (Part B's hint 2, notebook 07 section '3. Online softmax,
-#    step by step');
-# 4. `m = m_new`; after the loop store `acc / l[:, None]`, cast to the output's dtype
-#    (`.to(O.dtype.element_ty)`).
-#
-# In fp32 pass `input_precision="ieee"` to both `tl.dot`s: on an Ampere or newer GPU the default is tf32
-# (10-bit mantissas), about `1e-3` off, which fails the fp32 tolerance (the interpreter computes in full
-# fp32 either way).
+# The key loop inside a program is the online softmax of Part B, on tiles instead of slices: the same
+# three running quantities per row, the same rescaling when the running max grows, the same division at
+# the end. The pitfalls are the ones Part B's tests named: both the running sum and the accumulator must
+# be rescaled, and the statistics are kept in fp32 whatever the input dtype. In fp32, Triton's `tl.dot`
+# may use tf32 on an Ampere or newer GPU (about `1e-3` off, more than the tolerance): its
+# `input_precision` argument says how to ask for full fp32 (the interpreter computes in full fp32 either way).
 # </details>
 #
-# <details><summary>Hint 3: masks, with tl.where and other=</summary>
+# <details><summary>Hint 3: the edges</summary>
 #
-# * The last query tile and the last key tile stick out of `T` and `S`: load with
-#   `tl.load(ptrs, mask=rows[:, None] < T, other=0.0)` (zeros, never out of bounds), store with the same
-#   mask, and set the scores of keys `cols >= S` to `-inf` with `tl.where(valid, s, float("-inf"))`, so that
-#   `exp` gives them weight 0.
-# * Causal: `valid` also needs `cols[None, :] <= (rows + S - T)[:, None]`; and the loop may stop at
-#   `hi = tl.minimum(S, (i + 1) * BLOCK_M + S - T)`, the position after the tile's last query (Part C's
-#   skipped tiles).
-# * No NaN: with `T <= S` every row (the padded rows past `T` too) sees key 0 in the first tile, so `m` is
-#   finite after it and `exp(-inf - m)` is 0; `exp(m - m_new)` with `m = -inf` at the start is 0 too.
+# * Tiles stick out of `T` and `S` unless the lengths are multiples: nothing may be read or written out of
+#   bounds, and a padded key must get weight exactly 0 (think about what its score must be before `exp`).
+# * Causal: Part C's rule and Part C's skipping, with the same bottom-right alignment; a program need not
+#   visit the key tiles entirely in its rows' future.
+# * NaN: ask yourself what `exp(m_old - m_new)` is on the first tile, and whether any row (a padded one too)
+#   can see no key at all in the first tile.
 # * Under the interpreter of triton older than 3.9 with NumPy 2.4 or newer, a loop bound that is not a
-#   constexpr (`S`, `hi`) fails ("only 0-dimensional arrays can be converted to Python scalars"): pass the
-#   number of keys also as a `tl.constexpr`, loop to it and let the masks do the rest, or upgrade triton.
+#   constexpr fails ("only 0-dimensional arrays can be converted to Python scalars"): loop to a constexpr
+#   bound and let the masks do the rest, or upgrade triton.
 # </details>
 
 # %% id="c020" nbgrader={"grade": false, "grade_id": "flash_kernel_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
