@@ -25,7 +25,7 @@ PACKAGES = ("course_lib", "course_grading")   # the course: the students' librar
 LAYERS = {
     # 1. foundations: no model, no cache
     "course_lib": 1, "course_lib.env": 1, "course_lib.attention": 1, "course_lib.quant": 1, "course_lib.perf": 1,
-    "course_lib.sampling": 1, "course_lib.models.config": 1, "course_lib.validate": 1,
+    "course_lib.sampling": 1, "course_lib.models.config": 1, "course_lib.validate": 1, "course_lib.schedule": 1,
     # 2. the model and its registry
     "course_lib.models": 2, "course_lib.models.llama": 2, "course_lib.models.corpus": 2,
    

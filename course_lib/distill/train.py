@@ -10,7 +10,6 @@ The CLI that distils the bundled default draft is `python -m course_lib.training
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -19,6 +18,7 @@ from course_lib.generation import generate
 from course_lib.models.corpus import encode_stream, load_split
 from course_lib.models.config import LlamaConfig
 from course_lib.models.llama import LlamaForCausalLM
+from course_lib.schedule import cosine_lr
 from course_lib.validate import integer, number
 
 from .losses import FeatureProjector, feature_loss, hard_label_loss, kd_loss, reverse_kl_loss
@@ -155,9 +155,8 @@ def distill(teacher, student, tokenizer=None, steps: int = 100, batch_size: int 
         bar = tqdm(bar, desc=f"distill ({mode})", mininterval=2)
     t0 = time.perf_counter()
     for step in bar:
-        # same schedule as course_lib.training.train: linear warmup, cosine decay to 10%
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        for g in opt.param_groups:                     # the schedule of course_lib.training.train
+            g["lr"] = cosine_lr(step, steps, lr, warmup)
         if mode == "black_box":
             x = corpus[step * batch_size:(step + 1) * batch_size].to(device)          # [B, L+1]
             targets = x[:, 1:].clone()

@@ -32,7 +32,6 @@ Shapes: D hidden size, V vocabulary, L window length, n tokens kept so far, K MT
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -48,7 +47,8 @@ from course_lib.models.corpus import load_split
 from course_lib.models.llama import DecoderLayer, RMSNorm, rope_cos_sin, save_safetensors
 from course_lib.validate import integer, number
 
-from .medusa import BUNDLED_HEADS_ROOT, _encode, _features, _head_training_parser, _training_report
+from .head_training import encode, head_training_parser, target_features, train_heads, training_report
+from .medusa import BUNDLED_HEADS_ROOT
 
 __all__ = ["FeatureLayer", "EagleHead", "MTPHeads", "train_feature_heads", "feature_head_accuracy", "EagleDraft",
            "MTPDraft", "save_feature_heads", "load_feature_heads"]
@@ -194,33 +194,18 @@ def train_feature_heads(target, heads, texts: list[str], tokenizer, steps: int, 
     target.requires_grad_(False)
     was_training = target.training
     target.eval()
-    stream = _encode(texts, tokenizer)
+    stream = encode(texts, tokenizer)
     if max_tokens is not None:
         stream = stream[:integer(max_tokens, "max_tokens", low=seq_len)]
-    feats, ids = _features(target, stream, seq_len, progress=progress)           # [W, L, D], [W, L]
+    feats, ids = target_features(target, stream, seq_len, progress=progress)    # [W, L, D], [W, L]
     embed_w = target.model.embed_tokens.weight.detach().float()
     head_w = target.lm_head.weight.detach().float()
-    heads.float().train()
-    opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
-    gen = torch.Generator(device=feats.device).manual_seed(seed)
-    history = {"loss": [], "parts": [], "tokens": int(stream.numel())}
-    it = range(steps)
-    if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(it, desc=f"{heads.kind} x{len(heads.blocks)}", mininterval=2)
-    for step in it:
-        for g in opt.param_groups:
-            g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-        rows = torch.randint(0, feats.shape[0], (batch_size,), generator=gen, device=feats.device)
-        loss, parts = _losses(heads, embed_w, head_w, feats[rows], ids[rows], token_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-        opt.step()
-        history["loss"].append(loss.item())
-        history["parts"].append(parts)
-        if progress and step % 20 == 0:
-            it.set_postfix(loss=f"{loss.item():.3f}")
+    heads.float()
+    history = train_heads(heads, heads.parameters(),
+                          lambda rows: _losses(heads, embed_w, head_w, feats[rows], ids[rows], token_weight),
+                          feats.shape[0], steps, batch_size, lr, seed, feats.device, progress,
+                          desc=f"{heads.kind} x{len(heads.blocks)}", clip=1.0)
+    history["tokens"] = int(stream.numel())
     heads.eval()
     target.train(was_training)
     history["seconds"] = time.perf_counter() - t0
@@ -238,10 +223,10 @@ def feature_head_accuracy(target, heads, texts: list[str], tokenizer, seq_len: i
     module], "tokens": n}. Teacher forcing: deeper drafted tokens read predicted inputs and agree less.
     """
     heads.check_target(target)
-    stream = _encode(texts, tokenizer)
+    stream = encode(texts, tokenizer)
     if max_tokens is not None:
         stream = stream[:max_tokens]
-    feats, ids = _features(target, stream, seq_len, progress=False, desc="eval")
+    feats, ids = target_features(target, stream, seq_len, progress=False, desc="eval")
     embed_w = target.model.embed_tokens.weight.to(heads.dtype)
     head_w = target.lm_head.weight.to(heads.dtype)
     hits, total = [0.0] * len(heads.blocks), [0] * len(heads.blocks)
@@ -398,7 +383,7 @@ def load_feature_heads(kind: str = "eagle", model_name: str = "tiny", path: str 
 # Training the bundled heads: python -m course_lib.speculative.eagle --kind eagle|mtp [--out <folder>]
 # --------------------------------------------------------------------------------------------------
 def main(argv=None):
-    ap = _head_training_parser("Train the bundled EAGLE head or MTP modules for the bundled target.", steps=1500,
+    ap = head_training_parser("Train the bundled EAGLE head or MTP modules for the bundled target.", steps=1500,
                                batch_size=8, lr=1e-3, threads=2)
     ap.add_argument("--kind", choices=("eagle", "mtp"), default="eagle")
     ap.add_argument("--num-modules", type=int, default=2)
@@ -414,7 +399,7 @@ def main(argv=None):
     heads.half().float()                        # what the fp16 file will hold: report the accuracy of that
     held = load_split("heldout", max_files=args.heldout_files)
     acc = feature_head_accuracy(target, heads, held, tok)
-    report = {**_training_report(args, hist, acc["tokens"], last=50), "parameters": heads.num_parameters(),
+    report = {**training_report(args, hist, acc["tokens"], last=50), "parameters": heads.num_parameters(),
               "heldout_agreement_with_target_greedy": acc["agree"]}
     save_feature_heads(heads, out, extra={"training": report})
     print(json.dumps(report, indent=2))

@@ -22,7 +22,6 @@ draft. Shapes: D hidden size, V vocabulary, Hm number of Medusa heads, N tree no
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from course_lib.models import load
 from course_lib.models.corpus import load_split
 from course_lib.models.llama import save_safetensors
 
+from .head_training import encode, head_training_parser, target_features, train_heads, training_report
 from .tree import DEFAULT_PATHS, _check_paths, build_tree, cartesian_paths
 
 __all__ = ["MedusaHeads", "train_medusa", "medusa_accuracy", "MedusaDraft", "medusa_generate", "MedusaStats",
@@ -127,36 +127,6 @@ class MedusaHeads(nn.Module):
 # --------------------------------------------------------------------------------------------------
 # Training (Medusa-1: the target stays frozen)
 # --------------------------------------------------------------------------------------------------
-def _encode(texts, tokenizer) -> torch.Tensor:
-    """One token stream: EOS, doc, EOS, doc, ... (as the bundled models were trained)."""
-    eos = tokenizer.eos_token_id
-    ids = []
-    for t in texts:
-        if eos is not None:
-            ids.append(eos)
-        ids.extend(tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"])
-    return torch.tensor(ids, dtype=torch.long, device="cpu")   # host: windows go to the target in _features
-
-
-@torch.no_grad()
-def _features(target, stream: torch.Tensor, seq_len: int, batch: int = 8, progress: bool = True, desc="hidden"):
-    """Cut `stream` into windows of seq_len and run the frozen target once: hidden [W, L, D] (float32), ids [W, L],
-    both on the target's device (the heads train and are scored there, without a host round trip per step)."""
-    n = stream.numel() // seq_len
-    if n == 0:
-        raise ValueError(f"texts: {stream.numel()} tokens is less than one window of seq_len={seq_len}")
-    ids = stream[:n * seq_len].view(n, seq_len).to(target.device)
-    out = []
-    it = range(0, n, batch)
-    if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(it, desc=desc, leave=False)
-    for a in it:
-        _, h = target(ids[a:a + batch], return_hidden=True)
-        out.append(h.float())
-    return torch.cat(out), ids
-
-
 def _head_losses(heads, lm_head, hidden, ids):
     """Cross entropy per head; head k at position t predicts ids[t + 2 + k]. hidden [B, L, D], ids [B, L]."""
     logits = heads(hidden, lm_head)  # [B, L, Hm, V]
@@ -180,7 +150,7 @@ def train_medusa(target, texts: list[str], tokenizer, steps: int, num_heads: int
     The target's hidden states are computed once for all windows (it never changes), so each step
     costs only the heads. Loss = sum over heads of the cross entropy of head k against the tokens k+2
     ahead (Medusa weights deeper heads less; a plain sum is enough here). AdamW with a cosine schedule.
-    history: {"loss": [...], "head_loss": [[...] per step], "tokens": stream length, "seconds": s}.
+    history: {"loss": [...], "parts": [[loss of each head] per step], "tokens": stream length, "seconds": s}.
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
@@ -196,33 +166,20 @@ def train_medusa(target, texts: list[str], tokenizer, steps: int, num_heads: int
     target.requires_grad_(False)
     was_training = target.training
     target.eval()
-    stream = _encode(texts, tokenizer)
+    stream = encode(texts, tokenizer)
     if max_tokens is not None:
         stream = stream[:max_tokens]
-    hidden, ids = _features(target, stream, seq_len, progress=progress)   # [W, L, D], [W, L]
+    hidden, ids = target_features(target, stream, seq_len, progress=progress)   # [W, L, D], [W, L]
     lm_head = target.lm_head.weight.detach().float().to(hidden.device)  # frozen, shared
-    heads.to(hidden.device).train()
-    params = [p for p in heads.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    gen = torch.Generator(device=hidden.device).manual_seed(seed)
-    history = {"loss": [], "head_loss": [], "tokens": int(stream.numel())}
-    it = range(steps)
-    if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(it, desc=f"medusa x{heads.num_heads}", mininterval=2)
-    for step in it:
-        for g in opt.param_groups:
-            g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-        rows = torch.randint(0, hidden.shape[0], (batch_size,), generator=gen, device=hidden.device)
+    heads.to(hidden.device)
+
+    def loss_fn(rows):
         losses = _head_losses(heads, lm_head, hidden[rows], ids[rows])
-        loss = sum(losses)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        history["loss"].append(loss.item())
-        history["head_loss"].append([x.item() for x in losses])
-        if progress and step % 20 == 0:
-            it.set_postfix(loss=f"{loss.item():.3f}")
+        return sum(losses), [x.item() for x in losses]
+
+    history = train_heads(heads, [p for p in heads.parameters() if p.requires_grad], loss_fn, hidden.shape[0],
+                          steps, batch_size, lr, seed, hidden.device, progress, desc=f"medusa x{heads.num_heads}")
+    history["tokens"] = int(stream.numel())
     heads.eval()
     target.train(was_training)
     history["seconds"] = time.perf_counter() - t0
@@ -239,10 +196,10 @@ def medusa_accuracy(target, heads: MedusaHeads, texts: list[str], tokenizer, seq
     """
     heads.check_target(target)
     heads.check_device(target)
-    stream = _encode(texts, tokenizer)
+    stream = encode(texts, tokenizer)
     if max_tokens is not None:
         stream = stream[:max_tokens]
-    hidden, ids = _features(target, stream, seq_len, progress=progress, desc="eval")  # [W, L, D], [W, L]
+    hidden, ids = target_features(target, stream, seq_len, progress=progress, desc="eval")  # [W, L, D], [W, L]
     base_hits, head_hits = 0.0, [0.0] * heads.num_heads
     for a in range(0, hidden.shape[0], 8):      # a few windows at a time: logits are [w, L, Hm, V]
         h, y = hidden[a:a + 8], ids[a:a + 8]                                   # on the target's device
@@ -396,36 +353,8 @@ def medusa_generate(target, heads: MedusaHeads, input_ids: torch.Tensor, max_new
 # --------------------------------------------------------------------------------------------------
 # Training the bundled heads: python -m course_lib.speculative.medusa --out <folder>
 # --------------------------------------------------------------------------------------------------
-def _head_training_parser(description: str, **defaults):
-    """The command line the bundled-head trainers share (Medusa here, EAGLE/MTP in ``eagle.py``): the target,
-    where to write, how long and on what; `defaults` sets each trainer's own (steps, batch_size, lr, threads)."""
-    import argparse
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--steps", type=int, default=defaults["steps"])
-    ap.add_argument("--train-files", type=int, default=120)
-    ap.add_argument("--max-tokens", type=int, default=300_000)
-    ap.add_argument("--heldout-files", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=defaults["batch_size"])
-    ap.add_argument("--lr", type=float, default=defaults["lr"])
-    ap.add_argument("--threads", type=int, default=defaults["threads"])
-    return ap
-
-
-def _training_report(args, hist: dict, heldout_tokens: int, last: int) -> dict:
-    """What every bundled head's config records of its training run (the trainer adds its held-out scores)."""
-    import platform
-    return {"target": args.model, "train_files": args.train_files, "train_tokens": hist["tokens"],
-            "steps": args.steps, "batch_size": args.batch_size, "seq_len": 256, "lr": args.lr,
-            "train_seconds": round(hist["seconds"], 1), "threads": args.threads,
-            "device": f"CPU ({platform.processor() or platform.machine()}), {args.threads} thread(s)",
-            "torch": torch.__version__, "final_loss": sum(hist["loss"][-last:]) / len(hist["loss"][-last:]),
-            "heldout_files": args.heldout_files, "heldout_tokens": heldout_tokens}
-
-
 def main(argv=None):
-    ap = _head_training_parser("Train the bundled Medusa heads for the bundled target.", steps=700, batch_size=4,
+    ap = head_training_parser("Train the bundled Medusa heads for the bundled target.", steps=700, batch_size=4,
                                lr=1e-2, threads=1)
     ap.add_argument("--num-heads", type=int, default=3)
     args = ap.parse_args(argv)
@@ -439,7 +368,7 @@ def main(argv=None):
     held = load_split("heldout", max_files=args.heldout_files)
     acc1 = medusa_accuracy(target, heads, held, tok, topk=1, progress=True)
     acc3 = medusa_accuracy(target, heads, held, tok, topk=3)
-    report = {**_training_report(args, hist, acc1["tokens"], last=20),
+    report = {**training_report(args, hist, acc1["tokens"], last=20),
               "heldout_top1_base": acc1["base"], "heldout_top1_heads": acc1["heads"],
               "heldout_top3_base": acc3["base"], "heldout_top3_heads": acc3["heads"]}
     save_medusa_heads(heads, out, extra={"training": report})

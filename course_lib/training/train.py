@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import time
 from dataclasses import dataclass, replace
@@ -32,6 +31,7 @@ from course_lib.models.config import BUNDLED_ROOT, LlamaConfig, flops_per_token
 from course_lib.models.corpus import EOS, encode_stream, load_split
 from course_lib.models.llama import LlamaForCausalLM, causal_lm_loss
 from course_lib.perf.quality import bits_per_byte, repeated_ngram_share
+from course_lib.schedule import cosine_lr
 
 BUNDLED_DIR = BUNDLED_ROOT
 # The model card's last section, on the distilled default draft: written by `course_lib.training.distill_draft`
@@ -122,7 +122,7 @@ def train_model(cfg: LlamaConfig, stream: torch.Tensor, stages, model: LlamaForC
                                  f"stage ({s.batch}x{s.seq_len}, {s.steps} steps)", mininterval=5)
         ema = None
         for step in bar:
-            lr = s.lr * min(1.0, (step + 1) / s.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / s.steps)))
+            lr = cosine_lr(step, s.steps, s.lr, s.warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
             starts = torch.randint(0, n, (s.batch,), generator=gen, device=stream.device)
