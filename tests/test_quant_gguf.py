@@ -101,3 +101,55 @@ def test_gguf_bad_input():
         dequantize_q4_0(torch.zeros(18))
     with pytest.raises(ValueError):
         gguf_quantize(torch.randn(32), "q4_k")
+
+
+def test_a_format_is_one_record_in_one_registry():
+    """Adding a format is adding one GGUFFormat: quantize, dequantize, bits per weight, describe_block and the
+    memory table all follow from it (here a toy format: int8 codes with an fp32 scale per 16 values)."""
+    import course_lib.quant.gguf as G
+    from course_lib.quant.memory import WeightFormat
+
+    def quantize(x):
+        b = x.to(torch.float32).reshape(-1, 16)
+        d = b.abs().amax(1, keepdim=True) / 127
+        q = torch.round(b / torch.where(d == 0, torch.ones_like(d), d)).to(torch.int8)
+        out = torch.cat([d.view(torch.uint8), q.view(torch.uint8)], dim=1)        # 4 + 16 bytes
+        return out.reshape(*x.shape[:-1], x.shape[-1] // 16 * 20)
+
+    def unpack(b):
+        return {"d": b[:, :4].contiguous().view(torch.float32), "codes": b[:, 4:].contiguous().view(torch.int8)}
+
+    toy = G.GGUFFormat("toy_i8", 16, 20, 8, quantize, unpack, lambda f: f["codes"].float() * f["d"], "toy")
+    G.register_format(toy)
+    try:
+        x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+        data = G.gguf_quantize(x, "toy_i8")
+        assert data.shape == (3, 80) and G.gguf_bits_per_weight("toy_i8") == 10.0
+        torch.testing.assert_close(G.gguf_dequantize(data, "toy_i8"), x, atol=float(x.abs().max()) / 127, rtol=0)
+        info = G.describe_block(data[0, :20], "toy_i8")
+        assert set(info) == {"hex", "values", "d", "codes"} and len(info["codes"]) == 16
+        assert info["values"] == G.gguf_dequantize(data[0, :20], "toy_i8").tolist()
+        with pytest.raises(ValueError, match="already registered"):
+            G.register_format(toy)
+    finally:
+        del G.GGUF_FORMATS["toy_i8"]
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        G.gguf_quantize(x, "toy_i8")
+    # the memory table's GGUF rows are the records'
+    from course_lib.quant.memory import WEIGHT_FORMATS
+    for name, f in G.GGUF_FORMATS.items():
+        w = WEIGHT_FORMATS[name]
+        assert isinstance(w, WeightFormat) and w.bits_per_weight == f.bits_per_weight == G.BLOCK_BYTES[name] * 8 / G.BLOCK_VALUES[name]
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+def test_describe_block_reads_what_the_decoder_reads(fmt):
+    import course_lib.quant.gguf as G
+    f = G.GGUF_FORMATS[fmt]
+    x = torch.randn(2 * f.block_values, generator=torch.Generator().manual_seed(1))
+    data = G.gguf_quantize(x, fmt)
+    for i in range(2):
+        block = data[i * f.block_bytes:(i + 1) * f.block_bytes]
+        info = G.describe_block(block, fmt)
+        assert info["values"] == G.gguf_dequantize(block, fmt).tolist()
+        assert len(info["codes"]) == f.block_values and isinstance(info["d"], float)

@@ -23,20 +23,74 @@ for Q4_0), with a ValueError instead of writing an inf scale.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 from .core import check_tensor
 
-__all__ = ["QK", "QK_K", "BLOCK_BYTES", "BLOCK_VALUES", "GGUF_FORMATS", "quantize_q8_0", "dequantize_q8_0",
-           "quantize_q4_0", "dequantize_q4_0", "quantize_q4_k", "dequantize_q4_k", "quantize_q6_k",
-           "dequantize_q6_k", "describe_block", "gguf_quantize", "gguf_dequantize", "gguf_bits_per_weight"]
+__all__ = ["QK", "QK_K", "GGUFFormat", "GGUF_FORMATS", "register_format", "BLOCK_BYTES", "BLOCK_VALUES",
+           "quantize_q8_0", "dequantize_q8_0", "quantize_q4_0", "dequantize_q4_0", "quantize_q4_k", "dequantize_q4_k",
+           "quantize_q6_k", "dequantize_q6_k", "describe_block", "gguf_quantize", "gguf_dequantize",
+           "gguf_bits_per_weight"]
 
 QK = 32     # values per block of the legacy formats
 QK_K = 256  # values per super-block of the k-quants
-BLOCK_BYTES = {"q8_0": 2 + QK, "q4_0": 2 + QK // 2,                     # 34 and 18
-               "q4_k": 2 + 2 + 12 + QK_K // 2,                            # 144: d, dmin, 8 x (6-bit scale, 6-bit min), nibbles
-               "q6_k": QK_K // 2 + QK_K // 4 + QK_K // 16 + 2}            # 210: low nibbles, high 2 bits, 16 int8 scales, d
-BLOCK_VALUES = {"q8_0": QK, "q4_0": QK, "q4_k": QK_K, "q6_k": QK_K}
+
+
+@dataclass(frozen=True)
+class GGUFFormat:
+    """One GGUF block format, all of it in one record (as gguf-py's ``quants.py`` has a class per type).
+
+    ``quantize``: [..., k * block_values] float -> [..., k * block_bytes] uint8, ggml's bytes.
+    ``unpack``: blocks [n, block_bytes] uint8 -> the stored fields as tensors: "d" [n, 1] (float32), "codes"
+    [n, block_values] (integers, in element order), and whatever else the format stores ("dmin", "scales",
+    "mins", per sub-block). The decoder and ``describe_block`` both read the bytes through it.
+    ``decode``: those fields -> values [n, block_values] float32.
+    ``code_bits`` and ``memory_name``: the format's row in ``quant.memory.WEIGHT_FORMATS`` (the rest of a
+    block's bits are its scales: ``block_bytes * 8 - code_bits * block_values`` per block).
+    """
+    name: str
+    block_values: int
+    block_bytes: int
+    code_bits: int
+    quantize: Callable[[torch.Tensor], torch.Tensor]
+    unpack: Callable[[torch.Tensor], dict]
+    decode: Callable[[dict], torch.Tensor]
+    memory_name: str
+
+    @property
+    def bits_per_weight(self) -> float:
+        return self.block_bytes * 8 / self.block_values
+
+    def blocks(self, data: torch.Tensor) -> torch.Tensor:
+        """uint8 data [..., k * block_bytes] -> [n, block_bytes], or a clear error."""
+        if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8:
+            raise TypeError(f"data must be a uint8 torch.Tensor of {self.name} blocks")
+        nb = self.block_bytes
+        if data.dim() == 0 or data.shape[-1] % nb:
+            raise ValueError(f"data's last dimension must be a multiple of {nb} bytes ({self.name} block), "
+                             f"got shape {tuple(data.shape)}")
+        return data.reshape(-1, nb)
+
+    def dequantize(self, data: torch.Tensor) -> torch.Tensor:
+        """[..., k * block_bytes] uint8 -> [..., k * block_values] float32."""
+        values = self.decode(self.unpack(self.blocks(data)))
+        return values.reshape(*data.shape[:-1], data.shape[-1] // self.block_bytes * self.block_values)
+
+
+GGUF_FORMATS: dict[str, GGUFFormat] = {}     # the one registry: name -> format (filled below, one record each)
+
+
+def register_format(fmt: GGUFFormat) -> GGUFFormat:
+    """Add a format to the registry (its name must be new): adding a format is adding one record."""
+    if not isinstance(fmt, GGUFFormat):
+        raise TypeError(f"fmt must be a GGUFFormat, got {type(fmt).__name__}")
+    if fmt.name in GGUF_FORMATS:
+        raise ValueError(f"a GGUF format named {fmt.name!r} is already registered")
+    GGUF_FORMATS[fmt.name] = fmt
+    return fmt
 
 
 def _blocks(x: torch.Tensor, name: str = "x", qk: int = QK) -> torch.Tensor:
@@ -86,16 +140,6 @@ def _rows_shape(shape, bytes_per_block, qk: int = QK):
     return (*shape[:-1], shape[-1] // qk * bytes_per_block)
 
 
-def _byte_blocks(data: torch.Tensor, fmt: str) -> torch.Tensor:
-    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8:
-        raise TypeError(f"data must be a uint8 torch.Tensor of {fmt} blocks")
-    nb = BLOCK_BYTES[fmt]
-    if data.dim() == 0 or data.shape[-1] % nb:
-        raise ValueError(f"data's last dimension must be a multiple of {nb} bytes ({fmt} block), "
-                         f"got shape {tuple(data.shape)}")
-    return data.reshape(-1, nb)
-
-
 def quantize_q8_0(x: torch.Tensor) -> torch.Tensor:
     """[..., 32k] float -> [..., 34k] uint8 Q8_0 blocks (the layout ``gguf.quants.quantize`` returns)."""
     b = _blocks(x)
@@ -103,15 +147,15 @@ def quantize_q8_0(x: torch.Tensor) -> torch.Tensor:
     inv = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
     q = _roundf(b * inv).to(torch.int8)
     out = torch.cat([_fp16_bytes(d, "Q8_0"), q.view(torch.uint8)], dim=1)
-    return out.reshape(_rows_shape(x.shape, BLOCK_BYTES["q8_0"]))
+    return out.reshape(_rows_shape(x.shape, out.shape[1]))
 
 
-def dequantize_q8_0(data: torch.Tensor) -> torch.Tensor:
-    """[..., 34k] uint8 -> [..., 32k] float32."""
-    b = _byte_blocks(data, "q8_0")
-    d = _fp16_from_bytes(b[:, :2])
-    q = b[:, 2:].contiguous().view(torch.int8).to(torch.float32)
-    return (q * d).reshape(*data.shape[:-1], data.shape[-1] // BLOCK_BYTES["q8_0"] * QK)
+def _unpack_q8_0(b: torch.Tensor) -> dict:
+    return {"d": _fp16_from_bytes(b[:, :2]), "codes": b[:, 2:].contiguous().view(torch.int8)}
+
+
+def _decode_q8_0(f: dict) -> torch.Tensor:
+    return f["codes"].to(torch.float32) * f["d"]
 
 
 def quantize_q4_0(x: torch.Tensor) -> torch.Tensor:
@@ -124,16 +168,16 @@ def quantize_q4_0(x: torch.Tensor) -> torch.Tensor:
     q = torch.clamp(torch.trunc(b * inv + 8.5), 0, 15).to(torch.uint8)   # [n, 32] in 0..15
     packed = q[:, :QK // 2] | (q[:, QK // 2:] << 4)        # low nibble: 0..15, high nibble: 16..31
     out = torch.cat([_fp16_bytes(d, "Q4_0"), packed], dim=1)
-    return out.reshape(_rows_shape(x.shape, BLOCK_BYTES["q4_0"]))
+    return out.reshape(_rows_shape(x.shape, out.shape[1]))
 
 
-def dequantize_q4_0(data: torch.Tensor) -> torch.Tensor:
-    """[..., 18k] uint8 -> [..., 32k] float32."""
-    b = _byte_blocks(data, "q4_0")
-    d = _fp16_from_bytes(b[:, :2])
+def _unpack_q4_0(b: torch.Tensor) -> dict:
     qs = b[:, 2:]
-    q = torch.cat([qs & 0xF, qs >> 4], dim=1).to(torch.int8) - 8   # elements 0..15, then 16..31
-    return (q.to(torch.float32) * d).reshape(*data.shape[:-1], data.shape[-1] // BLOCK_BYTES["q4_0"] * QK)
+    return {"d": _fp16_from_bytes(b[:, :2]), "codes": torch.cat([qs & 0xF, qs >> 4], dim=1)}   # 0..15, element order
+
+
+def _decode_q4_0(f: dict) -> torch.Tensor:
+    return (f["codes"].to(torch.int8) - 8).to(torch.float32) * f["d"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -322,20 +366,23 @@ def quantize_q4_k(x: torch.Tensor) -> torch.Tensor:
     L = torch.where((dj == 0)[..., None], L, Lq).reshape(nb, 4, 2, 32)   # a zero scale keeps the search's codes
     qs = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(nb, 128).to(torch.uint8)
     out = torch.cat([d_bytes, dmin_bytes, _pack_k4_scales(ls, lm), qs], dim=1)
-    return out.reshape(_rows_shape(x.shape, BLOCK_BYTES["q4_k"], QK_K))
+    return out.reshape(_rows_shape(x.shape, out.shape[1], QK_K))
 
 
-def dequantize_q4_k(data: torch.Tensor) -> torch.Tensor:
-    """[..., 144k] uint8 -> [..., 256k] float32:  x = (d * sc_j) * q - (dmin * m_j)."""
-    b = _byte_blocks(data, "q4_k")
+def _unpack_q4_k(b: torch.Tensor) -> dict:
     nb = b.shape[0]
-    d, dmin = _fp16_from_bytes(b[:, 0:2]), _fp16_from_bytes(b[:, 2:4])      # [nb, 1]
     sc, m = _unpack_k4_scales(b[:, 4:16])
-    dj = (d * sc.to(torch.float32))[..., None]            # [nb, 8, 1]
-    mj = (dmin * m.to(torch.float32))[..., None]
-    qs = b[:, 16:].reshape(nb, 4, 1, 32)
-    q = torch.cat([qs & 0xF, qs >> 4], dim=2).reshape(nb, 8, 32).to(torch.float32)
-    return (dj * q - mj).reshape(*data.shape[:-1], data.shape[-1] // BLOCK_BYTES["q4_k"] * QK_K)
+    qs = b[:, 16:].reshape(nb, 4, 1, 32)             # byte l of chunk c: element 64c + l (low), 64c + 32 + l (high)
+    return {"d": _fp16_from_bytes(b[:, 0:2]), "dmin": _fp16_from_bytes(b[:, 2:4]), "scales": sc, "mins": m,
+            "codes": torch.cat([qs & 0xF, qs >> 4], dim=2).reshape(nb, QK_K)}
+
+
+def _decode_q4_k(f: dict) -> torch.Tensor:
+    """x = (d * sc_j) * q - (dmin * m_j)."""
+    nb = f["codes"].shape[0]
+    dj = (f["d"] * f["scales"].to(torch.float32))[..., None]       # [nb, 8, 1]
+    mj = (f["dmin"] * f["mins"].to(torch.float32))[..., None]
+    return (dj * f["codes"].reshape(nb, 8, 32).to(torch.float32) - mj).reshape(nb, QK_K)
 
 
 def _make_qx_quants(x: torch.Tensor, nmax: int = 32):
@@ -396,72 +443,92 @@ def quantize_q6_k(x: torch.Tensor) -> torch.Tensor:
           | ((L[:, :, 3] >> 4) << 6)).reshape(nb, 64)
     out = torch.cat([ql.to(torch.uint8), qh.to(torch.uint8), sc.to(torch.int8).view(torch.uint8), d_bytes], dim=1)
     out[empty] = 0                                        # ggml zeroes a super-block with no signal
-    return out.reshape(_rows_shape(x.shape, BLOCK_BYTES["q6_k"], QK_K))
+    return out.reshape(_rows_shape(x.shape, out.shape[1], QK_K))
 
 
-def dequantize_q6_k(data: torch.Tensor) -> torch.Tensor:
-    """[..., 210k] uint8 -> [..., 256k] float32:  x = (d * s_j) * (q - 32)."""
-    b = _byte_blocks(data, "q6_k")
+def _unpack_q6_k(b: torch.Tensor) -> dict:
     nb = b.shape[0]
     ql, qh = b[:, :128].reshape(nb, 2, 1, 64), b[:, 128:192].reshape(nb, 2, 1, 32)
-    s = b[:, 192:208].contiguous().view(torch.int8).to(torch.float32)     # [nb, 16]
-    d = _fp16_from_bytes(b[:, 208:210])                   # [nb, 1]
     lo = torch.cat([ql & 0xF, ql >> 4], dim=2).reshape(nb, 2, 4, 32)      # quarters 0,1 | 2,3 of each 128
     hi = torch.cat([(qh >> sh) & 3 for sh in (0, 2, 4, 6)], dim=2)        # [nb, 2, 4, 32]
-    q = ((lo | (hi << 4)).to(torch.int8) - 32).reshape(nb, 16, 16).to(torch.float32)
-    return ((d * s)[..., None] * q).reshape(*data.shape[:-1], data.shape[-1] // BLOCK_BYTES["q6_k"] * QK_K)
+    return {"d": _fp16_from_bytes(b[:, 208:210]), "scales": b[:, 192:208].contiguous().view(torch.int8),
+            "codes": (lo | (hi << 4)).reshape(nb, QK_K)}                  # 0..63, element order
 
 
-# One registry: format name -> (encode, decode). Each format's block size and bytes are in BLOCK_VALUES/BYTES.
-GGUF_FORMATS = {"q8_0": (quantize_q8_0, dequantize_q8_0), "q4_0": (quantize_q4_0, dequantize_q4_0),
-                "q4_k": (quantize_q4_k, dequantize_q4_k), "q6_k": (quantize_q6_k, dequantize_q6_k)}
+def _decode_q6_k(f: dict) -> torch.Tensor:
+    """x = (d * s_j) * (q - 32)."""
+    nb = f["codes"].shape[0]
+    q = (f["codes"].to(torch.int8) - 32).reshape(nb, 16, 16).to(torch.float32)
+    return ((f["d"] * f["scales"].to(torch.float32))[..., None] * q).reshape(nb, QK_K)
 
 
-def _codec(fmt):
+# The registry: one record per format. Adding a format is adding one record here (CONTRIBUTING.md).
+register_format(GGUFFormat("q8_0", QK, 2 + QK, 8, quantize_q8_0, _unpack_q8_0, _decode_q8_0,
+                           "GGUF Q8_0 (32-blocks, fp16 d)"))                                   # 34 bytes
+register_format(GGUFFormat("q4_0", QK, 2 + QK // 2, 4, quantize_q4_0, _unpack_q4_0, _decode_q4_0,
+                           "GGUF Q4_0 (32-blocks, fp16 d)"))                                   # 18 bytes
+register_format(GGUFFormat("q4_k", QK_K, 2 + 2 + 12 + QK_K // 2, 4, quantize_q4_k, _unpack_q4_k, _decode_q4_k,
+                           "GGUF Q4_K (256-super-blocks, fp16 d and dmin, 6-bit scales and mins per 32)"))
+register_format(GGUFFormat("q6_k", QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2, 6, quantize_q6_k, _unpack_q6_k,
+                           _decode_q6_k, "GGUF Q6_K (256-super-blocks, int8 scale per 16, fp16 d)"))
+# 144 bytes: d, dmin, 8 x (6-bit scale, 6-bit min), nibbles; 210: low nibbles, high 2 bits, 16 int8 scales, d
+
+# Views of the registry, for readers that want one number per format.
+BLOCK_BYTES = {n: f.block_bytes for n, f in GGUF_FORMATS.items()}
+BLOCK_VALUES = {n: f.block_values for n, f in GGUF_FORMATS.items()}
+
+
+def _format(fmt) -> GGUFFormat:
+    if isinstance(fmt, GGUFFormat):
+        return fmt
     if fmt not in GGUF_FORMATS:
         raise ValueError(f"fmt must be one of {list(GGUF_FORMATS)}, got {fmt!r}")
     return GGUF_FORMATS[fmt]
 
 
-def gguf_quantize(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """``fmt`` one of "q8_0", "q4_0", "q4_k", "q6_k" (see ``GGUF_FORMATS``)."""
-    return _codec(fmt)[0](x)
+def dequantize_q8_0(data: torch.Tensor) -> torch.Tensor:
+    """[..., 34k] uint8 -> [..., 32k] float32."""
+    return GGUF_FORMATS["q8_0"].dequantize(data)
 
 
-def gguf_dequantize(data: torch.Tensor, fmt: str) -> torch.Tensor:
-    return _codec(fmt)[1](data)
+def dequantize_q4_0(data: torch.Tensor) -> torch.Tensor:
+    """[..., 18k] uint8 -> [..., 32k] float32."""
+    return GGUF_FORMATS["q4_0"].dequantize(data)
 
 
-def gguf_bits_per_weight(fmt: str) -> float:
+def dequantize_q4_k(data: torch.Tensor) -> torch.Tensor:
+    """[..., 144k] uint8 -> [..., 256k] float32:  x = (d * sc_j) * q - (dmin * m_j)."""
+    return GGUF_FORMATS["q4_k"].dequantize(data)
+
+
+def dequantize_q6_k(data: torch.Tensor) -> torch.Tensor:
+    """[..., 210k] uint8 -> [..., 256k] float32:  x = (d * s_j) * (q - 32)."""
+    return GGUF_FORMATS["q6_k"].dequantize(data)
+
+
+def gguf_quantize(x: torch.Tensor, fmt) -> torch.Tensor:
+    """``fmt`` a registered name ("q8_0", "q4_0", "q4_k", "q6_k": ``GGUF_FORMATS``) or a GGUFFormat."""
+    return _format(fmt).quantize(x)
+
+
+def gguf_dequantize(data: torch.Tensor, fmt) -> torch.Tensor:
+    return _format(fmt).dequantize(data)
+
+
+def gguf_bits_per_weight(fmt) -> float:
     """Stored bits per value, scales included: 8.5, 4.5, 4.5, 6.5625."""
-    _codec(fmt)
-    return BLOCK_BYTES[fmt] * 8 / BLOCK_VALUES[fmt]
+    return _format(fmt).bits_per_weight
 
 
-def describe_block(block: torch.Tensor, fmt: str) -> dict:
-    """Take one block's bytes apart: {"hex", "d", "codes" (element order), "values"}; the k-quants add
-    "dmin" (Q4_K), and per sub-block "scales" and "mins" (Q4_K) as stored integers."""
-    _codec(fmt)
-    b = _byte_blocks(block.reshape(-1), fmt)
+def describe_block(block: torch.Tensor, fmt) -> dict:
+    """Take one block's bytes apart: {"hex", "d", "codes" (element order), "values"}, plus what else the format
+    stores, as stored integers: "dmin", and per sub-block "scales" and "mins" (Q4_K); "scales" (Q6_K)."""
+    f = _format(fmt)
+    b = f.blocks(block.reshape(-1))
     if b.shape[0] != 1:
-        raise ValueError(f"describe_block expects exactly one {fmt} block ({BLOCK_BYTES[fmt]} bytes)")
-    info = {"hex": " ".join(f"{v:02x}" for v in b[0].tolist()), "values": gguf_dequantize(b, fmt)[0].tolist()}
-    if fmt == "q8_0":
-        info.update(d=float(_fp16_from_bytes(b[:, :2])), codes=b[0, 2:].contiguous().view(torch.int8).tolist())
-    elif fmt == "q4_0":
-        qs = b[0, 2:]
-        info.update(d=float(_fp16_from_bytes(b[:, :2])), codes=torch.cat([qs & 0xF, qs >> 4]).tolist())
-    elif fmt == "q4_k":
-        sc, m = _unpack_k4_scales(b[:, 4:16])
-        qs = b[0, 16:].reshape(4, 1, 32)
-        info.update(d=float(_fp16_from_bytes(b[:, 0:2])), dmin=float(_fp16_from_bytes(b[:, 2:4])),
-                    scales=sc[0].tolist(), mins=m[0].tolist(),
-                    codes=torch.cat([qs & 0xF, qs >> 4], dim=1).reshape(-1).tolist())
-    else:
-        ql, qh = b[0, :128].reshape(2, 1, 64), b[0, 128:192].reshape(2, 1, 32)
-        lo = torch.cat([ql & 0xF, ql >> 4], dim=1).reshape(2, 4, 32)
-        hi = torch.cat([(qh >> sh) & 3 for sh in (0, 2, 4, 6)], dim=1)
-        info.update(d=float(_fp16_from_bytes(b[:, 208:210])),
-                    scales=b[0, 192:208].contiguous().view(torch.int8).tolist(),
-                    codes=(lo | (hi << 4)).reshape(-1).tolist())
+        raise ValueError(f"describe_block expects exactly one {f.name} block ({f.block_bytes} bytes)")
+    fields = f.unpack(b)
+    info = {"hex": " ".join(f"{v:02x}" for v in b[0].tolist()), "values": f.decode(fields)[0].tolist()}
+    for key, v in fields.items():
+        info[key] = float(v) if key in ("d", "dmin") else v[0].tolist()
     return info

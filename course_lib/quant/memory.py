@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gguf import GGUF_FORMATS
+
 __all__ = ["WeightFormat", "WEIGHT_FORMATS", "bits_per_weight", "weight_bytes", "memory_table",
            "memory_table_markdown", "GB", "GiB"]
 
@@ -56,8 +58,9 @@ WEIGHT_FORMATS = {
     "int4": WeightFormat("INT4 (no scales counted)", 4),
     "int4-g128": WeightFormat("INT4, group 128, fp16 scales", 4, 128, 16),
     "int4-g128-zp": WeightFormat("INT4, group 128, fp16 scale + 4-bit zero", 4, 128, 16, 4),
-    "q8_0": WeightFormat("GGUF Q8_0 (32-blocks, fp16 d)", 8, 32, 16),
-    "q4_0": WeightFormat("GGUF Q4_0 (32-blocks, fp16 d)", 4, 32, 16),
+    # the GGUF formats, from their records: code bits per value, the rest of each block's bytes its scales
+    **{name: WeightFormat(f.memory_name, f.code_bits, f.block_values, f.block_bytes * 8 - f.code_bits * f.block_values)
+       for name, f in GGUF_FORMATS.items()},
     "nf4": WeightFormat("NF4, block 64, fp32 absmax", 4, 64, 32),
     "nf4-dq": WeightFormat("NF4 + double quant (8-bit absmax, fp32 per 256)", 4, 64, 8, 0, 32 / 256),
     # microscaling FP4 (``mx``): E2M1 codes; NVFP4's one FP32 scale per tensor is not counted (32 bits per tensor)

@@ -13,6 +13,9 @@ names matched on dots, the one rule of ``course_lib.modules.named_linears``).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -30,11 +33,46 @@ from .linear import QuantLinear, W8A8Linear
 from .llm_int8 import LLMInt8Linear
 from .smoothquant import smooth_model
 
-__all__ = ["METHODS", "quantize_model", "gptq_model", "group_rtn", "to_gguf", "to_fp8",
+__all__ = ["METHODS", "QUANT_METHODS", "QuantMethod", "quantize_model", "gptq_model", "group_rtn", "to_gguf", "to_fp8",
            "to_fast_weight_only", "to_mixed"]
 
-METHODS = ("rtn", "awq", "gptq", "w8a8", "smoothquant", "llm_int8")
-_NEEDS_CALIB = ("awq", "gptq", "smoothquant")
+@dataclass(frozen=True)
+class QuantMethod:
+    """One row of ``quantize_model``'s table (gpt-fast's handler shape): ``prepare(model, opts)`` runs on the
+    whole model first (a scale search, smoothing, or GPTQ, which swaps the linears itself, layer by layer),
+    then ``linear(lin, opts)`` replaces every linear (None: nothing left to swap). ``needs_calib``: the
+    method reads calibration batches; ``stored_bits``: it stores 4- or 8-bit weights (``bits``)."""
+    prepare: Callable | None
+    linear: Callable | None
+    needs_calib: bool = False
+    stored_bits: bool = False
+
+
+def _weight_only(lin, o):
+    return QuantLinear.from_linear(lin, o.bits, o.group_size, o.sym)
+
+
+def _w8a8(lin, o):
+    return W8A8Linear.from_linear(lin)
+
+
+def _awq(model, o):
+    awq_apply(model, o.calib, o.bits, o.group_size, o.sym, n_grid=o.n_grid, progress=o.progress)
+
+
+def _gptq(model, o):
+    gptq_model(model, o.calib, o.bits, o.group_size, o.sym, o.act_order, skip=o.skip, progress=o.progress)
+
+
+QUANT_METHODS = {
+    "rtn": QuantMethod(None, _weight_only, stored_bits=True),
+    "awq": QuantMethod(_awq, _weight_only, needs_calib=True, stored_bits=True),
+    "gptq": QuantMethod(_gptq, None, needs_calib=True, stored_bits=True),
+    "w8a8": QuantMethod(None, _w8a8),
+    "smoothquant": QuantMethod(lambda model, o: smooth_model(model, o.calib, o.alpha), _w8a8, needs_calib=True),
+    "llm_int8": QuantMethod(None, lambda lin, o: LLMInt8Linear.from_linear(lin, o.threshold)),
+}
+METHODS = tuple(QUANT_METHODS)
 
 
 @torch.no_grad()
@@ -76,29 +114,23 @@ def quantize_model(model: nn.Module, method: str = "rtn", bits: int = 4, group_s
     threshold: LLM.int8's outlier magnitude. act_order: GPTQ's column order. n_grid: AWQ's alpha grid."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if method not in METHODS:
+    if method not in QUANT_METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method in _NEEDS_CALIB and calib is None:
+    spec = QUANT_METHODS[method]
+    if spec.needs_calib and calib is None:
         raise ValueError(f"method {method!r} needs calib= (a list of input batches, e.g. token ids [B, T])")
-    if method in ("rtn", "awq", "gptq") and bits not in (4, 8):
+    if spec.stored_bits and bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8 for {method!r} (the stored formats), got {bits!r}")
+    opts = SimpleNamespace(bits=bits, group_size=group_size, sym=sym, calib=calib, skip=skip, alpha=alpha,
+                           threshold=threshold, act_order=act_order, n_grid=n_grid, progress=progress)
     m = model if inplace else copy.deepcopy(model)
-    if method == "gptq":
-        gptq_model(m, calib, bits, group_size, sym, act_order, skip=skip, progress=progress)
-        return m
-    if method == "awq":
-        awq_apply(m, calib, bits, group_size, sym, n_grid=n_grid, progress=progress)
-    if method == "smoothquant":
-        smooth_model(m, calib, alpha)
-    for name, lin in named_linears(m, skip).items():
-        with in_layer(name):
-            if method in ("rtn", "awq"):
-                new = QuantLinear.from_linear(lin, bits, group_size, sym)
-            elif method in ("w8a8", "smoothquant"):
-                new = W8A8Linear.from_linear(lin)
-            else:
-                new = LLMInt8Linear.from_linear(lin, threshold)
-        replace_module(m, name, new)
+    if spec.prepare is not None:
+        spec.prepare(m, opts)
+    if spec.linear is not None:
+        for name, lin in named_linears(m, skip).items():
+            with in_layer(name):
+                new = spec.linear(lin, opts)
+            replace_module(m, name, new)
     return m
 
 
