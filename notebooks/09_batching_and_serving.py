@@ -692,6 +692,42 @@ for r in table:
     print(f"{r['system']:24s} {r['tokens_per_s']:9.1f} {r['p50_latency_s']:14.3f} {r['p90_latency_s']:14.3f} {r['speedup']:8.2f}")
 assert table[0]["tokens"] == table[1]["tokens"] == sum(r.output_tokens for r in workload)
 
+# %% [markdown] id="c030a"
+# ### The engine runs the simulator's policy
+#
+# The engine does not hold a scheduling rule of its own: every step it shows its queue and its batch to a
+# **policy** with the hook of section 4 (`policy(waiting, running, free_blocks, block_size, max_batch) ->
+# Decision`), then carries the decision out on its paged cache. Its default is `fcfs_schedule` with a small
+# watermark of free blocks; the policy you write in Lab 09 can drive it. Below, a tight pool (preemptions
+# happen) served by the default and by a cautious policy that admits at most one request per step: the
+# greedy outputs agree token for token, the steps and preemptions do not.
+
+# %% id="c030b"
+from course_lib.serving import Decision, Engine, SamplingParams, fcfs_schedule
+from course_lib.serving.compare import as_workload
+
+
+def one_admission_per_step(waiting, running, free_blocks, block_size, max_batch):
+    d = fcfs_schedule(waiting, running, free_blocks, block_size, max_batch)
+    return Decision(preempt=d.preempt, admit=d.admit[:1])
+
+
+def serve(policy):
+    eng = Engine(model, num_blocks=24, block_size=8, max_batch=8, policy=policy)
+    ids = [eng.add_request(prompt, SamplingParams(max_new_tokens=n)) for _, prompt, n in as_workload(workload[:12], V)]
+    steps = 0
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+    return [eng.output(i).token_ids for i in ids], steps, eng.num_preemptions
+
+
+runs = {"fcfs_schedule (default)": serve(None), "one admission per step": serve(one_admission_per_step)}
+for name, (_, steps, pre) in runs.items():
+    print(f"{name:24s} {steps:4d} steps, {pre:3d} preemptions")
+outs = [r[0] for r in runs.values()]
+assert outs[0] == outs[1], "a policy changes when requests run, never what they generate (greedy)"
+
 # %% [markdown] id="c031"
 # On a GPU the engine's advantage grows with the batch (a decode step costs about the same for 1 or 16
 # rows); on a CPU a step's cost grows with the rows, so the gain is mostly the padding and the waiting

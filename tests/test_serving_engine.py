@@ -370,3 +370,64 @@ def test_engine_with_the_triton_kernel_under_the_interpreter():
     res = subprocess.run([sys.executable, "-c", ENGINE_TRITON_SCRIPT.format(root=root)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert "ENGINE_TRITON_INTERPRET_OK" in res.stdout, res.stdout + res.stderr
+
+
+# --- the engine driven by the simulator's policy hook (Lab 09's) -------------------------------------------
+def _run_with(model, prompts, policy=None, **kw):
+    eng = Engine(model, num_blocks=14, block_size=4, max_batch=4, policy=policy, **kw)
+    ids = [eng.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
+    steps = 0
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+        eng.manager.check_invariants()
+    return [eng.output(i).token_ids for i in ids], steps, eng.num_preemptions
+
+
+def test_the_engine_runs_the_policy_the_simulator_runs(model, rng):
+    """The default rule is fcfs_schedule (with the watermark): passing it explicitly changes nothing; a policy of
+    one's own (here: at most one admission per step) drives the real engine, greedy outputs unchanged."""
+    from functools import partial
+
+    from course_lib.serving import Decision, fcfs_schedule
+    prompts = prompts_for(rng, [rng.randrange(6, 20) for _ in range(6)])
+    default = _run_with(model, prompts)
+    assert default[2] > 0, "the small pool should force a preemption"
+    explicit = _run_with(model, prompts, partial(fcfs_schedule, watermark=0), watermark=0.0)
+    assert explicit == _run_with(model, prompts, None, watermark=0.0)
+
+    def one_at_a_time(waiting, running, free_blocks, block_size, max_batch):
+        d = fcfs_schedule(waiting, running, free_blocks, block_size, max_batch)
+        return Decision(preempt=d.preempt, admit=d.admit[:1])
+
+    slow = _run_with(model, prompts, one_at_a_time)
+    for i, (p, got) in enumerate(zip(prompts, slow[0])):
+        assert_same_greedy(model, got, p, 12, what=f"request {i} under one_at_a_time")
+    assert slow[1] >= default[1]
+
+
+def test_a_policy_that_breaks_a_rule_is_named(model, rng):
+    from course_lib.serving import Decision
+    from course_lib.serving.scheduler import PolicyError
+    prompts = prompts_for(rng, [8, 9, 10])
+    rules = {"overtakes": lambda w, r, f, b, m: Decision(admit=[v.rid for v in w][1:2]),
+             "not running": lambda w, r, f, b, m: Decision(preempt=[99]),
+             "Decision": lambda w, r, f, b, m: [v.rid for v in w],
+             "max_batch": lambda w, r, f, b, m: Decision(admit=[v.rid for v in w])}
+    for match, policy in rules.items():
+        eng = Engine(model, num_blocks=64, block_size=4, max_batch=2, policy=policy)
+        for p in prompts:
+            eng.add_request(p, SamplingParams(max_new_tokens=2))
+        with pytest.raises(PolicyError, match={"overtakes": "first come", "not running": "not running",
+                                               "Decision": "Decision", "max_batch": "max_batch"}[match]):
+            eng.step()
+    with pytest.raises(TypeError, match="policy"):
+        Engine(model, num_blocks=8, block_size=4, policy="fcfs")
+
+
+def test_fcfs_watermark_keeps_blocks_free_next_to_others():
+    from course_lib.serving import SeqView, fcfs_schedule
+    waiting = [SeqView(1, 0.0, 0, 8), SeqView(2, 0.0, 0, 8)]                 # 2 blocks of 4 each
+    assert fcfs_schedule(waiting, [], 4, 4, 8).admit == [1, 2]
+    assert fcfs_schedule(waiting, [], 4, 4, 8, watermark=1).admit == [1]    # the second would leave 0 free
+    assert fcfs_schedule(waiting, [], 2, 4, 8, watermark=5).admit == [1]    # alone, it only has to fit

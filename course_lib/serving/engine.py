@@ -79,11 +79,13 @@ class Engine:
     (longer prompts are chunked). watermark: fraction of the blocks kept free when admitting.
     backend: the decode attention (``course_lib.paged.paged_attention``): "auto" (the Triton kernel on a
     GPU that Triton supports, the vectorized PyTorch gather elsewhere: a CPU, a T4), "torch", "triton" or
-    "reference"; ``decode_backend`` says which one runs.
+    "reference"; ``decode_backend`` says which one runs. policy: the scheduling rule, the hook the simulator
+    calls (``policy(waiting, running, free_blocks, block_size, max_batch) -> Decision``, Lab 09's); default
+    ``fcfs_schedule`` with the watermark.
     """
 
     def __init__(self, model, num_blocks: int = 256, block_size: int = 16, max_batch: int = 16,
-                 max_prefill_tokens: int = 512, watermark: float = 0.01, backend: str = "auto"):
+                 max_prefill_tokens: int = 512, watermark: float = 0.01, backend: str = "auto", policy=None):
         num_blocks, block_size = integer(num_blocks, "num_blocks", low=1), integer(block_size, "block_size", low=1)
         max_batch = integer(max_batch, "max_batch", low=1)
         max_prefill_tokens = integer(max_prefill_tokens, "max_prefill_tokens", low=1)
@@ -97,7 +99,7 @@ class Engine:
         # the one paged KV store (Module 06): block tables in its BlockManager, K/V in its KVPool
         self.cache = PagedCache(BlockManager(num_blocks, block_size), KVPool.for_model(model, num_blocks, block_size),
                                 backend=backend)
-        self.scheduler = Scheduler(self.cache, max_batch, max_prefill_tokens, int(watermark * num_blocks))
+        self.scheduler = Scheduler(self.cache, max_batch, max_prefill_tokens, int(watermark * num_blocks), policy)
         self.requests: dict[int, EngineRequest] = {}
         self._next_id = 0
         self.num_steps = 0

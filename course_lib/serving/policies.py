@@ -48,15 +48,18 @@ class Decision:
     admit: list = field(default_factory=list)     # rids of waiting requests to start (a prefix of waiting)
 
 
-def fcfs_schedule(waiting, running, free_blocks, block_size, max_batch) -> Decision:
-    """The reference continuous-batching scheduler (vLLM's default policy, simplified).
+def fcfs_schedule(waiting, running, free_blocks, block_size, max_batch, watermark: int = 0) -> Decision:
+    """The reference continuous-batching scheduler (vLLM's default policy, simplified): the simulator's and
+    the engine's (``serving.Engine`` calls it with its ``watermark``).
 
     1. Growth: walk the running requests oldest first; each needs blocks_needed(need) - blocks more blocks.
        While it cannot get them, preempt the newest running request (free its blocks); if it is itself the
        newest, preempt it and stop. The oldest requests keep going, so the system always progresses.
     2. Admission, only if nothing was preempted this step: take waiting requests from the head, in order,
        while the batch has room (max_batch) and their prefill's blocks fit; stop at the first that does not
-       fit (first come, first served: no overtaking).
+       fit (first come, first served: no overtaking). With `watermark` > 0, a request is admitted next to
+       others only if `watermark` blocks stay free after it (room for the running ones to grow); alone, it
+       only has to fit.
     """
     run = list(running)
     free = free_blocks
@@ -82,7 +85,8 @@ def fcfs_schedule(waiting, running, free_blocks, block_size, max_batch) -> Decis
             if len(run) + len(admit) >= max_batch:
                 break
             nb = blocks_needed(w.need, block_size)
-            if nb > free:
+            reserve = watermark if run or admit else 0
+            if free - nb < reserve:
                 break
             admit.append(w.rid)
             free -= nb
