@@ -49,12 +49,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from course_lib.generation import _model_device, generate
+from course_lib.generation import model_device, generate
 from course_lib.models import as_config
 from course_lib.models.corpus import load_split
 from course_lib.paged import blocks_needed
 from course_lib.perf.hardware import get_gpu
-from course_lib.perf.metrics import cost_per_million_tokens, percentile
+from course_lib.perf.metrics import cost_per_million_tokens
 from course_lib.perf.quality import bits_per_byte
 from course_lib.perf.roofline import MEMORY_BOUND, decode_step
 from course_lib.perf.timing import interleave, timed_call
@@ -101,7 +101,7 @@ def _sequential(model, prompts, n, **kw):
     generate(model, prompts[0], n, **kw)
     outs, total = [], 0.0
     for p in prompts:
-        out, dt = timed_call(lambda: generate(model, p, n, **kw), device=_model_device(model))
+        out, dt = timed_call(lambda: generate(model, p, n, **kw), device=model_device(model))
         outs.append(out)
         total += dt
     return sum(len(o.tokens) for o in outs), total, outs
@@ -154,7 +154,7 @@ def run_capstone(model, draft, prompts, max_new_tokens: int = 32, steps=STEP_NAM
             eng.generate(prompts[:1], SamplingParams(max_new_tokens=2))     # warm-up
             eng = Engine(model, num_blocks=eng.num_blocks, block_size=16, max_batch=max_batch)
             outs_b, secs = timed_call(lambda: eng.generate(prompts, SamplingParams(max_new_tokens=n)),
-                                      device=_model_device(model))
+                                      device=model_device(model))
             tokens = sum(len(o.token_ids) for o in outs_b)
             outs = [o.token_ids for o in outs_b]
             note = f"{len(prompts)} prompts at once, max_batch={max_batch} (aggregate tokens/s)"
@@ -432,7 +432,7 @@ def model_logits(model, ids) -> torch.Tensor:
     """`model`'s next-token logits at every position of `ids` (a list or 1-D tensor of token ids, one
     sequence): float32 [len(ids), vocab] on the CPU. The project's grader asks a lossy entry's
     ``lossy_model`` for these and scores them itself (bits per byte, greedy tokens)."""
-    ids = torch.as_tensor(ids, dtype=torch.long, device=_model_device(model)).view(1, -1)
+    ids = torch.as_tensor(ids, dtype=torch.long, device=model_device(model)).view(1, -1)
     out = model(ids)
     out = out if isinstance(out, torch.Tensor) else out.logits
     return out[0].float().cpu()
@@ -496,7 +496,7 @@ def evaluate_project(build, model, prompts, max_new_tokens: int, rounds: int = 5
     if not all(isinstance(p, torch.Tensor) and p.dim() == 1 for p in prompts):
         raise TypeError("prompts must be 1-D tensors of token ids")
     checks, timed = prompts[:-rounds], prompts[-rounds:]
-    device = _model_device(model)
+    device = model_device(model)
     before, settings = _state(model), _globals()
     base = baseline_build(model)
     problems: list[str] = []

@@ -9,7 +9,6 @@ loop, the features, the command line of the bundled-head trainers and their repo
 from __future__ import annotations
 
 import platform
-import time
 from pathlib import Path
 from typing import Callable
 

@@ -11,7 +11,7 @@ One pass:
     4. both KV caches are cropped back to the tokens that were kept.
 
 The pass runs inside the one generate loop, ``course_lib.generation.generate(target, ids, n,
-draft=draft, draft_length=g)`` (its ``_Speculation`` documents the KV-cache invariant the tests check
+draft=draft, draft_length=g)`` (its ``Speculation`` documents the KV-cache invariant the tests check
 after every pass); ``speculative_generate`` is that call returning the whole sequence and its
 ``SpecStats``. The loop lives below this package so that it can import nothing from here (see
 ``course_lib.generation``).
@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from course_lib.generation import SpecStats, _model_device, _prompt_tensor, check_pair, generate
+from course_lib.generation import SpecStats, model_device, prompt_tensor, check_pair, generate
 from course_lib.validate import integer
 
 __all__ = ["SpecStats", "speculative_generate", "check_pair", "check_tokenizers", "check_prompt"]
@@ -36,7 +36,7 @@ __all__ = ["SpecStats", "speculative_generate", "check_pair", "check_tokenizers"
 # --------------------------------------------------------------------------------------------------
 def check_prompt(input_ids) -> torch.Tensor:
     """A prompt as an int64 tensor [T]: accepts a list of ints, a tensor [T] or [1, T] (batch size 1)."""
-    return _prompt_tensor(input_ids, "speculative decoding here runs batch size 1",
+    return prompt_tensor(input_ids, "speculative decoding here runs batch size 1",
                           "each row would accept a different number of tokens")
 
 
@@ -80,5 +80,5 @@ def speculative_generate(target, draft, input_ids, max_new_tokens: int, draft_le
     out = generate(target, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    generator=generator, eos_token_id=eos_token_id, draft=draft, draft_length=draft_length,
                    adaptive=adaptive, on_pass=on_pass)
-    device = _model_device(target)
+    device = model_device(target)
     return torch.cat([prompt.to(device), out.tokens.to(device)])[None], out.stats

@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-from course_lib.generation import _model_device, check_pair, generate
+from course_lib.generation import model_device, check_pair, generate
 from course_lib.kvcache import ContiguousCache
 from course_lib.perf.timing import interleave
 from course_lib.validate import integer
@@ -36,12 +36,12 @@ def step_times(models: dict, context: torch.Tensor, num_tokens: dict, repeats: i
     (name, k) once per round), so a slow spell of a shared machine hits all of them alike.
     """
     ids = check_prompt(context)
-    devices = {_model_device(model) for model in models.values()}
+    devices = {model_device(model) for model in models.values()}
     if len(devices) > 1:
         raise ValueError(f"models must be on one device to be timed together, got {sorted(map(str, devices))}")
     caches, base, fns, after = {}, {}, {}, {}
     for name, model in models.items():
-        x = ids.to(_model_device(model))
+        x = ids.to(model_device(model))
         caches[name] = ContiguousCache()
         model(x[None, :-1], cache=caches[name])
         base[name] = caches[name].get_seq_length()
@@ -73,7 +73,7 @@ def measure(target, draft, prompts, draft_lengths=(1, 2, 3, 4, 6), max_new_token
         raise ValueError("prompts must hold at least one prompt")
     draft_lengths = [integer(g, f"draft_lengths[{i}]", low=1) for i, g in enumerate(draft_lengths)]
     repeats = integer(repeats, "repeats", low=1)
-    device = _model_device(target)
+    device = model_device(target)
 
     # Costs: one token with a KV cache for both models, and k = 1..g+1 tokens for the target, after the
     # first prompt.
@@ -165,7 +165,7 @@ def measure_prompt_lookup(target, prompts, draft_lengths=(4, 8), max_new_tokens:
                     stats[key].append(st)
 
     timings = interleave({key: (lambda key=key: run(key)) for key in ["plain", *draft_lengths]}, warmup=0,
-                         repeats=integer(repeats, "repeats", low=1), device=_model_device(target))
+                         repeats=integer(repeats, "repeats", low=1), device=model_device(target))
     runs = {key: t.times for key, t in timings.items()}
     plain_s = statistics.median(runs["plain"])
     rows = []
@@ -204,7 +204,7 @@ def compare_drafts(target, drafts: dict, prompts, max_new_tokens: int = 64, repe
         if not hasattr(pair[0], "propose"):
             check_pair(target, pair[0])
     max_new_tokens = integer(max_new_tokens, "max_new_tokens", low=1)
-    device = _model_device(target)
+    device = model_device(target)
     plain = [generate(target, p, max_new_tokens, cache="contiguous").tokens for p in prompts]
     stats = {name: [] for name in drafts}
     first = set()

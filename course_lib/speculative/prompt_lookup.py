@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.generation import SpecStats, _model_device, generate
+from course_lib.generation import SpecStats, model_device, generate
 from course_lib.models.corpus import load_split
 from course_lib.validate import integer
 
@@ -67,7 +67,7 @@ def prompt_lookup_generate(target, input_ids, max_new_tokens: int, draft_length:
         eos_token_id = integer(eos_token_id, "eos_token_id", low=0)
     out = generate(target, prompt, max_new_tokens, eos_token_id=eos_token_id, draft=PromptLookupDraft(max_ngram),
                    draft_length=draft_length)
-    device = _model_device(target)
+    device = model_device(target)
     return torch.cat([prompt.to(device), out.tokens.to(device)])[None], out.stats
 
 
