@@ -38,15 +38,64 @@ Shapes: logits [..., V] (any leading batch dims); sampled tokens [...]; p [g+1, 
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
 
 from course_lib.validate import integer, number, optional, probability
 
-__all__ = ["apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
+__all__ = ["SamplingParams", "apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs", "sample", "greedy",
            "apply_repetition_penalty", "penalize_seen", "sample_rows", "finish_reason", "StepResult", "accept_step",
-           "probs_from_logits"]
+           "probs_from_logits", "probs_unchecked", "draw_unchecked", "probs_or_onehot_unchecked"]
+
+
+# --------------------------------------------------------------------------------------------------
+# How a request is decoded
+# --------------------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class SamplingParams:
+    """How one request is decoded, for every entrance: ``generate(..., params=)``, the serving engine, the
+    OpenAI-style server, the static baselines. Its fields are checked here, once (the border); the per-token
+    paths (``sample_rows``, generate's draw) do not check them again. An unknown field
+    (``SamplingParams(temprature=0.5)``) is a TypeError.
+
+    max_new_tokens: tokens to generate (>= 1). temperature 0 = greedy. top_k / top_p: filters (None = off).
+    seed: seeds this request's own torch.Generator (on the model's device), so its sampled tokens do not
+    depend on the batch (the engine: None draws a seed on the host from torch's global CPU generator when the
+    request is added; ``generate``: None uses its ``generator=`` argument, or torch's global one).
+    stop_token_ids: generation ends after one of these tokens (it is included in the output).
+    repetition_penalty: > 0, 1 = none (``apply_repetition_penalty``, as ``generate``'s and vLLM's): every
+    token id already in the request (prompt or output) has its logit divided by it when
+    positive, multiplied when negative, before temperature, top-k and top-p; at temperature 0 too.
+    """
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple = ()
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        # checked, not converted: the fields keep the values the caller gave
+        integer(self.max_new_tokens, "max_new_tokens", low=1)
+        number(self.temperature, "temperature", 0)   # 0 = greedy
+        number(self.repetition_penalty, "repetition_penalty", 0, low_open=True)
+        optional(integer, self.top_k, "top_k", low=1)
+        optional(probability, self.top_p, "top_p", zero=False)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
+        stops = self.stop_token_ids
+        if isinstance(stops, numbers.Integral):
+            stops = (stops,)
+        if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in stops):
+            raise TypeError(f"stop_token_ids must be token ids (ints), got {self.stop_token_ids!r}")
+        self.stop_token_ids = tuple(int(s) for s in stops)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -81,9 +130,7 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     Hugging Face's TopKLogitsWarper. k >= vocab keeps everything.
     """
     _check_logits(logits)
-    k = min(integer(k, "top_k", low=1), logits.shape[-1])
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # [..., 1] the k-th largest value
-    return logits.masked_fill(logits < kth, float("-inf"))
+    return _top_k(logits, integer(k, "top_k", low=1))
 
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
@@ -95,7 +142,18 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     p = 1 keeps everything. Ties are broken by the sort (stable: lower index first).
     """
     _check_logits(logits)
-    p = probability(p, "top_p", zero=False)
+    return _top_p(logits, probability(p, "top_p", zero=False))
+
+
+# The unchecked arithmetic: the checked functions above and below, and the per-token paths of generate and
+# the engine (whose settings were checked once, at the border: SamplingParams, generate's arguments), call it.
+def _top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    k = min(k, logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # [..., 1] the k-th largest value
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     if p >= 1:
         return logits.clone()
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # [..., V]
@@ -105,6 +163,27 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     remove_sorted[..., 0] = False  # the most likely token is always kept
     remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)  # back to vocab order
     return logits.masked_fill(remove, float("-inf"))
+
+
+def probs_unchecked(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """``sampling_probs`` for temperature > 0 without its checks: softmax after temperature, top-k, top-p, in
+    float32. For the per-token paths whose settings were checked at the border."""
+    x = logits.float() / temperature
+    if top_k is not None:
+        x = _top_k(x, top_k)
+    if top_p is not None:
+        x = _top_p(x, top_p)
+    return torch.softmax(x, dim=-1)
+
+
+def draw_unchecked(logits: torch.Tensor, temperature: float, top_k, top_p, generator) -> torch.Tensor:
+    """``sample`` without its checks: one token per row of [..., V], the argmax at temperature 0, else a draw
+    from ``probs_unchecked``. For the per-token paths whose settings were checked at the border."""
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    probs = probs_unchecked(logits, temperature, top_k, top_p)
+    idx = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)  # [N, 1]
+    return idx.reshape(probs.shape[:-1])
 
 
 def apply_repetition_penalty(logits: torch.Tensor, tokens, penalty: float) -> torch.Tensor:
@@ -152,23 +231,22 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
 
 
+def _check_settings(temperature, top_k, top_p) -> tuple:
+    return (number(temperature, "temperature", 0),                  # 0 = greedy
+            optional(integer, top_k, "top_k", low=1),                # None: no top-k
+            optional(probability, top_p, "top_p", zero=False))       # None: no top-p
+
+
 def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float | None = None) -> torch.Tensor:
     """The probabilities ``sample`` draws from, [..., V] in float32: softmax of the logits after
     temperature, then top-k, then top-p. For temperature 0, a one-hot at the argmax."""
     _check_logits(logits)
-    temperature = number(temperature, "temperature", 0)   # 0 = greedy
-    top_k = optional(integer, top_k, "top_k", low=1)       # None: no top-k
-    top_p = optional(probability, top_p, "top_p", zero=False)   # None: no top-p
+    temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
     if temperature == 0:
-        idx = greedy(logits)
+        idx = torch.argmax(logits, dim=-1)
         return torch.zeros_like(logits, dtype=torch.float32).scatter(-1, idx[..., None], 1.0)
-    x = apply_temperature(logits.float(), temperature)
-    if top_k is not None:
-        x = top_k_filter(x, top_k)
-    if top_p is not None:
-        x = top_p_filter(x, top_p)
-    return torch.softmax(x, dim=-1)
+    return probs_unchecked(logits, temperature, top_k, top_p)
 
 
 def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -178,22 +256,21 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     temperature 0 is greedy (deterministic, the generator is not used). Pass a seeded
     ``torch.Generator`` (on the logits' device) for reproducible draws.
     """
-    probs = sampling_probs(logits, temperature, top_k, top_p)
-    if temperature == 0:
-        return greedy(logits)
-    flat = probs.reshape(-1, probs.shape[-1])  # [N, V]
-    idx = torch.multinomial(flat, 1, generator=generator)  # [N, 1]
-    return idx.reshape(probs.shape[:-1])
+    _check_logits(logits)
+    return draw_unchecked(logits, *_check_settings(temperature, top_k, top_p), generator)
 
 
 def sample_rows(logits: torch.Tensor, temperatures, top_ks, top_ps, generators) -> torch.Tensor:
     """One token per row of logits [B, V], row i drawn with its own temperature, top-k, top-p and
-    generator (each a sequence of B): greedy rows take the argmax, the others ``sample`` one at a time
-    (in float32), so a seeded row draws the same tokens whatever else shares the batch. Returns [B]."""
-    toks = greedy(logits)                                                     # [B] on the logits' device
+    generator (each a sequence of B): greedy rows take the argmax, the others are drawn one at a time
+    (in float32), so a seeded row draws the same tokens whatever else shares the batch. Returns [B].
+    The settings are not checked here: they come checked from the border (``SamplingParams``, generate's
+    arguments), and this runs every decode step."""
+    _check_logits(logits)
+    toks = torch.argmax(logits, dim=-1)                                       # [B] on the logits' device
     for i, (t, k, p, g) in enumerate(zip(temperatures, top_ks, top_ps, generators)):
         if t != 0:
-            toks[i] = sample(logits[i:i + 1].float(), t, k, p, generator=g)[0]
+            toks[i] = draw_unchecked(logits[i:i + 1].float(), t, k, p, g)[0]
     return toks
 
 
@@ -239,6 +316,15 @@ def probs_from_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int
     same settings for p and q: the acceptance rule then reproduces the *filtered* target distribution.
     """
     return sampling_probs(logits, temperature, top_k, top_p)
+
+
+def probs_or_onehot_unchecked(logits: torch.Tensor, temperature: float, top_k, top_p) -> torch.Tensor:
+    """``probs_from_logits`` without its checks (speculative decoding's per-pass path, settings checked by
+    generate)."""
+    if temperature == 0:
+        idx = torch.argmax(logits, dim=-1)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter(-1, idx[..., None], 1.0)
+    return probs_unchecked(logits, temperature, top_k, top_p)
 
 
 def _check_probs(x, name, rows):

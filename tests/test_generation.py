@@ -587,3 +587,36 @@ def test_context_edge_follows_the_engine_rule(how):
     assert len(out.tokens) == 32 - P + 1
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, ids, 32 - P + 2, **kw)                            # P + N - 1 == context + 1
+
+
+# --- one SamplingParams for every entrance -------------------------------------------------------------------
+def test_generate_takes_sampling_params(tiny):
+    """generate(params=SamplingParams(...)) is generate with the same separate settings (greedy, seeded sampling,
+    one per row); the engine's, the server's and the baselines' SamplingParams is this one class."""
+    import course_lib.serving as serving
+    from course_lib.sampling import SamplingParams
+    assert serving.SamplingParams is SamplingParams
+    model, _ = tiny
+    prompt = [5, 17, 99, 3]
+    want = generate(model, prompt, 6, eos_token_id=[7], repetition_penalty=1.3, cache="contiguous").tokens
+    got = generate(model, prompt, params=SamplingParams(max_new_tokens=6, stop_token_ids=(7,), repetition_penalty=1.3),
+                   cache="contiguous").tokens
+    assert torch.equal(got, want)
+    sampled = generate(model, prompt, 8, temperature=0.9, top_k=20, top_p=0.9,
+                       generator=torch.Generator().manual_seed(11)).tokens
+    seeded = generate(model, prompt, params=SamplingParams(max_new_tokens=8, temperature=0.9, top_k=20, top_p=0.9,
+                                                           seed=11)).tokens
+    assert torch.equal(sampled, seeded)
+    rows = [SamplingParams(max_new_tokens=3), SamplingParams(max_new_tokens=5, temperature=1.2, seed=2)]
+    per_row = generate(model, [prompt, prompt[:2]], params=rows, cache="contiguous").tokens
+    lists = generate(model, [prompt, prompt[:2]], [3, 5], temperature=[0.0, 1.2],
+                     generator=[None, torch.Generator().manual_seed(2)], cache="contiguous").tokens
+    assert torch.equal(per_row, lists)
+    with pytest.raises(ValueError, match="temperature given as well"):
+        generate(model, prompt, params=rows[0], temperature=0.5)
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        generate(model, prompt)
+    with pytest.raises(TypeError, match="SamplingParams"):
+        generate(model, prompt, params={"max_new_tokens": 3})
+    with pytest.raises(ValueError, match="3 SamplingParams for 2 prompts"):
+        generate(model, [prompt, prompt], params=rows + rows[:1], cache="contiguous")

@@ -6,7 +6,7 @@ import numbers
 import torch
 
 from course_lib.kvcache import ContiguousCache
-from course_lib.sampling import sample, sample_rows
+from course_lib.sampling import SamplingParams, draw_unchecked, sample_rows
 from course_lib.validate import integer, number, optional, probability
 
 from .calls import context_length, make_cache, model_device
@@ -67,6 +67,35 @@ def prompt_tensor(input_ids, why_one: str = "this runs one request (batch size 1
     return ids[0]
 
 
+def settings_from_params(params, input_ids, model, max_new_tokens, temperature, top_k, top_p, generator,
+                         eos_token_id, repetition_penalty):
+    """generate's separate settings from `params` (a SamplingParams, or a list of one per row), which then
+    must not be given separately as well; a seed becomes a generator on the model's device (unless
+    `generator` is given)."""
+    separate = {"max_new_tokens": max_new_tokens is not None, "temperature": temperature != 0.0,
+                "top_k": top_k is not None, "top_p": top_p is not None, "eos_token_id": eos_token_id is not None,
+                "repetition_penalty": repetition_penalty != 1.0}
+    both = [name for name, given in separate.items() if given]
+    if both:
+        raise ValueError(f"params= holds the sampling settings; {', '.join(both)} given as well: give one or the other")
+    rows = params if isinstance(params, (list, tuple)) else [params]
+    if not rows or not all(isinstance(p, SamplingParams) for p in rows):
+        raise TypeError(f"params must be a SamplingParams or a list of them (one per prompt), got {params!r}")
+    if len(rows) > 1 and len(rows) != _prompts(input_ids)[0].shape[0]:
+        raise ValueError(f"params: {len(rows)} SamplingParams for {_prompts(input_ids)[0].shape[0]} prompts")
+
+    def field(name):
+        values = [getattr(p, name) for p in rows]
+        return values if len(rows) > 1 else values[0]
+    if generator is None and any(p.seed is not None for p in rows):
+        device = model_device(model)
+        gens = [None if p.seed is None else torch.Generator(device=device).manual_seed(int(p.seed)) for p in rows]
+        generator = gens if len(rows) > 1 else gens[0]
+    eos = [list(p.stop_token_ids) or None for p in rows]
+    return (field("max_new_tokens"), field("temperature"), field("top_k"), field("top_p"), generator,
+            eos if len(rows) > 1 else eos[0], field("repetition_penalty"))
+
+
 def check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id,
                     callback, cache, compile, return_logits, draft, draft_length, adaptive, on_pass,
                     repetition_penalty=1.0):
@@ -93,9 +122,9 @@ def check_generate(model, input_ids, max_new_tokens, temperature, top_k, top_p, 
     if per_row:          # each row its own settings (a batch of requests; the static serving baseline)
         def draw(logits):
             return sample_rows(logits, temps, ks, ps, gens)
-    else:
+    else:                # checked above, once: the per-token draw does not check again
         def draw(logits):
-            return sample(logits, temperature, top_k, top_p, generator)
+            return draw_unchecked(logits, temps[0], ks[0], ps[0], gens[0])
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable (it receives a TokenEvent), got {type(callback).__name__}")
     if not isinstance(compile, (bool, str)):

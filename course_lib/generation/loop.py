@@ -10,19 +10,19 @@ from course_lib.perf.metrics import TokenEvent, Trace
 from course_lib.sampling import finish_reason, penalize_seen
 
 from .calls import decode_step, forward_through, model_device, model_logits
-from .checks import check_generate, prompt_tokens_seen
+from .checks import check_generate, prompt_tokens_seen, settings_from_params
 from .output import GenerateOutput
 from .speculative import ModelDraft, Speculation
 
 
 @torch.inference_mode()
-def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
+def generate(model, input_ids, max_new_tokens: int | None = None, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, generator: torch.Generator | None = None,
              eos_token_id: int | list[int] | None = None,
              callback: Callable[[TokenEvent], bool | None] | None = None,
              cache=None, compile: bool | str = False, return_logits: bool = False,
              draft=None, draft_length: int = 4, adaptive: float | None = None,
-             on_pass: Callable | None = None, repetition_penalty: float = 1.0) -> GenerateOutput:
+             on_pass: Callable | None = None, repetition_penalty: float = 1.0, params=None) -> GenerateOutput:
     """Generate up to `max_new_tokens` tokens after the prompt `input_ids` (list of ids, [T] or [B, T]).
 
     The default temperature 0 is greedy decoding (like ``model.generate(do_sample=False)``); give
@@ -67,7 +67,18 @@ def generate(model, input_ids, max_new_tokens: int, temperature: float = 0.0, to
     whose draft probability max_x q(x) is below it. ``on_pass(ids [1, n], target_cache, draft_cache)``
     runs after every pass (tests, visualizations). The output's ``stats`` holds the run's ``SpecStats``;
     the trace's tokens of one pass share its time.
+
+    params: the sampling settings as one ``course_lib.sampling.SamplingParams`` (or a list, one per row)
+    instead of max_new_tokens, temperature, top_k, top_p, eos_token_id (its stop_token_ids) and
+    repetition_penalty, which then stay at their defaults; a params' seed seeds that row's generator on the
+    model's device unless ``generator=`` is given. The engine, the server and the static baselines pass theirs.
     """
+    if params is not None:
+        max_new_tokens, temperature, top_k, top_p, generator, eos_token_id, repetition_penalty = settings_from_params(
+            params, input_ids, model, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id,
+            repetition_penalty)
+    elif max_new_tokens is None:
+        raise TypeError("generate needs max_new_tokens (or params=SamplingParams(max_new_tokens=...))")
     ids, pad, limits, eos, draw, cache, penalty = check_generate(
         model, input_ids, max_new_tokens, temperature, top_k, top_p, generator, eos_token_id, callback, cache,
         compile, return_logits, draft, draft_length, adaptive, on_pass, repetition_penalty)

@@ -9,7 +9,7 @@ import torch
 
 from course_lib.env import sync
 from course_lib.kvcache import ContiguousCache, KVCache
-from course_lib.sampling import accept_step, probs_from_logits
+from course_lib.sampling import accept_step, probs_or_onehot_unchecked
 
 from .calls import model_device
 from .output import SpecStats
@@ -169,7 +169,7 @@ class Speculation:
             num_ok = int((best[:k] == seq[n:n + k]).cumprod(0).sum())       # leading matches
             seq[n + num_ok] = best[num_ok]                                  # corrected or bonus token
         else:                                                               # a draft model: it kept q
-            p = probs_from_logits(tlogits, temperature, top_k, top_p)       # [k + 1, V]
+            p = probs_or_onehot_unchecked(tlogits, temperature, top_k, top_p)       # [k + 1, V]
             q = self.draft.q if self.draft.q is not None else p.new_zeros(0, p.shape[-1])   # [k, V]
             res = accept_step(p, q, seq[n:n + k], self.generator)
             num_ok = res.num_accepted
@@ -217,7 +217,7 @@ class ModelDraft:
                 tok = logits.argmax()
                 confidence = torch.softmax(logits, -1).max() if self.adaptive is not None else None
             else:
-                q = probs_from_logits(logits, temperature, top_k, top_p)   # [V]
+                q = probs_or_onehot_unchecked(logits, temperature, top_k, top_p)   # [V]
                 tok = torch.multinomial(q, 1, generator=self.generator)[0]
                 q_rows.append(q)
                 confidence = q.max() if self.adaptive is not None else None

@@ -43,12 +43,8 @@ def _static_group(model, group: list[EngineRequest]):
     each row with its own SamplingParams and generator, until every request has ended (its stop token or
     its max_new_tokens). Rows that finished keep computing (the waste of static batching); their extra
     tokens are dropped. Each token is recorded at the time its step came out."""
-    ps = [r.params for r in group]
-    out = generate(model, [r.prompt for r in group], [p.max_new_tokens for p in ps],
-                   temperature=[p.temperature for p in ps], top_k=[p.top_k for p in ps],
-                   top_p=[p.top_p for p in ps], generator=[r.generator for r in group],
-                   repetition_penalty=[p.repetition_penalty for p in ps],
-                   eos_token_id=[list(p.stop_token_ids) for p in ps], cache="contiguous")
+    out = generate(model, [r.prompt for r in group], params=[r.params for r in group],
+                   generator=[r.generator for r in group], cache="contiguous")
     times = [e.time for e in out.trace.events]                       # one per step
     for r, toks in zip(group, out.tokens.reshape(len(group), -1).tolist()):
         for t, now in zip(toks, times):

@@ -10,52 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from course_lib.perf.metrics import Trace
-from course_lib.sampling import finish_reason
-from course_lib.validate import integer, number, optional, probability
+from course_lib.sampling import SamplingParams, finish_reason   # the one SamplingParams (re-exported)
 
 __all__ = ["SamplingParams", "StepOutput", "EngineRequest", "as_token_list"]
-
-
-@dataclass(kw_only=True)
-class SamplingParams:
-    """How one request is decoded. An unknown field (``SamplingParams(temprature=0.5)``) is a TypeError.
-
-    max_new_tokens: tokens to generate (>= 1). temperature 0 = greedy. top_k / top_p: filters (None = off).
-    seed: seeds this request's own torch.Generator (on the model's device), so its sampled tokens do not
-    depend on the batch (None: a seed drawn on the host from torch's global CPU generator when the request
-    is added).
-    stop_token_ids: generation ends after one of these tokens (it is included in the output).
-    repetition_penalty: > 0, 1 = none (``course_lib.sampling.apply_repetition_penalty``, as ``generate``'s and
-    vLLM's): every token id already in the request (prompt or output) has its logit divided by it when
-    positive, multiplied when negative, before temperature, top-k and top-p; at temperature 0 too.
-    """
-    max_new_tokens: int = 32
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop_token_ids: tuple = ()
-    repetition_penalty: float = 1.0
-
-    def __post_init__(self):
-        # checked, not converted: the fields keep the values the caller gave
-        integer(self.max_new_tokens, "max_new_tokens", low=1)
-        number(self.temperature, "temperature", 0)   # 0 = greedy
-        number(self.repetition_penalty, "repetition_penalty", 0, low_open=True)
-        optional(integer, self.top_k, "top_k", low=1)
-        optional(probability, self.top_p, "top_p", zero=False)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
-            raise TypeError(f"seed must be an int or None, got {self.seed!r}")
-        stops = self.stop_token_ids
-        if isinstance(stops, numbers.Integral):
-            stops = (stops,)
-        if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in stops):
-            raise TypeError(f"stop_token_ids must be token ids (ints), got {self.stop_token_ids!r}")
-        self.stop_token_ids = tuple(int(s) for s in stops)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
 
 @dataclass
