@@ -430,7 +430,7 @@ def test_paged_and_flash_decoding_share_one_reduction():
     from course_lib.paged import triton_paged
     assert triton_paged.combine_splits_triton is triton_splitkv.combine_splits_triton
     assert triton_flash.combine_splits_triton is triton_splitkv.combine_splits_triton
-    assert not hasattr(triton_flash, "_combine_splits_kernel")       # no private copy
+    assert not hasattr(triton_flash, "combine_splits_kernel")       # no private copy
 
 
 def _triton_jit_functions() -> dict[str, ast.FunctionDef]:

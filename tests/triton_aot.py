@@ -105,7 +105,7 @@ KERNELS = {
              DOT_PRECISION="ieee", UPCAST_DOT=False, TILE_N=32),
         dict(num_warps=4, num_stages=3), dots=True, loops=True, launched_in=("half", "fp32")),
     "split combine": Kernel(
-        "course_lib.attention.triton_splitkv", "_combine_splits_kernel",
+        "course_lib.attention.triton_splitkv", "combine_splits_kernel",
         (("M_PART", "*fp32"), ("L_PART", "*fp32"), ("ACC_PART", "*fp32"), ("OUT", "*T"), ("s_ob", _I32),
          ("s_oh", _I32)),
         lambda dt: dict(NUM_SPLITS=5, BLOCK_S=8, HEAD_DIM=80, BLOCK_D=128),

@@ -15,7 +15,7 @@ replaced by 0, the zero sum by 1). Runs on CUDA, or on CPU tensors under ``TRITO
 
 With one split there is nothing to merge: ``store_split`` writes acc / l directly (l = 0, a sequence of
 length 0: a zero row, not 0/0). The partials' layout is written by ``store_split`` and read by
-``_combine_splits_kernel``, both here.
+``combine_splits_kernel``, both here.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def store_split(OUT, M_PART, L_PART, ACC_PART, m_i, l_i, acc, b, head, split, n_
 
 
 @triton.jit
-def _combine_splits_kernel(M_PART, L_PART, ACC_PART, OUT, s_ob, s_oh,
+def combine_splits_kernel(M_PART, L_PART, ACC_PART, OUT, s_ob, s_oh,
                            NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_D: tl.constexpr):
     """out[b, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, M = max_s m_s (log-sum-exp)."""
@@ -80,7 +80,7 @@ def combine_splits_triton(m_part: torch.Tensor, l_part: torch.Tensor, acc_part: 
         raise ValueError("partials must be contiguous float32 tensors")
     if out.stride(-1) != 1:
         raise ValueError("out must have unit stride on its last axis")
-    _combine_splits_kernel[(B, H)](m_part, l_part, acc_part, out, out.stride(0), out.stride(1),
+    combine_splits_kernel[(B, H)](m_part, l_part, acc_part, out, out.stride(0), out.stride(1),
                                    NUM_SPLITS=NS, BLOCK_S=triton.next_power_of_2(NS),
                                    HEAD_DIM=Dh, BLOCK_D=triton.next_power_of_2(Dh))
     return out

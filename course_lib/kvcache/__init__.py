@@ -20,7 +20,7 @@ numbers), kv_table over course_lib.models.config.PRESETS and LATENT_MODELS (MLA)
 """
 from .base import ContiguousCache, KVCache, StaticCache
 from .fixed import FixedPrefixCache
-from .generate import StreamScore, stream_score
+from .stream import StreamScore, stream_score
 from .gqa import regroup_kv_heads
 from .h2o import H2OCache
 from .latent import LatentCache, LatentProjection, fit_latent

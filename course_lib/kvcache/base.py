@@ -41,7 +41,7 @@ from course_lib.attention import attention
 from course_lib.validate import integer
 
 
-def _check_kv(k, v, layer, name="update"):
+def check_kv(k, v, layer, name="update"):
     if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
         raise TypeError(f"{name}: k and v must be torch tensors, got {type(k).__name__} and {type(v).__name__}")
     if k.dim() != 4 or v.dim() != 4:
@@ -56,7 +56,7 @@ def _check_kv(k, v, layer, name="update"):
         raise ValueError(f"{name}: layer must be a non-negative int, got {layer!r}")
 
 
-def _check_same_stream(old_k, k, layer):
+def check_same_stream(old_k, k, layer):
     """New tokens must match the cached batch, heads and head dim of this layer."""
     if old_k.shape[0] != k.shape[0] or old_k.shape[1] != k.shape[1] or old_k.shape[3] != k.shape[3]:
         raise ValueError(f"update: layer {layer} holds [batch={old_k.shape[0]}, kv_heads={old_k.shape[1]}, "
@@ -127,12 +127,12 @@ class ContiguousCache(KVCache):
         self.v: list[torch.Tensor] = []
 
     def update(self, k, v, layer, q=None):
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         if layer == len(self.k):            # first tokens for this layer
             self.k.append(k)
             self.v.append(v)
         elif layer < len(self.k):
-            _check_same_stream(self.k[layer], k, layer)
+            check_same_stream(self.k[layer], k, layer)
             self.k[layer] = torch.cat([self.k[layer], k], dim=2)  # [B, K, S + T, Dh]
             self.v[layer] = torch.cat([self.v[layer], v], dim=2)
         else:
@@ -238,10 +238,10 @@ class StaticCache(KVCache):
         return self.pos[0] + torch.arange(num_new, device=self.pos[0].device)
 
     def update(self, k, v, layer, q=None):
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         T = k.shape[2]
         if layer < len(self.k):
-            _check_same_stream(self.k[layer], k, layer)
+            check_same_stream(self.k[layer], k, layer)
         start = self.stored_length(layer)
         if start + T > self.max_len:
             raise ValueError(f"StaticCache is full: {start} tokens cached + {T} new > max_len={self.max_len}")
@@ -253,8 +253,8 @@ class StaticCache(KVCache):
         if attn_mask is not None:    # an explicit mask (a tree) covers the filled part only: the plain way
             return super().attend(q, k, v, layer, attn_mask)
         if not torch.compiler.is_compiling() and layer < len(self.k):
-            _check_kv(k, v, layer)
-            _check_same_stream(self.k[layer], k, layer)
+            check_kv(k, v, layer)
+            check_same_stream(self.k[layer], k, layer)
         idx = self._write(k, v, layer)                                     # [T]
         keys = torch.arange(self.max_len, device=idx.device)
         mask = keys[None, :] <= idx[:, None]                               # [T, max_len]: causal + unwritten

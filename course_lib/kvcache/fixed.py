@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import ContiguousCache, KVCache, _check_kv, _check_same_stream
+from .base import ContiguousCache, KVCache, check_kv, check_same_stream
 
 
 class FixedPrefixCache(KVCache):
@@ -36,10 +36,10 @@ class FixedPrefixCache(KVCache):
         return cls(recorded.k, recorded.v)
 
     def update(self, k, v, layer, q=None):
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         if layer >= len(self.k):
             raise ValueError(f"update: layer {layer}, but the prompt was recorded for {len(self.k)} layers")
-        _check_same_stream(self.k[layer], k, layer)
+        check_same_stream(self.k[layer], k, layer)
         return torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)  # [B, K, S + T, Dh]
 
     def get_seq_length(self) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import KVCache, _check_kv, _check_same_stream
+from .base import KVCache, check_kv, check_same_stream
 
 
 @dataclass
@@ -58,7 +58,7 @@ class H2OCache(KVCache):
     def update(self, k, v, layer, q=None):
         """Store k, v [B, K, T, Dh], score every held key by the attention of q [B, H, T, Dh] (rotated),
         evict down to the budget; returns the keys and values attended to this step [B, K, S, Dh]."""
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         if q is None:
             raise ValueError("H2OCache.update needs q, the new tokens' rotated queries [batch, heads, T, "
                              "head_dim]: it scores keys by their attention (the model passes q)")
@@ -73,7 +73,7 @@ class H2OCache(KVCache):
         elif layer > len(self.layers):
             raise ValueError(f"update: layers must be filled in order; got layer {layer}")
         st = self.layers[layer]
-        _check_same_stream(st.k, k, layer)
+        check_same_stream(st.k, k, layer)
         B, K, T, Dh = k.shape
         G = q.shape[1] // K                                                 # query heads per KV head
         k_all = torch.cat([st.k, k], dim=2)                                 # [B, K, S, Dh]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ContiguousCache, KVCache, _check_kv
+from .base import ContiguousCache, KVCache, check_kv
 from .window import rotate_keys
 
 
@@ -97,7 +97,7 @@ class LatentCache(KVCache):
         return sum(t.numel() * t.element_size() for t in self.c)
 
     def update(self, k, v, layer, q=None):
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         if layer >= len(self.proj):
             raise ValueError(f"update: no projection for layer {layer} ({len(self.proj)} fitted)")
         p = self.proj[layer]

@@ -35,7 +35,7 @@ from course_lib.quant.packing import pack_int4 as _pack_int4, unpack_int4 as _un
 
 from course_lib.validate import one_of
 
-from .base import KVCache, _check_kv, _check_same_stream
+from .base import KVCache, check_kv, check_same_stream
 
 SUPPORTED_BITS = (8, 4)
 
@@ -189,7 +189,7 @@ class MultiTierCache(KVCache):
         return [st.k.shape[2]] + [t.num_tokens for t in st.tiers]
 
     def update(self, k, v, layer, q=None):
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         if k.shape[-1] % 2:
             raise ValueError(f"update: head_dim must be even for int4 packing, got {k.shape[-1]}")
         if layer == len(self.layers):
@@ -200,7 +200,7 @@ class MultiTierCache(KVCache):
         elif layer > len(self.layers):
             raise ValueError(f"update: layers must be filled in order; got layer {layer}")
         st = self.layers[layer]
-        _check_same_stream(st.k, k, layer)
+        check_same_stream(st.k, k, layer)
         st.k = torch.cat([st.k, k], dim=2)
         st.v = torch.cat([st.v, v], dim=2)
         # Attend to everything held, oldest first: last tier ... first tier, then full precision.
@@ -298,12 +298,12 @@ class FP8Cache(KVCache):
         return torch.where(amax > 0, amax / FP8_MAX["e4m3"], torch.ones_like(amax))
 
     def update(self, k, v, layer, q=None):
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         if layer > len(self.layers):
             raise ValueError(f"update: layers must be filled in order; got layer {layer}")
         first = layer == len(self.layers)
         if not first:
-            _check_same_stream(self.layers[layer].k_deq, k, layer)
+            check_same_stream(self.layers[layer].k_deq, k, layer)
         if self.scales == "token":
             (kd, ks), (vd, vs) = fp8_kv_quantize(k), fp8_kv_quantize(v)
         else:

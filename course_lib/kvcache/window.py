@@ -36,7 +36,7 @@ import torch
 
 from course_lib.attention.rope import apply_rope, rope_cos_sin
 
-from .base import KVCache, _check_kv, _check_same_stream
+from .base import KVCache, check_kv, check_same_stream
 
 
 def rotate_keys(k: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
@@ -122,7 +122,7 @@ class SlidingWindowCache(KVCache):
 
     # --- the contract ------------------------------------------------------------------------------
     def update(self, k, v, layer, q=None):
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         if layer == len(self.layers):
             self.layers.append(_WindowState(k[:, :, :0], v[:, :, :0],
                                             torch.zeros(0, dtype=torch.long, device=k.device)))
@@ -130,7 +130,7 @@ class SlidingWindowCache(KVCache):
             raise ValueError(f"update: layers must be filled in order; got layer {layer} with "
                              f"{len(self.layers)} cached")
         st = self.layers[layer]
-        _check_same_stream(st.k, k, layer)
+        check_same_stream(st.k, k, layer)
         T = k.shape[2]
         idx, old_pos, new_pos = self._positions_before(st, T)
         if self.reposition:

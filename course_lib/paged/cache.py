@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from course_lib.attention import attention
-from course_lib.kvcache.base import KVCache, _check_kv
+from course_lib.kvcache.base import KVCache, check_kv
 
 from . import attention as _paged          # paged_attention, looked up at call time
 from .allocator import OutOfBlocks, PagingError
@@ -285,7 +285,7 @@ class PagedCache(KVCache):
         """The plain contract: write k, v [B, K, T, Dh]; return every row's K/V [B, K, S, Dh] read back
         through its block table (S = the longest row; past a row's length the values are junk: mask).
         q (the new queries) is not needed: paging decides where tokens live, not which ones stay."""
-        _check_kv(k, v, layer)
+        check_kv(k, v, layer)
         plan = self._layer_plan(k, layer)
         self._write(k, v, layer, plan)
         out = self._gather(layer, plan)

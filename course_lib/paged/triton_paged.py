@@ -42,10 +42,10 @@ import triton
 import triton.language as tl
 
 # the tile step, the end of a split and the reduction: shared with flash-decoding (the FlashAttention forward
-# calls the step too); _combine_splits_kernel is imported for the tests
+# calls the step too); combine_splits_kernel is imported for the tests
 from course_lib.attention.triton_online_softmax import (LOG2E, SUPPORTED_DTYPES, decode_configs, interpreting,
                                                         online_softmax_tile, static_tokens)
-from course_lib.attention.triton_splitkv import (_combine_splits_kernel, combine_splits_triton,  # noqa: F401
+from course_lib.attention.triton_splitkv import (combine_splits_kernel, combine_splits_triton,  # noqa: F401
                                                  store_split)
 from course_lib.env import use_triton
 from course_lib.validate import integer, optional, power_of_two

@@ -16,7 +16,7 @@ cost       ring_allreduce_bytes, allreduce_time, LINKS, tp_comm_per_token, per_g
            alltoall_bytes, alltoall_time, rank_loads, load_imbalance, ep_moe_layer_comm, ep_dispatch_rows,
            simulate_ep_dispatch; context parallelism: ring_attention_comm, ring_attention_overlap, simulate_ring_attention
 workers    ModelSpec, tp_check, linear_pair_check, tp_timing, failing_worker, sequence (importable workers)
-checks     check_parallel_mlp, run_parallel_mlp (lab 11: a student's function in a 2-process group)
+checks     run_parallel_mlp (lab 11: a student's function in a 2-process group, its outputs back)
 """
 from .cost import (LINKS, Link, allreduce_time, alltoall_bytes, alltoall_time, ep_dispatch_rows, ep_moe_layer_comm,
                    gpt3_parameters, layer_parameters, load_imbalance, notes_example, per_gpu_memory, rank_loads,

@@ -48,25 +48,3 @@ def run_parallel_mlp(fn, x, w1, b1, w2, b2, world_size: int = 2, helpers=(), tim
     source = "\n\n".join([_source(h) for h in helpers] + [_source(fn), _DRIVER.format(name=fn.__name__)])
     return launch_source(source, "__course_check__", world_size, (x, w1, b1, w2, b2), backend="gloo",
                          timeout=timeout, deadline=timeout + 150)
-
-
-def check_parallel_mlp(fn, d: int = 8, f: int = 12, batch: int = 2, world_size: int = 2, seed: int = 0,
-                       helpers=(), atol: float = 1e-4) -> None:
-    """AssertionError with a hint unless every rank's output equals the unsharded MLP."""
-    x, w1, b1, w2, b2 = random_mlp(d, f, batch, seed)
-    ref = mlp_reference(x, w1, b1, w2, b2)
-    outs = run_parallel_mlp(fn, x, w1, b1, w2, b2, world_size=world_size, helpers=helpers)
-    for r, y in enumerate(outs):
-        if not isinstance(y, torch.Tensor) or y.shape != ref.shape:
-            raise AssertionError(f"rank {r} returned {getattr(y, 'shape', type(y).__name__)}; expected a tensor "
-                                 f"of shape {tuple(ref.shape)} (the whole output, on every rank)")
-        if torch.allclose(y, ref, atol=atol, rtol=1e-4):
-            continue
-        hint = ""
-        if torch.allclose(y, ref + (world_size - 1) * b2, atol=atol, rtol=1e-4):
-            hint = (f": it is off by exactly ({world_size} - 1) * b2: the bias was added on every rank before "
-                    f"the all-reduce, which sums it {world_size} times; add b2 once, after the sum")
-        elif torch.allclose(sum(o - b2 for o in outs) + b2, ref, atol=atol * world_size, rtol=1e-4):
-            hint = ": the ranks' outputs sum to the answer: the all-reduce (sum over ranks) is missing"
-        raise AssertionError(f"rank {r} of {world_size}: max |difference| from the unsharded MLP is "
-                             f"{(y - ref).abs().max().item():.3g}{hint}")

@@ -215,7 +215,7 @@ def quantize_per_token(x: torch.Tensor, bits: int = 8, validate: bool = True):
     return torch.clamp(torch.round(x.float() / scale), -qmax, qmax), scale
 
 
-def _int_matmul(a_codes, b_codes):
+def int_matmul(a_codes, b_codes):
     """[n, k] @ [m, k]^T of integer-valued tensors, exactly: float32 while every partial sum stays below
     2^24 (k * 127^2 < 2^24 for k < 1040), float64 beyond."""
     k = a_codes.shape[-1]
@@ -226,7 +226,7 @@ def _int_matmul(a_codes, b_codes):
 class W8A8Linear(nn.Module):
     """int8 weights (one scale per output row) x int8 activations (one scale per token, computed on the
     fly): y = (Xq @ Wq^T) * s_x * s_w. The integer matmul is what an int8 GEMM does; here it runs exactly
-    in floating point (see ``_int_matmul``).
+    in floating point (see ``int_matmul``).
 
     The forward always checks x's dtype and last dimension (no host read). ``validate=True`` also refuses
     NaN/Inf in x, which reads a flag on the host (a sync per call on a GPU, so it is off by default in a
@@ -258,7 +258,7 @@ class W8A8Linear(nn.Module):
         check_linear_input(x, self.in_features)
         shape = x.shape
         xq, sx = quantize_per_token(x.reshape(-1, shape[-1]), self.act_bits, self.validate)   # [n, in], [n, 1]
-        acc = _int_matmul(xq, self.qweight)                                    # [n, out]
+        acc = int_matmul(xq, self.qweight)                                    # [n, out]
         y = acc.float() * sx * self.scales.float().T
         if self.bias is not None:
             y = y + self.bias

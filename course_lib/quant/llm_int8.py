@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .core import check_finite, check_floating, check_linear, check_linear_input
-from .linear import _int_matmul
+from .linear import int_matmul
 
 __all__ = ["LLMInt8Linear", "llm_int8_matmul", "outlier_columns"]
 
@@ -61,7 +61,7 @@ def llm_int8_matmul(x: torch.Tensor, cb: torch.Tensor, scb: torch.Tensor, thresh
     xr = xf * regular                                                      # outlier columns zeroed
     sx = xr.abs().amax(dim=-1, keepdim=True)                               # [n, 1] per-token absmax
     cx = torch.round(xr * (127 / sx.clamp(min=1e-12)))                     # int8 codes, outliers 0
-    y = _int_matmul(cx, cb).float() * (sx / 127) * (scb.float()[None, :] / 127)    # [n, out]
+    y = int_matmul(cx, cb).float() * (sx / 127) * (scb.float()[None, :] / 127)    # [n, out]
     if cols.numel():
         w_out = cb[:, cols].float() * (scb.float()[:, None] / 127)         # [out, n_outlier] dequantized
         y = y + xf[:, cols] @ w_out.T                                      # the fp part

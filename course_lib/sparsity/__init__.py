@@ -5,7 +5,7 @@
                   memory arithmetic (dense_bytes, csr_bytes, csr_break_even_density, semi_structured_bytes)
     pruning.py    magnitude_masks (global / per layer), torch_prune_masks (torch.nn.utils.prune, the oracle),
                   magnitude_prune, finetune, iterative_prune
-    wanda.py      input_norms, wanda_scores, wanda_mask (unstructured per row, or n:m), wanda_masks, wanda_prune
+    wanda.py      input_norms, wanda_scores, wanda_mask (unstructured per row, or n:m), wanda_masks
     nm.py         nm_mask, is_nm, semi_structured_speed (2:4 on sparse tensor cores, CUDA only)
     structured.py unit_importance (weight norm, Taylor), make_plan, StructuredPlan, structured_masks, shrink,
                   masked_copy, structured_prune, projection_params
@@ -26,12 +26,12 @@ from .pruning import finetune, iterative_prune, magnitude_masks, magnitude_prune
 from .structured import (StructuredPlan, make_plan, masked_copy, projection_params, shrink, structured_masks,
                          structured_prune, unit_importance)
 from .sweep import PRUNERS, prune_finetune_sweep
-from .wanda import input_norms, wanda_mask, wanda_masks, wanda_prune, wanda_scores
+from .wanda import input_norms, wanda_mask, wanda_masks, wanda_scores
 
 __all__ = ["prunable_linears", "apply_masks", "current_masks", "bake_masks", "sparsity", "dense_bytes",
            "csr_bytes", "csr_break_even_density", "semi_structured_bytes",
            "magnitude_masks", "torch_prune_masks", "magnitude_prune", "finetune", "iterative_prune",
-           "input_norms", "wanda_scores", "wanda_mask", "wanda_masks", "wanda_prune",
+           "input_norms", "wanda_scores", "wanda_mask", "wanda_masks",
            "nm_mask", "is_nm", "semi_structured_speed",
            "StructuredPlan", "unit_importance", "make_plan", "structured_masks", "shrink", "masked_copy",
            "structured_prune", "projection_params", "PRUNERS", "prune_finetune_sweep",

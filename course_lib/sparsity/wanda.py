@@ -29,7 +29,7 @@ from course_lib.modules import named_linears
 from course_lib.quant.core import check_finite, check_floating
 from course_lib.validate import probability
 
-from .masks import RANK_WHY, apply_masks
+from .masks import RANK_WHY
 from .nm import nm_mask
 
 
@@ -104,9 +104,3 @@ def wanda_masks(model, ids: torch.Tensor, sparsity: float | None = None, n: int 
     """The Wanda masks of every prunable linear of `model` from calibration windows `ids` [N, T]."""
     norms = input_norms(model, ids, batch_size)
     return {name: wanda_mask(lin.weight, norms[name], sparsity, n, m) for name, lin in named_linears(model).items()}
-
-
-def wanda_prune(model, ids: torch.Tensor, sparsity: float | None = None, n: int | None = None,
-                m: int | None = None):
-    """Hold Wanda masks on `model` (in place); returns the model."""
-    return apply_masks(model, wanda_masks(model, ids, sparsity, n, m))

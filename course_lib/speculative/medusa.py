@@ -36,7 +36,7 @@ from course_lib.models.corpus import load_split
 from course_lib.models.llama import save_safetensors
 
 from .head_training import encode, head_training_parser, target_features, train_heads, training_report
-from .tree import DEFAULT_PATHS, _check_paths, build_tree, cartesian_paths
+from .tree import DEFAULT_PATHS, check_paths, build_tree, cartesian_paths
 
 __all__ = ["MedusaHeads", "train_medusa", "medusa_accuracy", "MedusaDraft", "medusa_generate", "MedusaStats",
            "load_medusa_heads", "save_medusa_heads", "BUNDLED_HEADS_ROOT"]
@@ -308,7 +308,7 @@ class MedusaDraft:
             raise TypeError(f"heads must be MedusaHeads, got {type(heads).__name__}")
         heads.check_target(target, "heads")
         heads.check_device(target, "heads")
-        self.paths = _check_paths(_resolve_paths(tree, topk, heads.num_heads))
+        self.paths = check_paths(_resolve_paths(tree, topk, heads.num_heads))
         self.depth = max((len(p) for p in self.paths), default=0)
         if self.depth > heads.num_heads:
             raise ValueError(f"tree: depth {self.depth} needs {self.depth} heads, the heads have {heads.num_heads}")

@@ -56,7 +56,7 @@ DEFAULT_PATHS: list[tuple[int, ...]] = [(0,), (1,), (0, 0)]
 # --------------------------------------------------------------------------------------------------
 # Trees from Medusa's top-k paths
 # --------------------------------------------------------------------------------------------------
-def _check_paths(paths) -> list[tuple[int, ...]]:
+def check_paths(paths) -> list[tuple[int, ...]]:
     """Paths as tuples, sorted parents-first (by depth, then lexicographically), prefix-closed."""
     try:
         paths = [tuple(int(c) for c in p) for p in paths]
@@ -87,7 +87,7 @@ def build_tree(candidates_per_depth, paths, root: int) -> TokenTree:
     Returns a TokenTree with nodes ordered by depth, so every parent index is smaller than its child's,
     its tokens on the candidates' device (the CPU for lists).
     """
-    paths = _check_paths(paths)
+    paths = check_paths(paths)
     device = next((c.device for c in candidates_per_depth if isinstance(c, torch.Tensor)), torch.device("cpu"))
     # One host copy per depth (not one device sync per node): the tree is built in Python.
     cands = [(c if isinstance(c, torch.Tensor) else torch.as_tensor(c, device="cpu")).reshape(-1).long().tolist()
