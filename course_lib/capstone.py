@@ -65,8 +65,8 @@ from course_lib.validate import integer
 
 __all__ = ["Step", "STEP_NAMES", "INT8_STEP", "run_capstone", "attribution_table", "waterfall", "hardware_choice",
            "GPU_PRICES", "int8_weights", "baseline_build", "prompt_stream", "project_prompts", "speed_points",
-           "speedup_interval", "SpeedUp", "evaluate_project", "ProjectResult", "PROJECT_POINTS", "PROJECT_CONFIDENCE",
-           "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "run_entry", "model_logits", "state_digest"]
+           "speedup_interval", "SpeedUp", "evaluate_project", "ProjectResult", "PROJECT_POINTS",
+           "PROJECT_CONFIDENCE", "RATIO_FLOOR", "RATIO_FULL", "BPB_BOUND", "run_entry", "state_digest"]
 
 STEP_NAMES = ("no cache", "KV cache", "static cache + compile", "int8 weights", "speculative (tiny-draft)",
               "continuous batching")

@@ -45,6 +45,7 @@ step; new tokens [n] (one request) or [B, n]; a tree of N nodes.
 from __future__ import annotations
 
 from course_lib.perf.metrics import TokenEvent, Trace
+# the sampling functions stay importable from here (course_lib.sampling is their home and lists them)
 from course_lib.sampling import (apply_repetition_penalty, apply_temperature, finish_reason, greedy, sample,
                                  sample_rows, sampling_probs, top_k_filter, top_p_filter)
 
@@ -55,8 +56,6 @@ from .output import GenerateOutput, SpecStats
 from .speculative import Draft, check_draft
 from .tree import TokenTree, TreeVerification, tree_attention_mask, tree_depths, tree_positions, verify_tree
 
-__all__ = ["apply_repetition_penalty", "apply_temperature", "top_k_filter", "top_p_filter", "sampling_probs",
-           "sample", "sample_rows", "greedy", "finish_reason", "generate", "decode_step", "GenerateOutput", "SpecStats",
-           "TokenEvent", "Trace", "model_logits", "model_device", "context_length", "check_pair", "prompt_tensor",
-           "Draft", "check_draft", "TokenTree", "TreeVerification", "verify_tree", "tree_attention_mask",
-           "tree_positions", "tree_depths"]
+__all__ = ["generate", "decode_step", "GenerateOutput", "SpecStats", "TokenEvent", "Trace", "model_logits",
+           "model_device", "context_length", "check_pair", "prompt_tensor", "Draft", "check_draft", "TokenTree",
+           "TreeVerification", "verify_tree", "tree_attention_mask", "tree_positions", "tree_depths"]

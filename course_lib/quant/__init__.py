@@ -41,18 +41,14 @@ from .fp8 import fp8_error_rows
 from .sensitivity import allocate_bits, allocation_cost, layer_groups
 from .fast import GPT_FAST_A100, decode_gemv_benchmark
 
-__all__ = [
-    "FORMATS", "get_format", "decode_bits", "encode_bits", "representable_values", "formats_table_markdown",
-    "quantize", "absmax_quantize", "zeropoint_quantize", "fake_quantize", "qrange", "percentile_clip_ratio",
-    "search_clip_ratio",
-    "mse", "sqnr_db", "DB_PER_BIT",
-    "pack_int4", "unpack_int4", "weight_bytes", "memory_table", "memory_table_markdown",
-    "quantize_q8_0", "dequantize_q8_0", "quantize_q4_0", "dequantize_q4_0", "describe_block", "gguf_quantize",
-    "gguf_dequantize", "gguf_bits_per_weight", "nf4_codebook", "nf4_quantize", "mxfp4_quantize", "nvfp4_quantize",
-    "QuantLinear", "W8A8Linear", "LLMInt8Linear", "weight_qparams", "rtn_quantize_weight", "group_index",
-    "state_dict_bytes",
-    "named_linears", "capture_inputs", "activation_absmax", "outlier_report", "scaling_groups", "input_hessians",
-    "smooth_scales", "smooth_model", "awq_scale_candidates", "awq_search_group", "hessian", "hessian_error",
-    "gptq_quantize", "layer_output_error", "quantize_model",
-    "fp8_error_rows", "layer_groups", "allocate_bits", "allocation_cost", "GPT_FAST_A100", "decode_gemv_benchmark",
-]
+__all__ = ["FORMATS", "get_format", "decode_bits", "encode_bits", "representable_values", "formats_table_markdown",
+           "quantize", "absmax_quantize", "zeropoint_quantize", "fake_quantize", "qrange", "percentile_clip_ratio",
+           "search_clip_ratio", "mse", "sqnr_db", "DB_PER_BIT", "pack_int4", "unpack_int4", "weight_bytes",
+           "memory_table", "memory_table_markdown", "quantize_q8_0", "dequantize_q8_0", "quantize_q4_0",
+           "dequantize_q4_0", "describe_block", "gguf_quantize", "gguf_dequantize", "gguf_bits_per_weight",
+           "nf4_codebook", "nf4_quantize", "mxfp4_quantize", "nvfp4_quantize", "QuantLinear", "W8A8Linear",
+           "LLMInt8Linear", "weight_qparams", "rtn_quantize_weight", "group_index", "state_dict_bytes",
+           "capture_inputs", "activation_absmax", "outlier_report", "scaling_groups", "input_hessians",
+           "smooth_scales", "smooth_model", "awq_scale_candidates", "awq_search_group", "hessian", "hessian_error",
+           "gptq_quantize", "layer_output_error", "quantize_model", "fp8_error_rows", "layer_groups",
+           "allocate_bits", "allocation_cost", "GPT_FAST_A100", "decode_gemv_benchmark"]

@@ -31,7 +31,7 @@ from .engine import Engine
 from .request import SamplingParams
 from .compare import compare_with_static
 
-__all__ = ["Request", "make_workload", "synthetic_workload", "format_summary", "goodput",
-           "StepCostModel", "simulate", "sweep_load", "check_invariants", "max_blocks_used",
-           "StaticBatching", "DynamicBatching", "ContinuousBatching", "ChunkedPrefill", "Disaggregated",
-           "SeqView", "Decision", "fcfs_schedule", "Engine", "SamplingParams", "compare_with_static"]
+__all__ = ["Request", "make_workload", "synthetic_workload", "format_summary", "goodput", "StepCostModel",
+           "simulate", "sweep_load", "check_invariants", "max_blocks_used", "StaticBatching", "DynamicBatching",
+           "ContinuousBatching", "ChunkedPrefill", "Disaggregated", "SeqView", "Decision", "fcfs_schedule",
+           "Engine", "compare_with_static"]

@@ -39,12 +39,9 @@ from .prompt_lookup import PromptLookupDraft, editing_prompts, prompt_lookup_gen
 from .theory import acceptance_rate, expected_tokens_per_pass, optimal_draft_length, speedup
 from .tree import DEFAULT_PATHS, TokenTree, build_tree, tree_attention_mask, tree_positions, verify_tree
 
-__all__ = ["StepResult", "accept_step", "probs_from_logits",
-           "acceptance_rate", "expected_tokens_per_pass", "optimal_draft_length", "speedup",
-           "SpecStats", "speculative_generate", "check_tokenizers",
-           "editing_prompts", "PromptLookupDraft", "prompt_lookup_generate", "propose_ngram",
-           "measure", "measure_prompt_lookup", "step_times", "compare_drafts", "hf_assisted_generate",
-           "TokenTree", "DEFAULT_PATHS", "build_tree", "tree_attention_mask", "tree_positions", "verify_tree",
-           "MedusaHeads", "MedusaStats", "MedusaDraft", "train_medusa", "medusa_generate", "load_medusa_heads",
-           "EagleHead", "EagleDraft", "MTPHeads", "MTPDraft", "train_feature_heads", "feature_head_accuracy",
-           "load_feature_heads"]
+__all__ = ["acceptance_rate", "expected_tokens_per_pass", "optimal_draft_length", "speedup",
+           "speculative_generate", "check_tokenizers", "editing_prompts", "PromptLookupDraft",
+           "prompt_lookup_generate", "propose_ngram", "measure", "measure_prompt_lookup", "step_times",
+           "compare_drafts", "hf_assisted_generate", "DEFAULT_PATHS", "build_tree", "MedusaHeads", "MedusaStats",
+           "MedusaDraft", "train_medusa", "medusa_generate", "load_medusa_heads", "EagleHead", "EagleDraft",
+           "MTPHeads", "MTPDraft", "train_feature_heads", "feature_head_accuracy", "load_feature_heads"]
