@@ -11,18 +11,31 @@ its README.md), copied to the site's assets/reveal.js and named by the exporter'
 relative to the deck; MathJax is the site's own. Nothing is fetched from a CDN; `tools/site.py check` and the
 browser tier (e2e/test_site_pages.py) check it.
 
-Slide structure, derived here from the notebook (on a copy: the tracked .ipynb files do not change):
-- A cell's own `slideshow` metadata wins: in the .py source, a header field such as
+Slide structure, derived here from the notebook (on a copy: the tracked .ipynb files do not change). A
+slide carries one idea (a heading and its point, a figure, a table); the notebook's prose goes into reveal.js
+speaker notes (key S), so the deck is what an instructor presents and the notes what they say:
+- A cell's own `slideshow` metadata wins, and such a cell is shown as written: in the .py source, a header
+  field such as
       # %% [markdown] id="c031" slideshow={"slide_type": "notes"}
   (tools/nb.py writes header fields as the cell's metadata). Types: slide, subslide, fragment, "-"
-  (continue), notes (speaker notes: key S), skip.
-- Otherwise: the Colab badge and install cells (ids c000, c001) and the cell tagged `parameters` are skipped;
-  a markdown cell whose first line is a heading `# ` or `## ` starts a slide, one whose first line is a
-  deeper heading (`### `, ...) a sub-slide (reveal's vertical slides, under the section's slide); any other
-  cell continues the slide, unless the slide would grow past LINE_BUDGET lines (`_lines` estimates a cell),
-  when it starts a sub-slide. A slide still taller than the screen scrolls.
-- A text output longer than MAX_OUTPUT_LINES lines is trimmed to its first KEEP_OUTPUT_LINES, with a line
-  saying how many were left out (the module's page shows them all).
+  (continue), notes (speaker notes), skip. A cell tagged `slide-keep` (KEEP_TAG) is placed by the rules
+  below but shown as written (markdown whole; code with its source).
+- The Colab badge and install cells (ids c000, c001) and the cell tagged `parameters` are skipped.
+- A markdown cell is cut at its headings and summarized block by block (`markdown_points`): a heading, a
+  formula or a table as written; a list by the head of each item (its bold lead, or its first clause); a
+  paragraph by its bold lead, or its lead sentence when it opens a section, or whole when it is a short line
+  ending in ':' that introduces what follows; any other paragraph, code block or `<details>` only in the
+  notes. Each point's full text (when the slide shows less) follows it as a notes cell.
+- A code cell shows its outputs, each figure and each table (an HTML or markdown table, or TABLE_LINES
+  printed lines or more) as a unit of its own; its source only when it is a few plain lines with a result
+  (CODE_LINES: a call, an assignment) or tagged `slide-keep`. Text outputs longer than MAX_OUTPUT_LINES
+  lines are trimmed to KEEP_OUTPUT_LINES, with a line saying how many were left out (the page shows all).
+- Pagination (`_Layout`): a `# `/`## ` heading starts a slide, a deeper one a sub-slide (reveal's vertical
+  slides); anything else continues the current sub-slide unless it would take it past CHAR_BUDGET
+  characters of text or LINE_BUDGET lines, or it is a second figure or table there: then a new sub-slide.
+- Measured (`deck_stats`, on the built HTML) and held (`deck_problems`, raised by `render_deck`): the median
+  text a slide at most MEDIAN_TEXT characters, no slide past MAX_TEXT characters of text or MAX_PROSE of
+  prose, every figure of the executed notebook on a slide, every word of its text on a slide or in the notes.
 """
 from __future__ import annotations
 
@@ -69,6 +82,7 @@ CODE_LINES = 3            # a code cell this short with a result shows its code;
 TABLE_LINES = 4           # a printed block this long is a table: a slide of its own
 KEEP_TAG = "slide-keep"   # a cell tag: the cell goes on the slide as written (code: its source shown)
 MEDIAN_TEXT = 300         # a deck's median characters of text a slide, at most (deck_problems)
+MAX_TEXT = 1000           # characters of text (tables not counted) on any slide, at most
 MAX_PROSE = 600           # characters of prose (outside outputs) on any slide, at most
 
 
@@ -112,7 +126,8 @@ def visible_text(md: str) -> str:
     text = _LINK.sub(r"\1", md)
     text = re.sub(r"<[^>]+>", "", text)
     text = re.sub(r"^\s*(#{1,6}\s+|>\s?|[*+-]\s+|\d+[.)]\s+)", "", text, flags=re.M)
-    return re.sub(r"\*\*|__|`", "", text)
+    parts = re.split(r"(`[^`\n]*`)", text)   # code spans as written, without their backticks
+    return "".join(p[1:-1] if i % 2 else re.sub(r"\*\*|__", "", p) for i, p in enumerate(parts))
 
 
 def _size(md: str) -> int:
@@ -361,12 +376,14 @@ def explicit_slide_type(cell, where: str) -> str | None:
 
 
 def _code_shown(cell) -> bool:
-    """Whether a code cell's source goes on the slide: tagged `slide-keep`, or a few lines with a result."""
+    """Whether a code cell's source goes on the slide: tagged `slide-keep`, or a few plain lines (calls,
+    assignments) with a result."""
     if KEEP_TAG in cell.get("metadata", {}).get("tags", []):
         return True
     code = [line for line in cell.source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    shows = all(re.match(r"(print|display|plt\.|fig\.|ax\.)", line) for line in code)   # only shows a result
-    return 0 < len(code) <= CODE_LINES and bool(cell.get("outputs")) and not shows
+    # code that prints, plots or asserts, or a statement over several lines, is not the point of a slide
+    plain = not any(re.match(r"\s|\)|(print|display|assert|plt|fig|ax)\b", line) for line in code)
+    return 0 < len(code) <= CODE_LINES and bool(cell.get("outputs")) and plain
 
 
 class _Layout:
@@ -458,6 +475,7 @@ class SlideStats:
     notes: int = 0
 
 
+_WORD = re.compile(r"[a-z0-9]+")
 _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 
@@ -473,6 +491,7 @@ class _DeckParser(HTMLParser):
         self.stack = []            # open elements: (tag, role), role one of section, output, notes, hidden, None
         self.slides: list[SlideStats] = []
         self.output = None         # the text and tables of the output being read: [parts, tables]
+        self.words: set[str] = set()   # every word shown, on a slide or in its notes
 
     def _roles(self):
         return {role for _, role in self.stack}
@@ -490,8 +509,11 @@ class _DeckParser(HTMLParser):
             role = "notes"
         elif "jp-OutputArea-output" in cls and "output" not in roles and self.slides:
             role, self.output = "output", [[], 0]
+        elif tag == "table" and self.output is None and "table" not in roles and self.slides:
+            role = "table"     # a markdown table: its text is a table's, not prose
         if self.slides and not roles & {"notes", "hidden"}:
             self.slides[-1].figures += tag == "img"
+            self.slides[-1].tables += role == "table"
             if tag == "table" and self.output is not None:
                 self.output[1] += 1
         if tag not in _VOID:
@@ -518,10 +540,13 @@ class _DeckParser(HTMLParser):
         if not self.slides or "hidden" in roles:
             return
         slide = self.slides[-1]
+        self.words.update(_WORD.findall(data.lower()))
         if "notes" in roles:
             slide.notes += len(" ".join(data.split()))
         elif self.output is not None:
             self.output[0].append(data)
+        elif "table" in roles:
+            slide.table_text += len(" ".join(data.split()))
         elif data.strip():
             n = len(" ".join(data.split()))
             slide.text += n
@@ -536,6 +561,21 @@ def deck_stats(deck_html: str) -> list[SlideStats]:
     return parser.slides
 
 
+def lost_words(nb, deck_html: str) -> list[str]:
+    """The words of the notebook `nb`'s markdown (cells the deck does not skip) that the deck `deck_html`
+    shows nowhere, neither on a slide nor in its notes, sorted: what a summary would have lost."""
+    parser = _DeckParser()
+    parser.feed(deck_html)
+    parser.close()
+    said = set()
+    for cell in nb.cells:
+        kind = (cell.get("metadata", {}).get("slideshow") or {}).get("slide_type")
+        if cell.cell_type == "markdown" and kind != "skip" and cell.get("id") not in SKIPPED_IDS:
+            # words split at any mark, as the HTML splits them at its tags (`DTensor`s: dtensor, s)
+            said.update(_WORD.findall(_LINK.sub(r"\1", re.sub(r"<[^>]+>", " ", cell.source)).lower()))
+    return sorted(said - parser.words)
+
+
 def notebook_figures(nb) -> int:
     """How many figures the executed notebook `nb` shows: image outputs, and images in HTML outputs."""
     return sum(1 if any(k.startswith("image/") for k in out.get("data", {}))
@@ -543,10 +583,11 @@ def notebook_figures(nb) -> int:
                for cell in nb.cells for out in cell.get("outputs", []))
 
 
-def deck_problems(stats: list[SlideStats], figures: int, where: str) -> list[str]:
+def deck_problems(stats: list[SlideStats], figures: int, where: str, lost: list[str] = ()) -> list[str]:
     """What makes the deck measured by `stats` one an instructor would not present, one line each ([] when
-    nothing): a median past MEDIAN_TEXT characters of text a slide, a slide with more than MAX_PROSE
-    characters of prose, fewer figures than its notebook's `figures`, no speaker notes."""
+    nothing): a median past MEDIAN_TEXT characters of text a slide, a slide with more than MAX_TEXT
+    characters of text or MAX_PROSE of prose, fewer figures than its notebook's `figures`, words of the
+    notebook's text shown nowhere (`lost`, from `lost_words`)."""
     problems = []
     if not stats:
         return [f"{where}: no slides"]
@@ -554,13 +595,16 @@ def deck_problems(stats: list[SlideStats], figures: int, where: str) -> list[str
     if median > MEDIAN_TEXT:
         problems.append(f"{where}: a median of {median:.0f} characters of text a slide (at most {MEDIAN_TEXT})")
     for i, s in enumerate(stats, 1):
+        if s.text > MAX_TEXT:
+            problems.append(f"{where}: slide {i} shows {s.text} characters of text (at most {MAX_TEXT})")
         if s.prose > MAX_PROSE:
             problems.append(f"{where}: slide {i} shows {s.prose} characters of prose (at most {MAX_PROSE})")
     shown = sum(s.figures for s in stats)
     if shown < figures:
         problems.append(f"{where}: {shown} figures on its slides, {figures} in the notebook")
-    if not any(s.notes for s in stats):
-        problems.append(f"{where}: no speaker notes")
+    if lost:
+        problems.append(f"{where}: {len(lost)} words of the notebook neither on a slide nor in the notes: "
+                        f"{', '.join(lost[:10])}")
     return problems
 
 
@@ -581,7 +625,8 @@ def render_deck(nb, title: str, rel: str, site_pages: dict[str, str], root: Path
     """The HTML of the deck of the executed notebook `nb` (repository path `rel`), titled `title`: `nb` is
     shown as the site shows it (widget stand-ins, math fixed) and is not changed. Its links are rewritten as
     the site's pages' are (`site_pages`: repository path -> site path); `page` is the site path of the
-    module's page, linked from every slide (None: no link)."""
+    module's page, linked from every slide (None: no link). A deck that `deck_problems` finds fault with
+    is refused (SlidesError), so `make site` and `make slides` hold every deck to the budget."""
     exp = exp or exporter()
     deck = slide_deck_notebook(nb, rel)
     deck.metadata["title"] = title
@@ -590,6 +635,9 @@ def render_deck(nb, title: str, rel: str, site_pages: dict[str, str], root: Path
     resources = {"deck": {"base": base, "page": site_tool._relative(page, out) if page else None,
                           "page_title": title}}
     body, _ = exp.from_notebook_node(deck, resources=resources)
+    problems = deck_problems(deck_stats(body), notebook_figures(nb), rel, lost_words(nb, body))
+    if problems:
+        raise SlidesError("a deck an instructor would not present:\n  " + "\n  ".join(problems))
     return site_tool.rewrite_links(body, site_tool.Page(rel, out, "slides", title), site_pages, root)
 
 
