@@ -250,8 +250,9 @@ def test_every_module_deck_is_one_to_present(capsys):
         nb = nbformat.read(copy_path or src, as_version=4)
         site_tool.replace_widgets(nb, site_tool.colab_url(rel))
         site_tool.fix_math(nb)
-        deck = slides.render_deck(nb, src.stem, rel, {}, ROOT, exp)   # refuses a deck deck_problems finds
+        deck = slides.render_deck(nb, src.stem, rel, {}, ROOT, exp)
         stats, figures = slides.deck_stats(deck), slides.notebook_figures(nb)
+        assert slides.deck_problems(stats, figures, rel, slides.lost_words(nb, deck)) == []
         text = [s.text for s in stats]
         rows.append(f"{src.stem[:30]:30} {len(stats):4} {statistics.median(text):7.0f} {max(text):5} "
                     f"{max(s.prose for s in stats):6} {sum(s.figures for s in stats):3}/{figures:<3} "
