@@ -599,8 +599,8 @@ def mutants():
 WRITTEN = {
     "written_paged_waste": {"points": 2, "rubric": [
         (1, "quotes their own predicted, measured and rule-of-thumb waste at two block sizes, and attributes "
-            "the rule's error to the narrow templated range ending just past a block boundary (direction: "
-            "underestimate, growing with the block size)"),
+            "the rule's error to the narrow templated range, whose waste depends on where 129-136 falls in its "
+            "last block (an underestimate at 16 and 64, about right or over at 256)"),
         (1, "explains the pool fraction as a slot-weighted average dominated by the long documents, and picks"
             " a block size with the cost of going smaller (bigger block tables, more bookkeeping, smaller "
             "reads)"),

@@ -513,8 +513,8 @@ except RuntimeError as e:
 #
 # Without a cache every step recomputes the whole sequence: step i processes prompt + i tokens, so its cost
 # grows with i (linearly in the matmuls, quadratically in attention). The TPOT measured over the first few
-# steps is then too small for the later ones, the model underestimates, and the miss grows with n: about
-# (n - 1) / 2 extra tokens' worth of work per step on average.
+# steps is then too small for the later ones, the model underestimates, and the miss grows with n: the last
+# steps of a long request process up to n more tokens each than the steps the short run timed.
 
 # %% [markdown] id="c023" tags=["answer-key"]
 # ### Answer key

@@ -357,7 +357,7 @@ except RuntimeError as e:
 #
 # On held-out inputs the compensation is only as good as XXᵀ describes them. Both sets are Python source, so
 # their covariances are close and most of the gain remains; the part fitted to the calibration batch's own
-# directions (a few hundred tokens in a layer of 256 inputs) does not carry over.
+# directions (1,024 positions, a sample of them) does not carry over.
 #
 # More and more varied calibration tokens (several thousand, from the same kind of text the model will see)
 # make XXᵀ a better estimate of the inputs' covariance; a larger damping (λI added to H) also trusts its
