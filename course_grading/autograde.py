@@ -417,12 +417,13 @@ def _manual_scores(coll, release_nbs: dict, out_dir: Path | None, manual, notes:
         except ManualScoreError as e:
             raise ManualScoreError(f"the manual scores kept by an earlier run cannot be read (fix or remove "
                                    f"{out_dir / STORE}): {e}") from None
-    now, dropped = check_scores(stored, graded, strict=False)
+    others = set(release_nbs) - {lab for _, lab in graded}      # labs this run does not grade (--assignment)
+    now, dropped = check_scores(stored, graded, strict=False, other_labs=others)
     notes += dropped
     new = []
     if manual is not None:
         new = read_scores(manual)
-        entered, _ = check_scores(new, graded, strict=True)
+        entered, _ = check_scores(new, graded, strict=True, other_labs=others)
         for key, parts in entered.items():
             now.setdefault(key, {}).update(parts)
     return merge_rows(stored, new), now

@@ -192,16 +192,21 @@ def read_scores(path: str | Path, text: str | None = None) -> list[ManualScore]:
     return rows
 
 
-def check_scores(rows: list[ManualScore], graded: dict, strict: bool = True) -> tuple[dict, list[str]]:
+def check_scores(rows: list[ManualScore], graded: dict, strict: bool = True,
+                 other_labs: set | frozenset = frozenset()) -> tuple[dict, list[str]]:
     """Match `rows` with this run's submissions. `graded`: {(student, lab): {grade_id: points}} of every
     submission graded now. Returns ({(student, lab): {grade_id: ManualScore}}, notes). With `strict` (the
     instructor's --manual file) a row that names no graded submission or part, or a score outside 0..points,
     raises ManualScoreError listing them all; without (the store of earlier runs) such rows are left out of
-    this run, each with a note (the rows of labs not graded now are simply not this run's)."""
+    this run, each with a note (the rows of labs not graded now are simply not this run's). `other_labs`: labs
+    that exist but are not graded in this run (``--assignment``): their rows are not this run's, in either mode."""
     out: dict = {}
     errors, notes = [], []
     students = {s for s, _ in graded}
+    labs_now = {lab for _, lab in graded}
     for s in rows:
+        if s.lab not in labs_now and s.lab in other_labs:
+            continue                           # kept for the run that grades that lab
         student = s.student
         if (student, s.lab) not in graded and student.startswith("'") and (student[1:], s.lab) in graded:
             student = student[1:]             # grades.csv quotes an id that starts with = + - @

@@ -145,7 +145,8 @@ written parts (manually graded answer cells, rubric in the judge's WRITTEN): lef
   with columns student, lab, grade_id, score and optionally comment (shown to the student) and validated
   (yes/no: a score not validated is a draft, neither counted nor shown); manual_todo.csv is such a file,
   to fill in. A row naming no graded student, lab or written part, or a score outside 0..points or not a
-  number, stops the run before grading (exit 2), each such row named. Scores entered are kept in
+  number, stops the run before grading (exit 2), each such row named (rows of a lab --assignment leaves
+  out wait for the run that grades it). Scores entered are kept in
   --out's manual_scores.csv: a regrade into the same folder keeps them (a later row replaces an earlier).
 status: ok | repaired (safe automatic repair, see flags) | review (a human should look: also wrong_lab,
   kernel_died, time_budget, memory_limit, output_limit, reference_import, judge_failed) |

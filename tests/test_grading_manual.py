@@ -85,6 +85,10 @@ def test_check_scores_names_unknown_students_parts_and_range(tmp_path):
     assert "row 4: lab99 has no written part 'written_typo' (its manually graded parts: written_explain)" in msg
     assert "row 5: score must be between 0 and 2 (the points of written_explain), got 2.5" in msg
     assert "row 6: score must be between 0 and 2" in msg and "got -1" in msg
+    # a lab that exists but is not graded in this run (--assignment): its rows wait for the run that grades it
+    with pytest.raises(ManualScoreError) as e:
+        check_scores(rows, graded, other_labs={"lab01"})
+    assert "row 3" not in str(e.value) and "row 2" in str(e.value)
     # the store of an earlier run is lenient: a row that no longer fits is left out with a note
     kept, notes = check_scores(rows, graded, strict=False)
     assert kept == {} and len(notes) == 4 and all("left out" in n for n in notes)   # zed: not in this run
