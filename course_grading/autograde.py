@@ -21,7 +21,10 @@ Outputs, in `out` (default ``grades/``):
                                 cells, the judge's verdicts and the kernel's text outputs (`feedback.py`);
                                 <key> is the student id made file-safe, with a short hash where two ids
                                 collide
-  grades.csv               instructor: student, assignment, score, max_score, status, flags, file
+  grades.csv               instructor: student, assignment, score, max_score, status, flags, file, then the
+                           written parts' (manual.py): auto_score, manual_score, manual_pending, one column each
+  manual_todo.csv          instructor: the written parts waiting for a score, a file for --manual to fill in
+  manual_scores.csv        instructor: every manual score entered; kept from run to run (a regrade keeps them)
   report.json              instructor: per-part scores and cases, repairs, messages, files not graded
   logs/<key>_<labNN>.log        instructor: what the grader noted for that submission
   not_graded.txt           instructor: entries not graded or skipped, and why
@@ -33,8 +36,9 @@ Status of a submission:
   repaired  graded after a safe automatic repair (restored metadata, restored edited tests, put back
             deleted cells, ...; see flags)
   review    graded, but a human should look: cells matched only by similarity, cells that could not be
-            found after metadata loss, a cell that timed out, several files for one lab, cells that
-            need manual grading, the lab recognized from content only, the wrong lab handed in, a dead
+            found after metadata loss, a cell that timed out, several files for one lab, hand-graded
+            cells other than the written parts (those wait in grades.csv's manual_pending, with status
+            ok), the lab recognized from content only, the wrong lab handed in, a dead
             kernel, the time budget used up, outputs over their cap, an answer that imports the
             course_lib reference, a part the judge could not judge (``judge_failed``)
   error     not graded (unreadable or too large a notebook, a kernel that cannot start); score left empty,
@@ -66,6 +70,9 @@ from .feedback import OUTPUT_MODES, feedback_notebook, render_html, write_text
 from .jobs import BarProgress, LineProgress, auto_jobs, parse_jobs, run, sandbox_slots, submission_uids
 from .judging import judge_parts, load_judge, load_secret, release_mistakes
 from .leaderboard import is_project, project_entry, write_leaderboard
+from .manual import STORE, TODO, ManualScoreError, check_scores, merge_rows, read_scores, write_rows, write_todo, \
+    written_rubric
+from .manual import manual_parts as written_parts
 from .nbgrader_env import DEFAULT_TIMEOUT, CourseDir, find_config, quiet_nbgrader
 from .references import answer_table, reference_imports
 from .repair import repair
@@ -94,6 +101,13 @@ class Result:
     superseded: list = field(default_factory=list)
     file_key: str = ""        # the collision-free name of this student's feedback folder and log
     project: dict | None = None   # a project lab's leaderboard entry (leaderboard.py): method, record, points
+    manual: dict = field(default_factory=dict)   # written parts: {grade_id: points, score (None: pending),
+                                                 # comment, validated} (manual.py)
+
+    @property
+    def manual_pending(self) -> list[str]:
+        """The written parts with no validated score yet."""
+        return [g for g, m in self.manual.items() if not m.get("validated")]
 
     @property
     def flag_text(self) -> str:
@@ -111,6 +125,7 @@ class GradeReport:
     warnings: list
     out: Path | None = None
     isolation: str = ""
+    manual_rows: list | None = None   # every manual score entered (manual.ManualScore), earlier runs' and this one's
 
     def by_student(self, student: str, assignment: str | None = None) -> Result:
         hits = [r for r in self.results if r.student == student and (assignment is None or r.assignment == assignment)]
@@ -187,6 +202,7 @@ class _Lab:
     answers: object                  # references.AnswerTable: what the static reference-import check reads
     error: str = ""
     clean: bool = False              # its judge times the entry against a clean kernel (Judge(clean=True))
+    written: dict = field(default_factory=dict)   # {grade_id: {points, rubric}}: the judge's WRITTEN (manual.py)
 
 
 @dataclass
@@ -203,6 +219,7 @@ class _Context:
     secret: bytes
     feedback_outputs: str = "shown"
     clean_uid: int | None = None      # the user the clean kernels run as (a fresh one, no submission's)
+    manual: dict = field(default_factory=dict)   # {(student, lab): {grade_id: ManualScore}}: entered by hand
 
     def __getstate__(self):
         """What a worker process gets (jobs.py): the course by its folder (no nbgrader API objects)."""
@@ -238,7 +255,7 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
           echo=None, isolation: str | None = None, require_sandbox: bool = False, budget: float | None = None,
           memory_gb: float | None = DEFAULT_MEMORY_GB, sandbox_user=None, jobs: int | str = 1,
           feedback_outputs: str = "shown", progress: str | None = None, judges: str | Path | None = None,
-          secret_file: str | Path | None = None) -> GradeReport:
+          secret_file: str | Path | None = None, manual: str | Path | None = None) -> GradeReport:
     """Grade every notebook under `submissions`; write the outputs to `out` (None: write nothing).
 
     `timeout` is the per-cell (and per judge call) limit in seconds (default: nbgrader_config.py's, else
@@ -249,8 +266,10 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
     `jobs`: submissions graded at a time, or "auto" (`jobs.py`). `feedback_outputs`: "shown" (the kernel's
     text outputs) or "none". `judges`: the folder of judges/labNN.py (default: beside `solutions`).
     `secret_file`: the class secret the hidden cases are drawn from (default: `default_secret_file`, made
-    when missing). `echo(str)` receives progress lines (None: quiet); `progress` is "lines" (the default
-    with `echo`) or "bar" (a tqdm bar on stderr; `echo` then gets the other lines).
+    when missing). `manual`: a CSV of the scores the instructor gave the written parts (`manual.py`),
+    merged with those an earlier run kept in `out` (manual_scores.csv); a bad row raises ManualScoreError
+    (a ValueError) before anything is graded. `echo(str)` receives progress lines (None: quiet); `progress`
+    is "lines" (the default with `echo`) or "bar" (a tqdm bar on stderr; `echo` then gets the other lines).
     """
     say = echo or (lambda s: None)
     jobs = parse_jobs(jobs)
@@ -286,6 +305,8 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
     all_keys = {name: _release_keys(nb) for name, nb in release_nbs.items()}
     keys = {name: k for name, k in all_keys.items() if assignment is None or name == assignment}
     coll = collect(submissions, numbers, assignment, keys)
+    out_dir = Path(out) if out is not None else None
+    manual_rows, manual_now = _manual_scores(coll, release_nbs, out_dir, manual, notes)
 
     cfg = find_config(config_file, solutions)
     tmp = None
@@ -303,7 +324,6 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         (root / WORKDIR_MARKER).write_text("made by `course grade`; it is deleted and remade on the next run\n")
     os.chmod(root, 0o700)  # the instructor's course folder: sources, gradebook; never the kernel's
     course = CourseDir(root, cfg, timeout)
-    out_dir = Path(out) if out is not None else None
     if out_dir is not None:
         _prepare_out(out_dir)
     results: list[Result] = []
@@ -318,7 +338,7 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         for lab in needed:
             labs[lab] = _prepare_lab(course, scratch, lab, solutions, labs_release, judges, release_nbs[lab], notes)
         ctx = _Context(course, cfg, timeout, iso, scratch, budget or default_budget(course.timeout), labs,
-                       all_keys, secret, feedback_outputs=feedback_outputs)
+                       all_keys, secret, feedback_outputs=feedback_outputs, manual=manual_now)
         students = sorted({s.student for s in coll.submissions})
         ids = {st: f"s{k + 1:03d}" for k, st in enumerate(students)}
         fkeys = file_keys(students)
@@ -379,10 +399,34 @@ def grade(submissions: str | Path, labs_release: str | Path = "labs", solutions:
         if tmp is not None:
             tmp.cleanup()
     report = GradeReport(results, [(str(p), why) for p, why in coll.unattributed],
-                         [(str(p), why) for p, why in coll.ignored], notes, out_dir, iso.describe())
+                         [(str(p), why) for p, why in coll.ignored], notes, out_dir, iso.describe(), manual_rows)
     if out_dir is not None:
         write_outputs(report, out_dir)
     return report
+
+
+def _manual_scores(coll, release_nbs: dict, out_dir: Path | None, manual, notes: list) -> tuple[list, dict]:
+    """The manual scores for this run: the store an earlier run left in `out_dir` (rows that no longer fit
+    are left out, with a note), then the instructor's `manual` file over it (every bad row refused).
+    Returns (the store's rows after this run, {(student, lab): {grade_id: ManualScore}})."""
+    graded = {(s.student, s.assignment): written_parts(release_nbs[s.assignment]) for s in coll.submissions}
+    stored = []
+    if out_dir is not None and (out_dir / STORE).is_file():
+        try:
+            stored = read_scores(out_dir / STORE)
+        except ManualScoreError as e:
+            raise ManualScoreError(f"the manual scores kept by an earlier run cannot be read (fix or remove "
+                                   f"{out_dir / STORE}): {e}") from None
+    others = set(release_nbs) - {lab for _, lab in graded}      # labs this run does not grade (--assignment)
+    now, dropped = check_scores(stored, graded, strict=False, other_labs=others)
+    notes += dropped
+    new = []
+    if manual is not None:
+        new = read_scores(manual)
+        entered, _ = check_scores(new, graded, strict=True, other_labs=others)
+        for key, parts in entered.items():
+            now.setdefault(key, {}).update(parts)
+    return merge_rows(stored, new), now
 
 
 def _prepare_lab(course: CourseDir, scratch: RunScratch, lab: str, solutions: Path, labs_release: Path,
@@ -406,9 +450,10 @@ def _prepare_lab(course: CourseDir, scratch: RunScratch, lab: str, solutions: Pa
             raise ValueError(f"{judge_path} does not match the release's test cells"
                              + (f": no part for {', '.join(missing)}" if missing else "")
                              + (f"; parts for no test cell: {', '.join(extra)}" if extra else ""))
+        written = written_rubric(judge, lab, written_parts(release_nb))
         lib = scratch.lib_for(lab, judge.withheld)
         return _Lab(str(judge_path), order, release_mistakes(release_nb), str(lib),
-                    answer_table(source_nb, judge.references), clean=judge.clean)
+                    answer_table(source_nb, judge.references), clean=judge.clean, written=written)
     except (LabBuildError, OSError, ValueError, SyntaxError, ImportError) as e:
         empty.error = f"{type(e).__name__}: {e}"
         return empty
@@ -432,9 +477,10 @@ def _wrong_lab(nb, lab: str, release_keys: dict) -> str | None:
     return None
 
 
-def _merge(course: CourseDir, sid: str, lab: str, scores: dict) -> None:
+def _merge(course: CourseDir, sid: str, lab: str, scores: dict, manual: dict | None = None) -> None:
     """Write one submission's scores into the instructor's gradebook (replacing an earlier entry). A cell
-    with no score (None) is left for the instructor (needs manual grading)."""
+    with no score (None) is left for the instructor (needs manual grading), unless `manual` ({grade_id:
+    score}: the instructor's validated scores) gives it one."""
     from nbgrader.api import MissingEntry
 
     with quiet_nbgrader(), warnings.catch_warnings(), course.gradebook() as gb:
@@ -450,6 +496,9 @@ def _merge(course: CourseDir, sid: str, lab: str, scores: dict) -> None:
                 auto = scores.get(g.name, 0.0)
                 g.auto_score = auto
                 g.needs_manual_grade = auto is None
+                if (manual or {}).get(g.name) is not None:
+                    g.manual_score = float(manual[g.name])
+                    g.needs_manual_grade = False
         gb.db.commit()
 
 
@@ -606,7 +655,8 @@ def _with_uid(iso: Isolation, uid: int) -> Isolation:
 
 def _feedback(ctx: _Context, r: Result, session, release_nb, out_dir: Path | None) -> None:
     """The student's feedback page (feedback.py)."""
-    fb_nb = feedback_notebook(session.executed, release_nb, session.verdict, ctx.feedback_outputs)
+    written = {gid: {**w, **r.manual.get(gid, {})} for gid, w in ctx.labs[r.assignment].written.items()}
+    fb_nb = feedback_notebook(session.executed, release_nb, session.verdict, ctx.feedback_outputs, written=written)
     html = render_html(fb_nb, r.assignment, r.internal_id, ctx.course.db_url)
     if out_dir is not None:
         target = out_dir / "feedback" / (r.file_key or _slug(r.student)) / f"{r.assignment}.html"
@@ -635,7 +685,12 @@ def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: P
     scores = {gid: p.score for gid, p in verdict.parts.items()}
     for gid in manual_parts(release_nb):
         scores[gid] = None
-    _merge(course, sid, lab, scores)
+    entered = ctx.manual.get((r.student, lab), {})
+    written = ctx.labs[lab].written
+    r.manual = {gid: {"points": w["points"], "score": entered[gid].score if gid in entered else None,
+                      "comment": entered[gid].comment if gid in entered else "",
+                      "validated": gid in entered and entered[gid].validated} for gid, w in written.items()}
+    _merge(course, sid, lab, scores, {g: m["score"] for g, m in r.manual.items() if m["validated"]})
     executed = course.autograded(sid, lab)   # the executed notebook, kept in the instructor's course folder
     executed.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(session.executed, str(executed))
@@ -690,8 +745,9 @@ def _finish(ctx: _Context, r: Result, carry: dict | None, release_nb, out_dir: P
                           f"{Limits.cell_chars:,}, a notebook {Limits.notebook_chars:,}), and "
                           f"{session.messages_dropped} message(s) larger than {Limits.message_bytes // 2**20} MiB "
                           "were never read")
-    if manual:
-        r.flags.setdefault("needs_manual_grading", [c["grade_id"] for c in cells if c["needs_manual_grade"]])
+    unexpected = [c["grade_id"] for c in cells if c["needs_manual_grade"] and c["grade_id"] not in r.manual]
+    if manual and unexpected:   # a written part waits in manual_pending, not here: this is any other hand-graded cell
+        r.flags.setdefault("needs_manual_grading", unexpected)
     r.messages.append(f"graded in {carry['elapsed']:.1f} s ({session.started} kernel start(s))"
                       + (f", kernel as {carry['user']}" if carry["user"] else ""))
     r.log = "\n".join(lines + r.messages) + "\n"
@@ -720,6 +776,19 @@ def _read_text(path: Path) -> str:
 # outputs
 
 CSV_COLUMNS = ["student", "assignment", "score", "max_score", "status", "flags", "file"]
+# then what the instructor grades by hand: the autograded share, the written parts' validated scores, the
+# parts still waiting (empty: the score is final), and one column per written part (empty until scored)
+MANUAL_COLUMNS = ["auto_score", "manual_score", "manual_pending"]
+
+
+def _manual_cells(r: Result, written_ids: list[str]) -> list[str]:
+    if r.score is None:
+        return [""] * (len(MANUAL_COLUMNS) + len(written_ids))
+    done = {g: m["score"] for g, m in r.manual.items() if m.get("validated")}
+    manual = sum(done.values())
+    pending = " ".join(f"{g}({r.manual[g]['points']:g})" for g in r.manual_pending)
+    return ([_fmt(round(r.score - manual, 4)), _fmt(float(manual)) if r.manual else "", pending]
+            + [_fmt(float(done[g])) if g in done else "" for g in written_ids])
 
 
 def _fmt(x):
@@ -752,8 +821,10 @@ def csv_safe(text: str) -> str:
 def write_outputs(report: GradeReport, out: Path) -> None:
     """grades.csv, report.json and not_graded.txt (and the project's leaderboard)."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = [CSV_COLUMNS] + [[csv_safe(r.student), csv_safe(r.assignment), _fmt(r.score), _fmt(r.max_score), r.status,
-                             csv_safe(r.flag_text), csv_safe(r.file)] for r in report.results]
+    written_ids = sorted({g for r in report.results for g in r.manual})
+    rows = [CSV_COLUMNS + MANUAL_COLUMNS + written_ids] + [
+        [csv_safe(r.student), csv_safe(r.assignment), _fmt(r.score), _fmt(r.max_score), r.status,
+         csv_safe(r.flag_text), csv_safe(r.file)] + _manual_cells(r, written_ids) for r in report.results]
     buf = io.StringIO(newline="")
     csv.writer(buf).writerows(rows)
     write_text(out / "grades.csv", buf.getvalue())
@@ -765,6 +836,9 @@ def write_outputs(report: GradeReport, out: Path) -> None:
     lines = [f"{p}\t{w}" for p, w in report.not_graded] + [f"{p}\tskipped: {w}" for p, w in report.ignored]
     write_text(out / "not_graded.txt", "\n".join(lines) + ("\n" if lines else ""))
     write_leaderboard(report.results, out, csv_safe)   # the final project's, when one was graded
+    if report.manual_rows or (out / STORE).exists():   # kept for the next run (a regrade keeps the scores)
+        write_rows(out / STORE, report.manual_rows or [])
+    write_todo(out / TODO, [r for r in report.results if r.score is not None])
 
 
 SUMMARY_LINES = 40
@@ -799,6 +873,10 @@ def summary(report: GradeReport) -> str:
     if report.ignored:
         lines.append(f"skipped ({len(report.ignored)}):")
         lines += _capped([f"  {terminal_safe(p)}: {terminal_safe(w)}" for p, w in report.ignored])
+    pending = sum(len(r.manual_pending) for r in report.results if r.score is not None)
+    if pending:
+        lines.append(f"{pending} written part(s) wait for your score: fill in manual_todo.csv and pass it with "
+                     "--manual (the scores column of grades.csv counts only what is scored)")
     for w in report.warnings:
         lines.append(f"warning: {terminal_safe(w)}")
     if report.isolation:

@@ -11,6 +11,8 @@ nbgrader's feedback template) still comes from the grader's side only:
 * under each test cell, the judge's verdict: the part's score, the cases passed per group, the first
   failing cases with their messages (their inputs, what was expected, what came), and the misconceptions
   recognized (the lab's public ``MISTAKES`` texts);
+* under each written part (a manually graded answer: `manual.py`), its rubric from the judge, and the
+  instructor's score and comment once validated ("waiting for your instructor" before);
 * the kernel's outputs of the other cells as text only (no images, HTML, JavaScript or widgets: a note says
   so; errors cut to their last line when long), capped; ``outputs="none"`` shows none of them.
 
@@ -19,6 +21,7 @@ Scores come from the judge through the instructor's gradebook (nbgrader's GetGra
 from __future__ import annotations
 
 import copy
+import html
 import os
 import re
 from pathlib import Path
@@ -120,10 +123,28 @@ def verdict_text(part) -> str:
     return "\n".join(lines) + "\n"
 
 
-def feedback_notebook(executed_nb, release_nb, verdict, outputs: str = "shown", limit: int = MAX_OUTPUT_CHARS):
+def written_text(gid: str, part: dict) -> str:
+    """What the page shows under a written part: its score (or that it waits), the instructor's comment and
+    the rubric. `part`: points, rubric [(points, criterion)], and score, comment, validated when entered.
+    The instructor's and the rubric's text is escaped: shown as written, never as markup."""
+    validated = part.get("validated") and part.get("score") is not None
+    head = (f"**Instructor: {part['score']:g} / {part['points']:g} points** (written part `{gid}`)" if validated
+            else f"**Written part `{gid}` ({part['points']:g} points): graded by your instructor; "
+                 "the score is not in yet.**")
+    lines = [head, ""]
+    if validated and part.get("comment"):
+        comment = html.escape(part["comment"]).replace("\n", "<br>")
+        lines += [f"> *Comment:* {comment}", ""]
+    lines.append("Rubric:")
+    lines += [f"- {p:g} point{'s' if p != 1 else ''}: {html.escape(text)}" for p, text in part.get("rubric", [])]
+    return "\n".join(lines)
+
+
+def feedback_notebook(executed_nb, release_nb, verdict, outputs: str = "shown", limit: int = MAX_OUTPUT_CHARS,
+                      written: dict | None = None):
     """The notebook to render for one graded submission: `executed_nb` (the repaired submission with the
     kernel's outputs, test cells not run), `release_nb` (the lab as students got it), `verdict` (the judge's
-    `Verdict`, or None)."""
+    `Verdict`, or None), `written` ({grade_id: rubric and manual score}: `written_text`)."""
     if outputs not in OUTPUT_MODES:
         raise ValueError(f"outputs must be one of {', '.join(OUTPUT_MODES)}, got {outputs!r}")
     release = {_gid(c): c for c in release_nb.cells if _gid(c)}
@@ -150,6 +171,10 @@ def feedback_notebook(executed_nb, release_nb, verdict, outputs: str = "shown", 
             cell = nbformat.v4.new_markdown_cell(as_text_block(str(src)), metadata=meta)
         cell["id"] = f"feedback-{k}"
         cells.append(cell)
+        if gid and rel is not None and gid in (written or {}):
+            cells.append(nbformat.v4.new_markdown_cell(written_text(gid, written[gid]),
+                                                       metadata={"course_written": gid}))
+            cells[-1]["id"] = f"feedback-{k}-written"
         if ctype != "code":
             continue
         if is_test:

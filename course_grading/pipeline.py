@@ -4,6 +4,7 @@
     course grade SUBMISSIONS [--labs-release labs] [--solutions solutions] [--judges judges] [--out grades]
                  [--secret-file FILE] [--timeout 60] [--assignment labNN] [--workdir DIR]
                  [--config nbgrader_config.py] [--jobs N|auto] [--feedback-outputs shown|none]
+                 [--manual scores.csv]
 
 build-labs drives nbgrader's generate_assignment; grade runs each submission in a sandboxed kernel and
 judges it in the grader's own process (`judging.py`, the labs' judges in judges/), keeping nbgrader's
@@ -18,6 +19,7 @@ gradebook for the scores and manual grading. The pieces, usable from Python:
     run_submission(nb, spec, connection_file, judge_fn, limits) -> SessionResult   (session.py)
     feedback_notebook(executed_nb, release_nb, verdict)                            (feedback.py)
     grade(submissions, labs_release, solutions, out, ...)      -> GradeReport      (autograde.py)
+    read_scores(csv), check_scores(rows, graded)               manual scores of the written parts (manual.py)
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from .build import (LabBuild, LabBuildError, answer_sources, build_labs, build_o
 from .collect import Collection, Submission, collect, parse_name, read_submission, strip_copy_decorations
 from .feedback import OUTPUT_MODES, feedback_notebook
 from .judging import Judge, Verdict, judge_parts, load_judge
+from .manual import ManualScore, ManualScoreError, check_scores, read_scores
 from .repair import Findings, repair
 from .sandbox import DEFAULT_MEMORY_GB, LEVELS, Isolation, SandboxUnavailable, bwrap_argv, probe
 from .session import Limits, run_submission
@@ -42,7 +45,7 @@ __all__ = ["build_labs_main", "grade_main", "build_labs", "build_ok", "find_leak
            "strip_copy_decorations", "Collection", "Submission", "repair", "Findings", "grade", "summary",
            "read_submission", "feedback_notebook", "write_outputs", "GradeReport", "Result", "Isolation",
            "SandboxUnavailable", "probe", "bwrap_argv", "Judge", "Verdict", "judge_parts", "load_judge",
-           "Limits", "run_submission"]
+           "Limits", "run_submission", "ManualScore", "ManualScoreError", "read_scores", "check_scores"]
 
 
 def build_labs_main(argv: list[str] | None = None) -> int:
@@ -118,7 +121,9 @@ isolation (printed first; see README "For instructors"): bwrap (bubblewrap: a pr
   and files together). --require-sandbox refuses to grade without bubblewrap.
 
 outputs (in --out): feedback/<student>/<lab>.html for each student; for you only: grades.csv (student,
-  assignment, score, max_score, status, flags, file), report.json (per-part scores and cases, repairs,
+  assignment, score, max_score, status, flags, file, auto_score, manual_score, manual_pending, then one
+  column per written part), manual_todo.csv (the written parts waiting for your score), manual_scores.csv
+  (every manual score entered, kept for the next run), report.json (per-part scores and cases, repairs,
   messages), logs/, not_graded.txt (feedback and logs are named by a file-safe student id, with a short hash
   added where two ids collide; CSV cells starting with = + - @ get a leading ' so a spreadsheet does not run
   them); for the final project (lab13): leaderboard.csv and leaderboard.html
@@ -134,6 +139,15 @@ jobs: --jobs N grades N submissions at a time, each in its own sandbox and scrat
   is root, as a fresh user id of its own (bubblewrap without root: each in its own namespaces); the grades and
   files are those of --jobs 1. --jobs auto: one per two cores, within memory. Default 1 (time limits are
   wall-clock: a busy machine could push a slow submission over them).
+written parts (manually graded answer cells, rubric in the judge's WRITTEN): left for you, never judged;
+  score = the autograded points + the validated manual scores, max_score = all points, manual_pending names
+  the written parts not scored yet (empty: the score is final). --manual FILE merges your scores: a CSV
+  with columns student, lab, grade_id, score and optionally comment (shown to the student) and validated
+  (yes/no: a score not validated is a draft, neither counted nor shown); manual_todo.csv is such a file,
+  to fill in. A row naming no graded student, lab or written part, or a score outside 0..points or not a
+  number, stops the run before grading (exit 2), each such row named (rows of a lab --assignment leaves
+  out wait for the run that grades it). Scores entered are kept in
+  --out's manual_scores.csv: a regrade into the same folder keeps them (a later row replaces an earlier).
 status: ok | repaired (safe automatic repair, see flags) | review (a human should look: also wrong_lab,
   kernel_died, time_budget, memory_limit, output_limit, reference_import, judge_failed) |
   error (not graded: unreadable, too_large, kernel_failed; score left empty, never 0)
@@ -190,6 +204,10 @@ def grade_main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-limit", type=float, default=DEFAULT_MEMORY_GB, metavar="GiB",
                    help=f"memory limit of a submission (default: {DEFAULT_MEMORY_GB:g}; 0: none): for all its "
                         "processes and files together where a cgroup can be made (root), else per process")
+    p.add_argument("--manual", default=None, metavar="CSV",
+                   help="the scores you gave the written parts (columns student, lab, grade_id, score, comment, "
+                        "validated; manual_todo.csv of an earlier run is one to fill in), merged into grades.csv "
+                        "and the feedback; kept in --out for later runs")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     args = p.parse_args(argv)
     users = [u.strip() for u in args.sandbox_user.split(",") if u.strip()] if args.sandbox_user else None
@@ -200,12 +218,13 @@ def grade_main(argv: list[str] | None = None) -> int:
                        echo=None if args.quiet else (lambda s: print(s, flush=True)), isolation=args.isolation,
                        require_sandbox=args.require_sandbox, budget=args.budget, memory_gb=args.memory_limit,
                        sandbox_user=users, jobs=args.jobs, feedback_outputs=args.feedback_outputs,
-                       progress="bar" if bar else None, judges=args.judges, secret_file=args.secret_file)
+                       progress="bar" if bar else None, judges=args.judges, secret_file=args.secret_file,
+                       manual=args.manual)
     except (FileNotFoundError, FileExistsError, ValueError, SandboxUnavailable) as e:
         print(f"course grade: {e}", file=sys.stderr)
         return 2
     print(summary(report))
     board = " and the project's leaderboard.csv/.html" if any(r.project for r in report.results) else ""
-    print(f"\nwrote {report.out}/: feedback/<student>/ for each student; grades.csv, report.json, logs/, "
-          f"not_graded.txt{board} for you")
+    print(f"\nwrote {report.out}/: feedback/<student>/ for each student; grades.csv, manual_todo.csv, "
+          f"manual_scores.csv, report.json, logs/, not_graded.txt{board} for you")
     return 0 if report.ok else 1

@@ -430,3 +430,16 @@ def mutants():
               "    e2e = ttft + (n_tokens - 1) * tpot": "    e2e = ttft + n_tokens * tpot"})},
          ["top_p_drop", "e2e_n_gaps"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_request_model": {"points": 2, "rubric": [
+        (1, "quotes their own predicted and measured E2E and the ratio, and explains why the constant-TPOT "
+            "assumption holds with a KV cache (one token per step, attention over a short context negligible)"),
+        (1, "names what moves the measured ratio (TPOT averaged over only a few gaps; fastest of three runs "
+            "drops bursts) and explains that without a cache step cost grows with the sequence, so the model "
+            "underestimates by more as n grows"),
+    ]},
+}

@@ -209,3 +209,17 @@ def critical_batch(d_in, d_out, bytes_per_element, peak_flops, bandwidth):
 '''},
          ["critical_weights_only"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_roofline_gap": {"points": 2, "rubric": [
+        (1, "quotes their own predicted and measured step and ratio, and identifies the memory floor as "
+            "binding because a batch-1 step's intensity (about 0.5 FLOP/byte for fp32 weights) is below their"
+            " ridge"),
+        (1, "explains the gap by a fixed per-operator cost the roofline leaves out, estimated per operator "
+            "from their numbers, and argues the ratio falls towards 1 for a 7B model (bytes per operator "
+            "grow, the overhead does not)"),
+    ]},
+}

@@ -378,3 +378,17 @@ def mutants():
               "    return bits + scale_bits / group_size": "    return float(bits)"})},
          ["nf4_bucketize", "bits_no_scales"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_bits_and_error": {"points": 2, "rubric": [
+        (1, "quotes their own dB per bit per tensor and per group, explains the ~6 dB per bit by the step "
+            "halving, and where it departs at 2-3 bits (the largest weight sets the step, most weights round "
+            "to 0)"),
+        (1, "explains why groups help (each group's own maximum, a smaller step) and compares NF4 with int4 "
+            "at the same block, attributing the gain to levels at normal quantiles; notes predicted and "
+            "measured bits agree because both count the same stored bytes"),
+    ]},
+}

@@ -243,3 +243,17 @@ def mutants():
               "    return bits + scale_bits / group_size"})},
          ["no_feedback", "zero_point_forgotten"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_gptq_vs_rtn": {"points": 2, "rubric": [
+        (1, "quotes their own GPTQ and RTN errors on calibration and held-out inputs with both ratios, and "
+            "explains that GPTQ minimizes the output error on the calibration inputs by compensating each "
+            "column's rounding error on the remaining columns (through the inverse Hessian)"),
+        (1, "explains the held-out difference by how well the calibration covariance describes other inputs "
+            "(fitting the calibration batch), and proposes a remedy with its reason (more varied calibration "
+            "data, larger damping)"),
+    ]},
+}

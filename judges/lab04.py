@@ -321,3 +321,16 @@ def mutants():
               "        embeddings = V * D * (1 if cfg.tie_word_embeddings else 2)": "        embeddings = 2 * V * D"})},
          ["no_t2", "tied_twice"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_cost_ratio": {"points": 2, "rubric": [
+        (1, "quotes their own predicted and measured c, and names at least two costs that do not scale with "
+            "parameters (per-call overhead, embedding gather / LM head share, attention, threading favouring "
+            "large matmuls), with the direction each moves c"),
+        (1, "computes Module 08's speed-up (2.77 tokens per pass) with both c values correctly and draws the "
+            "consequence for choosing a draft (measure c; parameter count overstates the gain)"),
+    ]},
+}

@@ -433,3 +433,16 @@ class KVCache:
              "        return self.seen[0] if self.seen else 0": "        return self.k[0].shape[2] if self.k else 0"})},
          ["sinks_dropped", "seen_vs_stored"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_cache_bytes": {"points": 2, "rubric": [
+        (1, "quotes their own predicted, measured and storage bytes for both caches and explains each "
+            "difference (or the agreement) from how their cache holds its tensors (slice or view keeps its "
+            "base alive; concatenation copies; preallocation reserves capacity)"),
+        (1, "says storage (not the formula) bounds the batch on a device and names something else the formula"
+            " misses there (allocator caching, transient copies during cat, preallocated maximum length)"),
+    ]},
+}

@@ -592,3 +592,17 @@ def mutants():
              "        out[b] = (s.softmax(-1) @ v).transpose(0, 1).reshape(H, d)"})},
          ["gqa_modulo"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_paged_waste": {"points": 2, "rubric": [
+        (1, "quotes their own predicted, measured and rule-of-thumb waste at two block sizes, and attributes "
+            "the rule's error to the narrow templated range, whose waste depends on where 129-136 falls in its "
+            "last block (an underestimate at 16 and 64, about right or over at 256)"),
+        (1, "explains the pool fraction as a slot-weighted average dominated by the long documents, and picks"
+            " a block size with the cost of going smaller (bigger block tables, more bookkeeping, smaller "
+            "reads)"),
+    ]},
+}

@@ -465,3 +465,15 @@ def mutants():
              "    out.append(int(torch.multinomial(p[g], 1, generator=generator)))\n": ""})},
          ["no_bonus"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_speedup_model": {"points": 2, "rubric": [
+        (1, "quotes their own a, c, and predicted vs measured tokens per pass and speed-up for at least two g"),
+        (1, "explains the disagreements by named broken assumptions (acceptances correlated along the text, "
+            "not independent; verification costing more than one step on a CPU without a cache, growing with "
+            "g; per-pass overhead) and compares the g the measurement and the model favour"),
+    ]},
+}

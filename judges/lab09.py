@@ -341,3 +341,16 @@ def mutants():
                    "            if nb > free:\n                continue\n"})},
          ["fcfs_skip"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_makespan": {"points": 2, "rubric": [
+        (1, "quotes their own predicted and simulated makespans for uniform batches and explains the "
+            "agreement as the same deterministic step model (not a noisy measurement)"),
+        (1, "explains why the longest-request formula over-estimates a mixed batch (requests finish; fewer, "
+            "shorter decode steps) and why continuous batching gains more there than on a uniform batch; "
+            "names something a real GPU adds"),
+    ]},
+}

@@ -303,3 +303,16 @@ def mutants():
               "    return sum(max(0, x - cap) for x in loads)": "    return max(0, N * k - len(loads) * cap)"})},
          ["no_capacity", "pooled_capacity"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_capacity": {"points": 2, "rubric": [
+        (1, "quotes their own loads and predicted / measured drops at two capacity factors, and explains the "
+            "exact agreement (drops = sum of max(0, load - capacity); order picks which, not how many)"),
+        (1, "computes the factor where drops vanish (max load over the even load) and discusses what a drop "
+            "costs (residual only) against the costs of more capacity (padding) or a balancing loss (router "
+            "constrained)"),
+    ]},
+}

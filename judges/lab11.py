@@ -188,3 +188,16 @@ def mutants():
               "    return (p - 1) / (m + p - 1)": "    return (p - 1) / m"})},
          ["bias_every_rank", "bubble_over_m"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_bubble": {"points": 2, "rubric": [
+        (1, "quotes their own predicted, ideal-timeline and measured bubbles for two m, explains the exact "
+            "match of the ideal timeline ((p-1) slots of start-up over m+p-1) and why a slow stage enlarges "
+            "the bubble"),
+        (1, "explains the measured excess (transfers, CPU sharing; per micro-batch, so not removed by larger "
+            "m), and computes m >= 28 for p = 4 under 10% with the cost of small micro-batches"),
+    ]},
+}

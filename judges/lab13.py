@@ -407,3 +407,15 @@ def predict_positions(prompt_len, new_tokens):
 '''},
          ["last_token_fed"]),
     ]
+
+
+# The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
+# the student's notebook; the feedback page shows it with the instructor's score and comment.
+WRITTEN = {
+    "written_report": {"points": 2, "rubric": [
+        (0.5, "Method line states what the entry does, concretely (not the template)"),
+        (1, "reports their own speed-up with its spread and what each change gave, and explains it against "
+            "Part B's predicted positions saved (a fixed per-step cost the cache does not remove)"),
+        (0.5, "reports what did not work, with a measured or reasoned cause"),
+    ]},
+}

@@ -23,7 +23,8 @@
 #   grades, the course's metrics and sampling functions are not in the library at all.
 # * Parts marked **contract** give what the function takes, returns and refuses, not the steps: the steps are
 #   in hints you open on purpose (the ▸ lines). Try without them first.
-# * Everything runs on a CPU in seconds. Total: 12 points.
+# * Everything runs on a CPU in seconds. Total: 14 points, 2 of them a written analysis your
+#   instructor grades (Part G).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -482,6 +483,38 @@ except RuntimeError as e:
 #   p = 0.8, how many tokens does top-p keep, and how many if it ran on the unscaled logits?
 # * A GPU rented at $2.00/h serves 1,500 tokens/s in total over its batch. What does 1M output tokens cost?
 #   Batching more requests doubles the total throughput but makes each user's TPOT 30% longer: the cost now?
+
+# %% [markdown] id="cw00p"
+# ## Part G · Written analysis: the request model against your run (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Run the "Predicted, then measured" cell
+# first (it is skipped while grading), then answer in 100 to 200 words in the cell below, about **your** numbers:
+#
+# 1. quote your predicted and measured E2E for the long request and their ratio;
+# 2. explain the gap you see: which assumption of E2E = TTFT + (n - 1) × TPOT holds here, and why (what one
+#    decode step does with a KV cache), and what in the measurement itself moves the ratio (how many gaps the
+#    short run's TPOT is the mean of; why the cell keeps the fastest of three runs);
+# 3. say which way the prediction would miss without a KV cache (`cache=None`), and why the miss grows with n.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw00" nbgrader={"grade": true, "grade_id": "written_request_model", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# On my run the 4-token request gave TTFT [t] ms and TPOT [s] ms; `predict_request` predicted [p] ms for 24
+# tokens and the 24-token run measured [m] ms: measured / predicted = [m/p], within about 10%.
+#
+# The model assumes every decode step costs the same. With a KV cache that holds: each step pushes one token
+# through the same weights (the matmuls dominate on this model) and its attention reads a context of 10 to 30
+# tokens, a negligible share, so step 20 costs about what step 2 did. What moves the ratio is the measurement:
+# the short run's TPOT is the mean of only 3 gaps, so one slow gap (another process, a page fault) shifts it by
+# a third of its size, and the 23 predicted gaps inherit that error; keeping the fastest of three runs removes
+# bursts that only ever slow a run down, so both numbers estimate the undisturbed cost.
+#
+# Without a cache every step recomputes the whole sequence: step i processes prompt + i tokens, so its cost
+# grows with i (linearly in the matmuls, quadratically in attention). The TPOT measured over the first few
+# steps is then too small for the later ones, the model underestimates, and the miss grows with n: the last
+# steps of a long request process up to n more tokens each than the steps the short run timed.
 
 # %% [markdown] id="c023" tags=["answer-key"]
 # ### Answer key

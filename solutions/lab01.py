@@ -15,7 +15,7 @@
 #   design them; hints you open on purpose (the ▸ lines) hold a recipe. Exercise 6 is a **prediction**: the
 #   time of a decode step on your own device, which the last cell then measures.
 #
-# 6 exercises: 2 + 2 + 2 + 2 + 2 + 3 = 13 points.
+# 7 exercises: 2 + 2 + 2 + 2 + 2 + 3 + 2 (written, graded by your instructor) = 15 points.
 
 # %% id="c003"
 import math
@@ -391,6 +391,40 @@ else:
 # * Your measured decode step of the bundled model is many times the prediction. Name two costs the roofline
 #   leaves out, and one technique from a later module that removes each.
 
+
+# %% [markdown] id="cw01p"
+# ## Exercise 7 — Written analysis: the roofline against your decode step (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Run the extension cell above first (it
+# is skipped while grading), then answer in 100 to 200 words, about **your** machine's numbers:
+#
+# 1. quote your predicted and measured decode step and their ratio, and say which floor your
+#    `predict_decode_step` found binding at batch 1 and why (the step's intensity against your ridge point);
+# 2. explain why the measured step of this 4.7 M-parameter model is so far above the bound, with an estimate
+#    from your numbers (for instance the time per operator the gap implies, if a step runs a few hundred);
+# 3. say whether the measured / predicted ratio would shrink or grow for a 7B model on the same machine, and
+#    why.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw01" nbgrader={"grade": true, "grade_id": "written_roofline_gap", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# On my machine ([bw] GB/s, [peak] GFLOP/s fp32: ridge [r] FLOP/byte) the roofline predicted [p] us for one
+# decode step and the step measured [m] us, [m/p] times more. At batch 1 every fp32 weight (4 bytes) serves one
+# multiply-add (2 FLOPs): about 0.5 FLOP/byte, far below the ridge, so the memory floor binds: 18.7 MB of
+# weights over the bandwidth.
+#
+# The roofline counts bytes and FLOPs only. A decode step of the bundled model runs about 6 layers x 15
+# operators (two norms, seven projections, RoPE, attention, SwiGLU, residual adds) plus the head and the argmax,
+# roughly 100 to 150 operator calls, and each pays a fixed cost in PyTorch (Python, dispatch, shape checks, the
+# allocator, waking the thread pool) whatever its size. The gap, [m - p] us over about 120 calls, is [x] us per
+# call: the size of an eager operator's overhead, so the step is overhead-bound, not memory-bound. (The 18.7 MB
+# partly fits in the caches, which would make the step faster than a bandwidth measured on large copies, not
+# slower.)
+#
+# For a 7B model (14 GB in fp16) the bytes per operator grow a thousandfold while the operator count grows only
+# with the layers (32 instead of 6), so the weights' read time dominates and the ratio falls towards 1 to 1.5.
 
 # %% [markdown] id="c022" tags=["answer-key"]
 # ### Answer key

@@ -21,7 +21,7 @@
 #   integer step, so `x ≈ codes * scale`. Round with `torch.round`. Codes may be any integer dtype
 #   (`torch.int8` is natural); scales are float tensors.
 #
-# 7 exercises: 3 + 3 + 3 + 2 + 1 + 4 + 2 = 18 points.
+# 8 exercises: 3 + 3 + 3 + 2 + 1 + 4 + 2 + 2 (written, graded by your instructor) = 20 points.
 
 # %% id="c003"
 import math
@@ -499,6 +499,39 @@ except RuntimeError as e:
 # * Exercise 4 packs element 2j in the low nibble; bitsandbytes (NF4) puts the first element in the high
 #   nibble, and Q4_0 pairs element j with element j + 16. Does the order change the memory or the error?
 #   What does it change?
+
+# %% [markdown] id="cw02p"
+# ## Exercise 8 — Written analysis: the bits you pay and the error you get (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Run "Try it on a real weight matrix"
+# first (it is skipped while grading), then answer in 100 to 200 words, about **your** printout:
+#
+# 1. how many dB does one more bit add, per tensor and per group of 32? Quote two rows, compare with the
+#    uniform-noise model's 6.02 dB per bit, and say where and why your numbers depart from it;
+# 2. explain why per-group scales help most at low bit widths (what sets absmax's step, and what one large
+#    weight does to it);
+# 3. compare NF4 with int4 absmax at the same block size: which has the higher SQNR on this matrix, why, and
+#    did your predicted bits per weight match the measured ones (why must they)?
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw02" nbgrader={"grade": true, "grade_id": "written_bits_and_error", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# From 6 to 7 bits my per-tensor SQNR went from [a] to [b] dB and per group of 32 from [c] to [d]: about 6 dB
+# per bit, as the uniform model says, because absmax's step is 2·max|w| / (2^b - 1) and one more bit halves it,
+# dividing the noise power Δ²/12 by four. At 2 and 3 bits the per-tensor numbers fall far below the line: the
+# step is set by the largest weight of the whole matrix, so most weights, much smaller, round to zero; the error
+# is then the weight itself and the noise model (error uniform within a step) no longer holds.
+#
+# A group of 32 has its own maximum, usually several times smaller than the matrix's, so its step is smaller:
+# a roughly constant gain of several dB at high bit widths, and at low ones the difference between weights
+# kept and weights zeroed, so the gap widens as the bits fall.
+#
+# NF4 beat int4 absmax with blocks of 64 by [e] dB: its 16 levels are quantiles of a normal distribution, dense
+# near zero where most of these roughly Gaussian weights lie, while int4's are evenly spaced up to the block's
+# maximum. The predicted and measured bits per weight agree exactly (4.125 and 4.5) because both count the
+# same stored bytes, codes plus scales: an accounting identity, not a model of behaviour.
 
 # %% [markdown] id="c022" tags=["answer-key"]
 # ### Answer key

@@ -18,7 +18,7 @@
 # * Conventions (those of `course_lib.quant`): an `nn.Linear` weight is `W [out, in]`, the layer computes
 #   `y = x @ W.T` for inputs `x [n, in]`.
 #
-# 3 exercises: 6 + 4 + 1 = 11 points.
+# 4 exercises: 6 + 4 + 1 + 2 (written, graded by your instructor) = 13 points.
 
 # %% id="c003"
 import torch
@@ -328,6 +328,40 @@ except RuntimeError as e:
 #    what does GPTQ turn into as `percdamp` grows very large?
 # 3. **Bytes of a model.** With your prediction, how many GB do the weights of a 7-billion-parameter model
 #    take in int4 with groups of 128, an fp16 scale and an 8-bit zero point per group, against fp16?
+
+# %% [markdown] id="cw03p"
+# ## Exercise 4 — Written analysis: GPTQ against round-to-nearest (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Run "Try it on the course model" first
+# (it is skipped while grading), then answer in 100 to 200 words, about **your** numbers:
+#
+# 1. quote GPTQ's and round-to-nearest's output error on the calibration inputs and on the held-out inputs,
+#    and the ratio GPTQ / RTN for each;
+# 2. explain why GPTQ wins on the calibration inputs (what it minimizes, and what it does with each column's
+#    rounding error), and why its advantage on held-out inputs is smaller, the same, or larger on your run;
+# 3. name one change that would make the held-out gain more reliable, and why it would.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw03" nbgrader={"grade": true, "grade_id": "written_gptq_vs_rtn", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# On my run GPTQ's output error was [g_c] against RTN's [r_c] on the calibration inputs (ratio [g_c/r_c]) and
+# [g_h] against [r_h] held out (ratio [g_h/r_h]): GPTQ wins on both, by less on the held-out inputs.
+#
+# RTN rounds every weight on its own and ignores the inputs. GPTQ minimizes the layer's output error
+# ||WX - ŴX||² on the calibration inputs: it quantizes one column at a time and spreads that column's rounding
+# error over the columns not yet quantized, weighted by the inverse Hessian H = 2XXᵀ, so errors along input
+# directions that the calibration data excite cancel in the output. That is an optimization on X itself, so it
+# is strongest there.
+#
+# On held-out inputs the compensation is only as good as XXᵀ describes them. Both sets are Python source, so
+# their covariances are close and most of the gain remains; the part fitted to the calibration batch's own
+# directions (1,024 positions, a sample of them) does not carry over.
+#
+# More and more varied calibration tokens (several thousand, from the same kind of text the model will see)
+# make XXᵀ a better estimate of the inputs' covariance; a larger damping (λI added to H) also trusts its
+# small, poorly estimated directions less, trading some calibration gain for held-out robustness.
 
 # %% [markdown] id="c020" tags=["answer-key"]
 # ### Answer key

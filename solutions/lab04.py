@@ -20,7 +20,8 @@
 #   course's reference implementation, so make it correct in general.
 # * Use `torch` and `torch.nn.functional`. Do not import the answers from `course_lib.distill`: the grader
 #   flags an answer that imports a reference, and while it grades, the references are not in the library.
-# * Everything runs on a CPU in seconds. Total: 12 points.
+# * Everything runs on a CPU in seconds. Total: 14 points, 2 of them a written analysis your
+#   instructor grades (Part E).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -314,6 +315,40 @@ else:
 #    length g maximizes it, and why does a longer draft stop paying?
 # 3. **Forward or reverse.** Your `kd_loss` is KL(teacher ‖ student). What changes in the student if you
 #    train it with KL(student ‖ teacher) instead, and which one suits a draft for speculative decoding?
+
+# %% [markdown] id="cw04p"
+# ## Part E · Written analysis: the parameter ratio against the measured cost (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Run the measurement cell above first (it
+# is skipped while grading), then answer in 100 to 200 words, about **your** numbers:
+#
+# 1. quote your predicted `c` and the measured one, and the measured / predicted ratio;
+# 2. explain the gap: name at least two costs of a forward pass that do not scale with the parameter count,
+#    and say which of the two models each one hurts relatively more (so, which way it moves `c`);
+# 3. with Module 08's model (acceptance `a = 0.7`, `g = 4` drafts per pass, verification cost 1), compute the
+#    predicted speed-up with your predicted `c` and with your measured `c`, and say what the difference means
+#    for choosing a draft.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw04" nbgrader={"grade": true, "grade_id": "written_cost_ratio", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# My prediction was c = 0.0955 (446,848 parameters against 4,680,960); the measured c was [c_m], [c_m / 0.0955]
+# times the prediction.
+#
+# The parameter ratio assumes a forward pass costs its weights. Three costs do not scale that way. The fixed
+# cost of every operator call (Python, dispatch) is about the same per call in both models, and the draft's one
+# layer still runs a norm, the projections, RoPE, attention and the MLP: a larger share of its small total,
+# which raises c. Threads speed up the target's larger matmuls more than the draft's small ones: c rises again.
+# The embedding table counts as parameters, but a lookup reads one row of it; the table is a far larger share
+# of the draft's parameters than of the target's, so this one pulls c below the ratio (unless the table is also
+# the LM head, which reads all of it). On my run the first two won: c landed above the prediction.
+#
+# With a = 0.7 and g = 4 a pass emits (1 - 0.7⁵) / 0.3 = 2.77 tokens. With c = 0.0955 it costs 4 x 0.0955 + 1 =
+# 1.38 target steps: a speed-up of 2.0. With my measured c = [c_m] it costs [4c_m + 1]: [2.77 / (4c_m + 1)].
+# A draft's worth is its measured cost, not its size: a draft ten times smaller in parameters can be only three
+# times cheaper, which can halve the gain.
 
 # %% [markdown] id="c020" tags=["answer-key"]
 # ### Answer key

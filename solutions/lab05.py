@@ -21,7 +21,8 @@
 #   them with the course's reference implementation, so make it correct in general.
 # * Use plain Python and `torch`. Do not import the answers from `course_lib.kvcache`: the grader flags an
 #   answer that imports a reference, and while it grades, the references are not in the library.
-# * Everything runs on a CPU in seconds. Total: 13 points.
+# * Everything runs on a CPU in seconds. Total: 15 points, 2 of them a written analysis your
+#   instructor grades (Part E).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -476,6 +477,39 @@ except NotImplementedError:
 #    take for one sequence of 131 072 tokens, and with 4 sinks and a window of 4092?
 # 3. **Heavy hitters.** H2O [@zhang2023h2o] keeps the most-attended tokens instead of the
 #    first ones. What does its cache need from the model that yours does not, and what does that cost?
+
+# %% [markdown] id="cw05p"
+# ## Part E · Written analysis: the formula's bytes against your tensors (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Run the measurement cell above first (it
+# is skipped while grading), then answer in 100 to 200 words, about **your** table:
+#
+# 1. quote, for each of your two caches, the predicted bytes, the measured bytes and the storage;
+# 2. explain every place where two of the three numbers differ, from how your cache keeps its tensors (what a
+#    slice, a view, `torch.cat` and a preallocated buffer each keep alive); if all three agree, say which of
+#    your implementation choices made that so, and what other natural choice would have broken it;
+# 3. say which of the three numbers limits how many sequences fit on a real GPU, and what else the formula does
+#    not see there.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw05" nbgrader={"grade": true, "grade_id": "written_cache_bytes", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# After 40 generated tokens my full cache held [n] tokens: predicted [p1] bytes, measured [m1], storage [s1],
+# all equal; my sink cache held sinks + window = [n2] tokens: predicted [p2], measured [m2], storage [s2].
+#
+# The full cache grows with `torch.cat` along the sequence axis, which allocates a new tensor of exactly the
+# tokens held and frees the old one, so the formula (2 x layers x KV heads x head_dim x tokens x bytes), the
+# tensors' sizes and the memory behind them coincide. My sink cache evicts by building its kept keys from the
+# sinks and the last `window` positions; when it kept a slice such as `k[:, :, -window:]` without copying, the
+# slice's size matched the formula but its storage was the whole tensor it was cut from, the storage column's
+# excess. A `.contiguous()` copy or a `torch.cat` of the two pieces frees the base; a preallocated ring buffer
+# (a static cache) would show storage equal to its capacity from the first token.
+#
+# On a GPU the storage is what counts, and more than it: PyTorch's caching allocator keeps freed blocks,
+# `torch.cat` needs the old and the new tensor at once during the copy, and a preallocated cache reserves its
+# maximum length per sequence. The formula gives a lower bound on the memory per sequence, never the budget.
 
 # %% [markdown] id="c024" tags=["answer-key"]
 # ### Answer key

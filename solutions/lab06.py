@@ -25,7 +25,8 @@
 #   imported for you; do not use anything else from `course_lib.paged` in your answers: the grader flags an
 #   answer that does, and while it grades, the course's allocator, block manager and paged attention are
 #   not in the library at all.
-# * Everything runs on a CPU in seconds. Total: 15 points.
+# * Everything runs on a CPU in seconds. Total: 17 points, 2 of them a written analysis your
+#   instructor grades (Part F).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -634,6 +635,42 @@ print("Part E: visible tests passed")
 # * With `course_lib.paged.BlockManager(num_blocks, 16, prefix_caching=True)`, two requests share a
 #   100-token system prompt and then differ. How many blocks do they share, and what happens to the last 4
 #   tokens of the prompt?
+
+# %% [markdown] id="cw06p"
+# ## Part F · Written analysis: where the rule of thumb goes wrong (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Answer in 100 to 200 words, about the
+# table of "Your prediction against your block tables" (Part C; it is skipped while grading):
+#
+# 1. quote, for block sizes 16 and 256, your predicted waste, the measured one and the rule of thumb's;
+# 2. explain which kind of request in the mix makes the rule of thumb wrong, and why the direction of its
+#    error depends on the block size; then explain why the pool's waste is set mostly by another kind;
+# 3. choose a block size for this mix and say what a smaller one would cost instead.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw06" nbgrader={"grade": true, "grade_id": "written_paged_waste", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# At block size 16 I predicted [a] of the pool empty, measured [b], the rule of thumb said [c]; at 256, [d],
+# [e] and [f]. Prediction and measurement agree within the sampling noise of 400 requests; the rule of thumb
+# does not.
+#
+# The rule assumes a length is as likely to end anywhere in its last block. Templated requests of 129 to 136
+# tokens do not: with blocks of 16 they all end just past the 128 boundary, owning 144 slots for 129 to 136
+# tokens, 11.5 empty slots on average against the rule's 7.5; with blocks of 64 they own 192, 59.5 empty
+# against 31.5. A narrow range's waste depends on where it falls in its last block, so the rule can miss
+# either way: with blocks of 256 the same requests waste 123.5, a little under the rule's 127.5. The wide
+# ranges (chat turns, documents) cover many block cycles and follow the rule.
+#
+# The pool's fraction is empty slots over allocated slots of the whole batch, a slot-weighted average: the 20%
+# of documents (1,500 to 4,000 tokens) hold most of the allocated slots (at block 16, about 550 of the 670 an
+# average request holds) and waste at most one block of their many, so at 16 the pool wastes about 1.4% while a
+# templated request wastes 8% of its own slots; at 256 every kind wastes about half a block and the pool about
+# a sixth.
+#
+# For this mix I would take 16: the waste is about [a], and going to 8 saves little while it doubles the block
+# tables, the bookkeeping per token and the number of small reads an attention kernel makes per sequence.
 
 # %% [markdown] id="c017" tags=["answer-key"]
 # ### Answer key

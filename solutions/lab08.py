@@ -25,8 +25,8 @@
 # * Use plain Python and `torch`. Do not import the answers from `course_lib.speculative`: the grader flags
 #   an answer that does, and while it grades, the course's acceptance step and speed-up model are not in
 #   the library.
-# * Everything runs on a CPU in seconds (the measurement after Part B takes about a minute). Total: 10
-#   points.
+# * Everything runs on a CPU in seconds (the measurement after Part B takes about a minute). Total: 12
+#   points, 2 of them a written analysis your instructor grades (Part C).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -386,6 +386,42 @@ else:
 #   CPU, where scoring more tokens costs more)? Compare with `course_lib.speculative.optimal_draft_length`.
 # * Run `greedy_speculative` above with the real `tiny` / `tiny-draft` pair and count the passes: what is
 #   the measured tokens per pass, and which `a` does the formula of Part B need to predict it?
+
+# %% [markdown] id="cw08p"
+# ## Part C · Written analysis: the speed-up model against this machine (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Run "Your prediction against this
+# machine" first (it is skipped while grading; about a minute), then answer in 100 to 200 words, about **your**
+# numbers:
+#
+# 1. quote the measured `a` and `c`, and for two values of `g` the predicted and measured tokens per pass and
+#    speed-up;
+# 2. explain each disagreement by the assumption of the model it breaks: for the tokens per pass (is a
+#    draft's acceptance independent of the one before it?), and for the speed-up (what a verification pass
+#    and a pass's own bookkeeping cost here, on a CPU, with no KV cache);
+# 3. say which `g` your measurement favours, and whether the model picks the same one.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw08" nbgrader={"grade": true, "grade_id": "written_speedup_model", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# I measured a = [a] and c = [c]. At g = 2 the model predicted [t2] tokens per pass and I measured [m2]; at
+# g = 6, [t6] against [m6]. The speed-up predicted [s2] and [s6], measured [S2] and [S6].
+#
+# The tokens per pass disagree because acceptance is not independent: the draft agrees with the target in long
+# easy stretches (indentation, a closing bracket, a repeated name) and fails in clusters where the code is
+# surprising. Runs of acceptances are longer than a geometric law with the same mean predicts, so at large g
+# the measured tokens per pass exceed the model's, while at small g the two are close.
+#
+# The speed-up falls short for two reasons. The model takes a verification pass to cost one plain step; here,
+# without a KV cache on a CPU, the target recomputes the whole prefix and g + 1 more positions, and the CPU's
+# work grows with positions (it has no idle parallel units to absorb them as a GPU at batch 1 does), so
+# verifying costs more than 1, growing with g. And each pass pays Python bookkeeping (the acceptance step,
+# building the next input) that the model does not count.
+#
+# The measurement favoured g = [best], the model g = [model_best]: the model, with its cost of verification
+# held at 1, pushes g higher than this machine rewards.
 
 # %% [markdown] id="c017" tags=["answer-key"]
 # ### Answer key

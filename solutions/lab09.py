@@ -23,7 +23,8 @@
 #   random simulated workloads, so meet the contract exactly.
 # * Plain Python only; do not import `fcfs_schedule` or `blocks_needed` from `course_lib`: the grader flags
 #   an answer that does, and while it grades, the course's scheduler is not in the library. Everything
-#   runs on a CPU in seconds. Total: 12 points.
+#   runs on a CPU in seconds. Total: 14 points, 2 of them a written analysis your instructor grades
+#   (Part E).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -363,6 +364,40 @@ except NotImplementedError:
 # * Change the admission rule to keep a *watermark* (admit only if some blocks stay free for the running
 #   requests to grow into): fewer preemptions, but a smaller batch. Which gives the better p99 latency?
 # * Try `ChunkedPrefill(max_batch, token_budget, scheduler=schedule)`: your scheduler works unchanged.
+
+# %% [markdown] id="cw09p"
+# ## Part E · Written analysis: one formula, uniform and mixed batches (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Answer in 100 to 200 words, about the
+# output of the cell after Part D (it is skipped while grading):
+#
+# 1. quote two of your uniform batches' predicted and simulated makespans, and explain why they agree as
+#    closely as they do (is this a measurement?);
+# 2. for the batch of mixed lengths, quote the simulated makespan and what your formula gives with the longest
+#    request's lengths, and explain why the formula is only an upper bound there, and why continuous batching
+#    gains more over static batching on that batch than on a uniform one;
+# 3. name one thing a real GPU would add that the step model leaves out.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw09" nbgrader={"grade": true, "grade_id": "written_makespan", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# For B = [B1], P = [P1], O = [O1] I predicted [p1] ms and the simulator gave [s1] ms; for [B2, P2, O2], [p2]
+# and [s2]. They agree to rounding because the simulator charges each step with the same `cost.step_time` my
+# formula calls: one prefill step, then O - 1 decode steps whose context grows by B tokens each. This is an
+# identity checked on a deterministic model, not a measurement with noise.
+#
+# The 16 mixed requests took [s3] ms in the simulator; my formula with the longest prompt and output gives
+# [p3] ms. The formula pretends every request is as long as the longest: every decode step carries all B
+# sequences with the longest context. In fact the short requests finish and leave, so the later steps decode
+# fewer sequences over less context and cost less: the formula is an upper bound. Static batching holds every
+# finished request's slot until the batch's longest request ends, and a uniform batch has nothing to reclaim;
+# continuous batching admits waiting requests into freed slots, so its gain appears only when lengths differ.
+#
+# A real GPU adds what the step model does not: the KV pool's limit (preemption and recomputation when it
+# fills), kernel launch and Python overhead per step, and the step time's non-linear response to batch size
+# once the weights' read stops dominating.
 
 # %% [markdown] id="c025" tags=["answer-key"]
 # ### Answer key

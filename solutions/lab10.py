@@ -16,7 +16,8 @@
 # * The two contract parts state what the function must take, give, keep and refuse; how is up to you.
 #   The steps are in hints you can open.
 #
-# 4 exercises: 4 (contract) + 2 + 4 (contract) + 2 (prediction) = 12 points.
+# 5 exercises: 4 (contract) + 2 + 4 (contract) + 2 (prediction) + 2 (written, graded by your instructor)
+# = 14 points.
 
 # %% id="c003"
 import math
@@ -332,6 +333,40 @@ except NotImplementedError:
 #   does a factor of 2, twice the even share, still drop an assignment here?
 # * How many bytes does a 4096 x 4096 fp16 weight take dense, and in the 2:4 compressed format of sparse
 #   tensor cores (the kept values plus a 2-bit position for each)? What is the most a 2:4 matmul can gain?
+
+# %% [markdown] id="cw10p"
+# ## Exercise 5 — Written analysis: dropped assignments and the capacity factor (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Answer in 100 to 200 words, about the
+# output of the cell after Exercise 4 (it is skipped while grading):
+#
+# 1. quote the loads per expert and, for two capacity factors, the predicted and measured drops; explain why
+#    they agree exactly, although your dispatch decides which assignments to drop by a priority order;
+# 2. from the loads, compute the capacity factor at which nothing is dropped, and explain why the drops fall
+#    the way they do as the factor grows;
+# 3. say what a dropped assignment costs the model's output, and what each of the two remedies (a larger
+#    capacity factor, a balancing loss on the router) costs instead.
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw10" nbgrader={"grade": true, "grade_id": "written_capacity", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# The biased router gave loads [loads] (even would be 128 each: 512 tokens x 2 / 8). At capacity factor 1.0
+# (capacity 128) I predicted and dropped [d1]; at 1.25 (capacity 160), [d2]. They agree exactly because an
+# expert keeps min(load, capacity) of its assignments whatever the order: the priority order picks which
+# assignments are dropped, never how many, so the count is the sum over experts of max(0, load - capacity).
+#
+# Nothing is dropped once the capacity reaches the largest load: factor = max load / 128 = [max / 128]. Below
+# that, each step of the factor lowers the drops by the number of experts still over capacity times the step in
+# capacity, so the drops fall fast at first, while many experts overflow, then slowly, when only the most
+# crowded one does.
+#
+# A dropped assignment contributes nothing: the token gets its other expert's output only, or passes through
+# the residual connection alone if both were dropped, a silent change of the model's function. A larger
+# capacity factor reserves capacity x experts slots of compute and memory per batch, padding mostly empty
+# buffers when the load is even. A balancing loss spreads the load so a small factor suffices, but it pulls the
+# router away from the experts it would otherwise prefer, a possible cost in quality.
 
 # %% [markdown] id="c020" tags=["answer-key"]
 # ### Answer key

@@ -16,7 +16,7 @@
 # * Conventions: a linear layer computes `y = x @ W.T + b` with `W` of shape `[out, in]` (as
 #   `torch.nn.Linear` and `F.linear`). Rank `r` of `p` owns the `r`-th of `p` equal, contiguous slices.
 #
-# 4 exercises: 2 + 2 + 4 (contract) + 2 (prediction) = 10 points.
+# 5 exercises: 2 + 2 + 4 (contract) + 2 (prediction) + 2 (written, graded by your instructor) = 12 points.
 
 # %% id="c003"
 import os
@@ -272,6 +272,41 @@ except NotImplementedError:
 # * Notebook 11 shards the course's whole Llama this way (`course_lib.parallel.shard_model`): attention by
 #   heads, with grouped-query KV heads divided too; compare its logits with the single-process model.
 # * Try `check_mlp_on_ranks(d=8, f=8, batch=2, seed=1, world_size=4)`: four processes on your machine.
+
+# %% [markdown] id="cw11p"
+# ## Exercise 5 — Written analysis: the bubble formula against two real ranks (2 points)
+#
+# Graded by your instructor against a rubric, not by the tests. Answer in 100 to 200 words, about the
+# output of the cell after Exercise 4 (it is skipped while grading):
+#
+# 1. quote, for two values of `m`, the predicted bubble, the ideal timeline's and the measured one of the two
+#    gloo ranks; explain why the ideal timeline matches the formula, and what the unbalanced stage does to the
+#    bubble and why;
+# 2. explain why the measured bubble is above the prediction, and whether it falls with `m` as the formula says;
+# 3. with `p = 4` balanced stages, how many micro-batches keep the bubble under 10%, and what does raising `m`
+#    cost at a fixed global batch?
+#
+# A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
+
+# %% [markdown] id="cw11" nbgrader={"grade": true, "grade_id": "written_bubble", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+#
+# For m = [m1] the formula gives [f1], the ideal timeline [i1] and the two gloo ranks measured [g1]; for
+# m = [m2], [f2], [i2] and [g2]. The ideal timeline agrees with (p - 1) / (m + p - 1) exactly: with equal stages
+# the last stage starts after p - 1 slots and runs m slots, so the run lasts m + p - 1 slots, of which each rank
+# is busy m. With the second stage twice as slow it sets the pace: the first stage finishes its micro-batches
+# early and idles while the slow stage works through its queue (busy 3m slots of 2(1 + 2m)), so about a quarter
+# of the rank-time stays idle however large m is, where the formula goes to zero.
+#
+# The measured bubble is above the prediction because the hand-over is not free: each micro-batch's
+# activations are sent through gloo (serialization, a socket, a copy), and two processes share a busy CPU with
+# others, so a rank can wait for its turn to run. These costs come with every micro-batch, so they do not
+# shrink with m the way the start-up bubble does: the measured bubble falls with m, but towards the transfers'
+# share, not to zero.
+#
+# With p = 4, 3 / (m + 3) < 0.1 needs m > 27: at least 28 micro-batches. At a fixed global batch that makes each
+# micro-batch small: each stage's matmuls run at a lower batch, further from compute-bound, and the per-
+# micro-batch transfer and launch costs are paid 28 times.
 
 # %% [markdown] id="c019" tags=["answer-key"]
 # ### Answer key

@@ -15,7 +15,8 @@
 #
 # On a CPU the model is the bundled `tiny` (the course's hub switch loads SmolLM2-135M on a GPU), prompts
 # of 64 tokens, 16 new tokens. Write your code between the `# YOUR CODE HERE` markers (delete the
-# `raise NotImplementedError()`). Total: 8 points.
+# `raise NotImplementedError()`). Total: 10 points, 2 of them your report, which your instructor grades
+# (Part C).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import os
@@ -233,14 +234,41 @@ try:
 except NotImplementedError:
     print("finish Part B first")
 
-# %% [markdown] id="c012"
-# ## Report
+# %% [markdown] id="cw13p"
+# ## Part C · Report (2 points)
 #
-# Fill in the three lines below (keep the bold labels: the grader reads the **Method** line for the
-# leaderboard; your instructor reads the rest).
+# Graded by your instructor against a rubric, not by the tests. Fill in the cell below: keep its three bold
+# labels (the grader reads the first line that starts with the Method label for the leaderboard; your
+# instructor reads all three), 100 to 250 words in all:
 #
+# * *Method*: one line, what your `build` does;
+# * *What I measured*: your speed-up on this machine with its spread (Part A's visible test prints both), what
+#   each change you made gave on its own, and why your speed-up is what it is: compare it with Part B's
+#   prediction of the positions saved, and name what the cache does not remove;
+# * *What did not work*: what you tried that was slower or changed the output, and why, from what you measured.
+#
+# A full answer (2 points) reports your own numbers and explains them; a report without numbers earns at most 1.
+
+# %% [markdown] id="cw13" nbgrader={"grade": true, "grade_id": "written_report", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # **Method:** the course's baseline (replace this with one line: what your `build` does)
 #
 # **What I measured:** (your speed-up on this machine with its spread, and what each change gave)
 #
 # **What did not work:** (what you tried that was slower, or changed the output, and why)
+#
+# ### BEGIN SOLUTION
+# *(The reference entry's report: the numbers in brackets are what a student quotes from their own run.)*
+#
+# Method: a KV cache (Module 05), a fresh one per prompt, in a lean greedy loop: no trace, no per-call checks,
+# one copy to the host at the end.
+#
+# What I measured: [x]x over the baseline ([lo] to [hi], geometric mean of [n] rounds). The cache alone gave
+# most of it; dropping `generate`'s trace and checks added [y]%. Part B predicts [r]x fewer positions for a
+# 64-token prompt and its new tokens; the measured speed-up is smaller because a step also pays a
+# fixed cost the cache does not remove: every operator's dispatch and Python, about the same for one position
+# as for seventy, so at one position per step the step is overhead-bound.
+#
+# What did not work: [what the student tried and measured; for example `torch.compile` of the decode step with
+# a growing cache, which recompiles as the cache's length changes (Module 12) and on short generations can cost
+# more than it saves: the times with and without it, and the recompilations counted].
+# ### END SOLUTION

@@ -1,7 +1,8 @@
 """What every lab asks of a student, held by a test (the conventions are in CONTRIBUTING.md, "Labs"):
 
 1. a contract: parts marked ``(N points, contract)`` in their heading are specified by what they take, give,
-   keep invariant and refuse, not by steps; together they are worth at least a third of the lab's points.
+   keep invariant and refuse, not by steps; together they are worth at least a third of the lab's autograded
+   points (a written part, graded by hand against a rubric, is neither a contract nor a recipe).
    A contract part states a ``**Contract.**`` paragraph, and any step-by-step guidance is folded into a
    ``<details>`` hint the student opens on purpose (no numbered steps outside one);
 2. a prediction: at least one answer cell and one graded test cell whose grade_id starts with ``predict_``
@@ -42,13 +43,15 @@ def parts(nb) -> list[dict]:
         if c.cell_type == "markdown" and SECTION.search(c.source):
             m = HEADING.search(c.source)
             out.append({"name": m["name"], "title": m["title"], "points": float(m["points"]),
-                        "contract": bool(m["contract"]), "graded": 0.0, "markdown": []} if m else None)
+                        "contract": bool(m["contract"]), "graded": 0.0, "written": 0.0, "markdown": []} if m else None)
         if not out or out[-1] is None:
             continue
         if c.cell_type == "markdown":
             out[-1]["markdown"].append(c.source)
         if _meta(c).get("grade"):
             out[-1]["graded"] += float(_meta(c).get("points", 0))
+            if _meta(c).get("solution"):   # a manually graded answer: a written part
+                out[-1]["written"] += float(_meta(c).get("points", 0))
     return [p for p in out if p is not None]
 
 
@@ -75,9 +78,9 @@ def test_a_third_of_the_points_are_contracts(lab):
     name, nb = lab
     ps = parts(nb)
     contract = sum(p["points"] for p in ps if p["contract"])
-    total = sum(p["points"] for p in ps)
+    total = sum(p["points"] - p["written"] for p in ps)
     assert total and contract * 3 >= total, (
-        f"{name}: contract parts are worth {contract:g} of {total:g} points; at least a third must be parts "
+        f"{name}: contract parts are worth {contract:g} of {total:g} autograded points; at least a third must be parts "
         f"marked '(N points, contract)', specified by their contract and tests, not by steps")
 
 
