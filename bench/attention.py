@@ -37,7 +37,8 @@ def device_peak(dtype_name: str):
         return None, "CPU: no peak in the hardware table"
     try:
         spec = get_gpu(torch.cuda.get_device_name())
-        return spec.peak_flops(dtype_name), f"{spec.name} datasheet, {spec.peak_tflops[dtype_name]:.0f} TFLOP/s {dtype_name}"
+        return (spec.peak_flops(dtype_name),
+                f"{spec.name} datasheet, {spec.peak_tflops[dtype_name]:.0f} TFLOP/s {dtype_name}")
     except (ValueError, KeyError) as e:
         return None, f"{torch.cuda.get_device_name()}: {e}"
 

@@ -125,7 +125,8 @@ def main(argv=None):
         print(f"Part F backward: B={B} H={H} Hkv={K} d={min(D, 64)} fp32 causal, tiles 32x32; the forward's time "
               "excluded; vs_sdpa = backward time / SDPA's backward time")
         print_table(bwd_rows, COLS)
-    print(f"wrote {save('lab07_kernel', rows + bwd_rows, dtype='fp16 forward, fp32 backward', causal=True, block=args.block)}")
+    path = save('lab07_kernel', rows + bwd_rows, dtype='fp16 forward, fp32 backward', causal=True, block=args.block)
+    print(f"wrote {path}")
     if failed:
         print("the lab's kernel disagrees with SDPA: " + "; ".join(failed), file=sys.stderr)
         return 1
@@ -144,7 +145,8 @@ def backward_rows(args, failed: list) -> list[dict]:
         g = torch.Generator(device=dev).manual_seed(N + 1)
         q, do = (torch.randn(B, H, N, D, generator=g, device=dev) for _ in range(2))
         k, v = (torch.randn(B, K, N, D, generator=g, device=dev) for _ in range(2))
-        leaves = [x.clone().requires_grad_() for x in (q, k.repeat_interleave(H // K, 1), v.repeat_interleave(H // K, 1))]
+        expanded = (q, k.repeat_interleave(H // K, 1), v.repeat_interleave(H // K, 1))   # SDPA's heads: H each
+        leaves = [x.clone().requires_grad_() for x in expanded]
         out = F.scaled_dot_product_attention(*leaves, is_causal=True)
         s = (q @ leaves[1].detach().transpose(-1, -2)) / math.sqrt(D)
         s = s.masked_fill(torch.ones(N, N, dtype=torch.bool, device=dev).triu(1), float("-inf"))

@@ -234,7 +234,8 @@ class _Context:
 
 
 REVIEW_FLAGS = {"timeout", "needs_manual_grading", "several_files", "assignment_from_content", "wrong_lab",
-                "project_review", "kernel_died", "time_budget", "reference_import", "processes_left_behind", "feedback_failed",
+                "project_review", "kernel_died", "time_budget", "reference_import", "processes_left_behind",
+                "feedback_failed",
                 "memory_limit", "output_limit", "judge_failed"}
 
 

@@ -4,7 +4,8 @@ Accepted layouts (both may be mixed in one SUBMISSIONS folder):
 
 1. One folder per student:  SUBMISSIONS/<student>/<any name with labNN>.ipynb
    The student id is the folder's name (an LMS folder such as ``Alice Smith_12345_assignsubmission_file_``
-   gives ``Alice Smith (12345)``: the LMS's id stays in the key, so two students of one name stay two). Notebooks may sit deeper inside the student's folder.
+   gives ``Alice Smith (12345)``: the LMS's id stays in the key, so two students of one name stay two). Notebooks may
+   sit deeper inside the student's folder.
 2. Flat:  SUBMISSIONS/<file>.ipynb, with the student id in the file name:
      <student>_labNN.ipynb   <student>-labNN.ipynb   <student> - labNN.ipynb   <student> labNN.ipynb
      labNN_<student>.ipynb   labNN-<student>.ipynb   labNN - <student>.ipynb

@@ -148,7 +148,8 @@ class _Remotes:
             obj, attrs, methods = self.objects[request["remote"]]
             if "get" in request:
                 if request["get"] not in attrs:
-                    return {"raised": {"module": "builtins", "type": "AttributeError", "message": str(request["get"])[:100]}}
+                    return {"raised": {"module": "builtins", "type": "AttributeError",
+                                       "message": str(request["get"])[:100]}}
                 value = getattr(obj, request["get"])
             else:
                 if request.get("call") not in methods:

@@ -183,7 +183,8 @@ def read_scores(path: str | Path, text: str | None = None) -> list[ManualScore]:
             continue
         s = ManualScore(row["student"], row["lab"], row["grade_id"], score, comment, validated, where)
         if s.key in seen:
-            errors.append(_row_error(where, f"{s.student} {s.lab} {s.grade_id} is scored twice (also row {seen[s.key]})"))
+            errors.append(_row_error(where, f"{s.student} {s.lab} {s.grade_id} is scored twice "
+                                            f"(also row {seen[s.key]})"))
             continue
         seen[s.key] = n
         rows.append(s)

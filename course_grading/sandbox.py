@@ -796,10 +796,10 @@ def withhold(package: Path, names) -> None:
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             msg = WITHHELD_MESSAGE.format(name=full)
             if isinstance(node, ast.ClassDef):
-                stub = [f"class {name}:", f"    \"\"\"Withheld while this lab is graded.\"\"\"",
+                stub = [f"class {name}:", "    \"\"\"Withheld while this lab is graded.\"\"\"",
                         "    def __init__(self, *args, **kwargs):", f"        raise RuntimeError({msg!r})"]
             else:
-                stub = [f"def {name}(*args, **kwargs):", f"    \"\"\"Withheld while this lab is graded.\"\"\"",
+                stub = [f"def {name}(*args, **kwargs):", "    \"\"\"Withheld while this lab is graded.\"\"\"",
                         f"    raise RuntimeError({msg!r})"]
             spans.append((start, node.end_lineno, stub))
         for start, end, stub in sorted(spans, reverse=True):
@@ -845,7 +845,8 @@ def kernel_packages(package: Path) -> list[tuple[str, str]]:
 def bwrap_argv(bwrap: str, work: Path, run: Path, package: Path, marker: str = "", tmp: Path | None = None,
                shm: Path | None = None, size: int | None = DEFAULT_DISK) -> list[str]:
     """bubblewrap's arguments: a read-only system, the Python installation and the course package
-    (`package`, a copy: not the repository) with the driver's copy beside it, the scratch folders `work` (the kernel's home and working
+    (`package`, a copy: not the repository) with the driver's copy beside it, the scratch folders `work` (the
+    kernel's home and working
     folder) and `run` (its connection file and sockets) writable, /tmp and /var/tmp (`tmp`) and /dev/shm
     (`shm`) its own (the submission's folders where given, else tmpfs of `size` bytes), no network, its
     own PID/IPC/UTS/cgroup namespaces, dies with its parent. No --new-session: the kernel must stay in

@@ -123,7 +123,8 @@ def check_pages(browser, root: Path, artifacts: Path | None = None) -> dict[str,
                 try:
                     page.goto(base + rel, wait_until="networkidle")
                 except Exception as exc:   # a page that never loads is a problem, not a crash of the test
-                    log.errors.append((f"navigation failed: {exc}", ""))   # (message, source URL), as problems() reads it
+                    # (message, source URL), as problems() reads it
+                    log.errors.append((f"navigation failed: {exc}", ""))
                 found[rel] = log.problems()
                 if found[rel] and artifacts is not None:
                     artifacts.mkdir(parents=True, exist_ok=True)

@@ -838,7 +838,8 @@ def check(site: Path) -> list[str]:
             # as a browser looks for the fragment: as written, then percent-decoded (nbconvert's ids are encoded)
             elif (fragment and target.suffix == ".html"
                   and not {fragment, urllib.parse.unquote(fragment)} & refs(target).ids):
-                problems.append(f"{rel}: broken link {url} (no id {fragment!r} in {target.relative_to(site.resolve())})")
+                where = target.relative_to(site.resolve())
+                problems.append(f"{rel}: broken link {url} (no id {fragment!r} in {where})")
         for asset in r.assets:
             url = asset.split("=", 1)[1].rstrip(">")
             if url.startswith("data:"):

@@ -25,7 +25,8 @@ def check_qkv(q, k, v, argument_prefix: str = "") -> tuple[int, int, int, int, i
         if not torch.is_tensor(x):
             raise TypeError(f"{argument_prefix}{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4:
-            raise ValueError(f"{argument_prefix}{name} must be 4-D [B, heads, seq, head_dim], got shape {tuple(x.shape)}")
+            raise ValueError(f"{argument_prefix}{name} must be 4-D [B, heads, seq, head_dim], "
+                             f"got shape {tuple(x.shape)}")
     B, H, T, Dh = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")

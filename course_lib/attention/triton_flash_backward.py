@@ -16,7 +16,8 @@ Section 3.1.2, Algorithm 2). Three steps:
    and accumulates dQ = scale * sum dS K, written once.
 
 FlashAttention-2 folds step 3 into step 2 with atomic adds on dQ; a second kernel recomputes P and dP once
-more (7 tile matmuls instead of 5: 40% more FLOPs) but needs no atomics, so dQ is deterministic and the kernel runs as is under
+more (7 tile matmuls instead of 5: 40% more FLOPs) but needs no atomics, so dQ is deterministic and the kernel runs
+as is under
 the interpreter. Both kernels work in log2 units (``exp2``, the scale folded with log2(e), as the forward).
 Causal (query t at position S - T + t sees keys <= there, T <= S): each kernel skips the tiles wholly in
 the future. Unlike the forward, every visited tile is masked (rows past T, keys past S, the diagonal):

@@ -10,7 +10,8 @@
 The command that distils the bundled default draft `tiny-draft` and installs it with its model-card
 section lives with the models' training script: `python -m course_lib.training.distill_draft`.
 """
-from .acceptance import acceptance_rate, acceptance_rates, expected_acceptance   # acceptance_rate: p, q's is speculative's
+# acceptance_rate: p, q's is speculative's
+from .acceptance import acceptance_rate, acceptance_rates, expected_acceptance
 from .losses import (REDUCTIONS, FeatureProjector, distillation_loss, feature_loss, hard_label_loss, kd_loss,
                      kd_loss_double_softmax, relation_loss, reverse_kl_loss)
 from .train import MODES, distill, generate_teacher_corpus, new_student, token_stream

@@ -141,7 +141,8 @@ class FeatureProjector(torch.nn.Module):
         return self.proj(h)
 
 
-def feature_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, projector: FeatureProjector) -> torch.Tensor:
+def feature_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor,
+                 projector: FeatureProjector) -> torch.Tensor:
     """Mean squared error between projector(student_hidden) [..., Dt] and teacher_hidden [..., Dt].
 
     The course model returns the final hidden states (after the last norm) with return_hidden=True.
@@ -151,7 +152,8 @@ def feature_loss(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, pro
     if student_hidden.shape[:-1] != teacher_hidden.shape[:-1]:
         raise ValueError(f"student_hidden and teacher_hidden must agree on the leading shape, got "
                          f"{tuple(student_hidden.shape)} and {tuple(teacher_hidden.shape)}")
-    if student_hidden.shape[-1] != projector.proj.in_features or teacher_hidden.shape[-1] != projector.proj.out_features:
+    proj = projector.proj
+    if student_hidden.shape[-1] != proj.in_features or teacher_hidden.shape[-1] != proj.out_features:
         raise ValueError(f"projector maps {projector.proj.in_features} -> {projector.proj.out_features} but the "
                          f"hidden sizes are {student_hidden.shape[-1]} and {teacher_hidden.shape[-1]}")
     where = projector.proj.weight.device

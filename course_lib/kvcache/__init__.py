@@ -34,4 +34,5 @@ __all__ = ["KVCache", "ContiguousCache", "StaticCache", "FixedPrefixCache", "str
            "KV_TABLE_MODELS", "LATENT_MODELS", "kv_cache_bytes", "kv_table", "latent_kv_bytes",
            "MultiTierCache", "QuantBlock", "QuantizedCache", "quantize_minmax", "dequantize_minmax",
            "pack_uint4", "unpack_uint4",
-           "FP8Cache", "FP8_SCALES", "fp8_kv_quantize", "fp8_kv_dequantize", "SinkCache", "SlidingWindowCache", "rotate_keys"]
+           "FP8Cache", "FP8_SCALES", "fp8_kv_quantize", "fp8_kv_dequantize", "SinkCache", "SlidingWindowCache",
+           "rotate_keys"]

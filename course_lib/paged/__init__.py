@@ -5,7 +5,8 @@
     mgr.add_sequence("a", prompt_tokens); mgr.append("a", token); mgr.fork("a", "b"); mgr.free("a")
 
 Pieces: BlockAllocator (free list, reference counts), BlockManager (block tables, copy-on-write fork,
-prefix caching with chained hashes), blocks_needed (the one ceil(tokens / block_size)), paged_attention_reference / paged_attention (PyTorch, and a Triton
+prefix caching with chained hashes), blocks_needed (the one ceil(tokens / block_size)), paged_attention_reference /
+paged_attention (PyTorch, and a Triton
 decode kernel in ``triton_paged``), KVPool + PagedCache (the course model on paged memory),
 simulate_waste (waste of contiguous vs paged, on ``course_lib.perf.workload.limited_workload``),
 PagedPlayground (the visualizer's state).

@@ -260,12 +260,14 @@ class BlockManager:
         bs, alloc = self.block_size, self.allocator
         refs = [0] * self.num_blocks
         for sid, s in self.seqs.items():
-            assert len(s.table) == blocks_needed(len(s.tokens), bs), f"seq {sid}: {len(s.table)} blocks for {len(s.tokens)} tokens"
+            assert len(s.table) == blocks_needed(len(s.tokens), bs), \
+                f"seq {sid}: {len(s.table)} blocks for {len(s.tokens)} tokens"
             assert len(s.hashes) == len(s.tokens) // bs, f"seq {sid}: {len(s.hashes)} hashes"
             for i, b in enumerate(s.table):
                 refs[b] += 1
                 want = s.tokens[i * bs:(i + 1) * bs]
-                assert self.block_tokens[b] == want, f"seq {sid}: block {b} holds {self.block_tokens[b]}, expected {want}"
+                assert self.block_tokens[b] == want, \
+                    f"seq {sid}: block {b} holds {self.block_tokens[b]}, expected {want}"
         free = set(alloc.free_blocks())
         assert len(free) == alloc.num_free
         for b in range(self.num_blocks):

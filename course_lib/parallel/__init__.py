@@ -14,7 +14,8 @@ pipeline   gpipe_schedule, bubble_fraction, bubble_formula, split_layers, pipeli
 cost       ring_allreduce_bytes, allreduce_time, LINKS, tp_comm_per_token, per_gpu_memory, tp_step_time,
            time_model, notes_example (the notes' 175B on 16 GPUs, in bytes); expert parallelism:
            alltoall_bytes, alltoall_time, rank_loads, load_imbalance, ep_moe_layer_comm, ep_dispatch_rows,
-           simulate_ep_dispatch; context parallelism: ring_attention_comm, ring_attention_overlap, simulate_ring_attention
+           simulate_ep_dispatch; context parallelism: ring_attention_comm, ring_attention_overlap,
+           simulate_ring_attention
 workers    ModelSpec, tp_check, linear_pair_check, tp_timing, failing_worker, sequence (importable workers)
 checks     run_parallel_mlp (lab 11: a student's function in a 2-process group, its outputs back)
 """

@@ -307,7 +307,8 @@ def simulate_ep_dispatch(experts: torch.Tensor, num_experts: int, hidden: int = 
     p, T, k, num_experts = _check_routing(experts, num_experts)
     per = num_experts // p
     gen = torch.Generator(device=experts.device).manual_seed(0)
-    x = torch.randn(p, T, integer(hidden, "hidden", low=1), generator=gen, device=experts.device).to(dtype)   # each rank's tokens
+    # each rank's tokens
+    x = torch.randn(p, T, integer(hidden, "hidden", low=1), generator=gen, device=experts.device).to(dtype)
     sent, received = [0] * p, [0] * p
     inbox = [[] for _ in range(p)]
     for src in range(p):

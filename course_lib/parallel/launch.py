@@ -161,7 +161,8 @@ def _check_picklable_by_reference(fn):
     qual = getattr(fn, "__qualname__", "")
     if mod in (None, "__main__") or "<locals>" in qual or "<lambda>" in qual:
         raise ValueError(
-            f"worker {qual or fn!r} is defined in {mod or 'no module'}{' (inside a function)' if '<locals>' in qual else ''}: "
+            f"worker {qual or fn!r} is defined in {mod or 'no module'}"
+            f"{' (inside a function)' if '<locals>' in qual else ''}: "
             f"spawned processes import the worker by its module and name, so it must be a top-level function "
             f"of an importable module (put it in a .py file, or pass its source to launch_source)")
     try:
@@ -212,7 +213,8 @@ def _stop(procs, grace: float = 3.0):
 
 
 # torch._dynamo: building a model on the meta device (from_pretrained) imports it, seconds per rank otherwise
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor.parallel", "course_lib.parallel.workers"]
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor.parallel",
+            "course_lib.parallel.workers"]
 
 
 def _stop_forkserver():
@@ -295,7 +297,8 @@ def _first_cause(rank, detail, results, window: float = 1.0) -> RankFailed:
     return RankFailed(r, d, {x for x, _ in failures} - {r})
 
 
-def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None, backend: str | None = None, timeout: float = 30.0,
+def launch(worker, world_size: int, args: tuple = (), kwargs: dict | None = None, backend: str | None = None,
+           timeout: float = 30.0,
            deadline: float | None = None, threads: int | None = 1, start_method: str | None = None,
            preload=None, _target=None) -> list:
     """Run ``worker(*args, **kwargs)`` in ``world_size`` spawned processes that form one process group; return the

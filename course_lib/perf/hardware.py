@@ -233,7 +233,7 @@ _ALIASES.update({"a100": "A100-80GB", "a10040": "A100-40GB", "a10080": "A100-80G
                  "b200sxm": "B200", "b200sxm180gb": "B200", "amdmi300x": "MI300X", "amdinstinctmi300x": "MI300X",
                  # as torch.cuda.get_device_name() spells them
                  "h10080gbhbm3": "H100-SXM", "h200141gbhbm3e": "H200",
-                 "a100sxm480gb": "A100-80GB", "a100pcie40gb": "A100-40GB", "a100pcie80gb": "A100-80GB"})
+                 "a100pcie40gb": "A100-40GB", "a100pcie80gb": "A100-80GB"})
 
 
 def gpu_names() -> list[str]:
@@ -271,8 +271,9 @@ def hardware_table(devices=None, fmt: str = "markdown") -> str:
                      f(d.peak_tflops.get("fp32")), f(d.fp16_tflops), f(d.bf16_tflops), f(d.fp8_tflops),
                      f(d.peak_tflops.get("fp4")),
                      f(d.int8_tops), f(d.smem_per_sm_kb), ridge])
-    return format_table(head, rows, fmt, note="TFLOP/s dense (no sparsity); fp32 = CUDA cores, others = tensor cores "
-                                                "(MI300X: vector units / matrix cores; its SMs = CUs, smem = LDS per CU)")
+    return format_table(head, rows, fmt,
+                        note="TFLOP/s dense (no sparsity); fp32 = CUDA cores, others = tensor cores "
+                             "(MI300X: vector units / matrix cores; its SMs = CUs, smem = LDS per CU)")
 
 
 __all__ = ["DTYPE_BYTES", "canonical_dtype", "bytes_per_element", "DeviceSpec", "GPUS", "gpu_names",

@@ -19,7 +19,7 @@ import torch
 
 from course_lib.validate import integer
 
-from .calibration import ScalingGroup, capture_inputs, fold_scales, scaling_groups
+from .calibration import capture_inputs, fold_scales, scaling_groups
 from .core import check_finite, check_floating, check_tensor, in_layer
 from .linear import dequantize_weight_codes, rtn_quantize_weight, group_index
 

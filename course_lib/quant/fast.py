@@ -70,7 +70,8 @@ def int4_weight_only(w: torch.Tensor, group_size: int = 128):
     lo, hi = wg.amin(dim=-1, keepdim=True), wg.amax(dim=-1, keepdim=True)
     scale = ((hi - lo) / 15).clamp(min=1e-6)                                 # [N, G, 1]
     q = torch.round((wg - lo) / scale).clamp(0, 15)
-    zero = lo + 8 * scale                                                    # so that (q - 8) * scale + zero = q * scale + lo
+    # so that (q - 8) * scale + zero = q * scale + lo
+    zero = lo + 8 * scale
     sz = torch.stack([scale[..., 0].t(), zero[..., 0].t()], dim=-1).contiguous()   # [G, N, 2]
     return q.reshape(N, K).to(torch.uint8), sz
 

@@ -20,7 +20,8 @@ Details that matter (each has a test): damping (H + lambda I, lambda = percdamp 
 invertible; a column that never sees a non-zero input (diag H = 0, a "dead" column) is set to 0 and its
 H diagonal to 1; lazy batch updates apply the error of a block of columns to the rest in one matmul;
 group scales are computed when the loop reaches the group's first column, from the weights with every
-update so far applied (so the result does not depend on the block size); act-order quantizes columns by decreasing diag H and the result is un-permuted, each column
+update so far applied (so the result does not depend on the block size); act-order quantizes columns by decreasing
+diag H and the result is un-permuted, each column
 keeping the group it was quantized in (``g_idx``).
 
 Bad input (one-time transforms, so every value is checked): a weight or H that is not a finite floating-point

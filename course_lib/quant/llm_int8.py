@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .core import check_finite, check_floating, check_linear, check_linear_input
 from .linear import int_matmul

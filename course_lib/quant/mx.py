@@ -14,7 +14,8 @@ Encoding rounds to nearest, ties to even (the code with mantissa bit 0: 0.25 -> 
 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), as IEEE's default, ml_dtypes' float4_e2m1fn and torchao's FP4 cast
 do (the algorithm as Rouhani et al. print it names only "quantize_to_element_format"; microxcaling rounds
 ties away from zero by default and to even with round="even"), and **saturates**: a magnitude above 6
-becomes 6 (the spec's "clamping normal numbers"). Two codes per byte, element 2j in the low nibble (torchao's ``pack_uint4`` and
+becomes 6 (the spec's "clamping normal numbers"). Two codes per byte, element 2j in the low nibble (torchao's
+``pack_uint4`` and
 the layout of PyTorch's ``float4_e2m1fn_x2``).
 
 MXFP4 (OCP Microscaling Formats (MX) Specification v1.0, 2023; Rouhani et al., arXiv 2310.10537, Algorithm
@@ -76,9 +77,11 @@ uses a coarser scale). Degenerate cases: an all-zero tensor gets tensor_scale 1,
 Arithmetic: every quotient is exact or rounded so finely that no value can cross an E2M1 midpoint, so the
 codes are the exact round-to-nearest-even of the real quotient. MXFP4 divides by a power of two, exact in
 float32 (float64 for float64 input; a float32 result can only underflow far below E2M1's smallest step);
-NVFP4 divides by (E4M3 value x FP32 value) in float64, where the divisor is exact (4 + 24 significant bits). NVFP4's scales are computed in float32 as the recipe does
+NVFP4 divides by (E4M3 value x FP32 value) in float64, where the divisor is exact (4 + 24 significant bits). NVFP4's
+scales are computed in float32 as the recipe does
 (amax / 6, divided by the tensor scale, then one cast to E4M3). GPU kernels compute x * (1/scale) in
-float32 and can differ on a value within an ulp of a midpoint. Blocks run along the last dimension; a last dimension that is not a
+float32 and can differ on a value within an ulp of a midpoint. Blocks run along the last dimension; a last dimension
+that is not a
 multiple of the block is padded with zeros (they change no block maximum) and the padding is dropped on
 decoding (microxcaling pads the same way), so a partial last block still pays for a whole scale.
 
@@ -270,7 +273,8 @@ def mxfp4_quantize(x: torch.Tensor, block_size: int = MX_BLOCK) -> MXFP4Tensor:
     shared = shared.clamp(min=-E8M0_BIAS)                   # below 2^-127: the smallest E8M0 scale
     bad = ~torch.isfinite(amax) | (shared > E8M0_BIAS)      # no E8M0 power of two: the NaN scale
     scales = e8m0_encode(torch.where(bad, math.nan, shared))
-    # V_i / X, exact (times a power of two in [2^-125, 2^127]); blocks with a NaN scale store code 0 (any code decodes to NaN there)
+    # V_i / X, exact (times a power of two in [2^-125, 2^127]); blocks with a NaN scale store code 0 (any code
+    # decodes to NaN there)
     ratio = torch.where(bad.unsqueeze(-1), 0.0, b * torch.exp2(-shared).unsqueeze(-1))
     codes = e2m1_encode(ratio)                              # round half to even, clamp to +-6
     packed = pack_fp4(codes.reshape(*codes.shape[:-2], -1))

@@ -29,7 +29,8 @@ forward runs and how many new tokens each brings (``set_active(ids, num_new=...)
 The cache builds the slot mapping, block tables and context lengths once per forward on the model's
 device; every layer writes its new K/V with one batched ``index_put`` and a decode step reads them in
 place through the block tables with ``paged_attention`` (the Triton kernel on a GPU that Triton supports,
-compute capability >= 8.0; the PyTorch gather elsewhere, a T4 included; ``backend=`` to choose), a prefill with one gather and causal attention. Sampling stays on the device too (a
+compute capability >= 8.0; the PyTorch gather elsewhere, a T4 included; ``backend=`` to choose), a prefill with one
+gather and causal attention. Sampling stays on the device too (a
 ``torch.Generator`` on the model's device per request); the only host sync of a step is the
 ``tolist()`` of its sampled tokens.
 

@@ -63,7 +63,7 @@ from course_lib.models import load
 from course_lib.validate import integer
 
 from .engine import Engine
-from .request import SamplingParams, StepOutput
+from .request import SamplingParams
 from .server_metrics import ServerMetrics
 
 __all__ = ["ServerState", "RequestError", "build_app", "serve_in_thread", "parse_request", "parse_completion_request",

@@ -71,7 +71,8 @@ def bigbird_mask(T: int, window: int, n_global: int, block: int, n_random: int, 
 def pattern_cost(mask: torch.Tensor, head_dim: int, bytes_per_score: int = 4) -> dict:
     """What a kernel computing only allowed pairs would do, per head, against dense causal attention:
     pairs, FLOPs (2*Dh for q.k and 2*Dh for p.v per pair), and the bytes of the score matrix."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 2 \
+            or mask.shape[0] != mask.shape[1]:
         raise ValueError("mask must be a square bool tensor [T, T]")
     T = mask.shape[0]
     pairs = int(mask.sum())

@@ -158,7 +158,8 @@ def _check_plan(cfg, plan: StructuredPlan):
         heads, neurons = plan.heads[i], plan.neurons[i]
         if not heads or sorted(set(heads)) != list(heads) or not all(0 <= h < H for h in heads):
             raise ValueError(f"plan.heads[{i}] must be sorted, distinct head indices in [0, {H}), got {heads}")
-        if not neurons or sorted(set(neurons)) != list(neurons) or not all(0 <= j < cfg.intermediate_size for j in neurons):
+        in_range = all(0 <= j < cfg.intermediate_size for j in neurons)
+        if not neurons or sorted(set(neurons)) != list(neurons) or not in_range:
             raise ValueError(f"plan.neurons[{i}] must be sorted, distinct neuron indices in [0, "
                              f"{cfg.intermediate_size})")
         per_group = {}

@@ -189,7 +189,8 @@ def compare_drafts(target, drafts: dict, prompts, max_new_tokens: int = 64, repe
     and the draft length it runs at (for a tree: its depth). Every run is greedy and checked equal to the
     plain greedy tokens (a draft that changed the output is an error, not a row). One row per draft:
     a (accepted / drafted), a_tested (accepted / tested proposals), tokens_per_pass, drafts_per_pass,
-    depth_acceptance (per depth k < g, the share of passes that kept a proposal at depth k), draft_share (the draft's share of the decoding time: its own c, whatever the draft is), speedup_measured
+    depth_acceptance (per depth k < g, the share of passes that kept a proposal at depth k), draft_share (the draft's
+    share of the decoding time: its own c, whatever the draft is), speedup_measured
     (median over `repeats` interleaved rounds of the paired time ratio plain / speculative), and ms per token.
     """
     prompts = [check_prompt(p) for p in prompts]

@@ -165,16 +165,20 @@ def write_card(out: Path, report: dict):
         "",
         "| | target (`tiny`) | draft (`tiny-draft-scratch`) | unigram baseline |",
         "|---|---|---|---|",
-        f"| held-out bits per byte | **{t['bits_per_byte']:.3f}** | {d['bits_per_byte']:.3f} | {report['unigram_bits_per_byte']:.3f} |",
+        f"| held-out bits per byte | **{t['bits_per_byte']:.3f}** | {d['bits_per_byte']:.3f} | "
+        f"{report['unigram_bits_per_byte']:.3f} |",
         f"| parameters | {t['parameters']:,} | {d['parameters']:,} | {report['vocab_size']:,} counts |",
-        f"| layers x hidden (heads / kv heads) | {t['layers']} x {t['hidden']} ({t['heads']}/{t['kv_heads']}) | {d['layers']} x {d['hidden']} ({d['heads']}/{d['kv_heads']}) | |",
-        f"| forward FLOPs per token (no attention) | {t['flops_per_token']:,} | {d['flops_per_token']:,} ({d['flops_per_token'] / t['flops_per_token']:.2f}x) | |",
+        f"| layers x hidden (heads / kv heads) | {t['layers']} x {t['hidden']} ({t['heads']}/{t['kv_heads']}) | "
+        f"{d['layers']} x {d['hidden']} ({d['heads']}/{d['kv_heads']}) | |",
+        f"| forward FLOPs per token (no attention) | {t['flops_per_token']:,} | {d['flops_per_token']:,} "
+        f"({d['flops_per_token'] / t['flops_per_token']:.2f}x) | |",
         f"| training stages: steps x batch x window | {_stages_text(t)} | {_stages_text(d)} | |",
         f"| tokens seen in training | {t['tokens_seen']:,} | {d['tokens_seen']:,} | |",
         f"| training time | {t['train_seconds'] / 60:.1f} min | {d['train_seconds'] / 60:.1f} min | |",
         "",
         f"- Device: {report['device']}; torch {report['torch']}; Python {report['python']}.",
-        f"- Corpus: {report['train_files']} training files ({report['train_bytes']:,} bytes, {report['train_tokens']:,} tokens);"
+        f"- Corpus: {report['train_files']} training files ({report['train_bytes']:,} bytes, "
+        f"{report['train_tokens']:,} tokens);"
         f" held-out split {report['heldout_files']} files ({report['heldout_bytes']:,} bytes), chosen by",
         "  `sha1(path relative to the stdlib)[0] < 13` (see `course_lib/models/corpus.py`); test suites, idlelib,",
         "  lib2to3 and site-packages are left out.",
@@ -207,7 +211,8 @@ def write_card(out: Path, report: dict):
         "(a model stuck in a loop scores near 1; varied text near 0).",
         "",
     ]
-    reps = [(label, m["repetition"]) for label, m in (("`tiny`", t), ("`tiny-draft-scratch`", d)) if m.get("repetition")]
+    reps = [(label, m["repetition"]) for label, m in (("`tiny`", t), ("`tiny-draft-scratch`", d))
+            if m.get("repetition")]
     if reps:
         n = reps[0][1]["prompts"]
         lines += [f"| repeated 4-grams, mean over {n} prompts | greedy | sampled (T = 0.8, top-k 40, seed 0) |",
@@ -337,7 +342,8 @@ def main(argv=None):
     target_cfg = replace(target_cfg, bos_token_id=eos, eos_token_id=eos)
     draft_cfg = replace(draft_cfg, bos_token_id=eos, eos_token_id=eos)
     stream = encode_stream(tok, train_texts)
-    print(f"training tokens: {stream.numel():,} ({sum(len(t.encode()) for t in train_texts) / stream.numel():.2f} bytes/token)")
+    per_token = sum(len(t.encode()) for t in train_texts) / stream.numel()
+    print(f"training tokens: {stream.numel():,} ({per_token:.2f} bytes/token)")
 
     from transformers import PreTrainedTokenizerFast
     hf_tok = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
@@ -368,7 +374,8 @@ def main(argv=None):
             model = LlamaForCausalLM.from_pretrained(resume[name]).to(stream.device)
             if model.config.num_hidden_layers != cfg.num_hidden_layers or model.config.hidden_size != cfg.hidden_size:
                 raise SystemExit(f"--resume-{name} {resume[name]} has shape {model.config.num_hidden_layers} x "
-                                 f"{model.config.hidden_size}, the script's {name} is {cfg.num_hidden_layers} x {cfg.hidden_size}")
+                                 f"{model.config.hidden_size}, the script's {name} is {cfg.num_hidden_layers} x "
+                                 f"{cfg.hidden_size}")
             done = args.resume_stages
             model.config.max_position_embeddings = cfg.max_position_embeddings
         before = report.get(name, {}) if model is not None else {}

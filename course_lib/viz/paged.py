@@ -137,12 +137,14 @@ class PagedVisualizer:
         st = self.state.stats()
         return ("<b>blocks</b> used {blocks_used} / {total}, free {blocks_free}, shared {blocks_shared}, "
                 "cached (free) {cached}<br><b>slots</b> {slots_filled} filled of {slots_allocated} allocated: "
-                "<b>utilization {util}</b>, internal waste {waste:.0%}; {logical_tokens} tokens in the sequences<br>sharing saves {sharing_saves_blocks} "
+                "<b>utilization {util}</b>, internal waste {waste:.0%}; {logical_tokens} tokens in the sequences<br>"
+                "sharing saves {sharing_saves_blocks} "
                 "blocks, prefix-cache hits {prefix_hits}, copy-on-write copies {cow_copies}<br>"
                 "contiguous (max_len={max_len} per sequence) would reserve {contiguous_slots} slots: waste "
                 "{cwaste:.0%}").format(total=self.state.manager.num_blocks,
                                         # 0 of 0 slots is no utilization at all, not 100%
-                                        util=f"{st['utilization']:.0%}" if st["slots_allocated"] else "- (no block in use)",
+                                        util=(f"{st['utilization']:.0%}" if st["slots_allocated"]
+                                              else "- (no block in use)"),
                                         waste=st["internal_waste"], max_len=self.state.max_len,
                                         cwaste=st["contiguous_waste"], cached=sum(
                                             1 for b in range(self.state.manager.num_blocks)

@@ -122,7 +122,8 @@ def plot_decode_batch(model, devices=None, dtype="fp16", batches=None, ax=None, 
     inten = 2 * batches * W / (a * batches * A + w * W)
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 5))
-    ax.loglog(batches, inten, "k-", lw=2, label=f"{shape.name or 'model'} decode weight matmuls ({canonical_dtype(dtype)})")
+    ax.loglog(batches, inten, "k-", lw=2,
+              label=f"{shape.name or 'model'} decode weight matmuls ({canonical_dtype(dtype)})")
     colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     for i, d in enumerate(devs):
         if canonical_dtype(dtype) not in d.peak_tflops:

@@ -246,7 +246,8 @@ class SpeculativeStepper:
             return "press <b>Next step</b>: the draft proposes g tokens, the target checks them in one pass"
         r = self.history[-1].result
         last = (f"last pass: {r.num_accepted} of {self.history[-1].drafts.numel()} drafts accepted + 1 "
-                f"{'bonus' if r.bonus else 'corrected'} token = {len(r.tokens)} token{'s' if len(r.tokens) != 1 else ''}")
+                f"{'bonus' if r.bonus else 'corrected'} token = {len(r.tokens)} "
+                f"token{'s' if len(r.tokens) != 1 else ''}")
         return (f"{last}<br>passes {st['passes']}, emitted {st['emitted']} tokens, tokens per pass "
                 f"{st['tokens_per_pass']:.2f}, acceptance rate {st['acceptance_rate']:.2f} "
                 f"({st['accepted']} of {st['tested']} tested drafts)")
