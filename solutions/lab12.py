@@ -603,7 +603,7 @@ except RuntimeError as e:
     print(e)
 
 # %% [markdown] id="c025"
-# ## Part E · What your trace and your measurement show (2 points, written)
+# ## Part E · Written: what your trace and your measurement show (2 points)
 #
 # Answer in the cell below, in a short paragraph (about 150 words), from **your own** numbers: the trace of
 # Part B's last cell and the measurement above.
@@ -618,19 +618,20 @@ except RuntimeError as e:
 # Graded by the instructor; quote your numbers.
 
 # %% [markdown] id="c026" nbgrader={"grade": true, "grade_id": "written_trace", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-# On this CPU run the trace of four steps of `tiny` puts `aten::mm`/`aten::addmm` (the 29 linears: 7 per
-# layer and the head) first, at about 30-40% of the aten self time; the rest is spread over dozens of small
-# operators (`mul`, `add`, `cat`, `where`, `view`, the RMSNorm's `pow`/`mean`/`rsqrt`), about 300 top-level
-# operators per token. So most of the step is not arithmetic: each operator pays a fixed cost (Python, the
-# dispatcher, an allocation), and 300 of them outweigh the few kilobytes of weights a matmul of this model
-# reads. On a GPU the same count is the number of kernel launches.
+# On this CPU run (one thread) the trace of four steps of `tiny` puts `aten::mm` first, at 56% of the aten
+# self time (172 calls: the linears, 7 per layer and the head), and the other 44% is spread over dozens of
+# small operators (`cat` and `mul` of RoPE, `where` of the cache update, `transpose`, `view`, the attention),
+# 403 top-level operators per token and no kernels (a CPU). So even on a model whose matmuls are real work,
+# almost half of the step is the fixed cost of hundreds of operators that compute almost nothing; on a GPU the
+# same 403 would be 403 kernel launches per token.
 #
-# The measured step was about 1.5x my prediction with 300 operators at the measured 2.6 us each, and several
-# hundred times the roofline alone: the roofline counts bytes and FLOPs, which are tiny here, and leaves out
-# the per-operator cost that dominates. The remaining 1.5x is operators that cost more than the tiny add
-# `op_overhead` measures (matmuls, the attention). Fewer operators would close it: fusing them with
-# `torch.compile` (notebook 12 counts several times fewer kernels), and on a GPU CUDA graphs, one launch per
-# step, which my Part A step allows because it is one static graph.
+# The measured step of the lab's 2-layer model was 585 us against my prediction of 157 us (165 operators at
+# the 0.95 us a tiny add costs): 3.7x, and about 80x the roofline alone (7 us: a few hundred kilobytes of
+# weights). The roofline counts bytes and FLOPs, which are tiny here; what dominates is the per-operator cost,
+# and my prediction undercounts it because a matmul or the attention costs several microseconds of fixed work,
+# not the 0.95 us of an add (585 / 165 = 3.5 us per operator). Fewer operators would close the gap: fusing
+# them with `torch.compile` (notebook 12 counts several times fewer kernels) and, on a GPU, CUDA graphs, one
+# launch per step, which my Part A step allows because it is one static graph.
 
 # %% [markdown] id="c012"
 # ## Putting it together (not graded)
