@@ -444,6 +444,12 @@ def _graph_nodes(graph) -> list:
     return nodes
 
 
+# aten ops a graph from elsewhere may not run: they read memory out of bounds or uninitialized (as_strided, the
+# unchecked index, empty), change a tensor's storage, or reach outside tensors (a file, stdout)
+_REFUSED_OPS = ("as_strided", "empty", "new_empty", "set_", "resize", "from_file", "_print", "_nested", "storage")
+_MAX_ELEMENTS = 2 ** 26          # a size, a repeat or a range past this is refused before the op allocates it
+
+
 def _resolve(target):
     """The callable of a node: an aten op overload or a safe `operator` function; nothing else runs."""
     if not isinstance(target, str):
@@ -451,6 +457,9 @@ def _resolve(target):
     if target in _SAFE_OPERATORS:
         return _SAFE_OPERATORS[target]
     parts = target.split(".")
+    if len(parts) == 3 and parts[0] == "aten" and (parts[1].startswith(_REFUSED_OPS) or "unsafe" in parts[1]):
+        raise ValueError(f"the graph calls {target!r}, which run_exported refuses (memory it does not own, or "
+                         "outside tensors)")
     if len(parts) == 3 and parts[0] == "aten" and all(p.isidentifier() for p in parts[1:]):
         packet = getattr(torch.ops.aten, parts[1], None)
         op = getattr(packet, parts[2], None) if packet is not None else None
@@ -467,8 +476,10 @@ _ENUMS = {"dtype": lambda s: getattr(torch, s), "device": torch.device, "layout"
 def run_exported(graph: dict, model, tok, pos, k_cache, v_cache):
     """Run a graph from `export_step` op by op on these inputs, with `model`'s parameters (taken by name from
     the model given here, not from the graph) and the graph's constants. Returns its outputs (a list). Only
-    aten ops and arithmetic on sizes run (`ValueError` on anything else); a node that reads an unknown name
-    or an input the graph does not declare is refused."""
+    aten ops and arithmetic on sizes run (`ValueError` on anything else), and of the aten ops not those that
+    reach memory a tensor does not own or the world outside tensors (`_REFUSED_OPS`), nor a size past
+    `_MAX_ELEMENTS`: the graph may come from a student's process. A node that reads an unknown name or an input
+    the graph does not declare is refused."""
     nodes = _graph_nodes(graph)
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     user = iter([tok, pos, k_cache, v_cache])
@@ -500,9 +511,30 @@ def run_exported(graph: dict, model, tok, pos, k_cache, v_cache):
             return a
         raise ValueError(f"the graph holds an argument it cannot decode: {a!r:.80}")
 
+    def bounded(a, where):
+        """Sizes and ranges within _MAX_ELEMENTS, before an op allocates them."""
+        if isinstance(a, list) and a and all(isinstance(x, int) and not isinstance(x, bool) for x in a):
+            if math.prod(abs(x) for x in a) > _MAX_ELEMENTS:
+                raise ValueError(f"{where}: a size of {a} elements is past run_exported's limit")
+        elif isinstance(a, list):
+            for x in a:
+                bounded(x, where)
+        elif isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) and abs(a) > _MAX_ELEMENTS \
+                and where.split(".")[1] in ("arange", "full", "repeat", "expand", "new_full", "zeros", "ones"):
+            raise ValueError(f"{where}: an argument of {a} is past run_exported's limit")
+
     for n in nodes:
         fn = _resolve(n.get("target"))
-        env[n.get("name")] = fn(*arg(n.get("args", [])), **{k: arg(v) for k, v in n.get("kwargs", {}).items()})
+        args, kwargs = n.get("args", []), n.get("kwargs", {})
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ValueError(f"node {n.get('name')!r}: args must be a list and kwargs a dict")
+        bounded(args, str(n.get("target")))
+        bounded(list(kwargs.values()), str(n.get("target")))
+        values = arg(args)
+        if n.get("target") in _SAFE_OPERATORS and n.get("target") != "operator.getitem" and not all(
+                isinstance(v, (int, float, torch.Tensor)) for v in values):
+            raise ValueError(f"node {n.get('name')!r}: {n.get('target')} on something else than numbers and tensors")
+        env[n.get("name")] = fn(*values, **{k: arg(v) for k, v in kwargs.items()})
     return [arg(o) for o in graph.get("outputs") or []]
 
 
@@ -528,7 +560,7 @@ def trace_events(prof) -> list[dict]:
     return [out[i] for i in order]
 
 
-def _depth(events, i, seen=None):
+def _depth(events, i):
     d, p = 0, events[i]["parent"]
     while p is not None:
         d, p = d + 1, events[p]["parent"]

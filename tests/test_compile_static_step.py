@@ -98,6 +98,20 @@ def test_run_exported_refuses_what_is_not_an_aten_op(small):
         bad = dict(graph, nodes=[dict(graph["nodes"][0], target=target)] + graph["nodes"][1:])
         with pytest.raises(ValueError, match="aten ops"):
             run_exported(bad, *args)
+    # aten ops that read memory a tensor does not own, or reach outside tensors, and sizes past the limit
+    for target, a in [("aten.as_strided.default", [{"node": graph["inputs"][0]["name"]}, [4], [1], 10 ** 9]),
+                      ("aten.empty.memory_format", [[4, 4]]), ("aten.from_file.default", ["/etc/passwd"]),
+                      ("aten._unsafe_index.Tensor", [{"node": graph["inputs"][0]["name"]}, []])]:
+        bad = dict(graph, nodes=[{"name": "x", "target": target, "args": a, "kwargs": {}}] + graph["nodes"])
+        with pytest.raises(ValueError, match="refuses"):
+            run_exported(bad, *args)
+    for target, a in [("aten.zeros.default", [[2 ** 14, 2 ** 14]]), ("aten.arange.default", [10 ** 12])]:
+        bad = dict(graph, nodes=[{"name": "x", "target": target, "args": a, "kwargs": {}}] + graph["nodes"])
+        with pytest.raises(ValueError, match="limit"):
+            run_exported(bad, *args)
+    bad = dict(graph, nodes=[{"name": "x", "target": "operator.mul", "args": [[0], 10 ** 12], "kwargs": {}}])
+    with pytest.raises(ValueError, match="numbers and tensors"):
+        run_exported(bad, *args)
     with pytest.raises(ValueError, match="course-graph-1"):
         run_exported({"nodes": []}, *args)
     unknown = dict(graph, inputs=[dict(graph["inputs"][0], target="model.not_a_weight")] + graph["inputs"][1:])
