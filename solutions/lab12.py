@@ -566,9 +566,9 @@ print("Part D: visible tests passed")
 # %% [markdown] id="c018"
 # Now measure: your Part A step on the fixed tiny model (fp32 weights, 4 bytes each), timed eager on this
 # machine, beside your prediction for it. On a GPU the cell takes the card's numbers from the course's table;
-# on a CPU it measures this machine (bandwidth, a matmul's FLOP/s, as in lab 01), and it uses the measured
-# cost of one tiny operator as `launch_s` (on a CPU an operator's fixed cost plays the part a launch plays on a
-# GPU) and your Part B count of top-level operators as `kernels`. A timing: shown, never asserted.
+# on a CPU it measures this machine (bandwidth, a matmul's FLOP/s, as in lab 01). It uses the measured cost of
+# one tiny operator as `launch_s` (a launch on a GPU; on a CPU an operator's fixed cost plays that part) and
+# your Part B count of top-level operators as `kernels`. A timing: shown, never asserted.
 
 # %% id="c019"
 try:
@@ -582,7 +582,9 @@ try:
     if _dev is None:                           # ... else this machine, measured (as in lab 01)
         _dev = device_bench.measure_device(quick=True)
     _gpu = {"bandwidth": _dev.bandwidth, "peak_flops": _dev.peak_flops("fp32")}
-    _launch = device_bench.op_overhead()
+    _where = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    _m = tiny_model().to(_where)               # the fixed model, on the device the roofline describes
+    _launch = device_bench.op_overhead(_where)  # one tiny op: a launch on a GPU, a dispatch on a CPU
     with profile(activities=[ProfilerActivity.CPU]) as _prof, torch.no_grad():
         _k, _v = static_caches(model, 1, 16)
         static_step(model, torch.tensor([[5]]), torch.tensor(0), _k, _v)
@@ -590,10 +592,10 @@ try:
     for _B in (1, 8):
         _pred = predict_step_s(_cfg, _gpu, _B, 4, 4, _ops, _launch, False)
         _roof = predict_step_s(_cfg, _gpu, _B, 4, 4, 1, 0.0, True)       # the roofline alone
-        _k, _v = static_caches(model, _B, 16)
-        _tok, _pos = torch.randint(0, 128, (_B, 1)), torch.tensor(4)
+        _k, _v = static_caches(_m, _B, 16)
+        _tok, _pos = torch.randint(0, 128, (_B, 1), device=_where), torch.tensor(4, device=_where)
         with torch.no_grad():
-            _t = benchmark(static_step, model, _tok, _pos, _k, _v, warmup=2, repeats=15)
+            _t = benchmark(static_step, _m, _tok, _pos, _k, _v, warmup=2, repeats=15, device=_where)
         print(f"batch {_B}: roofline {_roof * 1e6:7.2f} us, with {_ops} ops x {_launch * 1e6:.2f} us "
               f"{_pred * 1e6:7.1f} us, measured {_t.median * 1e6:7.1f} us (x{_t.median / _pred:.1f} of the "
               f"prediction) on {_dev.name}")
