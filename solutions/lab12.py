@@ -73,8 +73,7 @@ MISTAKES = {
                     "it; see notebook 12, section '3. Recompiles'",
     "unmasked_slots": "attention read every slot of the static cache, the unwritten ones too: what a slot after "
                       "the position holds (zeros, an old sequence's K/V) changes the logits; mask the slots "
-                      "after the position; see notebook 12, section '4. Is the compile worth it here? Launch "
-                      "overhead and CUDA graphs'",
+                      "after the position; see notebook 05, section '5. The static (preallocated) cache'",
     "nested_ops": "every aten event was counted, the ones an operator calls inside itself too (aten::linear "
                   "runs aten::t and aten::addmm): count the top-level operators, those with no aten op above "
                   "them; see notebook 12, section '1. The kernels of one decode step'",
@@ -89,7 +88,7 @@ MISTAKES = {
                    "L4, A100, H100, H200 and this machine'",
     "kv_query_heads": "the KV cache holds the key/value heads only (num_key_value_heads): with grouped-query "
                       "attention the query heads share them, so counting num_attention_heads overstates the "
-                      "bytes read; see notebook 05, section 'KV cache memory'",
+                      "bytes read; see notebook 05, section '4. How much memory the cache takes'",
     "launch_added": "the CPU launches kernels while the GPU runs the earlier ones: the step takes the longer of "
                     "the launches and the device's work, not their sum; see notebook 12, section '4. Is the "
                     "compile worth it here? Launch overhead and CUDA graphs'",
