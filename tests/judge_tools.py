@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import linecache
 import os
+import sys
+import types
 from functools import lru_cache
 from pathlib import Path
 
 from course_grading.build import answer_sources, fill_answers, read_notebook
 from course_grading.judging import judge_parts, load_judge, local_send, release_mistakes
 from course_grading.session import is_test_cell
+
+_NAMESPACES = itertools.count()
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = b"tests-class-secret-0123456789abcdef0123456789"
@@ -35,7 +40,12 @@ def namespace_of(nb, grading: bool = True) -> dict:
     """A fresh namespace with every code cell of `nb` run in order except its test cells (as `course grade`
     runs a submission), under NBGRADER_EXECUTION like a graded kernel. A cell that raises is skipped (its
     error is noted in the namespace's ``__errors__``), as a kernel would go on."""
-    ns: dict = {"__name__": "__main__", "get_ipython": lambda: None}
+    # the namespace is a module's, registered under its own name as IPython registers its user module: a tracer
+    # that finds a function's globals by its module's name (dynamo's guards, lab12's export) finds these
+    module = types.ModuleType(f"__lab_namespace_{next(_NAMESPACES)}__")
+    sys.modules[module.__name__] = module
+    ns: dict = module.__dict__
+    ns["get_ipython"] = lambda: None
     errors = []
     old = os.environ.get("NBGRADER_EXECUTION")
     if grading:
