@@ -8,7 +8,8 @@
 #    not yet quantized, through the inverse Hessian, with groups.
 # 2. **SmoothQuant's smoothing** [@xiao2023smoothquant] (4 points): per-channel scales that move the
 #    activations' outliers into the weights without changing the layer's function.
-# 3. **Predict: bits per weight** (1 point): what a group layout costs, before you measure a packed layer.
+# 3. **Predict: bits per parameter** (1 point): what a group layout costs a whole checkpoint of another
+#    shape, before you measure a packed layer.
 #
 # * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).
 # * Run the test cell under it. When the lab is graded, the grader calls your functions on inputs of its own
