@@ -317,32 +317,67 @@ def nf4(t):
 # ---------------------------------------------------------------------------------------------------
 # Exercise 7
 
+def stored_bits(bits, group_size, scale_bits, numel, scale_group=None, outer_bits=32, *, partial=True, outer=True):
+    """Every bit a tensor of `numel` weights stores, by enumeration: the groups cut from the start (the short
+    last one kept; `partial=False` drops it: the planted mistake), their scales, the groups of scales with
+    their outer scales and the per-tensor offset (`outer=False` leaves both out: the planted mistake)."""
+    groups = [range(i, min(i + group_size, numel)) for i in range(0, numel, group_size)] if group_size else [range(numel)]
+    if not partial:
+        groups = [g for g in groups if len(g) == (group_size or numel)]
+    total = bits * numel + scale_bits * len(groups)
+    if scale_group is not None and outer:
+        total += outer_bits * len(range(0, len(groups), scale_group)) + outer_bits
+    return total
+
+
+def limit_bits(bits, group_size, scale_bits, scale_group=None, outer_bits=32):
+    """The long-tensor limit: the course's memory model (`course_lib.quant.memory`), plus the outer scales
+    spread over the group_size x scale_group weights that share one."""
+    outer = 0.0 if scale_group is None else outer_bits / (group_size * scale_group)
+    return ref_bits(bits, group_size, scale_bits) + outer
+
+
 @judge.part("predict_bits_per_weight_tests", groups={"values": 3, "errors": 1})
 def predict_bits(t):
-    formats = [("q8_0", (8, 32, 16)), ("q4_0", (4, 32, 16)), ("nf4", (4, 64, 32)), ("int4-g128", (4, 128, 16))]
-    grid = [(4, 128, 16), (8, 32, 16), (4, 64, 32), (8, None, 16), (4, None, 32), (3, 1, 16), (2, 48, 8),
-            (1, 1024, 16), (5, 100, 12.5), (16, 7, 16)]
+    # (bits, group_size, scale_bits, numel, scale_group, outer_bits)
+    grid = [(4, 32, 16, None, None, 32), (4, 64, 8, None, 256, 32), (8, None, 16, None, None, 32),
+            (4, 256, 16, 11008, None, 32), (4, 64, 8, 11008, 256, 32), (4, 64, 32, 4096, None, 32),
+            (4, 64, 8, 64 * 256, 256, 32), (4, 64, 8, 64 * 256 + 1, 256, 32), (8, 32, 16, 31, None, 32),
+            (8, 32, 16, 33, None, 32), (3, 1, 16, 7, None, 32), (4, None, 16, 10, None, 32), (2, 48, 8, 1, None, 32),
+            (4, 16, 8, 4096, 1, 16), (1, 1024, 16, 1025, 3, 32), (5, 100, 12.5, 1001, None, 32)]
     for _ in range(30):
-        gs = t.rng.choice([None, 16, 32, 64, 128, 256, 1024, t.rng.randint(1, 4096)])
-        grid.append((t.rng.randint(1, 8), gs, t.rng.choice([8, 16, 32])))
+        g = t.rng.choice([16, 32, 64, 128, 256, t.rng.randint(1, 512)])
+        numel = t.rng.choice([None, t.rng.randint(1, 50_000), g * t.rng.randint(1, 2000), g * t.rng.randint(1, 2000) + 1])
+        sg = t.rng.choice([None, None, 256, t.rng.randint(1, 300)])
+        grid.append((t.rng.randint(1, 8), g, t.rng.choice([8, 16, 32]), numel, sg, t.rng.choice([16, 32])))
     calls = []
-    for fmt, args in formats:
-        what = f"predict_bits_per_weight{args}: the {fmt} format"
-        calls.append((what, "values", call("predict_bits_per_weight", *args),
-                      lambda got, what=what, want=ref_bits(fmt), b=args[0]:
-                      check_close(got, want, what, rtol=1e-12, mistakes={t.mistake("bits_no_scales"): b})))
-    for b, gs, sb in grid:
-        what = f"predict_bits_per_weight({b}, {gs}, {sb})"
-        calls.append((what, "values", call("predict_bits_per_weight", b, gs, sb),
-                      lambda got, what=what, want=ref_bits(b, gs, sb), b=b:
-                      check_close(got, want, what, rtol=1e-12, mistakes={t.mistake("bits_no_scales"): b})))
-    what = "predict_bits_per_weight(4, 32) (fp16 scales by default)"
-    calls.append((what, "values", call("predict_bits_per_weight", 4, 32),
-                  lambda got, what=what: check_close(got, 4.5, what, rtol=1e-12,
-                                                     mistakes={t.mistake("bits_no_scales"): 4})))
+    for b, gs, sb, numel, sg, ob in grid:
+        what = f"predict_bits_per_weight({b}, {gs}, {sb}, numel={numel}, scale_group={sg}, outer_bits={ob})"
+        if numel is None:
+            want = float(b) if gs is None else limit_bits(b, gs, sb, sg, ob)
+            wrong = {t.mistake("bits_no_scales"): b}
+            if sg is not None:
+                wrong[t.mistake("dq_outer_forgotten")] = limit_bits(b, gs, sb)
+        else:
+            want = stored_bits(b, gs, sb, numel, sg, ob) / numel
+            if b == 4 and gs and sb in (8, 32) and (sg is None) == (sb == 32) and ob == 32 and numel <= 50_000:
+                # the course's NF4 quantizer stores exactly this: its bits, counted on a real tensor
+                r = ref_nf4(torch.randn(numel, generator=t.torch_generator()), gs, double_quant=sg is not None,
+                            dq_blocksize=sg or 256)
+                assert math.isclose(r.bits_per_value(), want, rel_tol=1e-12), (what, r.bits_per_value(), want)
+            wrong = {t.mistake("bits_no_scales"): float(b),
+                     t.mistake("partial_group_dropped"): stored_bits(b, gs, sb, numel, sg, ob, partial=False) / numel}
+            if sg is not None:
+                wrong[t.mistake("dq_outer_forgotten")] = stored_bits(b, gs, sb, numel, sg, ob, outer=False) / numel
+        wrong = {k: v for k, v in wrong.items() if not math.isclose(v, want, rel_tol=1e-9)}
+        calls.append((what, "values", call("predict_bits_per_weight", b, gs, sb, numel, sg, ob),
+                      lambda got, what=what, want=want, wrong=wrong:
+                      check_close(got, want, what, rtol=1e-9, mistakes=wrong)))
     run_cases(t, calls)
-    error_cases(t, [(f"predict_bits_per_weight({b}, group_size={g!r})", call("predict_bits_per_weight", b, g))
-                    for b, g in ((0, 32), (-1, None), (4, 0), (4, -32), (4, 2.5))])
+    error_cases(t, [(f"predict_bits_per_weight({b}, group_size={g!r}, {kw})", call("predict_bits_per_weight", b, g, **kw))
+                    for b, g, kw in ((0, 32, {}), (-1, None, {}), (4, 0, {}), (4, -32, {}), (4, 2.5, {}),
+                                     (4, 32, {"numel": 0}), (4, 32, {"numel": 10.0}), (4, 32, {"scale_group": 0}),
+                                     (4, None, {"scale_group": 256}))])
 
 
 def mutants():
@@ -375,8 +410,16 @@ def mutants():
              "    codes = torch.bucketize(scaled, (NF4[:-1] + NF4[1:]) / 2)":
              "    codes = torch.bucketize(scaled, NF4).clamp(max=15)"}),
           "predict_bits_per_weight": solution_with("lab02", "predict_bits_per_weight", {
-              "    return bits + scale_bits / group_size": "    return float(bits)"})},
-         ["nf4_bucketize", "bits_no_scales"]),
+              "    scales = 1 if group_size is None else -(-numel // group_size)":
+              "    scales = 1 if group_size is None else numel // group_size"})},
+         ["nf4_bucketize", "partial_group_dropped"]),
+        ("double quantization counted as the quantized scales alone (exercise 7, the prediction)",
+         {"predict_bits_per_weight": solution_with("lab02", "predict_bits_per_weight", {
+             "        total += outer_bits * (-(-scales // scale_group)) + outer_bits  # outer scales, and the offset":
+             "        total += 0",
+             "        outer = 0.0 if scale_group is None else outer_bits / (group_size * scale_group)":
+             "        outer = 0.0"})},
+         ["dq_outer_forgotten"]),
     ]
 
 

@@ -10,6 +10,8 @@ import torch
 
 from course_grading.judging import Get, Judge, Let, call, ref
 from course_lib.checks import check_close, check_equal
+from course_lib.models.config import LlamaConfig
+from course_lib.parallel.cost import layer_parameters
 from course_lib.quant.gptq import gptq_quantize, hessian
 from course_lib.quant.memory import bits_per_weight
 from course_lib.quant.smoothquant import smooth_scales
@@ -202,17 +204,59 @@ def smooth(t):
 # ---------------------------------------------------------------------------------------------------
 # Exercise 3: predict the bits per weight
 
+def model_bits(cfg, per, keep_bits, head_twice=False):
+    """Bits per parameter of the whole model: the decoder linears (`layer_parameters`, without its norms) at
+    `per`, the rest of `num_parameters()` at keep_bits; `head_twice` counts a tied head again (the mistake)."""
+    lp = layer_parameters(cfg)
+    linear = cfg.num_hidden_layers * (lp["attention"] + lp["mlp"])
+    kept = cfg.num_parameters() - linear
+    if head_twice and cfg.tie_word_embeddings:
+        kept += cfg.vocab_size * cfg.hidden_size
+    return (linear * per + kept * keep_bits) / (linear + kept)
+
+
+def draw_fields(t):
+    kv = t.rng.choice([1, 2, 4, 8])
+    return dict(vocab_size=t.rng.choice([256, 32000, 128256, t.rng.randint(100, 200_000)]),
+                hidden_size=64 * t.rng.randint(1, 80), intermediate_size=t.rng.randint(64, 20_000),
+                num_hidden_layers=t.rng.randint(1, 80), num_attention_heads=kv * t.rng.choice([1, 2, 4, 8]),
+                num_key_value_heads=kv, head_dim=2 * t.rng.randint(8, 80), tie_word_embeddings=t.rng.random() < 0.5)
+
+
 @judge.part("predict_bits_tests", groups={"values": 3, "errors": 1})
 def predict_bits(t):
     grid_cases = [(4, 128, 16, 0), (4, 128, 16, 8), (3, None, 16, 0), (8, 32, 16, 8), (3, None, 16, 8), (1, 1, 16, 0),
                   (2, 1, 32, 8), (4, 3, 16, 4), (8, 4096, 32, 32), (5, 7, 8, 0)]
     drawn = [(randint(t, 1, 8), None if t.rng.random() < 0.1 else randint(t, 1, 512), t.rng.choice([8, 16, 32]),
-              t.rng.choice([0, 4, 8])) for _ in range(40)]
+              t.rng.choice([0, 4, 8])) for _ in range(15)]
     for b, gs, sb, zb in grid_cases + drawn:
         what = f"predict_bits_per_weight({b}, {gs}, {sb}, {zb})"
         with t.case(what, group="values"):
             check_close(t.call("predict_bits_per_weight", b, gs, sb, zb), bits_per_weight(b, gs, sb, zb), what,
                         rtol=1e-9, mistakes={t.mistake("zero_point_forgotten"): bits_per_weight(b, gs, sb, 0)})
+    llama3 = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)
+    models = [(llama3, 4, 128, 16, 0, 16), (llama3, 4, 128, 16, 8, 16), (llama3, 3, None, 16, 0, 32),
+              (dict(llama3, num_hidden_layers=1, tie_word_embeddings=True), 4, 32, 16, 8, 16),
+              (dict(llama3, num_key_value_heads=32, head_dim=64), 8, 64, 16, 0, 8)]
+    models += [(draw_fields(t), randint(t, 2, 8), t.rng.choice([None, 32, 64, 128, randint(t, 1, 256)]),
+                t.rng.choice([8, 16, 32]), t.rng.choice([0, 4, 8]), t.rng.choice([16, 32])) for _ in range(25)]
+    for fields, b, gs, sb, zb, kb in models:
+        cfg = LlamaConfig(**fields)
+        per = bits_per_weight(b, gs, sb, zb)
+        want = model_bits(cfg, per, kb)
+        wrong = {t.mistake("zero_point_forgotten"): model_bits(cfg, bits_per_weight(b, gs, sb, 0), kb),
+                 t.mistake("model_all_quantized"): per,
+                 t.mistake("head_counted_twice"): model_bits(cfg, per, kb, head_twice=True)}
+        what = (f"predict_bits_per_weight({b}, {gs}, {sb}, {zb}, config=LlamaConfig(V={cfg.vocab_size}, "
+                f"D={cfg.hidden_size}, F={cfg.intermediate_size}, layers={cfg.num_hidden_layers}, "
+                f"H={cfg.num_attention_heads}, K={cfg.num_key_value_heads}, Dh={cfg.head_dim}, "
+                f"{'tied' if cfg.tie_word_embeddings else 'untied'}), keep_bits={kb})")
+        with t.case(what, group="values"):
+            o = t.run([call("lib:course_lib.models.config.LlamaConfig", store="cfg", send=False, **fields),
+                       call("predict_bits_per_weight", b, gs, sb, zb, ref("cfg"), kb)])[-1]
+            check_close(o.get(), want, what, rtol=1e-9,
+                        mistakes={k: v for k, v in wrong.items() if abs(v / want - 1) > 1e-9})
     for args in ((4, 0), (0, 128), (-1, 32), (2.5, 32), (4, -4), (4, 2.5)):
         what = f"predict_bits_per_weight{args}"
         with t.case(what, group="errors"):
@@ -239,9 +283,13 @@ def mutants():
          {"gptq_answer": solution_with("lab03", "gptq_answer", {
              "        W[:, j + 1:] -= err @ U[j:j + 1, j + 1:]\n": ""}),
           "predict_bits": solution_with("lab03", "predict_bits", {
-              "    return bits + (scale_bits + zero_point_bits) / group_size":
-              "    return bits + scale_bits / group_size"})},
+              "    per = float(bits) if group_size is None else bits + (scale_bits + zero_point_bits) / group_size":
+              "    per = float(bits) if group_size is None else bits + scale_bits / group_size"})},
          ["no_feedback", "zero_point_forgotten"]),
+        ("the whole model priced with a tied LM head stored twice (exercise 3, the prediction)",
+         {"predict_bits": solution_with("lab03", "predict_bits", {
+             "V * D * (1 if c.tie_word_embeddings else 2)": "V * D * 2"})},
+         ["head_counted_twice"]),
     ]
 
 

@@ -10,6 +10,7 @@ forward of the whole sequence here, under the causal mask (Part B) or the banded
 attention (Part C). The memory parts use the student's Part A, so Part A's mistake is planted in them too
 (charged once, in Part A).
 """
+import math
 from dataclasses import asdict
 from functools import lru_cache
 
@@ -358,36 +359,74 @@ def config_fields(L, K, Dh):
                 hidden_size=2 * K * Dh)
 
 
+def heads_on_fullest_gpu(kv_heads: int, tp: int) -> int:
+    """KV heads the fullest of `tp` GPUs holds, by enumeration: query head h reads KV head h // (H / K); a GPU
+    holds every KV head its query heads (an even run of H / tp) read. With H = lcm(K, tp) query heads the
+    runs are whole; a KV head read on two GPUs is a copy on each."""
+    H = kv_heads * tp // math.gcd(kv_heads, tp)
+    group, run = H // kv_heads, H // tp
+    return max(len({h // group for h in range(r * run, (r + 1) * run)}) for r in range(tp))
+
+
+def expected_bytes(L, K, Dh, held, batch, kb, vb, tp):
+    """The fullest GPU's key and value bytes: the course's formula (`kv_cache_bytes`, one size per number) on
+    the heads that GPU holds, once for the keys and once for the values (each half of its K-and-V count)."""
+    heads = heads_on_fullest_gpu(K, tp)
+    return (kv_cache_bytes(L, heads, Dh, held, batch, kb) + kv_cache_bytes(L, heads, Dh, held, batch, vb)) // 2
+
+
+def draw_deployment(t):
+    """A model shape, a cache, formats and a GPU count that splits the KV heads evenly (either way)."""
+    K = t.rng.choice([1, 2, 4, 8, 16, 32])
+    fields = config_fields(t.rng.randint(1, 80), K, 32 * t.rng.randint(1, 4))
+    fields["num_attention_heads"] = K * t.rng.choice([1, 2, 4, 8])
+    tp = t.rng.choice([d for d in (1, 2, 4, 8, 16, 32, 64) if K % d == 0 or d % K == 0])
+    window = None if t.rng.random() < 0.5 else t.rng.randint(1, 8191)
+    kb, vb = t.rng.choice([(1, 2), (2, 1), (1, 1), (2, 2), (0.5, 2), (1, 4), (4, 4)])
+    tokens = t.rng.choice([t.rng.randint(0, 131_072), 131_072, 2 ** t.rng.randint(10, 20)])
+    return fields, tokens, window, t.rng.randint(0, 8), t.rng.randint(1, 8), kb, vb, tp
+
+
 @judge.part("predict_bytes_tests", groups={"values": 3, "errors": 1})
 def predict_bytes(t):
+    llama3 = config_fields(32, 8, 128) | {"num_attention_heads": 32, "hidden_size": 4096}
     llama7b = config_fields(32, 32, 128) | {"num_attention_heads": 32, "hidden_size": 4096}
     tiny = {k: v for k, v in asdict(preset("tiny")).items() if k != "name"}
-    # (config, tokens, window, sinks, batch, bytes per element)
-    grid = [(llama7b, 4096, None, 0, 1, 2), (llama7b, 4096, 1020, 4, 1, 2), (llama7b, 100, 1020, 4, 1, 2),
-            (tiny, 100, 32, 4, 2, 4), (tiny, 36, 32, 4, 1, 4), (tiny, 37, 32, 4, 1, 4), (tiny, 0, 8, 2, 1, 2),
-            (tiny, 50, 1, 0, 3, 2), (tiny, 50, 16, 0, 1, 0.5), (config_fields(1, 1, 2), 7, None, 3, 5, 1)]
-    for _ in range(40):
-        fields = config_fields(t.rng.randint(1, 80), t.rng.randint(1, 32), 32 * t.rng.randint(1, 4))
-        window = None if t.rng.random() < 0.3 else t.rng.randint(1, 8191)
-        grid.append((fields, t.rng.randint(0, 99_999), window, t.rng.randint(0, 8), t.rng.randint(1, 8),
-                     t.rng.choice([0.5, 1, 2, 4])))
-    for fields, tokens, window, sinks, batch, bpe in grid:
+    # (config, tokens, window, sinks, batch, key bytes, value bytes, tp): the deployments of the question
+    # (FP8 keys at 128K under TP=8 and past the KV heads), then edges: one GPU, MQA, tp = K, window not filled
+    grid = [(llama3, 131072, None, 0, 1, 1, 2, 8), (llama3, 131072, None, 0, 4, 1, 2, 16),
+            (llama3, 131072, 4092, 4, 8, 1, 1, 32), (llama3, 4096, None, 0, 1, 2, 2, 1),
+            (llama7b, 4096, 1020, 4, 1, 2, 2, 4), (llama7b, 100, 1020, 4, 1, 1, 2, 2),
+            (tiny, 100, 32, 4, 2, 4, 4, 1), (tiny, 36, 32, 4, 1, 4, 1, 2), (tiny, 0, 8, 2, 1, 2, 1, 4),
+            (tiny, 50, 1, 0, 3, 2, 0.5, 1), (config_fields(1, 1, 2), 7, None, 3, 5, 1, 2, 8),
+            (config_fields(2, 1, 64), 1000, None, 0, 1, 1, 2, 1)]
+    grid += [draw_deployment(t) for _ in range(40)]
+    for fields, tokens, window, sinks, batch, kb, vb, tp in grid:
         L, K, Dh = fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"]
         held = tokens if window is None else min(tokens, sinks + window)
-        want = kv_cache_bytes(L, K, Dh, held, batch, bpe)
-        what = (f"predict_cache_bytes(config with {L} layers, {K} KV heads of {Dh}, {tokens} tokens, window={window}, "
-                f"sinks={sinks}, batch={batch}, bytes_per_element={bpe})")
+        want = expected_bytes(L, K, Dh, held, batch, kb, vb, tp)
+        what = (f"predict_cache_bytes(config with {L} layers, {fields['num_attention_heads']} query heads, {K} KV "
+                f"heads of {Dh}, {tokens} tokens, window={window}, sinks={sinks}, batch={batch}, key_bytes={kb}, "
+                f"value_bytes={vb}, tp={tp})")
         with t.case(what, group="values"):
             o = t.run([call("lib:course_lib.models.config.LlamaConfig", store="cfg", send=False, **fields),
-                       call("predict_cache_bytes", ref("cfg"), tokens, window, sinks, batch, bpe)])[-1]
-            wrong = {t.mistake("one_factor"): want // 2}
+                       call("predict_cache_bytes", ref("cfg"), tokens, window, sinks, batch, kb, vb, tp)])[-1]
+            wrong = {t.mistake("one_factor"): want // 2,
+                     t.mistake("kv_one_size"): float(expected_bytes(L, K, Dh, held, batch, kb, kb, tp)),
+                     t.mistake("tp_fraction_heads"): 2 * L * K / tp * Dh * held * batch * (kb + vb) / 2,
+                     t.mistake("tp_not_split"): float(expected_bytes(L, K, Dh, held, batch, kb, vb, 1))}
             if window is not None:
-                wrong[t.mistake("sinks_dropped")] = kv_cache_bytes(L, K, Dh, min(tokens, window), batch, bpe)
-            check_equal(o.get(), want, what, mistakes=wrong)
-    for what, kwargs in (("window=0", {"window": 0}), ("window=-4", {"window": -4}), ("window=2.5", {"window": 2.5}),
-                         ("sinks=-1", {"window": 8, "sinks": -1}), ("sinks=1.5", {"window": 8, "sinks": 1.5})):
+                wrong[t.mistake("sinks_dropped")] = float(expected_bytes(L, K, Dh, min(tokens, window), batch,
+                                                                         kb, vb, tp))
+            check_equal(o.get(), want, what, mistakes={k: v for k, v in wrong.items() if v != want})
+            t.expect(type(o.get()) is int, f"{what}: expected an int of bytes, got {type(o.get()).__name__}")
+    llama3_bad = [("window=0", {"window": 0}), ("window=-4", {"window": -4}), ("window=2.5", {"window": 2.5}),
+                  ("sinks=-1", {"window": 8, "sinks": -1}), ("sinks=1.5", {"window": 8, "sinks": 1.5}),
+                  ("tp=3 (8 KV heads)", {"tp": 3}), ("tp=12 (8 KV heads)", {"tp": 12}), ("tp=0", {"tp": 0}),
+                  ("tp=2.0", {"tp": 2.0}), ("key_bytes=0", {"key_bytes": 0}), ("value_bytes=-2", {"value_bytes": -2})]
+    for what, kwargs in llama3_bad:
         with t.case(f"predict_cache_bytes(cfg, 10, {what})", group="errors"):
-            o = t.run([call("lib:course_lib.models.config.LlamaConfig", store="cfg", send=False, **tiny),
+            o = t.run([call("lib:course_lib.models.config.LlamaConfig", store="cfg", send=False, **llama3),
                        call("predict_cache_bytes", ref("cfg"), 10, **kwargs)])[-1]
             t.raises(o, "ValueError", what=f"predict_cache_bytes(cfg, 10, {what})")
 
@@ -432,6 +471,14 @@ class KVCache:
              "        self.window, self.sinks = window, sinks": "        self.window, self.sinks = window, 0",
              "        return self.seen[0] if self.seen else 0": "        return self.k[0].shape[2] if self.k else 0"})},
          ["sinks_dropped", "seen_vs_stored"]),
+        ("the predicted cache counts values at the keys' size, and splits the KV heads over the GPUs as fractions "
+         "of a head when there are more GPUs than heads (Part D, the prediction)",
+         {"predict_bytes": solution_with("lab05", "predict_bytes", {
+             "    heads = max(1, kv_heads // tp)": "    heads = kv_heads / tp",
+             "    return kv_cache_bytes(config.num_hidden_layers, heads, config.head_dim, held, batch, "
+             "(key_bytes + value_bytes) / 2)":
+             "    return int(2 * config.num_hidden_layers * heads * config.head_dim * held * batch * key_bytes)"})},
+         ["kv_one_size", "tp_fraction_heads"]),
     ]
 
 

@@ -50,6 +50,13 @@ MISTAKES = {
     "bits_no_scales": "the bits per weight leave out the scales: each group of group_size weights also stores "
                       "one scale of scale_bits bits, scale_bits / group_size bits per weight (see notebook 02, "
                       "section '7. Memory arithmetic for 7B and 70B models')",
+    "partial_group_dropped": "the scales were counted as numel / group_size (or rounded down): a tensor whose "
+                             "length is not a multiple of the group still stores one scale for its short last "
+                             "group, so it stores ceil(numel / group_size) scales (see notebook 02, section '8. "
+                             "Block formats: GGUF Q8_0 and Q4_0, byte for byte')",
+    "dq_outer_forgotten": "double quantization was counted as the quantized scales alone: every group of "
+                          "scale_group scales also stores an outer scale, and the tensor an offset (see notebook "
+                          "02, section '9. NF4: a codebook shaped like the weights')",
 }
 
 
@@ -411,42 +418,92 @@ check_raises(lambda: nf4_quantize(torch.ones(8), 0), ValueError, "nf4_quantize(x
 print("Exercise 6: visible tests passed")
 
 # %% [markdown] id="c018d"
-# ## Exercise 7 — Predict a format's bits per weight (2 points)
+# ## Exercise 7 — Predict a format's bits on a real tensor (2 points)
 #
-# Before measuring what a format costs, predict it. A format that stores `bits`-bit codes plus, for each
-# group of `group_size` consecutive weights, one scale of `scale_bits` bits (notebook 02, section 7) costs
-# a fixed number of bits per weight, whatever the tensor (when `group_size` divides it). Write
-# `predict_bits_per_weight(bits, group_size=None, scale_bits=16)`: the bits per weight of such a format,
-# where `group_size=None` means one scale for a whole tensor (negligible: count 0). Raise a `ValueError` for
-# `bits < 1` or a `group_size` that is not None or a positive int.
+# Notebook 02 prices formats per weight on tensors whose size is a multiple of every block. A real checkpoint
+# is not so tidy: a row of 11,008 weights (Llama-2-7B's MLP) is not a multiple of 256, a bias or a norm has a
+# few hundred weights, and QLoRA [@dettmers2023qlora] stores its scales themselves quantized. Predict the
+# storage exactly, for a given tensor.
 #
-# Then use it: the GGUF formats Q8_0 and Q4_0 are 8- and 4-bit codes with an fp16 scale per 32 weights; NF4 of
-# exercise 6 keeps an fp32 absmax per 64. The last cell measures the bytes your own functions store on a real
-# weight matrix and prints them beside your predictions.
+# Write `predict_bits_per_weight(bits, group_size=None, scale_bits=16, numel=None, scale_group=None, outer_bits=32)`:
+#
+# * **the format**: every weight a `bits`-bit code; every run of `group_size` consecutive weights (the
+#   flattened tensor cut from the start; the last run may be shorter) shares one scale of `scale_bits` bits.
+#   `group_size=None` means one scale for the whole tensor. With `scale_group` (double quantization), the
+#   scales are themselves grouped the same way, `scale_group` consecutive scales per group, and each group of
+#   scales stores one `outer_bits` scale; the tensor then also stores one `outer_bits` offset (the mean
+#   subtracted from the scales before they are quantized, as QLoRA does);
+# * **returns** the bits per weight (a float): all the bits the tensor stores, divided by its `numel`
+#   weights. With `numel=None`, the limit for a very long tensor (the per-tensor numbers, one scale or one
+#   offset, count 0);
+# * **raises** `ValueError` for `bits < 1`, a `group_size`, `numel` or `scale_group` that is not None or a
+#   positive int, or a `scale_group` without a `group_size`.
+#
+# The grader draws its own formats and tensor sizes and compares with the bytes the course's quantizers
+# store. The visible tests check units, bounds and limits; the last cell measures the bytes your own
+# functions store on a real weight matrix and prints them beside your predictions.
+#
+# <details><summary>Hint 1: count, then divide</summary>
+#
+# Count what the tensor stores (codes, scales, outer scales, the offset) as whole items, then divide by the
+# weights. Pitfall: a tensor whose length is not a multiple of the group still stores a scale for its short
+# last group; dividing the length by the group size does not count it.
+# </details>
+#
+# <details><summary>Hint 2: the limit</summary>
+#
+# For a very long tensor, the items stored once per tensor vanish per weight, and the short last groups do
+# too. Pitfall: forgetting that the outer scales are shared by `group_size × scale_group` weights each.
+# </details>
 
 # %% id="c018e" nbgrader={"grade": false, "grade_id": "predict_bits_per_weight", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_bits_per_weight(bits, group_size=None, scale_bits=16):
-    """Storage bits per weight of `bits`-bit codes plus one `scale_bits` scale per `group_size` weights."""
+def predict_bits_per_weight(bits, group_size=None, scale_bits=16, numel=None, scale_group=None, outer_bits=32):
+    """Storage bits per weight: codes, one scale per group of weights, optionally grouped (double quantized)
+    scales with one outer scale per group of scales and a per-tensor offset; exact for `numel` weights."""
     ### BEGIN SOLUTION
     if bits < 1:
         raise ValueError(f"bits must be >= 1, got {bits!r}")
-    if group_size is None:
-        return float(bits)
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be None or a positive int, got {group_size!r}")
-    return bits + scale_bits / group_size
+    for name, value in (("group_size", group_size), ("numel", numel), ("scale_group", scale_group)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be None or a positive int, got {value!r}")
+    if scale_group is not None and group_size is None:
+        raise ValueError("scale_group needs a group_size (scales to group)")
+    if numel is None:                                     # a long tensor: per-tensor items vanish, groups are full
+        if group_size is None:
+            return float(bits)
+        outer = 0.0 if scale_group is None else outer_bits / (group_size * scale_group)
+        return bits + scale_bits / group_size + outer
+    scales = 1 if group_size is None else -(-numel // group_size)        # a short last group has a scale too
+    total = bits * numel + scale_bits * scales
+    if scale_group is not None:
+        total += outer_bits * (-(-scales // scale_group)) + outer_bits  # outer scales, and the offset
+    return total / numel
     ### END SOLUTION
 
 
 # %% id="c018f" nbgrader={"grade": true, "grade_id": "predict_bits_per_weight_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-check_close(predict_bits_per_weight(4, 128, 16), 4.125, "predict_bits_per_weight(int4, group 128, fp16 scales)",
-            mistakes={MISTAKES["bits_no_scales"]: 4})
-check_close(predict_bits_per_weight(8, 32, 16), 8.5, "predict_bits_per_weight(8, 32, 16): GGUF Q8_0",
-            mistakes={MISTAKES["bits_no_scales"]: 8})
-check_close(predict_bits_per_weight(4, 64, 32), 4.5, "predict_bits_per_weight(4, 64, 32): NF4, fp32 absmax per 64",
-            mistakes={MISTAKES["bits_no_scales"]: 4})
-check_close(predict_bits_per_weight(8), 8.0, "predict_bits_per_weight(8) (one scale per tensor: negligible)")
+def _bpw(*args, **kw):
+    got = predict_bits_per_weight(*args, **kw)
+    check_equal(isinstance(got, (int, float)) and not isinstance(got, bool), True,
+                f"predict_bits_per_weight{args, kw} returns a number of bits per weight, got {got!r}")
+    return float(got)
+
+
+for _g, _sb in ((32, 16), (64, 32), (128, 16)):
+    _long = _bpw(4, _g, _sb)
+    check_equal(4 < _long <= 4 + _sb, True, f"group {_g}, {_sb}-bit scales: between the codes alone (4) and a "
+                f"scale per weight, got {_long}; if it is 4: {MISTAKES['bits_no_scales']}")
+    check_close(_bpw(4, _g, _sb, numel=_g * 10**6), _long, f"a tensor of a million groups of {_g}: the long-tensor "
+                "limit", rtol=1e-9)
+    check_equal(_bpw(4, _g, _sb, numel=_g * 1000 + 1) > _bpw(4, _g, _sb, numel=_g * 1000), True,
+                f"one weight more than 1000 groups of {_g} costs more per weight (a whole scale for one weight)")
+_single = _bpw(4, 64, 8, scale_group=256)
+check_equal(4 < _single < _bpw(4, 64, 32), True, "NF4-like blocks of 64 with 8-bit scales grouped by 256 cost "
+            "less than fp32 scales, more than the codes alone")
+check_equal(_bpw(8, numel=10) > _bpw(8), True, "ten weights with one per-tensor scale: the scale counts")
 check_raises(lambda: predict_bits_per_weight(4, 0), ValueError, "predict_bits_per_weight(4, group_size=0)")
+check_raises(lambda: predict_bits_per_weight(4, None, scale_group=256), ValueError,
+             "predict_bits_per_weight(4, group_size=None, scale_group=256)")
 print("Exercise 7: visible tests passed")
 
 # %% [markdown] id="c019"

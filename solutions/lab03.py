@@ -8,7 +8,8 @@
 #    not yet quantized, through the inverse Hessian, with groups.
 # 2. **SmoothQuant's smoothing** [@xiao2023smoothquant] (4 points): per-channel scales that move the
 #    activations' outliers into the weights without changing the layer's function.
-# 3. **Predict: bits per weight** (1 point): what a group layout costs, before you measure a packed layer.
+# 3. **Predict: bits per parameter** (1 point): what a group layout costs a whole checkpoint of another
+#    shape, before you measure a packed layer.
 #
 # * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).
 # * Run the test cell under it. When the lab is graded, the grader calls your functions on inputs of its own
@@ -43,6 +44,11 @@ MISTAKES = {
     "zero_point_forgotten": "the zero point's bits were not counted: an asymmetric grid stores a scale and a "
                             "zero point per group; see notebook 03, section '1. Weight-only: W8A16 and W4A16 "
                             "round-to-nearest'",
+    "model_all_quantized": "the whole model was priced at the quantized layers' bits: the embedding, the LM head "
+                           "(unless tied) and the norms stay at full precision, and with a large vocabulary they "
+                           "are a large share of a small model; see notebook 03, section '1. Weight-only: W8A16 "
+                           "and W4A16 round-to-nearest'",
+    "head_counted_twice": "a tied LM head was counted as a second matrix: it is the embedding itself, stored once",
 }
 
 
@@ -229,38 +235,74 @@ check_close(smooth(_a, _W, 0.0)[0], 1 / _W.abs().amax(0), "alpha = 0: s_j = 1 / 
 check_raises(lambda: smooth(_a, _W, 1.5), ValueError, "smooth with alpha=1.5")
 
 # %% [markdown] id="c012"
-# ## Exercise 3 — Predict: bits per weight (1 point)
+# ## Exercise 3 — Predict: a whole checkpoint's bits per parameter (1 point)
 #
 # A GPTQ (or round-to-nearest) layer stores, per weight, its `bits`-bit code, and per group of `group_size`
-# weights of a row one scale (`scale_bits`, 16 for fp16) and, for an asymmetric grid, one zero point
-# (`zero_point_bits`). Write `predict_bits_per_weight(bits, group_size, scale_bits=16, zero_point_bits=0)`:
-# the average bits one weight costs, scales and zero points included (assume the groups fill the rows).
-# With `group_size=None` (one grid per row of thousands of weights) count the per-row numbers as negligible:
-# the answer is `bits`. Raise `ValueError` if `bits` is not an int >= 1 or `group_size` is neither `None`
-# nor an int >= 1. (Module 03's memory model, `course_lib.quant.memory`, is what the grader compares with.)
+# weights of a row one scale (`scale_bits`) and, for an asymmetric grid, one zero point (`zero_point_bits`).
+# But a quantized checkpoint is more than its quantized layers: `quantize_model` swaps the decoder's linears
+# and keeps the rest at full precision (section 1 of notebook 03 measures this on the course model). What a
+# "4-bit" model of another shape really costs per parameter is what decides whether it fits.
+#
+# Write `predict_bits_per_weight(bits, group_size, scale_bits=16, zero_point_bits=0, config=None, keep_bits=16)`:
+#
+# * with `config=None`: the average bits one quantized weight costs, scales and zero points included (the
+#   groups fill the rows); `group_size=None` (one grid per row of thousands of weights) counts the per-row
+#   numbers as negligible;
+# * with a `config` (a `LlamaConfig`: `vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
+#   `num_attention_heads`, `num_key_value_heads`, `head_dim`, `tie_word_embeddings`): the average bits per
+#   parameter of the whole model when every linear of every decoder layer (q, k, v, o; gate, up, down) is
+#   quantized so, and every other parameter (the embedding, the LM head, the RMSNorm weights) stays at
+#   `keep_bits` bits. A tied LM head is the embedding itself;
+# * raises `ValueError` if `bits` is not an int >= 1 or `group_size` is neither `None` nor an int >= 1.
+#
+# The grader draws its own model shapes and layouts. The visible tests check bounds and limits.
+#
+# <details><summary>Hint: two kinds of parameters</summary>
+#
+# Split the parameters into the ones quantized and the ones kept, cost each at its own bits, and divide by
+# all of them. Pitfall: in a small model (or one with a large vocabulary) the kept matrices are far from
+# negligible; and a tied head is stored once.
+# </details>
 
 # %% id="c013" nbgrader={"grade": false, "grade_id": "predict_bits", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_bits_per_weight(bits, group_size, scale_bits=16, zero_point_bits=0):
-    """Average bits per weight of a group layout: codes, plus each group's scale and zero point."""
+def predict_bits_per_weight(bits, group_size, scale_bits=16, zero_point_bits=0, config=None, keep_bits=16):
+    """Average bits per weight of a group layout (codes, each group's scale and zero point); with a config,
+    per parameter of the whole model whose decoder linears use it while the rest stays at keep_bits."""
     ### BEGIN SOLUTION
     if isinstance(bits, bool) or not isinstance(bits, int) or bits < 1:
         raise ValueError(f"bits must be an int >= 1, got {bits!r}")
-    if group_size is None:
-        return float(bits)
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
         raise ValueError(f"group_size must be None or an int >= 1, got {group_size!r}")
-    return bits + (scale_bits + zero_point_bits) / group_size
+    per = float(bits) if group_size is None else bits + (scale_bits + zero_point_bits) / group_size
+    if config is None:
+        return per
+    c = config
+    D, F_, V, Dh = c.hidden_size, c.intermediate_size, c.vocab_size, c.head_dim
+    linear = c.num_hidden_layers * (2 * D * c.num_attention_heads * Dh + 2 * D * c.num_key_value_heads * Dh + 3 * D * F_)
+    kept = c.num_hidden_layers * 2 * D + D + V * D * (1 if c.tie_word_embeddings else 2)   # norms; embedding, head
+    return (linear * per + kept * keep_bits) / (linear + kept)
     ### END SOLUTION
 
 
 # %% id="c014" nbgrader={"grade": true, "grade_id": "predict_bits_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-check_close(predict_bits_per_weight(4, 128), 4.125, "predict_bits_per_weight(4, 128) (fp16 scale per 128)")
-check_close(predict_bits_per_weight(4, 128, 16, 8), 4.1875,
-            "predict_bits_per_weight(4, 128, scale_bits=16, zero_point_bits=8)",
-            mistakes={MISTAKES["zero_point_forgotten"]: 4.125})
+from course_lib.models.config import LlamaConfig
+
+_per = predict_bits_per_weight(4, 128, 16, 8)
+check_equal(4 < _per < predict_bits_per_weight(4, 32, 16, 8) < 16, True, "int4, groups of 128 with a scale and a "
+            "zero point: above the codes' 4 bits, below groups of 32")
+check_equal(predict_bits_per_weight(4, 128, 16, 8) > predict_bits_per_weight(4, 128, 16), True,
+            f"a zero point costs bits too; if not: {MISTAKES['zero_point_forgotten']}")
 check_close(predict_bits_per_weight(3, None), 3.0, "predict_bits_per_weight(3, None) (per-row grids: negligible)")
-check_close(predict_bits_per_weight(8, 32, 16, 8), 8.75, "predict_bits_per_weight(8, 32, 16, 8)",
-            mistakes={MISTAKES["zero_point_forgotten"]: 8.5})
+_small = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_attention_heads=8, num_key_value_heads=2)
+_model = [predict_bits_per_weight(4, 128, 16, 8, LlamaConfig(num_hidden_layers=L, **_small)) for L in (2, 8, 32)]
+check_equal(_per < _model[0] < 16, True, f"a 2-layer model with a 32K vocabulary: between its quantized layers' "
+            f"bits and the kept bits, got {_model[0]:.4f}; if it is {_per}: {MISTAKES['model_all_quantized']}")
+check_equal(_model[0] > _model[1] > _model[2], True, f"more layers, the kept embedding weighs less: {_model}")
+check_close(predict_bits_per_weight(4, 128, 16, 8, LlamaConfig(num_hidden_layers=4, **_small), keep_bits=_per), _per,
+            "keep_bits equal to the layout's bits: the whole model costs the same per parameter")
+_untied = LlamaConfig(num_hidden_layers=2, tie_word_embeddings=False, **_small)
+check_equal(predict_bits_per_weight(4, 128, 16, 8, _untied) > _model[0], True,
+            "an untied LM head is one more kept matrix")
 check_raises(lambda: predict_bits_per_weight(4, 0), ValueError, "predict_bits_per_weight(4, 0)")
 check_raises(lambda: predict_bits_per_weight(0, 128), ValueError, "predict_bits_per_weight(0, 128)")
 print("Exercise 3: visible tests passed")

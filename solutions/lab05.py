@@ -10,7 +10,8 @@
 # * **Part C (5 points, contract): a bounded cache with attention sinks** (StreamingLLM
 #   [@xiao2024efficient]): keep the first `sinks` tokens forever and a window of the most recent ones; you design it from
 #   its contract, and the real model checks it against the definition of windowed attention.
-# * **Part D (1 point): predict** a cache's bytes for a model and a context, then measure your caches.
+# * **Part D (1 point): predict** what a long context's cache holds on each GPU of a tensor-parallel
+#   deployment with FP8 keys, then measure your caches.
 #
 # How it works:
 #
@@ -51,6 +52,15 @@ MISTAKES = {
     "seen_vs_stored": "get_seq_length() returned the tokens stored: with absolute positions the next token's "
                       "position is the number of tokens seen, stored or evicted; see notebook 05, section "
                       "'6.2 Sliding window'",
+    "kv_one_size": "keys and values counted at one size: with FP8 keys and bf16 values each side has its own "
+                   "bytes per number (a key costs head_dim x key_bytes, a value head_dim x value_bytes); see "
+                   "notebook 05, sections '4. How much memory the cache takes' and '6.5 Quantized KV: int8 and int4'",
+    "tp_fraction_heads": "with more GPUs than KV heads, each GPU was given num_key_value_heads / tp of a head; a "
+                         "KV head cannot be cut (its head_dim numbers are read whole by its query heads), so a "
+                         "GPU whose query heads read one KV head keeps a whole copy of it; see notebook 11, "
+                         "section '3 · Sharding the course's Llama'",
+    "tp_not_split": "the whole cache was counted on every GPU: tensor parallelism gives each GPU only the KV "
+                    "heads its query heads read; see notebook 11, section '3 · Sharding the course's Llama'",
 }
 
 
@@ -385,41 +395,98 @@ check_equal([_c.stored_length(l) for l in range(cfg.num_hidden_layers)], [8] * c
 print("Part C (model): visible tests passed")
 
 # %% [markdown] id="c018"
-# ## Part D · Predict: the bytes of a cache (1 point)
+# ## Part D · Predict: a long context's cache on each GPU (1 point)
 #
-# Write `predict_cache_bytes(config, tokens, window=None, sinks=0, batch=1, bytes_per_element=2)`: the bytes
-# of the keys and values a cache holds after `tokens` tokens of `batch` sequences, for a model whose
-# `config` has `num_hidden_layers`, `num_key_value_heads` and `head_dim`. `window=None` is the full cache of
-# Part B; otherwise the sink cache of Part C. Use your `kv_cache_bytes`. Raise `ValueError` if `window` is
-# neither `None` nor an int ≥ 1, or `sinks` is not an int ≥ 0. The cell after the tests measures the bytes
-# of your two caches' tensors after a real generation and shows them next to your prediction.
+# Notebook 05 costs a cache on one GPU with one number format. A deployment mixes them: a GQA model whose
+# keys are stored in FP8 (1 byte per number) while the values stay in bf16 (2 bytes), serving 128K-token
+# contexts under **tensor parallelism** over `tp` GPUs (module 11). Tensor parallelism splits each attention
+# layer by heads: every GPU computes some of the query heads, and it must hold the keys and values of every
+# KV head those query heads read. A KV head is never cut in pieces: its `head_dim` numbers belong together.
+# What a GPU holds is what decides whether the batch fits, so predict it per GPU.
+#
+# Write `predict_cache_bytes(config, tokens, window=None, sinks=0, batch=1, key_bytes=2, value_bytes=2, tp=1)`:
+#
+# * **takes** a model `config` (`num_hidden_layers`, `num_attention_heads`, `num_key_value_heads`,
+#   `head_dim`), `tokens` seen by each of `batch` sequences, the cache (`window=None`: the full cache of Part B;
+#   otherwise Part C's sink cache of `window` and `sinks`), the bytes of one stored number of a key
+#   (`key_bytes`) and of a value (`value_bytes`), and the number of GPUs `tp` the heads are split over;
+# * **returns** the bytes of keys and values held by the GPU that holds the most, as an `int`;
+# * **assumes** the split is even: `tp` divides `num_key_value_heads`, or `num_key_value_heads` divides `tp`
+#   (more GPUs than KV heads, as with an 8-KV-head model on 16 GPUs); every GPU holds every sequence;
+# * **raises** `ValueError` if `tp` is not an int >= 1 or splits the KV heads unevenly (neither divides the
+#   other), if `key_bytes` or `value_bytes` is not > 0, if `window` is neither `None` nor an int >= 1, or if
+#   `sinks` is not an int >= 0.
+#
+# The grader draws its own models, formats and GPU counts. The visible tests check units and what must hold
+# whatever the formula; the cell after them measures the bytes of your two caches' tensors (one GPU, one
+# format) and shows them next to your prediction.
+#
+# <details><summary>Hint 1: keys and values in different formats</summary>
+#
+# Part A's formula counts keys and values alike, and its factor 2 is exactly "a key and a value". With two
+# formats, count each side on its own. Pitfall: scaling Part A's total by one of the two sizes.
+# </details>
+#
+# <details><summary>Hint 2: heads per GPU</summary>
+#
+# Ask, for one GPU, which KV heads its query heads read. While there are more KV heads than GPUs, the GPUs
+# share the KV heads out. Pitfall: a GPU count larger than the KV heads does not leave a GPU with a fraction
+# of a head; ask what a GPU whose query heads all read one KV head must hold.
+# </details>
 
 # %% id="c019" nbgrader={"grade": false, "grade_id": "predict_bytes", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_cache_bytes(config, tokens, window=None, sinks=0, batch=1, bytes_per_element=2):
-    """Bytes a cache holds after `tokens` tokens: all of them, or at most sinks + window."""
+def predict_cache_bytes(config, tokens, window=None, sinks=0, batch=1, key_bytes=2, value_bytes=2, tp=1):
+    """Bytes of keys and values held by the fullest of `tp` GPUs after `tokens` tokens of `batch` sequences."""
     ### BEGIN SOLUTION
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be None or an int >= 1, got {window!r}")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"sinks must be an int >= 0, got {sinks!r}")
+    for name, value in (("key_bytes", key_bytes), ("value_bytes", value_bytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    kv_heads = config.num_key_value_heads
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or (kv_heads % tp and tp % kv_heads):
+        raise ValueError(f"tp must be an int >= 1 that divides num_key_value_heads={kv_heads} or is a "
+                         f"multiple of it, got {tp!r}")
     held = tokens if window is None else min(tokens, sinks + window)
-    return kv_cache_bytes(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, held, batch,
-                          bytes_per_element)
+    heads = max(1, kv_heads // tp)     # more GPUs than KV heads: each GPU keeps a whole copy of the one it reads
+    # Part A counts a key and a value of one size; at two sizes, its mean per number gives the same total
+    return kv_cache_bytes(config.num_hidden_layers, heads, config.head_dim, held, batch, (key_bytes + value_bytes) / 2)
     ### END SOLUTION
 
 
 # %% id="c020" nbgrader={"grade": true, "grade_id": "predict_bytes_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 from types import SimpleNamespace
 
-_llama7b = SimpleNamespace(num_hidden_layers=32, num_key_value_heads=32, head_dim=128)
-check_equal(predict_cache_bytes(_llama7b, 4096), 2 * 2**30, "predict_cache_bytes(Llama-2-7B, 4096 tokens) (fp16)")
-check_equal(predict_cache_bytes(_llama7b, 4096, window=1020, sinks=4), 2**29,
-            "predict_cache_bytes(Llama-2-7B, 4096 tokens, window=1020, sinks=4) (1024 tokens held)",
-            mistakes={MISTAKES["sinks_dropped"]: 1020 * 2**19})
-check_equal(predict_cache_bytes(_llama7b, 100, window=1020, sinks=4), 100 * 2**19,
-            "predict_cache_bytes(Llama-2-7B, 100 tokens, window=1020, sinks=4) (fewer tokens than the window)")
-check_equal(predict_cache_bytes(cfg, 100, window=32, sinks=4, batch=2, bytes_per_element=4), 221184,
-            "predict_cache_bytes(the course model, 100 tokens, window 32, sinks 4, batch 2, fp32)")
+
+def _shape(L, H, K, Dh):
+    return SimpleNamespace(num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=K, head_dim=Dh)
+
+
+def _bytes_of(config, tokens, **kw):
+    got = predict_cache_bytes(config, tokens, **kw)
+    check_equal(type(got).__name__, "int", f"predict_cache_bytes(..., {tokens}, {kw}) returns an int of bytes")
+    return got
+
+
+_gqa = _shape(32, 32, 8, 128)                      # a Llama-3-8B-like shape: 8 KV heads for 32 query heads
+_one_gpu = _bytes_of(_gqa, 4096)
+check_equal(_one_gpu, kv_cache_bytes(32, 8, 128, 4096), "one GPU, bf16 keys and values: your Part A's formula")
+_fp8 = _bytes_of(_gqa, 4096, key_bytes=1)
+check_equal(_one_gpu // 2 < _fp8 < _one_gpu, True, f"FP8 keys, bf16 values: strictly between an all-FP8 and an "
+            f"all-bf16 cache (got {_fp8:,} bytes, all-bf16 {_one_gpu:,}); if it is not: {MISTAKES['kv_one_size']}")
+_per_gpu = [_bytes_of(_gqa, 131072, key_bytes=1, tp=tp) for tp in (1, 2, 4, 8, 16, 32)]
+check_equal(all(a >= b for a, b in zip(_per_gpu, _per_gpu[1:])), True,
+            f"more GPUs never hold more each: {[f'{b:,}' for b in _per_gpu]} bytes at tp = 1, 2, ..., 32")
+check_equal(all(b * tp >= _per_gpu[0] for b, tp in zip(_per_gpu, (1, 2, 4, 8, 16, 32))), True,
+            "the GPUs together hold at least the whole cache (every KV head is somewhere)")
+check_equal(_per_gpu[-1] > 0, True, "32 GPUs for 8 KV heads: each GPU still holds some cache")
+check_equal(_bytes_of(_gqa, 9000, window=1020, sinks=4, tp=4), _bytes_of(_gqa, 1024, tp=4),
+            "a sink cache of 4 + 1020 tokens holds as much as a full cache of 1024 tokens",
+            mistakes={MISTAKES["sinks_dropped"]: _bytes_of(_gqa, 1020, tp=4)})
+check_raises(lambda: predict_cache_bytes(_gqa, 10, tp=3), ValueError, "predict_cache_bytes(8 KV heads, tp=3)")
+check_raises(lambda: predict_cache_bytes(_gqa, 10, key_bytes=0), ValueError, "predict_cache_bytes(..., key_bytes=0)")
 check_raises(lambda: predict_cache_bytes(cfg, 10, window=0), ValueError, "predict_cache_bytes(cfg, 10, window=0)")
 print("Part D: visible tests passed")
 
@@ -462,7 +529,7 @@ try:
         _ts = _tensors(_cache)
         _measured = sum(t.numel() * t.element_size() for t in _ts)
         _storage = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _ts}.values())
-        _predicted = predict_cache_bytes(cfg, _cache.get_seq_length(), batch=1, bytes_per_element=4, **_kw)
+        _predicted = predict_cache_bytes(cfg, _cache.get_seq_length(), batch=1, key_bytes=4, value_bytes=4, **_kw)
         print(f"{_name:<26}{_cache.get_seq_length():>8}{_predicted:>17,}{_measured:>10,}{_storage:>10,}")
 except NotImplementedError:
     print("Finish the exercises above first.")
