@@ -424,4 +424,18 @@ def build(model):
          {"predict_positions_answer": solution_with("lab13", "predict_positions_answer", {
              "        if window is None or window >= n:": "        if True:"})},
          ["window_ignored"]),
+        ("every query scored against every key of its forward (no causal mask)",
+         {"predict_positions_answer": '''\
+def predict_attention_pairs(prompt_len, new_tokens, window=None):
+    for name, v in (("prompt_len", prompt_len), ("new_tokens", new_tokens)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an integer >= 1, got {window!r}")
+    w = lambda n: n if window is None else min(n, window)
+    recompute = sum((prompt_len + i) * w(prompt_len + i) for i in range(new_tokens))
+    cached = prompt_len * w(prompt_len) + sum(w(j + 1) for j in range(prompt_len, prompt_len + new_tokens - 1))
+    return recompute, cached
+'''},
+         ["no_causal_mask"]),
     ]
