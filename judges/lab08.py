@@ -11,7 +11,9 @@ fails it with a statistic in the hundreds. Every sample is also checked against 
 kept drafts are a prefix, a draft with p >= q is never rejected, a pass that keeps every draft adds one).
 Part A's greedy decoding is judged pass by pass along the target's greedy output: with one-hot rows each pass
 has one right answer, so a decoder built on the student's step gives the target's greedy output (in
-ceil(n / (g + 1)) passes with a perfect draft) exactly when every pass here does.
+ceil(n / (g + 1)) passes with a perfect draft) exactly when every pass here does. Part B's prediction (rates
+that change along the draft) is compared with the expectation over the pass's outcomes (where it stops),
+computed here, not the solution's sum by token.
 """
 import functools
 
@@ -21,7 +23,6 @@ from course_grading.judging import Judge, Let, call, generator, ref
 from course_lib.checks import check_close, check_equal
 from course_lib.sampling import accept_step as ref_accept
 from course_lib.speculative.theory import expected_tokens_per_pass as ref_tokens
-from course_lib.speculative.theory import speedup as ref_speedup
 
 judge = Judge(references={
     "accept_rules_tests": ["course_lib.sampling.accept_step"],
@@ -405,43 +406,85 @@ def accept_greedy(t):
 # ---------------------------------------------------------------------------------------------------
 # Part B: the speed-up model
 
+def tokens_by_outcome(accept):
+    """E[tokens per pass] over the pass's outcomes: it stops at draft j + 1 (drafts 1..j passed, j + 1 failed)
+    with probability a_1..a_j (1 - a_(j+1)) and emits j + 1 tokens; all g pass with probability a_1..a_g and
+    emit g + 1. Not the solution's sum by token."""
+    total, reach = 0.0, 1.0
+    for j, a in enumerate(accept):
+        total += reach * (1 - a) * (j + 1)
+        reach *= a
+    return total + reach * (len(accept) + 1)
+
+
+def mean_rate_tokens(accept):
+    """The planted mistake: the notebook's constant-rate formula with the mean rate."""
+    return ref_tokens(sum(accept) / len(accept), len(accept)) if accept else 1.0
+
+
+def draw_accept(t):
+    """A draft's rates: constant, falling (a draft or heads that guess further ahead), rising, or anything."""
+    g = t.rng.randint(1, 12)
+    kind = t.rng.choice(["constant", "falling", "rising", "any", "falling"])
+    if kind == "constant":
+        return [round(t.rng.uniform(0, 1), 3)] * g
+    if kind == "any":
+        return [t.rng.choice([t.rng.uniform(0, 1), 1.0, 0.0, round(t.rng.uniform(0, 1), 2)]) for _ in range(g)]
+    first, decay = t.rng.uniform(0.5, 1), t.rng.uniform(0.6, 0.98)
+    rates = [first * decay ** i for i in range(g)]
+    return rates if kind == "falling" else rates[::-1]
+
+
+TOKEN_GRID = [[], [1.0], [0.0], [0.5], [0.8] * 4, [0.9, 0.75, 0.6, 0.45], [0.45, 0.6, 0.75, 0.9], [1.0] * 12,
+              [0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], [0.999] * 32, [1e-6, 0.5], [0.9 * 0.85 ** i for i in range(8)]]
+
+
 @judge.part("predict_tokens_tests", groups={"values": 3, "errors": 1})
 def predict_tokens(t):
-    grid = [(0.8, 4), (0.5, 1), (1.0, 4), (0.0, 7), (0.9, 0), (0.0, 0), (1.0, 0), (1.0, 32), (0.999, 32),
-            (0.5, 32), (0.25, 2), (1e-6, 3)]
-    drawn = [(t.rng.choice([t.rng.uniform(0, 0.999), round(t.rng.uniform(0, 1), 2)]), t.rng.randint(0, 32))
-             for _ in range(60)]
-    cases = grid + drawn
-    got = t.run([call("expected_tokens_per_pass", a, g) for a, g in cases])
-    for (a, g), o in zip(cases, got):
-        what = f"expected_tokens_per_pass({a!r}, {g})"
+    cases = TOKEN_GRID + [draw_accept(t) for _ in range(40)]
+    got = t.run([call("expected_tokens_per_pass", acc) for acc in cases])
+    for acc, o in zip(cases, got):
+        want = tokens_by_outcome(acc)
+        what = f"expected_tokens_per_pass({[round(a, 4) for a in acc]})"
         with t.case(what, group="values"):
-            want = ref_tokens(a, g)
-            check_close(o.get(), want, what, rtol=1e-9, mistakes={t.mistake("tokens_without_target_token"): want - 1})
-    bad = [(1.5, 3), (0.5, -1), (-0.1, 2), (1.0000001, 2), (0.3, -4)]
-    got = t.run([call("expected_tokens_per_pass", a, g) for a, g in bad])
-    for (a, g), o in zip(bad, got):
-        what = f"expected_tokens_per_pass({a!r}, {g})"
-        with t.case(what, group="errors"):
-            t.raises(o, "ValueError", what=what)
-
-
-@judge.part("predict_speedup_tests")
-def predict_speedup(t):
-    cases = [(0.8, 4, 0.05, None), (0.8, 4, 0.05, 1.6), (0.0, 3, 0.1, None), (1.0, 4, 0.0, None),
-             (0.5, 0, 0.3, 2.0), (1.0, 8, 0.1, 2.0), (0.9, 16, 0.0, 1.0), (0.3, 1, 0.5, None)]
-    for _ in range(80):
-        a, g, c = t.rng.uniform(0, 0.999), t.rng.randint(0, 16), t.rng.uniform(0, 0.5)
-        cases.append((a, g, c, t.rng.choice([None, 1.0 + 2 * t.rng.random()])))
-    got = t.run([call("speedup", a, g, c) if vc is None else call("speedup", a, g, c, verify_cost=vc)
-                 for a, g, c, vc in cases])
-    for (a, g, c, vc), o in zip(cases, got):
-        what = f"speedup({a!r}, {g}, {c!r}" + ("" if vc is None else f", verify_cost={vc!r}") + ")"
-        cost = g * c + (1.0 if vc is None else vc)
-        with t.case(what):
-            want = ref_speedup(a, g, c, 1.0 if vc is None else vc)
             check_close(o.get(), want, what, rtol=1e-9,
-                        mistakes={t.mistake("tokens_without_target_token"): want - 1 / cost})
+                        mistakes={t.mistake("tokens_without_target_token"): want - 1,
+                                  t.mistake("mean_acceptance"): mean_rate_tokens(acc),
+                                  t.mistake("independent_positions"): 1 + sum(acc)})
+    bad = [[1.5, 0.3], [0.5, -0.1], [-0.1], [0.2, 0.3, 1.0000001]]
+    got = t.run([call("expected_tokens_per_pass", acc) for acc in bad])
+    for acc, o in zip(bad, got):
+        what = f"expected_tokens_per_pass({acc})"
+        with t.case(what, group="errors"):
+            t.raises(o, "ValueError", what=what + " (rates must be probabilities in [0, 1])")
+
+
+@judge.part("predict_speedup_tests", groups={"values": 3, "errors": 1})
+def predict_speedup(t):
+    cases = [([0.8] * 4, 0.05, None), ([0.9, 0.75, 0.6, 0.45], 0.05, 1.6), ([0.0] * 3, 0.1, None),
+             ([1.0] * 4, 0.0, None), ([], 0.3, 2.0), ([1.0] * 8, 0.1, 2.0), ([0.45, 0.6, 0.75, 0.9], 0.0, 1.0),
+             ([0.3], 0.5, None), ([0.9 * 0.85 ** i for i in range(6)], 0.05, 1.9)]
+    for _ in range(40):
+        acc = draw_accept(t)
+        cases.append((acc, t.rng.uniform(0, 0.5), t.rng.choice([None, 1.0 + 0.15 * len(acc), 1.0 + 2 * t.rng.random()])))
+    got = t.run([call("speedup", acc, c) if vc is None else call("speedup", acc, c, verify_cost=vc)
+                 for acc, c, vc in cases])
+    for (acc, c, vc), o in zip(cases, got):
+        what = f"speedup({[round(a, 4) for a in acc]}, {c!r}" + ("" if vc is None else f", verify_cost={vc!r}") + ")"
+        cost = len(acc) * c + (1.0 if vc is None else vc)
+        with t.case(what, group="values"):
+            want = tokens_by_outcome(acc) / cost
+            check_close(o.get(), want, what, rtol=1e-9,
+                        mistakes={t.mistake("tokens_without_target_token"): want - 1 / cost,
+                                  t.mistake("mean_acceptance"): mean_rate_tokens(acc) / cost,
+                                  t.mistake("independent_positions"): (1 + sum(acc)) / cost})
+    bad = [([0.5], -0.1, None), ([0.5, 0.5], 0.1, 0.0), ([0.5], 0.1, -1.0), ([1.5], 0.1, None)]
+    got = t.run([call("speedup", acc, c) if vc is None else call("speedup", acc, c, verify_cost=vc)
+                 for acc, c, vc in bad])
+    for (acc, c, vc), o in zip(bad, got):
+        what = f"speedup({acc}, {c!r}" + ("" if vc is None else f", verify_cost={vc!r}") + ")"
+        with t.case(what, group="errors"):
+            t.raises(o, "ValueError", what=what + " (c >= 0, verify_cost > 0, rates in [0, 1])")
 
 
 def mutants():
@@ -457,13 +500,22 @@ def mutants():
              "out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))":
              "out.append(int(torch.multinomial(p[i], 1, generator=generator)))"}),
           "predict_speedup": solution_with("lab08", "predict_speedup", {
-              "    if a == 1:\n        return float(g + 1)\n    return (1 - a ** (g + 1)) / (1 - a)":
-              "    return float(sum(a ** k for k in range(1, g + 1)))"})},
+              "    tokens, reach = 1.0, 1.0": "    tokens, reach = 0.0, 1.0"})},
          ["resample_from_p", "tokens_without_target_token"]),
         ("no bonus token when every draft is accepted",
          {"accept_answer": solution_with("lab08", "accept_answer", {
              "    out.append(int(torch.multinomial(p[g], 1, generator=generator)))\n": ""})},
          ["no_bonus"]),
+        ("the draft summarized by its mean rate in the constant-rate formula",
+         {"predict_speedup": solution_with("lab08", "predict_speedup", {
+             "    tokens, reach = 1.0, 1.0": "    mean = sum(accept) / len(accept) if accept else 0.0\n"
+                                           "    accept = [mean] * len(accept)\n"
+                                           "    tokens, reach = 1.0, 1.0"})},
+         ["mean_acceptance"]),
+        ("each draft counted with its own rate, as if a pass went on after a rejection",
+         {"predict_speedup": solution_with("lab08", "predict_speedup", {
+             "        reach *= a\n": "        reach = a\n"})},
+         ["independent_positions"]),
     ]
 
 

@@ -6,7 +6,7 @@ written out, random states, and whole simulated runs: the simulator runs here wi
 every scheduling round's views are sent to the student's `schedule`. A scheduler that decides as the course's
 in every round of a run gives that run's token times exactly (the run is the same), so a run is judged round by
 round, and its first wrong decision is the one reported. The prediction is compared with the simulator run here
-on the grader's batches and cost models (built in the kernel as the library's `StepCostModel`).
+on the grader's batches of mixed lengths and cost models (built in the kernel as the library's `StepCostModel`).
 """
 from course_grading.judging import Judge, call, ref
 from course_lib.checks import check_close, check_equal
@@ -259,17 +259,39 @@ def goodput(t):
 # ---------------------------------------------------------------------------------------------------
 # Part D
 
-def simulated_batch_s(B, P, O, cost):
-    """The simulator's makespan of B identical requests arriving at 0 (the lab's helper, the course's scheduler)."""
-    reqs = [Request(i, 0.0, P, O) for i in range(B)]
-    res = simulate(reqs, ContinuousBatching(max_batch=B), cost=cost, num_blocks=B * (-(-(P + O) // 16)) + 8,
-                   block_size=16)
-    return max(r.finish for r in res.records)
+def simulated_batch(requests, cost):
+    """The simulator's (makespan, mean latency) of these (prompt, output) requests arriving at 0, all admitted
+    at once (the course's scheduler), no preemption."""
+    reqs = [Request(i, 0.0, P, O) for i, (P, O) in enumerate(requests)]
+    res = simulate(reqs, ContinuousBatching(max_batch=len(reqs)), cost=cost,
+                   num_blocks=sum(-(-(P + O) // 16) for P, O in requests) + 8, block_size=16)
+    finish = [r.finish for r in res.records]
+    return max(finish), sum(finish) / len(finish)
 
 
-def one_step_per_token(B, P, O, cost):
-    """The known wrong prediction: O decode steps after the prefill."""
-    return cost.step_time(B * P, 0, B * P) + sum(cost.step_time(0, B, B * (P + k)) for k in range(1, O + 1))
+def stepped(requests, cost, extra_step=False, keep_finished=False):
+    """The known wrong predictions, step by step: `extra_step` decodes a token the prefill already emitted (O
+    decode steps); `keep_finished` keeps every request in every step until the longest is done (the finish
+    times stay each request's own)."""
+    prompts = sum(P for P, _ in requests)
+    t = cost.step_time(prompts, 0, prompts)
+    finish, last = {1: t}, max(O for _, O in requests) + (1 if extra_step else 0)
+    for k in range(2, last + 1):
+        live = [P for P, O in requests if keep_finished or O + (1 if extra_step else 0) >= k]
+        t += cost.step_time(0, len(live), sum(P + k - 1 - (1 if extra_step else 0) for P in live))
+        finish[k] = t
+    return t, sum(finish[O + (1 if extra_step else 0)] for _, O in requests) / len(requests)
+
+
+def draw_requests(t):
+    """1 to 24 requests: the same length for all, a chat mix (long prompts, short answers), or anything."""
+    n = t.rng.randint(1, 24)
+    kind = t.rng.choice(["same", "chat", "any"])
+    if kind == "same":
+        return [(t.rng.randint(1, 300), t.rng.randint(1, 60))] * n
+    if kind == "chat":
+        return [(t.rng.randint(50, 400), t.rng.randint(1, 12)) for _ in range(n)]
+    return [(t.rng.randint(1, 300), t.rng.randint(1, 60)) for _ in range(n)]
 
 
 COST_FIELDS = ("fixed_s", "per_token_s", "per_seq_s", "per_context_token_s", "compute_s_per_token", "overhead_s")
@@ -279,38 +301,49 @@ COST_FIELDS = ("fixed_s", "per_token_s", "per_seq_s", "per_context_token_s", "co
 def predict_batch(t):
     costs = {"default": {}, "compute-bound prefill": {"compute_s_per_token": 1e-3},
              "per-token and per-sequence terms": {"per_token_s": 2e-6, "per_seq_s": 5e-5, "overhead_s": 0.0}}
-    grid = [(8, 100, 20, "default"), (1, 7, 1, "default"), (1, 1, 2, "default"), (24, 300, 60, "default"),
-            (1, 500, 60, "compute-bound prefill"), (16, 64, 3, "compute-bound prefill"),
-            (5, 33, 17, "per-token and per-sequence terms")]
-    cases = [(B, P, O, name, costs[name]) for B, P, O, name in grid]
+    # edge grid: one request of one token, identical requests (the batch never shrinks), one long answer among
+    # one-token ones, the longest output on the shortest prompt, a compute-bound prefill
+    grid = [([(7, 1)], "default"), ([(1, 2)], "default"), ([(100, 20)] * 8, "default"),
+            ([(300, 1)] * 5 + [(10, 40)], "default"), ([(100, 20), (400, 3), (30, 64), (250, 1)], "default"),
+            ([(500, 60)], "compute-bound prefill"), ([(64, 3)] * 8 + [(64, 30)] * 8, "compute-bound prefill"),
+            ([(33, 17), (5, 2), (200, 1)], "per-token and per-sequence terms"),
+            ([(1, 1), (1, 60), (300, 30)], "per-token and per-sequence terms")]
+    cases = [(reqs, name, costs[name]) for reqs, name in grid]
     for k in range(20):
         fields = {"fixed_s": t.rng.uniform(1e-3, 2e-2), "per_token_s": t.rng.choice([0.0, t.rng.uniform(0, 1e-5)]),
                   "per_seq_s": t.rng.choice([0.0, t.rng.uniform(0, 1e-4)]),
                   "per_context_token_s": t.rng.uniform(0, 1e-6), "compute_s_per_token": t.rng.uniform(0, 1e-4),
                   "overhead_s": t.rng.uniform(0, 2e-3)}
-        cases.append((t.rng.randint(1, 24), t.rng.randint(1, 300), t.rng.randint(1, 60), f"drawn cost model {k + 1}",
-                      fields))
+        cases.append((draw_requests(t), f"drawn cost model {k + 1}", fields))
     ops = []
-    for B, P, O, name, fields in cases:
+    for reqs, name, fields in cases:
         ops += [call("lib:course_lib.serving.simulator.StepCostModel", **fields, store="cost", send=False),
-                call("predict_batch_s", B, P, O, ref("cost"))]
+                call("predict_batch_s", reqs, ref("cost"))]
     got = t.run(ops)
-    for k, (B, P, O, name, fields) in enumerate(cases):
+    for k, (reqs, name, fields) in enumerate(cases):
         cost = StepCostModel(**fields)
         shown = ", ".join(f"{n}={v:.4g}" for n, v in fields.items())
-        what = f"predict_batch_s(B={B}, P={P}, O={O}, StepCostModel({shown})) ({name}) vs the simulator (s)"
+        what = f"predict_batch_s({reqs}, StepCostModel({shown})) ({name}) vs the simulator"
         with t.case(what, group="values"):
             got[2 * k].get()
-            check_close(got[2 * k + 1].get(), simulated_batch_s(B, P, O, cost), what, rtol=1e-9,
-                        mistakes={t.mistake("decode_steps"): one_step_per_token(B, P, O, cost)})
-    bad = [(0, 10, 10), (4, 0, 10), (4, 10, 0), (2.0, 10, 10), (4, 10, 2.5), (-1, 10, 10), (4, -3, 10)]
+            out = got[2 * k + 1].get()
+            t.expect(isinstance(out, (tuple, list)) and len(out) == 2,
+                     f"{what}: expected a pair (makespan_s, mean_latency_s), got {out!r}"[:400])
+            span, mean = simulated_batch(reqs, cost)
+            extra, kept = stepped(reqs, cost, extra_step=True), stepped(reqs, cost, keep_finished=True)
+            check_close(out[0], span, f"{what}: the makespan (s)", rtol=1e-9,
+                        mistakes={t.mistake("decode_steps"): extra[0], t.mistake("batch_never_shrinks"): kept[0]})
+            check_close(out[1], mean, f"{what}: the mean latency (s)", rtol=1e-9,
+                        mistakes={t.mistake("latency_is_makespan"): span, t.mistake("decode_steps"): extra[1],
+                                  t.mistake("batch_never_shrinks"): kept[1]})
+    bad = [[], [(0, 10)], [(10, 0)], [(2.0, 10)], [(10, 2.5)], [(10, 2), (-1, 10)], [(4, True)]]
     ops = [call("lib:course_lib.serving.simulator.StepCostModel", store="cost", send=False)]
-    ops += [call("predict_batch_s", *args, ref("cost")) for args in bad]
+    ops += [call("predict_batch_s", reqs, ref("cost")) for reqs in bad]
     got = t.run(ops)
-    for args, o in zip(bad, got[1:]):
-        what = f"predict_batch_s{args[:3]} with the default cost model"
+    for reqs, o in zip(bad, got[1:]):
+        what = f"predict_batch_s({reqs}, StepCostModel())"
         with t.case(what, group="errors"):
-            t.raises(o, "ValueError", what=what)
+            t.raises(o, "ValueError", what=what + " (at least one request; lengths integers >= 1)")
 
 
 def mutants():
@@ -330,10 +363,22 @@ def mutants():
              "            raise ValueError(f\"{name} must be an integer >= {low}, got {value!r}\")\n":
              "        pass\n"}),
           "predict_batch_answer": solution_with("lab09", "predict_batch_answer", {
-              "    for k in range(2, O + 1):                           # token k: each sequence holds P + k - 2, "
-              "reads P + k - 1\n        t += cost.step_time(0, B, B * (P + k - 1))":
-              "    for k in range(1, O + 1):\n        t += cost.step_time(0, B, B * (P + k))"})},
+              "        live = [P for P, O in requests if O >= k]         # each holds P + k - 2 tokens, reads P + k - 1\n"
+              "        t += cost.step_time(0, len(live), sum(P + k - 1 for P in live))":
+              "        live = [P for P, O in requests if O + 1 >= k]\n"
+              "        t += cost.step_time(0, len(live), sum(P + k - 2 for P in live))",
+              "    for k in range(2, max(O for _, O in requests) + 1):": "    for k in range(2, max(O for _, O in requests) + 2):",
+              "    return t, sum(finish[O] for _, O in requests) / len(requests)":
+              "    return t, sum(finish[O + 1] for _, O in requests) / len(requests)"})},
          ["admit_ignores_blocks", "decode_steps"]),
+        ("the batch never shrinks: every request decodes (and is read) until the longest is done",
+         {"predict_batch_answer": solution_with("lab09", "predict_batch_answer", {
+             "        live = [P for P, O in requests if O >= k]": "        live = [P for P, O in requests]"})},
+         ["batch_never_shrinks"]),
+        ("every request's latency taken as the batch's makespan",
+         {"predict_batch_answer": solution_with("lab09", "predict_batch_answer", {
+             "    return t, sum(finish[O] for _, O in requests) / len(requests)": "    return t, t"})},
+         ["latency_is_makespan"]),
         ("followed the recipe's 'admit while it fits' without FCFS: a request that does not fit is skipped and "
          "later, smaller ones are admitted",
          {"schedule_answer": solution_with("lab09", "schedule_answer", {

@@ -1,18 +1,19 @@
-"""Lab 10's judge: the Wanda 2:4 mask, the expert capacity, the batched MoE dispatch and the dropped count.
+"""Lab 10's judge: the Wanda 2:4 mask, the expert capacity, the batched MoE dispatch and the expected drops.
 
 Inputs are drawn here and compared with `course_lib.sparsity`'s references, computed here. The dispatch's experts
 are built in the kernel by the library (`torch.nn.Linear`, the course's SwiGLU `Expert`) and given weights drawn
 here (`load_state_dict`); the grader computes the same experts as plain functions of those weights. Each expert
 in the kernel carries a forward pre-hook that reports every batch it is called on to an object of the grader's
 (`Trial.remote`): the contract's cost (each expert called once, on all of its kept assignments, never on an
-empty batch) is judged on those reports, from the reference's load per expert.
+empty batch) is judged on those reports, from the reference's load per expert. Exercise 4's expected drops
+for a router's probabilities are compared with an enumeration here: each expert's load distribution built
+token by token, not the binomial formula of the solution.
 """
 import torch
 import torch.nn.functional as F
 
 from course_grading.judging import Judge, Let, call, ref
 from course_lib.checks import check_close, check_equal
-from course_lib.sparsity.moe import dispatch as ref_dispatch
 from course_lib.sparsity.moe import dispatch_loop as ref_loop
 from course_lib.sparsity.moe import expert_capacity as ref_capacity
 from course_lib.sparsity.wanda import wanda_mask as ref_wanda_mask
@@ -242,46 +243,79 @@ def moe_dispatch(t):
 # ---------------------------------------------------------------------------------------------------
 # Exercise 4
 
-def router_with_loads(loads, n, k):
-    """indices [n, k] (distinct experts per token) that give expert e loads[e] assignments: the experts' copies
-    in order, laid out column by column (no load exceeds n, so no row holds one expert twice)."""
-    flat = torch.tensor([e for e, c in enumerate(loads) for _ in range(c)])
-    return flat.reshape(k, n).t()
+def load_distributions(probs, n):
+    """P(load of expert e = x) for x = 0..n, every expert at once, built token by token (each token adds one
+    assignment to expert e with probability probs[e]): an enumeration, not the binomial formula."""
+    r = torch.tensor(probs, dtype=torch.float64)[:, None]
+    dist = torch.zeros(len(probs), n + 1, dtype=torch.float64)
+    dist[:, 0] = 1.0
+    for i in range(n):
+        dist[:, 1:i + 2] = dist[:, 1:i + 2] * (1 - r) + dist[:, :i + 1] * r
+        dist[:, 0] *= (1 - r[:, 0])
+    return dist
 
 
-def dropped_by_dispatch(idx, n, e, k, cf):
-    """The number of assignments the reference dispatch drops for these choices (the values do not matter)."""
-    cap = ref_capacity(n, e, k, cf)
-    return ref_dispatch(torch.zeros(n, 1), [torch.nn.Identity()] * e, torch.ones(n, k), idx, cap)[2], cap
+def expected_drops(probs, n, cap):
+    """E[sum_e max(0, load_e - cap)] from the loads' distributions."""
+    dist = load_distributions(probs, n)
+    over = (torch.arange(n + 1, dtype=torch.float64) - cap).clamp(min=0)
+    return float((dist * over).sum())
+
+
+def draw_router(t, e, k):
+    """route_probs for top-k of e experts: skewed weights scaled to add up to k, the excess over 1 spread over
+    the experts below 1 (water-filling) until every one is in [0, 1]."""
+    w = [t.rng.choice([t.rng.uniform(0.05, 1), t.rng.expovariate(1.0), 1.0]) + 1e-3 for _ in range(e)]
+    r = [k * x / sum(w) for x in w]
+    while any(x > 1 + 1e-12 for x in r):
+        full = [x >= 1 for x in r]
+        excess = sum(x - 1 for x in r if x > 1)
+        rest = sum(x for x, f in zip(r, full) if not f)
+        r = [1.0 if f else x + excess * x / rest for x, f in zip(r, full)]
+    return [min(1.0, x) for x in r]
 
 
 @judge.part("predict_dropped_tests", groups={"values": 3, "errors": 1})
 def predict_dropped(t):
-    grid = [([90, 50, 40, 20], 100, 2, 1.0), ([90, 50, 40, 20], 100, 2, None), ([3, 0, 0], 3, 1, 0.5),
-            ([50, 50, 50, 50], 100, 2, 1.0), ([100, 100, 0, 0], 100, 2, 1.0), ([7], 7, 1, 0.5), ([7], 7, 1, None),
-            ([5, 5, 5, 5, 0], 5, 4, 1.0), ([12, 0, 0, 0], 12, 1, 1.0), ([1, 1], 1, 2, 3.0),
-            ([30, 10, 1, 1], 42, 1, 1.0)]
-    cases = []
-    for loads, n, k, cf in grid:
-        cases.append((loads, n, k, cf, router_with_loads(loads, n, k)))
-    for _ in range(40):
-        n, e = t.rng.randint(1, 199), t.rng.randint(1, 15)
-        k = t.rng.randint(1, e)
-        idx = (randn(t, n, e) + randn(t, e, scale=2)).topk(k, dim=-1).indices       # a skewed router
-        loads = torch.bincount(idx.reshape(-1), minlength=e).tolist()
-        cases.append((loads, n, k, t.rng.uniform(0.25, 2.25), idx))
-    outcomes = t.run([call("predict_dropped", loads, n, k, cf) for loads, n, k, cf, _ in cases])
-    for (loads, n, k, cf, idx), o in zip(cases, outcomes):
-        want, cap = dropped_by_dispatch(idx, n, len(loads), k, cf)
-        what = f"predict_dropped(loads={loads}, N={n}, k={k}, capacity_factor={cf!r}) (capacity {cap} per expert)"
+    def even(e, k):
+        return [k / e] * e
+
+    # edge grid: no capacity, every load fixed (probabilities 0 and 1), k = E (every expert on every token),
+    # one token, one expert, an even router exactly at its capacity (the mean load's 0), a tiny factor,
+    # a factor that the ceiling rounds up, skewed routers
+    grid = [(even(8, 2), 256, 2, None), ([1.0, 1.0, 0.0, 0.0], 40, 2, 0.5), ([1.0, 0.0, 0.0], 30, 1, 1.0),
+            (even(4, 4), 50, 4, 0.5), ([0.5, 0.5], 1, 1, 1.0), ([1.0], 17, 1, 0.3), (even(8, 2), 256, 2, 1.0),
+            (even(8, 2), 512, 2, 1.0), (even(16, 1), 64, 1, 1.0), (even(4, 1), 100, 1, 0.1), (even(3, 1), 10, 1, 1.1),
+            ([0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.55], 256, 2, 1.5), ([0.9, 0.9, 0.1, 0.1], 200, 2, 1.0),
+            ([0.6, 0.2, 0.2], 300, 1, 2.0)]
+    drawn = []
+    for _ in range(30):
+        e = t.rng.randint(1, 16)
+        k = t.rng.randint(1, min(e, 4))
+        drawn.append((draw_router(t, e, k), t.rng.randint(1, 400), k,
+                      t.rng.choice([None, round(t.rng.uniform(0.25, 2.25), 2), round(t.rng.uniform(0.9, 1.4), 3)])))
+    cases = grid + drawn
+    outcomes = t.run([call("predict_dropped", probs, n, k, cf) for probs, n, k, cf in cases])
+    for (probs, n, k, cf), o in zip(cases, outcomes):
+        e = len(probs)
+        cap = ref_capacity(n, e, k, cf)
+        want = expected_drops(probs, n, cap)
+        shown = [round(x, 4) for x in probs]
+        what = (f"predict_dropped(route_probs={shown}, N={n}, k={k}, capacity_factor={cf!r}) (capacity {cap} per "
+                f"expert)")
         with t.case(what, group="values"):
-            check_equal(o.get(), want, what,
-                        mistakes={t.mistake("pooled_capacity"): max(0, n * k - len(loads) * cap)})
-    bad = [([10, 10], 10, 1, 1.0), ([12, -2], 10, 1, 1.0), ([3, 4], 3, 2, 1.0), ([], 4, 1, 1.0), ([5, 5], 5, 1, None)]
-    for (loads, n, k, cf), o in zip(bad, t.run([call("predict_dropped", *b) for b in bad])):
-        what = f"predict_dropped(loads={loads}, N={n}, k={k}, capacity_factor={cf!r})"
+            check_close(o.get(), want, what, rtol=1e-6, atol=1e-9,
+                        mistakes={t.mistake("drops_at_mean_load"): sum(max(0.0, n * r - cap) for r in probs),
+                                  t.mistake("pooled_capacity"): float(max(0, n * k - e * cap)),
+                                  t.mistake("assignments_independent"):
+                                      expected_drops([r / k for r in probs], n * k, cap)})
+    bad = [([0.5, 0.5], 10, 2, 1.0), ([1.2, -0.2], 10, 1, 1.0), ([1.0], 10, 2, 1.0), ([0.5, 0.5], 0, 1, 1.0),
+           ([0.5, 0.5], 10.0, 1, 1.0), ([0.5, 0.5], 10, 0, 1.0), ([0.3, 0.3], 10, 1, None), ([0.5, 0.5], True, 1, 1.0)]
+    for (probs, n, k, cf), o in zip(bad, t.run([call("predict_dropped", *b) for b in bad])):
+        what = f"predict_dropped(route_probs={probs}, N={n!r}, k={k!r}, capacity_factor={cf!r})"
         with t.case(what, group="errors"):
-            t.raises(o, "ValueError", what=what + f" (the loads must be >= 0 and add up to N * k = {n * k})")
+            t.raises(o, "ValueError", what=what + " (N and k integers, 1 <= k <= E; probabilities in [0, 1] "
+                                                  "adding up to k)")
 
 
 def mutants():
@@ -300,8 +334,18 @@ def mutants():
          {"dispatch": solution_with("lab10", "dispatch", {
              "    cap = N * k if capacity is None else capacity": "    cap = N * k"}),
           "predict_dropped": solution_with("lab10", "predict_dropped", {
-              "    return sum(max(0, x - cap) for x in loads)": "    return max(0, N * k - len(loads) * cap)"})},
+              "    expected = 0.0\n": "    return float(max(0, N * k - len(probs) * cap))\n"})},
          ["no_capacity", "pooled_capacity"]),
+        ("the expected drops taken as the drops of the mean load, max(0, N r - capacity) per expert",
+         {"predict_dropped": solution_with("lab10", "predict_dropped", {
+             "    for r in probs:               # linearity": "    for r in []:                  # linearity",
+             "    return expected": "    return sum(max(0.0, N * r - cap) for r in probs)"})},
+         ["drops_at_mean_load"]),
+        ("each expert's load drawn over the N * k assignments, Binomial(N * k, r / k), not over the N tokens",
+         {"predict_dropped": solution_with("lab10", "predict_dropped", {
+             "    for r in probs:               # linearity": "    N, probs = N * k, [r / k for r in probs]\n"
+                                                            "    for r in probs:               # linearity"})},
+         ["assignments_independent"]),
     ]
 
 

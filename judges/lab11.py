@@ -3,7 +3,9 @@
 Inputs are drawn here and compared with `course_lib.parallel`'s references, computed here. Exercise 3 runs the
 student's `parallel_mlp` as the lab's visible test does: in the kernel, the library's `run_parallel_mlp` sends
 the function's source (with the shard helpers') to fresh processes that form a gloo group over 127.0.0.1, and
-every rank's output comes back; the unsharded MLP and the known mistakes' outputs are computed here.
+every rank's output comes back; the unsharded MLP and the known mistakes' outputs are computed here. Exercise 4's
+bubble (an uneven split of the layers, a head on the last stage) is compared with the GPipe timeline built here
+from the course's split, micro-batch by micro-batch, not with the solution's closed form.
 """
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,7 @@ from course_lib.parallel.cost import tp_comm_per_token as ref_tp_comm
 from course_lib.parallel.layers import shard_range as ref_shard_range
 from course_lib.parallel.pipeline import bubble_fraction as ref_bubble_fraction
 from course_lib.parallel.pipeline import gpipe_schedule as ref_gpipe_schedule
+from course_lib.parallel.pipeline import split_layers as ref_split_layers
 
 judge = Judge(references={
     "shards_tests": ["course_lib.parallel.layers.shard_range"],
@@ -153,21 +156,45 @@ def parallel_mlp(t):
 # ---------------------------------------------------------------------------------------------------
 # Exercise 4
 
+def stage_times(L, p, head):
+    """The stages' times per micro-batch: the course's contiguous split (its rule, not the student's), the
+    head on the last stage."""
+    times = [float(len(r)) for r in ref_split_layers(L, p)]
+    times[-1] += head
+    return times
+
+
 @judge.part("predict_bubble_tests", groups={"values": 3, "errors": 1})
 def predict_bubble(t):
-    grid = [(1, 8), (4, 6), (2, 1), (1, 1), (8, 1), (16, 64), (2, 2), (3, 100)]
-    drawn = [(t.rng.randint(1, 16), t.rng.randint(1, 64)) for _ in range(30)]
+    # edge grid: one stage, one micro-batch, one layer per stage, an even split (the notebook's case), a head
+    # that makes the last stage the slowest, one that evens the stages out, a remainder of p - 1
+    grid = [(8, 1, 8, 0.0), (1, 1, 1, 0.0), (4, 4, 1, 0.0), (8, 4, 6, 0.0), (10, 4, 8, 0.0), (10, 4, 8, 1.5),
+            (10, 4, 1, 0.0), (5, 4, 3, 1.0), (7, 4, 100, 0.0), (32, 3, 64, 2.0), (6, 6, 2, 0.25), (9, 2, 5, 0.0),
+            (2, 2, 1, 0.0), (80, 16, 64, 3.0), (3, 2, 1000, 0.0)]
+    drawn = []
+    for _ in range(30):
+        L = t.rng.randint(1, 80)
+        p = t.rng.randint(1, min(L, 16))
+        drawn.append((L, p, t.rng.randint(1, 64), t.rng.choice([0.0, round(t.rng.uniform(0, 3), 2),
+                                                                float(t.rng.randint(1, 4))])))
     cases = grid + drawn
-    for (p, m), o in zip(cases, t.run([call("predict_bubble", p, m) for p, m in cases])):
-        what = f"predict_bubble(p={p}, m={m})"
+    outs = t.run([call("predict_bubble", L, p, m, h) for L, p, m, h in cases])
+    for (L, p, m, h), o in zip(cases, outs):
+        times = stage_times(L, p, h)
+        want = ref_bubble_fraction(ref_gpipe_schedule(p, m, times), p)     # the timeline, built here
+        busy, span = m * sum(times), sum(times) + (m - 1) * max(times)
+        what = f"predict_bubble(num_layers={L}, p={p}, m={m}, head_cost={h!r}) (stage times {times})"
         with t.case(what, group="values"):
-            check_close(o.get(), ref_bubble_fraction(ref_gpipe_schedule(p, m), p), what, rtol=1e-9, atol=1e-12,
-                        mistakes={t.mistake("bubble_over_m"): (p - 1) / m})
-    bad = [(0, 4), (4, 0), (2.0, 4), (2, 4.0), (-1, 3), (3, -2), ("2", 4)]
-    for (p, m), o in zip(bad, t.run([call("predict_bubble", p, m) for p, m in bad])):
-        what = f"predict_bubble({p!r}, {m!r})"
+            check_close(o.get(), want, what, rtol=1e-9, atol=1e-12,
+                        mistakes={t.mistake("bubble_balanced"): (p - 1) / (m + p - 1),
+                                  t.mistake("bubble_slowest_fill"): 1 - busy / (p * (m + p - 1) * max(times)),
+                                  t.mistake("bubble_idle_over_busy"): (p * span - busy) / busy})
+    bad = [(8, 0, 4, 0.0), (8, 4, 0, 0.0), (8.0, 4, 4, 0.0), (8, 2.0, 4, 0.0), (8, 4, 4.0, 0.0), (-1, 1, 3, 0.0),
+           (3, 4, 2, 0.0), (8, 9, 1, 0.0), (8, 4, 4, -0.5), (8, 4, 4, "1"), ("8", 2, 4, 0.0), (8, True, 4, 0.0)]
+    for (L, p, m, h), o in zip(bad, t.run([call("predict_bubble", L, p, m, h) for L, p, m, h in bad])):
+        what = f"predict_bubble({L!r}, {p!r}, {m!r}, head_cost={h!r})"
         with t.case(what, group="errors"):
-            t.raises(o, "ValueError", what=what + " (p and m must be integers >= 1)")
+            t.raises(o, "ValueError", what=what + " (integers >= 1 with p <= num_layers; head_cost a number >= 0)")
 
 
 def mutants():
@@ -178,15 +205,25 @@ def mutants():
     from judge_tools import solution_with
     return [
         ("the row-parallel bias b2 added on every rank before the all-reduce (summed world_size times); the "
-         "bubble predicted as idle over busy time, (p - 1) / m",
+         "bubble predicted with the equal stages' formula (p - 1) / (m + p - 1) whatever the split",
          {"parallel_mlp": solution_with("lab11", "parallel_mlp", {
              "    y = F.linear(h, shard_row(w2, rank, world_size))  # [..., d]: a partial sum":
              "    y = F.linear(h, shard_row(w2, rank, world_size), b2)",
              "    return y + b2                                     # the bias once, after the sum":
              "    return y"}),
           "predict_bubble": solution_with("lab11", "predict_bubble", {
-              "    return (p - 1) / (m + p - 1)": "    return (p - 1) / m"})},
-         ["bias_every_rank", "bubble_over_m"]),
+              "    return 1.0 - m * sum(times) / (p * makespan)     # busy: every micro-batch through every stage once":
+              "    return (p - 1) / (m + p - 1)"})},
+         ["bias_every_rank", "bubble_balanced"]),
+        ("the whole run taken at the slowest stage's pace, (m + p - 1) max(stage time)",
+         {"predict_bubble": solution_with("lab11", "predict_bubble", {
+             "    makespan = sum(times) + (m - 1) * max(times)": "    makespan = (m + p - 1) * max(times)"})},
+         ["bubble_slowest_fill"]),
+        ("the bubble as idle rank-time over busy rank-time",
+         {"predict_bubble": solution_with("lab11", "predict_bubble", {
+             "    return 1.0 - m * sum(times) / (p * makespan)     # busy: every micro-batch through every stage once":
+             "    return (p * makespan - m * sum(times)) / (m * sum(times))"})},
+         ["bubble_idle_over_busy"]),
     ]
 
 

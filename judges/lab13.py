@@ -24,7 +24,8 @@ Part A, as the grader runs it:
    the baseline ran, per-round ratios spread beyond the noise, a baseline round far from the others, a wall
    speed-up far below the CPU one, a lossy entry whose tokens the model itself rarely agrees with.
 
-Part B. The positions the course's generate feeds a model, counted here by a hook, against the prediction.
+Part B. The attention pairs of the recompute and the cached loop (with or without a sliding window), counted
+here forward by forward from each forward's mask, against the prediction.
 """
 import math
 import statistics
@@ -37,9 +38,8 @@ from course_grading.judging import Judge, Get, call, ref
 from course_lib.capstone import (BPB_BOUND, PROJECT_POINTS, RATIO_FLOOR, RATIO_FULL, model_logits,
                                  prompt_stream, speed_points, speedup_interval, state_digest)
 from course_lib.checks import check_equal
-from course_lib.generation import generate
 from course_lib.kvcache import ContiguousCache
-from course_lib.models import LlamaForCausalLM, as_config, load
+from course_lib.models import load
 from course_lib.models.corpus import load_split
 
 judge = Judge(references={"speed_tests": [], "predict_positions_tests": []}, clean=True)
@@ -350,35 +350,54 @@ def lossy_reference(t, tokenizer, model, prompts, got, expected, record, flags):
 
 @judge.part("predict_positions_tests", groups={"values": 3, "errors": 1})
 def predict_positions(t):
-    grid = [(4, 3), (64, 1), (1, 1), (1, 40), (80, 40), (7, 2)]
-    grid += [(t.rng.randint(1, 80), t.rng.randint(1, 40)) for _ in range(8)]
-    for T, n in grid:
-        want = (counted(T, n, None), counted(T, n, "contiguous"))
-        what = f"predict_positions({T}, {n})"
+    # edge grid: one token (one forward for both loops), a one-token prompt, a window of 1 (each query itself),
+    # a window that never binds, one that binds inside the prompt, one that binds only during decoding
+    grid = [(4, 3, None), (64, 1, None), (1, 1, None), (1, 40, None), (80, 40, None), (7, 2, 1), (10, 5, 1),
+            (10, 5, 100), (10, 5, 14), (64, 16, 32), (20, 30, 25), (1, 1, 1), (256, 64, 128)]
+    for _ in range(10):
+        T, n = t.rng.randint(1, 120), t.rng.randint(1, 60)
+        grid.append((T, n, t.rng.choice([None, t.rng.randint(1, T + n), t.rng.randint(1, 16)])))
+    for T, n, w in grid:
+        want = (counted_pairs(T, n, w, cached=False), counted_pairs(T, n, w, cached=True))
+        what = f"predict_attention_pairs({T}, {n}, window={w})"
         with t.case(what, group="values"):
-            got = t.call("predict_positions", T, n)
+            got = t.call("predict_attention_pairs", T, n, w)
             t.expect(isinstance(got, (tuple, list)) and len(got) == 2, f"{what}: expected two ints, got {got!r}")
-            check_equal(tuple(got), want, what, mistakes={t.mistake("last_token_fed"): (want[0], T + n)})
-    for bad in ((0, 3), (4, 0), (4.0, 3), (4, True), (-1, 2)):
-        with t.case(f"predict_positions{bad}", group="errors"):
-            t.raises(t.outcome("predict_positions", *bad), "ValueError", what=f"predict_positions{bad}")
+            check_equal(tuple(got), want, what, mistakes={
+                t.mistake("last_token_fed"): (want[0], counted_pairs(T, n + 1, w, cached=True)),
+                t.mistake("no_causal_mask"): (counted_pairs(T, n, w, cached=False, causal=False),
+                                              counted_pairs(T, n, w, cached=True, causal=False)),
+                t.mistake("window_ignored"): (counted_pairs(T, n, None, cached=False),
+                                              counted_pairs(T, n, None, cached=True))})
+    for bad in ((0, 3), (4, 0), (4.0, 3), (4, True), (-1, 2), (4, 3, 0), (4, 3, 2.5), (4, 3, True)):
+        with t.case(f"predict_attention_pairs{bad}", group="errors"):
+            t.raises(t.outcome("predict_attention_pairs", *bad), "ValueError", what=f"predict_attention_pairs{bad}")
 
 
-def counted(T, n, cache):
-    """Positions the course's generate really feeds a model: counted by a hook, on a tiny random model."""
-    torch.manual_seed(T * 1000 + n)
-    m = LlamaForCausalLM(as_config(dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                        max_position_embeddings=256))).eval()
-    fed = []
-    m.register_forward_pre_hook(lambda mod, args, kwargs: fed.append(
-        (args[0] if args else kwargs["input_ids"]).shape[-1]), with_kwargs=True)
-    generate(m, torch.randint(0, 64, (T,)), n, cache=cache)
-    return sum(fed)
+def counted_pairs(T, n, window, cached, causal=True):
+    """The (query, key) pairs the loop scores, counted forward by forward from the mask of each forward: the
+    recompute loop runs positions 0..T+i-1 at step i; the cached loop runs the prompt, then one position at a
+    time up to T + n - 2 (the last token is never fed). `causal=False` is the planted mistake: every query
+    against every key of the forward and the cache."""
+    chunks = ([(0, T + i) for i in range(n)] if not cached else
+              [(0, T)] + [(T + i, T + i + 1) for i in range(n - 1)])
+    total = 0
+    for start, end in chunks:
+        q = torch.arange(start, end)[:, None]
+        k = torch.arange(0, end)[None, :]
+        mask = (k <= q) if causal else torch.ones(end - start, end, dtype=torch.bool)
+        if window is not None:
+            mask &= (q - k < window) if causal else (end - 1 - k < window)
+        total += int(mask.sum())
+    return total
 
 
 def mutants():
     """Planted wrong answers for the round trips (tests/test_judges.py, tests/test_grading.py)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from judge_tools import solution_with
     return [
         ("the KV cache made once in build and kept from one call to the next (the next prompt attends to the "
          "previous one's keys and values): fast, but its tokens differ, so no speed points; Part B right",
@@ -397,15 +416,28 @@ def build(model):
     return generate_fn
 '''},
          ["state_between_calls"]),
-        ("the cached positions count the last new token as fed (prompt + new_tokens)",
+        ("the cached pairs count the last new token as fed (one query too many)",
+         {"predict_positions_answer": solution_with("lab13", "predict_positions_answer", {
+             "    cached = pairs(prompt_len + new_tokens - 1)": "    cached = pairs(prompt_len + new_tokens)"})},
+         ["last_token_fed"]),
+        ("the window left out of the pairs",
+         {"predict_positions_answer": solution_with("lab13", "predict_positions_answer", {
+             "        if window is None or window >= n:": "        if True:"})},
+         ["window_ignored"]),
+        ("every query scored against every key of its forward (no causal mask)",
          {"predict_positions_answer": '''\
-def predict_positions(prompt_len, new_tokens):
+def predict_attention_pairs(prompt_len, new_tokens, window=None):
     for name, v in (("prompt_len", prompt_len), ("new_tokens", new_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    return new_tokens * prompt_len + new_tokens * (new_tokens - 1) // 2, prompt_len + new_tokens
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an integer >= 1, got {window!r}")
+    w = lambda n: n if window is None else min(n, window)
+    recompute = sum((prompt_len + i) * w(prompt_len + i) for i in range(new_tokens))
+    cached = prompt_len * w(prompt_len) + sum(w(j + 1) for j in range(prompt_len, prompt_len + new_tokens - 1))
+    return recompute, cached
 '''},
-         ["last_token_fed"]),
+         ["no_causal_mask"]),
     ]
 
 

@@ -8,7 +8,8 @@
 #   output follows the target's distribution **exactly**. You are given what the step must guarantee, not
 #   its lines.
 # * **Part B (4 points): predict the speed-up.** How many tokens one draft-then-verify pass emits on
-#   average, and what that buys in time; then the course's `tiny` / `tiny-draft` pair measures both.
+#   average when the draft's acceptance changes along the draft, and what that buys in time; then the
+#   course's `tiny` / `tiny-draft` pair measures both.
 #
 # Notation (the same as the notebook and `course_lib.speculative`): `p` = TARGET probabilities, `q` = DRAFT
 # probabilities, `g` = draft length, `a` = acceptance rate, `c` = draft/target cost ratio per token. The
@@ -45,10 +46,17 @@ MISTAKES = {
     "no_bonus": "no bonus token when every draft is accepted: a pass must emit the accepted drafts plus one "
                 "token of the target, sampled from p[g] when nothing was rejected; see notebook 08, section "
                 "'1 · One pass, by hand'",
-    "tokens_without_target_token": "the expected tokens per pass counted only the accepted drafts "
-                                   "(a + a^2 + ... + a^g) and forgot the token every pass gets from the target "
-                                   "(the correction or the bonus): add 1; see notebook 08, section "
-                                   "'4 · How much does it buy? The speed-up model'",
+    "tokens_without_target_token": "the expected tokens per pass counted only the accepted drafts and forgot the "
+                                   "token every pass gets from the target (the correction or the bonus): add 1; "
+                                   "see notebook 08, section '4 · How much does it buy? The speed-up model'",
+    "mean_acceptance": "the draft summarized by its mean acceptance rate, (1 - a^(g+1)) / (1 - a) with a = the mean "
+                       "of the rates: the tokens of a pass depend on the products of the rates along the draft, "
+                       "and a product of unequal rates is not the power of their mean; see notebook 08, section "
+                       "'4 · How much does it buy? The speed-up model'",
+    "independent_positions": "each draft counted with its own rate, 1 + a_1 + ... + a_g: draft i is emitted only if "
+                             "drafts 1 to i - 1 were accepted too (a pass stops at the first rejection), so it "
+                             "counts with the product a_1 a_2 ... a_i; see notebook 08, section '1 · One pass, by "
+                             "hand'",
 }
 
 
@@ -263,69 +271,97 @@ print("Part A (greedy): visible tests passed")
 # %% [markdown] id="c012"
 # ## Part B · Predict the speed-up (4 points)
 #
-# Before measuring anything, predict. The model of notebook 08, section 4: every draft passes
-# independently with the same probability `a`; a pass stops at the first rejection; whatever happens, the
-# pass ends with one token of the target (the correction, or the bonus when all `g` drafts passed).
-# Derive from that model, and implement:
+# Before measuring anything, predict. Notebook 08, section 4 assumes that every draft passes with the same
+# probability `a`. Real drafts are not like that: a draft model, or Medusa's heads (section 8: each head
+# guesses one position further ahead), get worse the further they guess, so the rate falls along the draft.
+# Take the pass of section 1 (it stops at the first rejection and always ends with one token of the target,
+# the correction or the bonus) with a rate per position: `accept[i]` is the probability that draft `i + 1`
+# passes **given that drafts 1 to `i` passed** (`g = len(accept)`, possibly 0). Derive, and implement:
 #
-# * `expected_tokens_per_pass(a, g)`: the expected number of tokens one pass emits (for any `a` in [0, 1],
-#   `a = 1` included, and any `g >= 0`; a `ValueError` if `a` is not in [0, 1] or `g` is negative);
-# * `speedup(a, g, c, verify_cost=1.0)`: a pass costs `g` draft steps (`c` each, in units of one target
+# * `expected_tokens_per_pass(accept)`: the expected number of tokens one pass emits (a float; a
+#   `ValueError` if a rate is not in [0, 1]);
+# * `speedup(accept, c, verify_cost=1.0)`: a pass costs `g` draft steps (`c` each, in units of one target
 #   decode step) plus one target verification pass (`verify_cost`; 1 on a GPU at batch 1, where scoring
-#   g + 1 tokens costs about as much as one). Plain decoding costs 1 per token: return the predicted
-#   speed-up of speculative decoding over plain decoding.
+#   `g + 1` tokens costs about as much as one). Plain decoding costs 1 per token: return the predicted
+#   speed-up of speculative decoding over plain decoding (a `ValueError` if `c < 0` or `verify_cost <= 0`).
 #
-# The tests grade your predictions against the model's values on their own inputs. The cell after the
-# tests then measures `a`, `c`, the verify cost, the tokens per pass and the speed-up of the course's
-# `tiny` target with its `tiny-draft` draft, and puts your predictions beside the measurements.
+# The grader draws its own rates, costs and draft lengths and compares with the exact expectation (within
+# `1e-9` relative). The visible tests check the units and what must hold whatever the formula; the cell
+# after them measures the `tiny` / `tiny-draft` pair and puts your predictions beside the measurements.
 #
-# <details><summary>Hint: the expected tokens as a sum</summary>
+# <details><summary>Hint 1: when is a token emitted?</summary>
 #
-# The pass emits at least 1 token; it emits a 2nd if draft 1 passed (probability `a`), a 3rd if drafts 1
-# and 2 passed (`a^2`), ... So E = 1 + a + ... + a^g, a geometric sum: (1 - a^(g+1)) / (1 - a), and `g + 1`
-# at `a = 1` (do not divide by zero).
+# Count by token rather than by outcome: the pass emits its `j`-th draft exactly when drafts 1 to `j` all
+# passed. Pitfall: counting each draft with its own rate alone, as if it could be emitted after a rejected
+# one.
+# </details>
+#
+# <details><summary>Hint 2: the mean rate is not enough</summary>
+#
+# Two drafts with the same mean rate can emit different numbers of tokens: compare rates that fall along the
+# draft with the same rates in the opposite order. Pitfall: putting the mean rate into the notebook's
+# formula. And do not forget the target's own token, which every pass emits.
 # </details>
 
 # %% id="c013" nbgrader={"grade": false, "grade_id": "predict_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def expected_tokens_per_pass(a, g):
-    """Expected tokens emitted by one draft-then-verify pass."""
+def expected_tokens_per_pass(accept):
+    """Expected tokens emitted by one draft-then-verify pass; accept[i] = P(draft i + 1 passes | 1..i passed)."""
     ### BEGIN SOLUTION
-    if not 0 <= a <= 1:
-        raise ValueError(f"a must be in [0, 1], got {a}")
-    if g < 0:
-        raise ValueError(f"g must be >= 0, got {g}")
-    if a == 1:
-        return float(g + 1)
-    return (1 - a ** (g + 1)) / (1 - a)
+    accept = [float(a) for a in accept]
+    if any(not 0 <= a <= 1 for a in accept):
+        raise ValueError(f"accept must hold probabilities in [0, 1], got {accept}")
+    tokens, reach = 1.0, 1.0          # the target's token, always; reach = P(drafts 1..i all passed)
+    for a in accept:
+        reach *= a
+        tokens += reach               # draft i is emitted exactly when drafts 1..i passed
+    return tokens
     ### END SOLUTION
 
 
-def speedup(a, g, c, verify_cost=1.0):
+def speedup(accept, c, verify_cost=1.0):
     """Predicted speed-up of speculative decoding over plain decoding."""
     ### BEGIN SOLUTION
-    return expected_tokens_per_pass(a, g) / (g * c + verify_cost)
+    if not c >= 0:
+        raise ValueError(f"c must be >= 0, got {c!r}")
+    if not verify_cost > 0:
+        raise ValueError(f"verify_cost must be > 0, got {verify_cost!r}")
+    return expected_tokens_per_pass(accept) / (len(accept) * c + verify_cost)
     ### END SOLUTION
 
 
 # %% id="c014" nbgrader={"grade": true, "grade_id": "predict_tokens_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-check_close(expected_tokens_per_pass(0.8, 4), 1 + 0.8 + 0.8 ** 2 + 0.8 ** 3 + 0.8 ** 4, "expected_tokens_per_pass(0.8, 4)",
-            mistakes={MISTAKES["tokens_without_target_token"]: 0.8 + 0.8 ** 2 + 0.8 ** 3 + 0.8 ** 4})
-check_close(expected_tokens_per_pass(0.5, 1), 1.5, "expected_tokens_per_pass(0.5, 1)",
-            mistakes={MISTAKES["tokens_without_target_token"]: 0.5})
-check_close(expected_tokens_per_pass(1.0, 4), 5.0, "expected_tokens_per_pass(1.0, 4) (every draft passes)")
-check_close(expected_tokens_per_pass(0.0, 7), 1.0, "expected_tokens_per_pass(0.0, 7) (nothing passes: 1 token)")
-check_close(expected_tokens_per_pass(0.9, 0), 1.0, "expected_tokens_per_pass(0.9, 0) (no draft: plain decoding)")
-check_raises(lambda: expected_tokens_per_pass(1.5, 3), ValueError, "expected_tokens_per_pass(1.5, 3)")
-check_raises(lambda: expected_tokens_per_pass(0.5, -1), ValueError, "expected_tokens_per_pass(0.5, -1)")
+def _tokens(accept):
+    got = expected_tokens_per_pass(accept)
+    check_equal(isinstance(got, float) and 1 <= got <= len(accept) + 1, True,
+                f"expected_tokens_per_pass({accept}) = {got!r}: a float from 1 (the target's token alone) to "
+                f"g + 1 = {len(accept) + 1} (every draft passed)")
+    return got
+
+
+_falling = [0.9, 0.75, 0.6, 0.45]                       # a draft that gets worse along the draft
+check_close(_tokens([]), 1.0, "expected_tokens_per_pass([]): no draft, one token of the target")
+check_close(_tokens([1.0] * 5), 6.0, "expected_tokens_per_pass([1.0] * 5): every draft passes, the bonus too")
+check_close(_tokens([0.0, 0.9, 0.9]), 1.0, "expected_tokens_per_pass([0.0, 0.9, 0.9]): the first draft always "
+            "fails, and a pass stops at the first rejection")
+check_equal(_tokens(_falling) > _tokens(_falling[::-1]), True, "the same rates, falling along the draft, emit more "
+            "than rising: a late good rate is only reached through the early ones (is your prediction a function "
+            "of the mean rate, or of each rate on its own?)")
+check_equal(_tokens(_falling) < _tokens([0.9, 0.8, 0.6, 0.45]) < _tokens([0.9, 0.8, 0.6, 0.45, 0.3]), True,
+            "a better rate at one position, or one more draft, never emits fewer tokens")
+for _bad in ([1.5, 0.5], [0.5, -0.1]):
+    check_raises(lambda: expected_tokens_per_pass(_bad), ValueError, f"expected_tokens_per_pass({_bad})")
 print("Part B (tokens per pass): visible tests passed")
 
 # %% id="c015" nbgrader={"grade": true, "grade_id": "predict_speedup_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-check_close(speedup(0.8, 4, 0.05), (1 - 0.8 ** 5) / 0.2 / 1.2, "speedup(0.8, 4, 0.05)",
-            mistakes={MISTAKES["tokens_without_target_token"]: ((1 - 0.8 ** 5) / 0.2 - 1) / 1.2})
-check_close(speedup(0.8, 4, 0.05, verify_cost=1.6), (1 - 0.8 ** 5) / 0.2 / 1.8,
-            "speedup(0.8, 4, 0.05, verify_cost=1.6) (a CPU, where verifying 5 tokens costs 1.6 decode steps)")
-check_close(speedup(0.0, 3, 0.1), 1 / 1.3, "speedup(0.0, 3, 0.1) (a useless draft slows decoding down)")
-check_close(speedup(1.0, 4, 0.0), 5.0, "speedup(1.0, 4, 0.0) (perfect, free draft: g + 1)")
+check_close(speedup(_falling, 0.05) * (4 * 0.05 + 1), expected_tokens_per_pass(_falling),
+            "speedup(accept, 0.05) x the cost of a pass (4 draft steps of 0.05 + 1 verification) = the tokens per "
+            "pass", rtol=1e-9)
+check_close(speedup([1.0] * 4, 0.0), 5.0, "speedup([1.0] * 4, 0.0): a perfect, free draft emits g + 1 tokens a pass")
+check_equal(speedup([0.0] * 3, 0.1) < 1, True, "a draft that is always rejected slows decoding down")
+check_equal(speedup(_falling, 0.05, verify_cost=1.6) < speedup(_falling, 0.05), True,
+            "a dearer verification (a CPU, where scoring 5 tokens costs 1.6 decode steps) buys less")
+check_raises(lambda: speedup(_falling, -0.1), ValueError, "speedup(accept, c=-0.1)")
+check_raises(lambda: speedup(_falling, 0.1, verify_cost=0.0), ValueError, "speedup(accept, 0.1, verify_cost=0)")
 print("Part B (speed-up): visible tests passed")
 
 # %% [markdown] id="c020"
@@ -371,7 +407,7 @@ else:
             (_ids, _passes), _spec_s = timed_call(
                 lambda: greedy_speculative(accept_step, _target, _draft, _prompt, _n, _g))
             try:
-                _pred_t, _pred_s = expected_tokens_per_pass(_a, _g), speedup(_a, _g, _c)
+                _pred_t, _pred_s = expected_tokens_per_pass([_a] * _g), speedup([_a] * _g, _c)
             except NotImplementedError:
                 _pred_t = _pred_s = float("nan")
                 print("finish Part B first: these are your predictions")
@@ -382,10 +418,10 @@ else:
 # %% [markdown] id="c016"
 # ## Going further (not graded)
 #
-# * With `a = 0.8` and `c = 0.05`, which `g` maximizes `speedup`? And with `verify_cost = 1 + 0.15 g` (a
+# * With a constant rate `a = 0.8` and `c = 0.05`, which `g` maximizes `speedup([0.8] * g, 0.05)`? And with `verify_cost = 1 + 0.15 g` (a
 #   CPU, where scoring more tokens costs more)? Compare with `course_lib.speculative.optimal_draft_length`.
 # * Run `greedy_speculative` above with the real `tiny` / `tiny-draft` pair and count the passes: what is
-#   the measured tokens per pass, and which `a` does the formula of Part B need to predict it?
+#   the measured tokens per pass, and which constant `a` does the formula of Part B need to predict it?
 
 # %% [markdown] id="cw08p"
 # ## Part C · Written analysis: the speed-up model against this machine (2 points)
@@ -426,7 +462,7 @@ else:
 # %% [markdown] id="c017" tags=["answer-key"]
 # ### Answer key
 #
-# * With `a = 0.8`, `c = 0.05`, `verify_cost = 1`: `speedup(0.8, g, 0.05)` for g = 1..10 is 1.71, 2.22,
+# * With `a = 0.8`, `c = 0.05`, `verify_cost = 1`: `speedup([0.8] * g, 0.05)` for g = 1..10 is 1.71, 2.22,
 #   2.57, 2.80, 2.95, 3.04, 3.08, **3.09 (g = 8)**, 3.08, 3.05: the optimum is g = 8, but the curve is flat
 #   from 6 to 10 (within 2%), because each extra draft adds a^g < 0.17 tokens for 5% more cost. With
 #   `verify_cost = 1 + 0.15 g` the cost of a pass grows by 0.2 per draft instead of 0.05: 1.50, 1.74,
@@ -435,7 +471,7 @@ else:
 #   1 + 0.15 * g)` gives 4. The lesson: on a CPU, where verification is not free, short drafts win.
 # * With the course's `tiny` / `tiny-draft`, greedy, a 6-token random prompt and 48 new tokens, a run took
 #   27 passes for both g = 2 and g = 4: 48 / 27 = 1.78 tokens per pass. Solving
-#   `expected_tokens_per_pass(a, g) = 1.78` gives a = 0.51 for g = 2 and a = 0.45 for g = 4: the same
+#   `expected_tokens_per_pass([a] * g) = 1.78` gives a = 0.51 for g = 2 and a = 0.45 for g = 4: the same
 #   measurement needs different `a` for different `g`, so the independence assumption does not hold
 #   exactly (acceptances are correlated: where the draft goes wrong it tends to stay wrong, and the last
 #   pass is cut short). The cell "Your prediction against this machine" measures `a` directly along the
@@ -443,3 +479,19 @@ else:
 #   (g = 2) and 1.33 (g = 4) tokens per pass against 1.33 measured (9 passes each). So short runs need
 #   several prompts before the two ways of estimating `a` agree; `course_lib.speculative.measure` does
 #   this with a KV cache and many passes, and times it properly.
+#
+# #### Part B's prediction, the reasoning behind the solution
+#
+# Count the tokens of a pass one by one. The target's own token (the correction, or the bonus) is emitted
+# always: 1. Draft `j` is emitted exactly when drafts 1 to `j` all passed, which happens with probability
+# `a_1 a_2 ... a_j` (each rate is conditional on the drafts before it passing, so the chain multiplies). By
+# linearity, `E[tokens] = 1 + a_1 + a_1 a_2 + ... + a_1 a_2 ... a_g`; with equal rates this is the notebook's
+# geometric sum. The speed-up divides it by the cost of a pass, `g c + verify_cost`, as before. A rate late
+# in the draft only counts through the rates before it, so the order matters: the falling rates of the tests,
+# (0.9, 0.75, 0.6, 0.45), give 1 + 0.9 + 0.675 + 0.405 + 0.182 = 3.162 tokens a pass (a speed-up of 2.64 at
+# `c = 0.05`), and the same rates rising give 2.105 (1.75). Their mean, 0.675, in the notebook's formula gives
+# 2.646 for both orders (the `mean_acceptance` mistake), and counting each draft with its own rate gives
+# 1 + 2.7 = 3.7 (`independent_positions`). With rates that fall by 15% a position from 0.9 (Medusa-like heads)
+# and `c = 0.05`, the speed-up is 1.81, 2.35, 2.64, **2.74 (g = 4)**, 2.72, 2.65 for g = 1 to 6: the best draft is
+# shorter than with a constant rate (g = 8 at `a = 0.8`), because the late positions bring little; with
+# `verify_cost = 1 + 0.15 g` the best is g = 3 (1.90).

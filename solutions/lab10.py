@@ -37,8 +37,18 @@ MISTAKES = {
                    "section '5. Mixture of experts'",
     "pooled_capacity": "the capacity is pooled over the experts (max(0, N*k - E*capacity)): it is per expert, an "
                        "idle slot of one expert cannot take another expert's token, so the dropped count is "
-                       "the sum over experts of max(0, load - capacity); see notebook 10, section '5. Mixture "
-                       "of experts'",
+                       "the sum over experts of what each one's load exceeds its capacity by; see notebook 10, "
+                       "section '5. Mixture of experts'",
+    "drops_at_mean_load": "the drops of the MEAN load, max(0, N * r - capacity) per expert: a batch's load scatters "
+                          "around its mean, and the batches above the capacity drop while those below save "
+                          "nothing, so the expected drops are more (an even router at capacity factor 1 drops "
+                          "on most batches, though its mean load fits exactly); see notebook 10, section "
+                          "'5. Mixture of experts'",
+    "assignments_independent": "each of the N * k assignments treated as an independent draw (a load of "
+                               "Binomial(N * k, r / k)): a token's k choices are k DIFFERENT experts, so an "
+                               "expert gets at most one assignment per token and its load counts tokens: "
+                               "Binomial(N, r), whose spread is smaller; see notebook 10, section '5. Mixture of "
+                               "experts'",
 }
 
 
@@ -265,60 +275,123 @@ print("moe_dispatch: visible tests passed")
 # %% [markdown] id="c014"
 # ## Exercise 4 — Predict the dropped assignments (2 points)
 #
-# Before you dispatch, predict. The router has already chosen: `loads[e]` is the number of assignments
-# (over all `k` choices) that went to expert `e`, for a batch of `N` tokens with `k` experts each, so
-# `sum(loads) == N * k`. Write `predict_dropped(loads, N, k, capacity_factor)`: how many assignments a
-# dispatch with the capacity of exercise 2 drops (an int; `capacity_factor=None` drops nothing). Raise
-# `ValueError` if `sum(loads) != N * k` or a load is negative.
+# Notebook 10 counts the drops of one batch whose router has already chosen. Before a batch arrives, all
+# you know is the router's habit: how often each expert is among a token's choices. Predict what a batch
+# drops on average:
 #
-# The priority order decides *which* assignments are dropped; does it change *how many*? Think about
-# what one expert does with its assignments before you write a line.
+# * `route_probs[e]` is the probability that expert `e` is one of a token's `k` choices (each in [0, 1];
+#   they add up to `k`, since a token chooses `k` different experts); the `N` tokens of a batch choose
+#   independently of each other (how a token's `k` choices depend on each other is not given: it is not
+#   needed);
+# * the dispatch keeps at most `expert_capacity(N, E, k, capacity_factor)` assignments per expert (your
+#   Exercise 2; `E = len(route_probs)`) and drops the rest.
+#
+# Write `predict_dropped(route_probs, N, k, capacity_factor)`: the **expected** number of dropped
+# assignments in a batch of `N` tokens, a float (0 with `capacity_factor=None`). Raise `ValueError` if `N`
+# or `k` is not an integer >= 1, if `k > E`, if a probability is outside [0, 1], or if they do not add up
+# to `k` (within 1e-6). The grader draws its own routers and batches (`N` up to a few hundred) and compares
+# with the exact expectation, within `1e-6` relative.
+#
+# The visible tests check units, limits and what must hold whatever the formula; the cell after them runs a
+# router many times through your dispatch and puts the average beside your prediction.
+#
+# <details><summary>Hint 1: one expert at a time</summary>
+#
+# The drops add up over the experts, and an expectation of a sum is the sum of the expectations, however
+# the experts' loads depend on each other. So what you need is one expert's load in a batch: how is it
+# distributed? Pitfall: a token cannot choose the same expert twice.
+# </details>
+#
+# <details><summary>Hint 2: the mean is not enough</summary>
+#
+# The drops of a batch are a function of its loads that is flat below the capacity and rises above it.
+# Pitfall: putting the mean load into that function; the batches above the capacity count, those below do
+# not give anything back. A router that is even on average is the case to check your reasoning on.
+# </details>
 
 # %% id="c015" nbgrader={"grade": false, "grade_id": "predict_dropped", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_dropped(loads, N, k, capacity_factor):
+def predict_dropped(route_probs, N, k, capacity_factor):
     ### BEGIN SOLUTION
-    loads = [int(x) for x in loads]
-    if any(x < 0 for x in loads):
-        raise ValueError(f"loads must be >= 0, got {loads}")
-    if sum(loads) != N * k:
-        raise ValueError(f"the loads must add up to N * k = {N * k}, got {sum(loads)}")
-    cap = expert_capacity(N, len(loads), k, capacity_factor)
-    return sum(max(0, x - cap) for x in loads)        # each expert keeps min(load, capacity)
+    probs = [float(r) for r in route_probs]
+    for name, v in (("N", N), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if k > len(probs):
+        raise ValueError(f"k must be <= the number of experts {len(probs)}, got {k}")
+    if any(not 0 <= r <= 1 for r in probs):
+        raise ValueError(f"route_probs must each be in [0, 1], got {probs}")
+    if abs(sum(probs) - k) > 1e-6:
+        raise ValueError(f"route_probs must add up to k = {k}, got {sum(probs)}")
+    cap = expert_capacity(N, len(probs), k, capacity_factor)
+    expected = 0.0
+    for r in probs:               # linearity: expert by expert, whatever ties the experts' loads together
+        if r in (0.0, 1.0):       # a load of exactly N * r
+            expected += max(0.0, N * r - cap)
+            continue
+        for x in range(cap + 1, N + 1):   # the load counts tokens: Binomial(N, r)
+            log_pmf = (math.lgamma(N + 1) - math.lgamma(x + 1) - math.lgamma(N - x + 1)
+                       + x * math.log(r) + (N - x) * math.log1p(-r))
+            expected += (x - cap) * math.exp(log_pmf)
+    return expected
     ### END SOLUTION
 
 
 # %% id="c016" nbgrader={"grade": true, "grade_id": "predict_dropped_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 100 tokens, top-2 of 4 experts, capacity ceil(1.0 * 100 * 2 / 4) = 50; expert 0 is crowded
-check_equal(predict_dropped([90, 50, 40, 20], 100, 2, 1.0), 40,
-            "predict_dropped(loads=[90, 50, 40, 20], N=100, k=2, cf=1.0) (capacity 50 per expert)",
-            mistakes={MISTAKES["pooled_capacity"]: 0})
-check_equal(predict_dropped([90, 50, 40, 20], 100, 2, None), 0, "predict_dropped(..., capacity_factor=None)")
-check_equal(predict_dropped([3, 0, 0], 3, 1, 0.5), 2, "predict_dropped([3, 0, 0], N=3, k=1, cf=0.5) (capacity 1)",
-            mistakes={MISTAKES["pooled_capacity"]: 0})
-check_raises(lambda: predict_dropped([10, 10], 10, 1, 1.0), ValueError, "predict_dropped([10, 10], N=10, k=1, ...)")
-check_raises(lambda: predict_dropped([12, -2], 10, 1, 1.0), ValueError, "predict_dropped([12, -2], N=10, k=1, ...)")
+def _dropped(probs, N, k, cf):
+    got = predict_dropped(probs, N, k, cf)
+    what = f"predict_dropped({probs}, N={N}, k={k}, capacity_factor={cf})"
+    check_equal(isinstance(got, float) and 0 <= got <= N * k, True,
+                f"{what} = {got!r}: an expected count of assignments, a float in [0, N * k]")
+    return got
+
+
+_even, _skew = [0.25] * 8, [0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.55]       # top-2 of 8 experts
+check_close(_dropped(_skew, 256, 2, None), 0.0, "capacity_factor=None drops nothing")
+check_close(_dropped([1.0, 1.0, 0.0, 0.0], 40, 2, 0.5), _dropped([1.0, 1.0, 0.0, 0.0], 40, 2, 0.75) + 10.0,
+            "a router that always picks experts 0 and 1 (every load fixed at N = 40): capacity 10 at factor 0.5, 15 "
+            "at 0.75, so 2 x 5 more drops at 0.5")
+for _probs in (_even, _skew):
+    _curve = [_dropped(_probs, 256, 2, _cf) for _cf in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)]
+    check_equal(all(x >= y for x, y in zip(_curve, _curve[1:])), True, f"a larger capacity factor never drops "
+                f"more: {[round(x, 3) for x in _curve]} for factors 0.5 to 2.0 (route_probs {_probs})")
+check_equal(_dropped(_even, 256, 2, 1.0) > 1.0, True, "an even router at capacity factor 1: every expert's MEAN "
+            "load is exactly its capacity, yet a batch's loads scatter around their means: the expected drops are "
+            "well above 0 (is your prediction the drops of the mean load?)")
+check_equal(_dropped(_skew, 256, 2, 1.0) > _dropped(_even, 256, 2, 1.0), True,
+            "a skewed router drops more than an even one at the same capacity")
+for _bad in (([0.5, 0.5], 10, 2, 1.0), ([1.2, -0.2], 10, 1, 1.0), ([1.0], 10, 2, 1.0), ([0.5, 0.5], 0, 1, 1.0),
+             ([0.5, 0.5], 10.0, 1, 1.0)):
+    check_raises(lambda: predict_dropped(*_bad), ValueError, f"predict_dropped{_bad}")
 print("predict_dropped: visible tests passed")
 
 # %% [markdown] id="c017"
-# Now measure: a router with a bias towards some experts sends 512 tokens to their top-2 of 8 experts; for
-# a few capacity factors, your prediction from the loads beside what your dispatch actually drops.
+# Now measure: two routers send each of 512 tokens to its top-2 of 8 experts, one with a fixed bias towards
+# some experts, one even. Each router's `route_probs` come from a long run of it (100,000 tokens); then 100
+# batches of 512 fresh tokens go through your dispatch at each capacity factor, and the average drops stand
+# beside your prediction (and beside the drops of the mean load).
 
 # %% id="c018"
 try:
     torch.manual_seed(1)
     _N, _E, _k = 512, 8, 2
-    _xs = torch.randn(_N, 16)
-    _idx = (torch.randn(_N, _E) + torch.linspace(0, 1.5, _E)).topk(_k, dim=-1).indices
-    _w = torch.softmax(torch.randn(_N, _k), -1)
+    _bias = torch.linspace(0, 1.5, _E)
+    _routers = {"skewed": lambda n: (torch.randn(n, _E) + _bias).topk(_k, dim=-1).indices,
+                "even": lambda n: torch.rand(n, _E).topk(_k, dim=-1).indices}
     _experts = [torch.nn.Linear(16, 16) for _ in range(_E)]
-    _loads = torch.bincount(_idx.reshape(-1), minlength=_E).tolist()
-    print(f"loads per expert: {_loads} (even: {_N * _k // _E})")
-    for _cf in (0.75, 1.0, 1.25, 1.5, 2.0):
-        with torch.no_grad():
-            _, _d = moe_dispatch(_xs, _experts, _w, _idx, expert_capacity(_N, _E, _k, _cf))
-        print(f"capacity factor {_cf:4.2f}: capacity {expert_capacity(_N, _E, _k, _cf):4d}, predicted "
-              f"{predict_dropped(_loads, _N, _k, _cf):4d} dropped, measured {int(_d):4d} "
-              f"({int(_d) / (_N * _k):.1%} of the assignments)")
+    for _name, _route in _routers.items():
+        _probs = (torch.bincount(_route(100_000).reshape(-1), minlength=_E) / 100_000).tolist()
+        _probs = [r * _k / sum(_probs) for r in _probs]                          # exactly k in all
+        print(f"{_name} router, route_probs {[round(r, 3) for r in _probs]} (even: {_k / _E})")
+        _batches = [(torch.randn(_N, 16), torch.softmax(torch.randn(_N, _k), -1), _route(_N)) for _ in range(100)]
+        for _cf in (1.0, 1.25, 1.5, 2.0, 2.25):
+            _cap = expert_capacity(_N, _E, _k, _cf)
+            with torch.no_grad():
+                _d = [int(moe_dispatch(_x, _experts, _w, _i, _cap)[1]) for _x, _w, _i in _batches]
+            _mean_load = sum(max(0.0, _N * r - _cap) for r in _probs)
+            print(f"  capacity factor {_cf:4.2f}: capacity {_cap:4d}, predicted "
+                  f"{predict_dropped(_probs, _N, _k, _cf):7.2f} dropped, measured {sum(_d) / len(_d):7.2f} on "
+                  f"average over {len(_d)} batches ({min(_d)} to {max(_d)}); the drops of the mean load: "
+                  f"{_mean_load:6.2f}")
 except NotImplementedError:
     print("finish the exercises first")
 
@@ -329,8 +402,9 @@ except NotImplementedError:
 # %% [markdown] id="c019"
 # ## Going further (not graded)
 #
-# * From the loads the measurement printed, what is the smallest capacity factor that drops nothing? Why
-#   does a factor of 2, twice the even share, still drop an assignment here?
+# * From the skewed router's `route_probs` that the measurement printed, which capacity factor brings the
+#   expected drops under one assignment per batch? Compare it with the factor at which the busiest expert's
+#   mean load just fits, and say why the two differ.
 # * How many bytes does a 4096 x 4096 fp16 weight take dense, and in the 2:4 compressed format of sparse
 #   tensor cores (the kept values plus a 2-bit position for each)? What is the most a 2:4 matmul can gain?
 
@@ -371,16 +445,32 @@ except NotImplementedError:
 # %% [markdown] id="c020" tags=["answer-key"]
 # ### Answer key
 #
-# * **No drops.** The loads are `[31, 43, 64, 91, 133, 193, 212, 257]` for `N * k = 1024` assignments over 8
-#   experts (an even share is 128). Nothing is dropped once `ceil(cf * 1024 / 8) >= 257`, i.e. `cf > 2.0`:
-#   `cf = 2.0` gives a capacity of 256 and drops exactly 1 (the measurement: 411, 283, 182, 86 and 1 dropped
-#   at 0.75, 1.0, 1.25, 1.5 and 2.0). The no-drop factor is `max load / even share`, set by the busiest
-#   expert, not by the average: this router's bias sends twice the even share to the last expert. The
-#   load-balancing loss of notebook 10, section 5, pulls the busiest expert towards the even share, which is
-#   what lets an MoE model run at a capacity factor close to 1 without dropping much (how much: measure it
-#   on your router's loads, as above; the Switch Transformer's loss is this one [@fedus2022switch]).
+# * **No drops.** The skewed router's busiest expert is among a token's two choices with probability about
+#   0.51, a mean load of about 260 of 512 tokens, so its mean fits from `cf = 260 / 128 = 2.03`. The expected
+#   drops are still about 6.6 per batch at `cf = 2.0` (capacity 256) and 3.1 at 2.05 (capacity 263); they fall
+#   under one at `cf = 2.15` (capacity 276: 0.38) and to 0.02 at 2.25. The gap is the spread of a batch's
+#   load: Binomial(512, 0.51) has a standard deviation of about 11 tokens, so a capacity one or two standard
+#   deviations above the mean load is what makes drops rare, not the mean itself. Balancing (notebook 10,
+#   section 5, the Switch Transformer's loss [@fedus2022switch]) lowers the busiest expert's share; the spread
+#   of an even router remains, which is why even then a capacity factor a little above 1 is used.
 # * **2:4 storage.** Dense: 4096 * 4096 * 2 bytes = 32 MiB. 2:4 keeps 8,388,608 values (16 MiB) plus 2 bits
 #   of position for each (2 MiB): 18 MiB, 1.78x smaller. A sparse tensor core skips the zero half of the
 #   multiply-adds, so the matmul itself gains at most 2x; a whole model gains less, because attention, the
 #   norms and the activations are unchanged (and a memory-bound decode step gains at most the 1.78x of the
 #   bytes read).
+#
+# #### Exercise 4's prediction, the reasoning behind the solution
+#
+# The dropped assignments of a batch are `sum_e max(0, X_e - c)`, with `X_e` expert `e`'s load and `c` the
+# capacity. The loads are not independent (they add up to `N k`), but an expectation of a sum is the sum of
+# the expectations whatever the dependence, so each expert can be taken alone. A token chooses `k`
+# different experts, so it gives expert `e` one assignment with probability `r_e` and none otherwise; the
+# tokens choose independently, so `X_e` is Binomial(`N`, `r_e`), and `E[max(0, X_e - c)]` is the sum over
+# `x > c` of `(x - c) P(X_e = x)`. The function `max(0, x - c)` is convex: by Jensen's inequality the
+# expectation is at least the drops of the mean load, `max(0, N r_e - c)`, and much more near the capacity.
+# An even router (`r_e = k / E`) at `cf = 1` has a mean load equal to its capacity: the mean says 0 drops,
+# while the loads' spread (a standard deviation of `sqrt(N r (1 - r))`, 9.8 tokens for `N = 512`,
+# `r = 0.25`) gives 31.2 expected drops per batch (the measurement: 32.9 over 100 batches, from 13 to 57).
+# Treating the `N k` assignments as independent draws gives Binomial(`N k`, `r_e / k`), a larger spread
+# (10.6 tokens here) and too many drops; pooling the capacity over the experts gives `max(0, N k - E c)`,
+# 0 at any `cf >= 1`.

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from course_lib.checks import check_close, check_equal, check_raises
 from course_lib.models.config import LlamaConfig
-from course_lib.parallel import ModelSpec, bubble_fraction, gpipe_schedule, launch, pipeline_run, sequence
+from course_lib.parallel import (ModelSpec, bubble_fraction, gpipe_schedule, launch, pipeline_run, sequence,
+                                 split_layers)
 from course_lib.parallel.checks import mlp_reference, random_mlp, run_parallel_mlp
 from course_lib.perf.claims import timing_claim
 
@@ -41,9 +42,17 @@ MISTAKES = {
     "no_allreduce": "each rank returns its partial sum: the row-parallel layer's outputs must be summed over the "
                     "ranks (dist.all_reduce) before they are the layer's output; see notebook 11, section "
                     "'1 · Two ways to split a linear layer'",
-    "bubble_over_m": "the bubble is the idle share of the whole run, (p - 1) / (m + p - 1): the run takes m + p - 1 "
-                     "stage-times and each rank is busy for m of them; (p - 1) / m is idle time over busy time; "
-                     "see notebook 11, section '6 · Pipeline parallelism and its bubble'",
+    "bubble_balanced": "the bubble of balanced stages, (p - 1) / (m + p - 1), applied to stages that are not: when "
+                       "the layers do not split evenly (or the last stage also runs the LM head), the slowest stage "
+                       "sets the pace of every micro-batch after the first and the others wait for it; see notebook "
+                       "11, section '6 · Pipeline parallelism and its bubble'",
+    "bubble_slowest_fill": "the whole run taken at the slowest stage's pace, (m + p - 1) stage-times of the slowest "
+                           "stage: the first micro-batch crosses each stage at that stage's own speed; only the "
+                           "steady state after it is paced by the slowest; see notebook 11, section '6 · Pipeline "
+                           "parallelism and its bubble'",
+    "bubble_idle_over_busy": "idle rank-time over busy rank-time: the bubble is the idle share of ALL the rank-time "
+                             "of the run, 1 - busy / (p * makespan); see notebook 11, section '6 · Pipeline "
+                             "parallelism and its bubble'",
 }
 
 
@@ -206,60 +215,108 @@ check_mlp_on_ranks(d=4, f=6, batch=2, seed=0)
 print("parallel_mlp: visible test passed (2 processes, gloo)")
 
 # %% [markdown] id="c014"
-# ## Exercise 4 — Predict the pipeline bubble (2 points)
+# ## Exercise 4 — Predict the bubble of an uneven pipeline (2 points)
 #
-# Pipeline parallelism cuts the layers into `p` stages, one per rank, and the batch into `m` micro-batches:
-# stage `s` runs micro-batch `i` once it has finished `i - 1` and stage `s - 1` has handed over `i`. Take
-# every stage to need the same time per micro-batch and the hand-over to be free. Write
-# `predict_bubble(p, m)`: the **bubble**, the share of the run's rank-time that the ranks spend idle
-# (`1 - busy / (p * makespan)`), as a float. Raise `ValueError` if `p` or `m` is not an integer >= 1.
+# Notebook 11 measures the bubble of a pipeline whose stages take equal time, `(p - 1) / (m + p - 1)`. Real
+# splits are rarely equal: a model's layers do not always divide by `p`, and the last stage also runs the
+# LM head. Predict the bubble of such a pipeline:
 #
-# Work it out on a timeline first: when does the last stage start its first micro-batch, and when does it
-# finish its last?
+# * the model has `num_layers` identical decoder layers, cut into `p` contiguous stages as evenly as possible
+#   (the first `num_layers mod p` stages get one layer more: `course_lib.parallel.split_layers`' rule);
+# * one layer takes one time unit per micro-batch; the last stage also runs the LM head, which takes
+#   `head_cost` time units (a number >= 0, not necessarily whole) per micro-batch;
+# * GPipe's forward schedule: stage `s` runs micro-batch `i` once it has finished `i - 1` and stage `s - 1`
+#   has handed over `i`; the hand-over is free; the batch is `m` micro-batches.
+#
+# Write `predict_bubble(num_layers, p, m, head_cost=0.0)`: the **bubble**, the share of the run's rank-time
+# that the ranks spend idle (`1 - busy / (p * makespan)`), as a float. Raise `ValueError` if `num_layers`,
+# `p` or `m` is not an integer >= 1, if `p > num_layers` (a stage needs a layer), or if `head_cost` is not a
+# number >= 0. The grader draws its own models, pipelines and head costs and compares with the timeline it
+# builds.
+#
+# The visible tests check the units and what must hold whatever the formula; the cell after them puts your
+# prediction beside the course's timeline and two real ranks.
+#
+# <details><summary>Hint 1: the makespan</summary>
+#
+# Follow micro-batch 0 and then the last one on a timeline of uneven stages. The first crosses every stage
+# at that stage's own speed; after it, micro-batches leave the pipeline at the pace of one stage only. Which
+# one? Pitfall: taking the whole run, fill included, at that slowest pace.
+# </details>
+#
+# <details><summary>Hint 2: busy and idle</summary>
+#
+# The busy rank-time does not depend on the schedule: every micro-batch goes through every layer (and the
+# head) once. The bubble is idle over *all* the rank-time; the notebook's formula is the special case of
+# equal stages, and it understates the bubble of unequal ones.
+# </details>
 
 # %% id="c015" nbgrader={"grade": false, "grade_id": "predict_bubble", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_bubble(p, m):
+def predict_bubble(num_layers, p, m, head_cost=0.0):
     ### BEGIN SOLUTION
-    for name, v in (("p", p), ("m", m)):
+    for name, v in (("num_layers", num_layers), ("p", p), ("m", m)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    return (p - 1) / (m + p - 1)      # makespan m + p - 1 stage-times, each rank busy m of them
+    if p > num_layers:
+        raise ValueError(f"p must be <= num_layers = {num_layers} (a stage needs a layer), got {p}")
+    if isinstance(head_cost, bool) or not isinstance(head_cost, (int, float)) or not head_cost >= 0:
+        raise ValueError(f"head_cost must be a number >= 0, got {head_cost!r}")
+    q, r = divmod(num_layers, p)
+    times = [q + (1 if s < r else 0) for s in range(p)]
+    times[-1] += head_cost
+    makespan = sum(times) + (m - 1) * max(times)     # micro-batch 0 crosses every stage; the rest at the slowest's pace
+    return 1.0 - m * sum(times) / (p * makespan)     # busy: every micro-batch through every stage once
     ### END SOLUTION
 
 
 # %% id="c016" nbgrader={"grade": true, "grade_id": "predict_bubble_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-check_close(predict_bubble(1, 8), 0.0, "predict_bubble(p=1, m=8): one stage never waits")
-check_close(predict_bubble(4, 6), 3 / 9, "predict_bubble(p=4, m=6)", mistakes={MISTAKES["bubble_over_m"]: 3 / 6})
-check_close(predict_bubble(2, 1), 0.5, "predict_bubble(p=2, m=1): one micro-batch, each rank idle half the time",
-            mistakes={MISTAKES["bubble_over_m"]: 1.0})
-for _bad in ((0, 4), (4, 0), (2.0, 4)):
+def _bubble(L, p, m, head=0.0):
+    got = predict_bubble(L, p, m, head)
+    what = f"predict_bubble(num_layers={L}, p={p}, m={m}, head_cost={head})"
+    check_equal(isinstance(got, float) and 0 <= got < 1, True,
+                f"{what} = {got!r}: the bubble is a share of rank-time, a float in [0, 1)")
+    return got
+
+
+check_close(_bubble(7, 1, 5, 0.5), 0.0, "predict_bubble(7, p=1, m=5, head_cost=0.5): one stage never waits")
+for _L, _p, _hd in ((8, 4, 0.0), (10, 4, 0.0), (9, 3, 1.5), (6, 6, 0.25)):
+    _ms = [_bubble(_L, _p, _m, _hd) for _m in (1, 2, 4, 16, 256)]
+    check_equal(all(x > y for x, y in zip(_ms, _ms[1:])), True, f"more micro-batches shrink the bubble "
+                f"(num_layers={_L}, p={_p}, head_cost={_hd}): {[round(x, 4) for x in _ms]} for m = 1, 2, 4, 16, 256")
+    check_equal(all(x >= (_p - 1) / (_m + _p - 1) - 1e-12 for x, _m in zip(_ms, (1, 2, 4, 16, 256))), True,
+                f"num_layers={_L}, p={_p}, head_cost={_hd}: stages that are not equal can only idle more than "
+                f"equal ones, (p - 1) / (m + p - 1)")
+for _bad in ((8, 0, 4), (8, 4, 0), (8.0, 4, 4), (8, 2.0, 4), (3, 4, 2), (8, 4, 4, -1.0)):
     check_raises(lambda: predict_bubble(*_bad), ValueError, f"predict_bubble{_bad}")
 print("predict_bubble: visible tests passed")
 
 # %% [markdown] id="c017"
-# Now measure. First the ideal GPipe timeline (`gpipe_schedule`), with equal stages and then with a second
-# stage twice as slow as the first: the formula assumes balanced stages. Then two real gloo ranks run the
+# Now measure. First the course's GPipe timeline (`gpipe_schedule`) with the stage times your pipelines have
+# (the layers split by `split_layers`, the head on the last stage). Then two real gloo ranks run the two
 # layers of a small Llama as two stages (`pipeline_run`, notebook 11 section 6), each stage also waiting
-# 20 ms per micro-batch to stand for GPU kernel time; the measured bubble includes the transfers and this
-# machine's load (a timing: shown, not asserted).
+# 20 ms per micro-batch to stand for GPU kernel time: equal stages, so the prediction is
+# `predict_bubble(2, 2, m)`; the measured bubble includes the transfers and this machine's load (a timing:
+# shown, not asserted).
 
 # %% id="c018"
 try:
     if os.environ.get("NBGRADER_EXECUTION"):  # a measurement, not a test: the grader skips it (and its timeline)
         raise NotImplementedError
-    for _p, _m in ((2, 1), (2, 4), (4, 8)):
-        print(f"p={_p} m={_m}: predicted {predict_bubble(_p, _m):.3f}, ideal timeline "
-              f"{bubble_fraction(gpipe_schedule(_p, _m), _p):.3f}, stage 2 twice as slow "
-              f"{bubble_fraction(gpipe_schedule(_p, _m, [1.0, 2.0] + [1.0] * (_p - 2)), _p):.3f}")
+    for _L, _p, _m, _hd in ((8, 4, 8, 0.0), (10, 4, 8, 0.0), (10, 4, 8, 1.5), (32, 3, 16, 2.0), (32, 3, 64, 2.0)):
+        _times = [len(_r) for _r in split_layers(_L, _p)]
+        _times[-1] += _hd
+        print(f"{_L} layers, p={_p}, m={_m}, head {_hd}: stage times {_times}, predicted "
+              f"{predict_bubble(_L, _p, _m, _hd):.3f}, timeline {bubble_fraction(gpipe_schedule(_p, _m, _times), _p):.3f}"
+              f", equal stages' formula {(_p - 1) / (_m + _p - 1):.3f}")
     _cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     _steps = [(pipeline_run, (ModelSpec(config=_cfg, seed=3), _m), dict(batch=4, seq=8, stage_sleep_s=0.02))
               for _m in (1, 4)]
     _pipe = launch(sequence, 2, args=(_steps,))[0]
     for _r in _pipe:
-        print(f"2 gloo ranks, m={_r['m']}: predicted {predict_bubble(2, _r['m']):.3f}, measured {_r['bubble']:.3f}")
+        print(f"2 gloo ranks, m={_r['m']}: predicted {predict_bubble(2, 2, _r['m']):.3f}, measured {_r['bubble']:.3f}")
     timing_claim("the measured bubble follows (p-1)/(m+p-1) within -0.05 to +0.3 (the transfers)",
-                 held=all(predict_bubble(2, r["m"]) - 0.05 < r["bubble"] < predict_bubble(2, r["m"]) + 0.3
+                 held=all(predict_bubble(2, 2, r["m"]) - 0.05 < r["bubble"] < predict_bubble(2, 2, r["m"]) + 0.3
                           for r in _pipe),
                  measured=", ".join(f"m={r['m']}: {r['bubble']:.3f}" for r in _pipe))
 except NotImplementedError:
@@ -325,3 +382,19 @@ except NotImplementedError:
 #   `2 * 3 / 4 = 1.5` times the output's bytes per rank instead of `1` at `p = 2`. `f = 6` fails with the
 #   shard functions' `ValueError` (4 does not divide 6) on every rank. The run takes a few seconds longer,
 #   all of it starting the four processes: the MLP itself is microseconds.
+#
+# #### Exercise 4's prediction, the reasoning behind the solution
+#
+# With stage times `t_s` (layers, plus `head_cost` on the last), micro-batch 0
+# leaves the pipeline at `sum(t_s)`; each later one leaves `max(t_s)` after the one before it (the slowest
+# stage is busy without a break from the moment micro-batch 0 reaches it, and the stages after it are at
+# least as fast), so the makespan is `sum(t_s) + (m - 1) max(t_s)`. The busy rank-time is
+# `m sum(t_s)` whatever the schedule, so the bubble is `1 - m sum(t_s) / (p (sum(t_s) + (m - 1) max(t_s)))`.
+# Equal stages give back `(p - 1) / (m + p - 1)`. Unequal ones add a bubble that more micro-batches do not
+# remove: as `m` grows it tends to `1 - mean(t_s) / max(t_s)`, not to 0. Ten layers on 4 stages (3, 3, 2,
+# 2), m = 8: makespan 10 + 7 x 3 = 31, bubble 1 - 80 / 124 = 0.355, not the formula's 0.273; with a head
+# of 1.5 layers on the last stage (3, 3, 2, 3.5): 11.5 + 7 x 3.5 = 36, bubble 0.361. 32 layers on 3 stages
+# with a head of 2 (11, 11, 12): 0.153 at m = 16 and 0.082 at m = 64, where equal stages would give 0.111
+# and 0.030: the 1 - 34/36 = 5.6% of the imbalance stays. Taking the whole run at the slowest pace,
+# `(m + p - 1) max(t_s)`, overstates it (0.394 for the ten layers at m = 8). The cell after the tests prints
+# these beside the course's timeline.

@@ -9,7 +9,7 @@
 #   tokens on prompts you have never seen and times it against the course's baseline, which runs in a clean
 #   process of the grader's, round by round, each call timed from outside both. The points come from the
 #   speed-up by a fixed scale; the leaderboard ranks everyone by the same number.
-# * **Part B (2 points): predict the work a KV cache saves**, before you measure it.
+# * **Part B (2 points): predict the attention work a KV cache saves**, with and without a sliding window.
 # * **The report (ungraded, shown on the leaderboard):** one line saying what you did, then what you
 #   measured and what did not work.
 #
@@ -52,6 +52,12 @@ MISTAKES = {
     "last_token_fed": "the last new token is never fed back to the model (nothing comes after it), so a cached "
                       "loop feeds the prompt once and then new_tokens - 1 single tokens; see notebook 05, section "
                       "'3. What one token costs, with and without the cache'",
+    "no_causal_mask": "every query scored against every key of its forward, the later ones too: causal attention "
+                      "scores a query at position j against keys 0..j only (the mask removes the rest); see "
+                      "notebook 05, section '3. What one token costs, with and without the cache'",
+    "window_ignored": "the window left out: with a sliding window of W, a query scores at most its W most recent "
+                      "keys (itself included), in the recompute loop as in the cached one; see notebook 05, "
+                      "section '6.2 Sliding window'",
 }
 
 
@@ -187,45 +193,97 @@ _evaluated[-1][0].points   # the speed points of the visible evaluation (the gra
 
 
 # %% [markdown] id="c007"
-# ## Part B · Predict the work a KV cache saves (2 points)
+# ## Part B · Predict the attention work a KV cache saves (2 points)
 #
-# Count *positions*: one token of one sequence going through the model once. To generate `new_tokens`
-# after a prompt of `prompt_len` tokens, how many positions does the baseline feed the model, and how many
-# does a KV-cached loop feed (the prompt once, then one token per step)? Remember which tokens are ever fed.
+# Notebook 05 counts what a KV cache saves per token of the whole model. Here you count one part of it, the
+# attention scores, where the saving is largest, and under a sliding window (notebook 05, section 6.2),
+# where it is not what it seems. Count **(query, key) pairs**: one score of one query against one key in
+# one layer and head. A query at position `j` (0-based) scores the keys at positions `j - W + 1` to `j` that
+# exist (itself included), where `W` is the window; without a window (`window=None`), keys 0 to `j`.
 #
-# Write `predict_positions(prompt_len, new_tokens) -> (baseline_positions, cached_positions)`, two ints.
-# Raise `ValueError` unless both are integers >= 1.
+# To generate `new_tokens` greedily after a prompt of `prompt_len` tokens:
+#
+# * the **recompute loop** (no cache) runs the model on the whole sequence so far at every step (the prompt,
+#   then the prompt and one generated token, ...), and every position of every step is a query;
+# * a **KV-cached loop** feeds the prompt once, then each generated token once (the last one is never fed:
+#   nothing comes after it); only the tokens it feeds are queries, against the keys in the cache and their own.
+#
+# Write `predict_attention_pairs(prompt_len, new_tokens, window=None) -> (recompute_pairs, cached_pairs)`,
+# two ints. Raise `ValueError` unless `prompt_len` and `new_tokens` are integers >= 1 and `window` is
+# `None` or an integer >= 1. The grader draws its own lengths and windows and counts the pairs of both loops
+# score by score.
+#
+# <details><summary>Hint 1: one query at a time</summary>
+#
+# What a query costs depends only on its position and the window, not on which loop fed it. So count, for
+# each loop, how many times a query at each position is computed. Pitfall: a query is never scored against
+# the keys after it, even when they are in the same forward.
+# </details>
+#
+# <details><summary>Hint 2: the window</summary>
+#
+# A window caps the cost of a query, so the cached loop's cost per token stops growing; the recompute loop's
+# cost per step still grows. Check your sums on a window of 1 and on a window longer than the sequence.
+# </details>
 
 # %% id="c008" nbgrader={"grade": false, "grade_id": "predict_positions_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_positions(prompt_len, new_tokens):
+def predict_attention_pairs(prompt_len, new_tokens, window=None):
     ### BEGIN SOLUTION
     for name, v in (("prompt_len", prompt_len), ("new_tokens", new_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    baseline = new_tokens * prompt_len + new_tokens * (new_tokens - 1) // 2   # step i: prompt_len + i positions
-    cached = prompt_len + new_tokens - 1                                    # the last token is never fed
-    return baseline, cached
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an integer >= 1, got {window!r}")
+
+    def pairs(n):                 # the queries at positions 0..n-1, each against min(j + 1, window) keys
+        if window is None or window >= n:
+            return n * (n + 1) // 2
+        return window * (window + 1) // 2 + (n - window) * window
+
+    recompute = sum(pairs(prompt_len + i) for i in range(new_tokens))    # step i: the first prompt_len + i
+    cached = pairs(prompt_len + new_tokens - 1)                           # each position once; not the last
+    return recompute, cached
     ### END SOLUTION
 
 
 # %% id="c009" nbgrader={"grade": true, "grade_id": "predict_positions_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-check_equal(tuple(predict_positions(4, 3)), (4 + 5 + 6, 4 + 2), "predict_positions(4, 3)",
-            mistakes={MISTAKES["last_token_fed"]: (15, 7)})
-check_equal(tuple(predict_positions(64, 1)), (64, 64), "predict_positions(64, 1): one token, one prefill")
-for _bad in ((0, 3), (4, 0), (4.0, 3), (4, True)):
-    check_raises(lambda: predict_positions(*_bad), ValueError, f"predict_positions{_bad}")
+def _pairs(T, n, w=None):
+    got = predict_attention_pairs(T, n, w)
+    what = f"predict_attention_pairs({T}, {n}, window={w})"
+    check_equal(isinstance(got, (tuple, list)) and len(got) == 2 and all(type(x) is int for x in got), True,
+                f"{what} = {got!r}: two ints (recompute_pairs, cached_pairs)")
+    check_equal(0 < got[1] <= got[0], True, f"{what} = {tuple(got)}: the cached loop never scores more pairs")
+    return tuple(got)
+
+
+_one = _pairs(9, 1)
+check_equal(_one[0], _one[1], "predict_attention_pairs(9, 1): one new token, both loops run one forward of the prompt")
+check_equal(_pairs(40, 30, 70), _pairs(40, 30), "a window of 70 over at most 69 positions never binds: the same "
+            "pairs as no window")
+_ws = [_pairs(40, 30, w) for w in (1, 4, 16, 64)]
+check_equal(all(x[0] < y[0] and x[1] < y[1] for x, y in zip(_ws, _ws[1:])), True,
+            f"a wider window scores more pairs in both loops: {_ws} for windows 1, 4, 16, 64")
+_ratios = [_pairs(64, n)[0] / _pairs(64, n)[1] for n in (2, 8, 32, 128)]
+check_equal(all(x < y for x, y in zip(_ratios, _ratios[1:])), True, f"the longer the generation, the more the cache "
+            f"saves: recompute / cached {[round(r, 2) for r in _ratios]} for 2, 8, 32, 128 new tokens")
+for _bad in ((0, 3), (4, 0), (4.0, 3), (4, True), (4, 3, 0), (4, 3, 2.0)):
+    check_raises(lambda: predict_attention_pairs(*_bad), ValueError, f"predict_attention_pairs{_bad}")
 print("Part B: visible tests passed")
 
 # %% [markdown] id="c010"
-# Now compare your prediction with the measurement of Part A (not graded). The ratio of positions is the
-# speed-up a KV cache would give if a step cost only its positions; the measured one is smaller, because
-# each step also pays a fixed cost (Python, every operator's dispatch: notebook 12, section '1. The kernels of
-# one decode step') that the cache does not remove.
+# Now compare your prediction with the measurement of Part A (not graded). The ratio of attention pairs is
+# the speed-up a KV cache would give if a step cost only its attention scores; the ratio of positions (each
+# token through the model once), the speed-up if it cost only its per-token work (the projections and the
+# MLP, most of the FLOPs at this length). The measured one is smaller than both, because each step also pays
+# a fixed cost (Python, every operator's dispatch: notebook 12, section '1. The kernels of one decode step')
+# that the cache does not remove.
 
 # %% id="c011" nbgrader={"grade": false, "grade_id": "compare_prediction", "locked": true, "schema_version": 3, "solution": false, "task": false}
 try:
-    _base, _cached = predict_positions(PROMPT_LEN, NEW_TOKENS)
-    print(f"positions: baseline {_base}, KV cache {_cached}: {_base / _cached:.1f}x less work predicted")
+    _base, _cached = predict_attention_pairs(PROMPT_LEN, NEW_TOKENS)
+    _pos = (sum(PROMPT_LEN + i for i in range(NEW_TOKENS)), PROMPT_LEN + NEW_TOKENS - 1)   # positions fed
+    print(f"attention pairs: recompute {_base}, KV cache {_cached}: {_base / _cached:.1f}x less; positions: "
+          f"{_pos[0]} and {_pos[1]}: {_pos[0] / _pos[1]:.1f}x less")
     if "_result" in globals():     # Part A's visible test measured it (a grading run does not run test cells)
         print(f"measured (the visible test, on this run): {_result.ratio:.2f}x (geometric mean of "
               f"{len(_result.ratios)} rounds)")
