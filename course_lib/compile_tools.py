@@ -55,7 +55,8 @@ from course_lib.perf.timing import benchmark
 from course_lib.validate import integer
 
 __all__ = ["KernelCount", "profile_ops", "generated_code", "kernel_calls", "fused_kernels", "count_decode_kernels",
-           "explain_breaks", "count_compiles", "launch_overhead", "time_decode_steps", "rms_norm", "silu_gate", "static_caches", "static_decode_step",
+           "explain_breaks", "count_compiles", "launch_overhead", "time_decode_steps", "rms_norm", "silu_gate",
+           "static_caches", "static_decode_step",
            "export_step", "run_exported", "graph_report", "trace_events", "read_trace"]
 
 

@@ -321,7 +321,8 @@ def stored_bits(bits, group_size, scale_bits, numel, scale_group=None, outer_bit
     """Every bit a tensor of `numel` weights stores, by enumeration: the groups cut from the start (the short
     last one kept; `partial=False` drops it: the planted mistake), their scales, the groups of scales with
     their outer scales and the per-tensor offset (`outer=False` leaves both out: the planted mistake)."""
-    groups = [range(i, min(i + group_size, numel)) for i in range(0, numel, group_size)] if group_size else [range(numel)]
+    groups = [range(i, min(i + group_size, numel)) for i in range(0, numel,
+                                                                  group_size)] if group_size else [range(numel)]
     if not partial:
         groups = [g for g in groups if len(g) == (group_size or numel)]
     total = bits * numel + scale_bits * len(groups)
@@ -347,7 +348,8 @@ def predict_bits(t):
             (4, 16, 8, 4096, 1, 16), (1, 1024, 16, 1025, 3, 32), (5, 100, 12.5, 1001, None, 32)]
     for _ in range(30):
         g = t.rng.choice([16, 32, 64, 128, 256, t.rng.randint(1, 512)])
-        numel = t.rng.choice([None, t.rng.randint(1, 50_000), g * t.rng.randint(1, 2000), g * t.rng.randint(1, 2000) + 1])
+        numel = t.rng.choice([None, t.rng.randint(1, 50_000), g * t.rng.randint(1, 2000), g * t.rng.randint(1,
+                                                                                                            2000) + 1])
         sg = t.rng.choice([None, None, 256, t.rng.randint(1, 300)])
         grid.append((t.rng.randint(1, 8), g, t.rng.choice([8, 16, 32]), numel, sg, t.rng.choice([16, 32])))
     calls = []
@@ -374,7 +376,8 @@ def predict_bits(t):
                       lambda got, what=what, want=want, wrong=wrong:
                       check_close(got, want, what, rtol=1e-9, mistakes=wrong)))
     run_cases(t, calls)
-    error_cases(t, [(f"predict_bits_per_weight({b}, group_size={g!r}, {kw})", call("predict_bits_per_weight", b, g, **kw))
+    error_cases(t, [(f"predict_bits_per_weight({b}, group_size={g!r}, {kw})", call("predict_bits_per_weight", b, g,
+                                                                                   **kw))
                     for b, g, kw in ((0, 32, {}), (-1, None, {}), (4, 0, {}), (4, -32, {}), (4, 2.5, {}),
                                      (4, 32, {"numel": 0}), (4, 32, {"numel": 10.0}), (4, 32, {"scale_group": 0}),
                                      (4, None, {"scale_group": 256}))])

@@ -10,7 +10,6 @@ that Part B chose (e.g. its free order, which Part B is charged for) is not char
 (the expected empty slots and the pool's waste fraction for a mix of length ranges) is judged on an edge grid and
 drawn mixes against an enumeration of every length here, not the cycle argument of the solution.
 """
-import math
 
 import torch
 
@@ -24,7 +23,8 @@ judge = Judge(references={
     "allocator_tests": ["course_lib.paged.allocator.BlockAllocator"],
     "blocks_tests": ["course_lib.paged.manager.BlockManager"],
     "cow_tests": ["course_lib.paged.manager.BlockManager"],
-    "paged_tests": ["course_lib.paged.attention.paged_attention_reference", "course_lib.paged.attention.paged_attention",
+    "paged_tests": ["course_lib.paged.attention.paged_attention_reference",
+                    "course_lib.paged.attention.paged_attention",
                     "course_lib.paged.attention.paged_attention_torch"],
 })
 
@@ -69,14 +69,16 @@ def allocator(t):
             steps.append((op, t.rng.randrange(-1, n + 1) if op == "bad" else t.rng.randrange(n)))
         ops = [call("BlockAllocator", n, store="a", send=False)]
         for op, b in steps:
-            ops.append(call("$a.allocate") if op == "allocate" else call(f"$a.{'incref' if op == 'incref' else 'free'}", b))
+            method = "incref" if op == "incref" else "free"
+            ops.append(call("$a.allocate") if op == "allocate" else call(f"$a.{method}", b))
             ops += [Get("$a.refcount"), Get("$a.num_free")]
         with t.case(f"script {trial + 1}: 50 operations on BlockAllocator({n})", group="scripts"):
             got = t.run(ops)
             got[0].get()
             ra = RefAllocator(n)
             for k, (op, b) in enumerate(steps):
-                what = f"{op if op != 'bad' else 'free'}({'' if op == 'allocate' else b}) at step {k} of BlockAllocator({n})"
+                what = (f"{op if op != 'bad' else 'free'}({'' if op == 'allocate' else b}) "
+                        f"at step {k} of BlockAllocator({n})")
                 fn = {"allocate": ra.allocate, "incref": lambda: ra.incref(b)}.get(op, lambda: ra.free(b))
                 want, _ = expected_text(fn)
                 o, rc, nf = got[1 + 3 * k: 4 + 3 * k]
@@ -94,7 +96,8 @@ def allocator(t):
                                                    call("$e.free", 1)], "PagingError")]
     for b in (-1, 3, 1.0, True, "0"):
         errors.append((f"free({b!r}) on 3 blocks (unknown block)", [call("BlockAllocator", 3, store="e", send=False),
-                                                                     call("$e.allocate"), call("$e.free", b)], "PagingError"))
+                                                                     call("$e.allocate"), call("$e.free", b)],
+                                                                     "PagingError"))
     errors.append(("incref of a free block", [call("BlockAllocator", 3, store="e", send=False), call("$e.incref", 2)],
                    "PagingError"))
     for what, ops, exc in errors:
@@ -181,7 +184,8 @@ def play(target, steps):
             what = "None"
         except OutOfBlocks:
             what = "raises OutOfBlocks"
-        tables = {s: (target.block_table(s) if isinstance(target, RefManager) else list(target.tables[s])) for s in live}
+        tables = {s: (target.block_table(s) if isinstance(target,
+                                                          RefManager) else list(target.tables[s])) for s in live}
         lengths = {s: (target.num_tokens(s) if isinstance(target, RefManager) else target.lengths[s]) for s in live}
         out.append((what, tables, lengths))
     return out
@@ -222,7 +226,8 @@ def blocks(t):
             pos = 2
             for k, ((op, sid, length), p) in enumerate(zip(steps, plan)):
                 what = (f"add_sequence({sid!r}, {length})" if op == "add" else
-                        f"{'append_token' if op == 'append' else 'free'}({sid!r})") + f" at step {k} on {n} blocks of {bs}"
+                        f"{'append_token' if op == 'append' else 'free'}({sid!r})") + \
+                    f" at step {k} on {n} blocks of {bs}"
                 o = got[pos]
                 pos += 1
                 if p[0] == "raises OutOfBlocks":
@@ -241,12 +246,14 @@ def blocks(t):
             held = sum(len(v) for v in plan[-1][1].values()) if plan else 0
             check_equal(got[pos].get(), n - held, "free blocks at the end of the script (every finished sequence's "
                                                   "blocks given back)")
-    errors = [("add_sequence of an existing id", [call("$m.add_sequence", "a", 2), call("$m.add_sequence", "a", 2)], "PagingError"),
+    errors = [("add_sequence of an existing id", [call("$m.add_sequence", "a", 2), call("$m.add_sequence", "a", 2)],
+               "PagingError"),
               ("add_sequence with 0 tokens", [call("$m.add_sequence", "a", 0)], "PagingError"),
               ("add_sequence with 2.5 tokens", [call("$m.add_sequence", "a", 2.5)], "PagingError"),
               ("append_token of an unknown sequence", [call("$m.append_token", "zz")], "PagingError"),
               ("free of an unknown sequence", [call("$m.free", "zz")], "PagingError"),
-              ("free twice", [call("$m.add_sequence", "a", 2), call("$m.free", "a"), call("$m.free", "a")], "PagingError"),
+              ("free twice", [call("$m.add_sequence", "a", 2), call("$m.free", "a"), call("$m.free", "a")],
+               "PagingError"),
               ("block_table of an unknown sequence", [call("$m.block_table", "zz")], "PagingError"),
               ("add_sequence needing more blocks than are free", [call("$m.add_sequence", "a", 9)], "OutOfBlocks")]
     for what, body, exc in errors:
@@ -449,14 +456,17 @@ def cow(t):
                     got_copies = [(None, names.get(nw)) for _, nw in result]   # the old block is gone from the tables
                     check_equal(got_copies, [(None, nw) for _, nw in copies], f"copies returned by {what}")
     for what, body, exc in [("fork of an unknown parent", [call("$m.fork", "nope", "x")], "PagingError"),
-                            ("fork into an existing child", [call("$m.add_sequence", "p", 3), call("$m.add_sequence", "c", 1),
+                            ("fork into an existing child", [call("$m.add_sequence", "p", 3),
+                                                             call("$m.add_sequence", "c", 1),
                                                              call("$m.fork", "p", "c")], "PagingError"),
-                            ("copy-on-write with no free block", [call("$m.add_sequence", "p", 3), call("$m.fork", "p", "c"),
+                            ("copy-on-write with no free block", [call("$m.add_sequence", "p", 3), call("$m.fork",
+                                                                                                        "p", "c"),
                                                                   call("$m.add_sequence", "q", 8),
                                                                   call("$m.append_token", "c")], "OutOfBlocks")]:
         with t.case(what, group="errors"):
             t.raises(t.run([Let("alloc", t.remote("alloc", RefAllocator(3), *ALLOCATOR_API)),
-                            call("CowBlockManager", ref("alloc"), 4, store="m", send=False)] + body)[-1], exc, what=what)
+                            call("CowBlockManager", ref("alloc"), 4, store="m", send=False)] + body)[-1], exc,
+                            what=what)
     with t.case("a failed copy-on-write changes nothing", group="errors"):
         got = t.run([Let("alloc", t.remote("alloc", RefAllocator(2), *ALLOCATOR_API)),
                      call("CowBlockManager", ref("alloc"), 4, store="m", send=False),
@@ -562,7 +572,8 @@ def mutants():
          ["late_block", "waste_full_block"]),
         ("the predicted waste applies the rule of thumb, (block_size - 1) / 2 slots, whatever the lengths",
          {"predict_waste": solution_with("lab06", "predict_waste", {
-             "        empty += weight * (cycles * per_cycle + sum(-n % block_size for n in range(lo, lo + rest))) / count":
+             "        empty += weight * (cycles * per_cycle + "
+             "sum(-n % block_size for n in range(lo, lo + rest))) / count":
              "        empty += weight * (block_size - 1) / 2"})},
          ["waste_uniform_tail"]),
         ("the predicted waste fraction is the mean of each sequence's own fraction",

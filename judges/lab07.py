@@ -25,7 +25,8 @@ judge = Judge(references={
                      "course_lib.attention.online_softmax.online_softmax",
                      "course_lib.attention.online_softmax.softmax_stats_update"],
     "tiled_tests": ["course_lib.attention.reference.reference_attention", "course_lib.attention.tiled.tiled_attention"],
-    "causal_tests": ["course_lib.attention.reference.reference_attention", "course_lib.attention.tiled.tiled_attention"],
+    "causal_tests": ["course_lib.attention.reference.reference_attention",
+                     "course_lib.attention.tiled.tiled_attention"],
     "predict_flash_io_tests": ["course_lib.attention.io_model.flash_attention_io",
                                "course_lib.attention.io_model.count_io"],
     "flash_kernel_tests": ["course_lib.attention.reference.reference_attention",
@@ -333,7 +334,8 @@ def flash_kernel(t):
             kernel_case(t, what, q, k, v, causal, bm, bn)
     # float16: the same fp16 inputs against the fp32 reference
     S = 16 * t.rng.randint(1, 2) + t.rng.randint(1, 15)
-    q, k, v = randn(t, 1, 4, t.rng.randint(2, S - 1), 32).half(), randn(t, 1, 2, S, 32).half(), randn(t, 1, 2, S, 32).half()
+    q, k, v = randn(t, 1, 4, t.rng.randint(2, S - 1), 32).half(), randn(t, 1, 2, S, 32).half(), randn(t, 1, 2, S,
+                                                                                                      32).half()
     what = f"flash_attention in float16 (q {list(q.shape)}, k/v {list(k.shape)}, causal=True)"
     with t.case(what, group="values"):
         kernel_case(t, what, q, k, v, True, rtol=2e-3, atol=2e-3)
@@ -355,7 +357,8 @@ def flash_kernel(t):
     q, k = randn(t, 1, 4, 20, 16), randn(t, 1, 2, 30, 16)
     for bad, args, kw in (("3 query heads over 2 KV heads", (q[:, :3], k, k), {}),
                           ("k and v of different lengths", (q, k, k[:, :, :29]), {}),
-                          ("a head dim of 24", (randn(t, 1, 4, 20, 24), randn(t, 1, 2, 30, 24), randn(t, 1, 2, 30, 24)), {}),
+                          ("a head dim of 24", (randn(t, 1, 4, 20, 24), randn(t, 1, 2, 30, 24), randn(t, 1, 2, 30,
+                                                                                                      24)), {}),
                           ("float64 inputs", (q.double(), k.double(), k.double()), {}),
                           ("mixed float32 and float16", (q, k.half(), k.half()), {}),
                           ("causal with 20 queries and 10 keys", (q, k[:, :, :10], k[:, :, :10]), {"causal": True}),

@@ -466,7 +466,8 @@ def predict_speedup(t):
              ([0.3], 0.5, None), ([0.9 * 0.85 ** i for i in range(6)], 0.05, 1.9)]
     for _ in range(40):
         acc = draw_accept(t)
-        cases.append((acc, t.rng.uniform(0, 0.5), t.rng.choice([None, 1.0 + 0.15 * len(acc), 1.0 + 2 * t.rng.random()])))
+        cases.append((acc, t.rng.uniform(0, 0.5), t.rng.choice([None, 1.0 + 0.15 * len(acc),
+                                                                1.0 + 2 * t.rng.random()])))
     got = t.run([call("speedup", acc, c) if vc is None else call("speedup", acc, c, verify_cost=vc)
                  for acc, c, vc in cases])
     for (acc, c, vc), o in zip(cases, got):

@@ -363,11 +363,13 @@ def mutants():
              "            raise ValueError(f\"{name} must be an integer >= {low}, got {value!r}\")\n":
              "        pass\n"}),
           "predict_batch_answer": solution_with("lab09", "predict_batch_answer", {
-              "        live = [P for P, O in requests if O >= k]         # each holds P + k - 2 tokens, reads P + k - 1\n"
+              "        live = [P for P, O in requests if O >= k]         "
+              "# each holds P + k - 2 tokens, reads P + k - 1\n"
               "        t += cost.step_time(0, len(live), sum(P + k - 1 for P in live))":
               "        live = [P for P, O in requests if O + 1 >= k]\n"
               "        t += cost.step_time(0, len(live), sum(P + k - 2 for P in live))",
-              "    for k in range(2, max(O for _, O in requests) + 1):": "    for k in range(2, max(O for _, O in requests) + 2):",
+              "    for k in range(2, max(O for _, O in requests) + 1):":
+              "    for k in range(2, max(O for _, O in requests) + 2):",
               "    return t, sum(finish[O] for _, O in requests) / len(requests)":
               "    return t, sum(finish[O + 1] for _, O in requests) / len(requests)"})},
          ["admit_ignores_blocks", "decode_steps"]),

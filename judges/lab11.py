@@ -10,7 +10,7 @@ from the course's split, micro-batch by micro-batch, not with the solution's clo
 import torch
 import torch.nn.functional as F
 
-from course_grading.judging import Judge, call, notebook, ref
+from course_grading.judging import Judge, call, notebook
 from course_lib.checks import check_close, check_equal
 from course_lib.models.config import LlamaConfig
 from course_lib.parallel.checks import mlp_reference

@@ -156,7 +156,8 @@ def static_step(t):
     L, KV, Dh = shape["num_hidden_layers"], shape["num_key_value_heads"], shape["head_dim"]
     kc = torch.zeros(L, batch, KV, 6, Dh)
     tok = torch.tensor([[1], [2]])
-    bad = [("tok of shape [2]", tok[:, 0], torch.tensor(0), kc, kc), ("tok [2, 2]", tok.repeat(1, 2), torch.tensor(0), kc, kc),
+    bad = [("tok of shape [2]", tok[:, 0], torch.tensor(0), kc, kc), ("tok [2, 2]", tok.repeat(1, 2),
+                                                                      torch.tensor(0), kc, kc),
            ("pos a Python int", tok, 0, kc, kc), ("pos of shape [1]", tok, torch.tensor([0]), kc, kc),
            ("k_cache with one layer too many", tok, torch.tensor(0), torch.zeros(L + 1, batch, KV, 6, Dh), kc),
            ("v_cache with head_dim + 1", tok, torch.tensor(0), kc, torch.zeros(L, batch, KV, 6, Dh + 1)),
@@ -414,7 +415,8 @@ def mutants():
           "trace_answer": solution_with("lab12", "trace_answer", {
               '"ops_per_token": sum(top_level(e) for e in aten) / tokens': '"ops_per_token": len(aten) / tokens'}),
           "predict_step_answer": solution_with("lab12", "predict_step_answer", {
-              'config["num_key_value_heads"] * config["head_dim"]': 'config["num_attention_heads"] * config["head_dim"]'})},
+              'config["num_key_value_heads"] * config["head_dim"]':
+              'config["num_attention_heads"] * config["head_dim"]'})},
          ["int_position", "nested_ops", "kv_query_heads"]),
         ("attention over every slot, written or not; operators ranked by total time; shares computed linearly; the "
          "launches added to the device's time",

@@ -38,7 +38,7 @@ from IPython.display import Markdown, display
 
 import course_lib.quant as Q
 from course_lib.models import LlamaConfig, load
-from course_lib.viz.quant import QuantExplorer, linear_weights, plot_bit_layouts
+from course_lib.viz.quant import QuantExplorer, plot_bit_layouts
 
 # On CPUs with AVX512-BF16, importing bitsandbytes makes its CPU backend try to load an optional 4-bit
 # matmul kernel from the Hugging Face Hub ("kernels-community", through the `kernels` package, which the

@@ -53,7 +53,7 @@ import course_lib.quant as Q
 from course_lib.models import load
 from course_lib.perf.quality import bits_per_byte
 from course_lib.quant.transform import to_fast_weight_only, to_fp8, to_gguf, to_mixed
-from course_lib.quant_eval import (Variant, calibration_batches, compare, decode_ms_per_token, heldout_texts,
+from course_lib.quant_eval import (Variant, calibration_batches, compare, heldout_texts,
                                    table_markdown)
 
 # On AVX512-BF16 CPUs bitsandbytes tries an optional downloadable 4-bit kernel (the `kernels` package) and logs a

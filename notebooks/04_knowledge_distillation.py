@@ -38,7 +38,6 @@ HELD_CHARS = 4000 if QUICK else 10**9    # characters kept per held-out file
 
 # %% id="c004"
 import math
-import time
 
 import matplotlib.pyplot as plt
 import torch

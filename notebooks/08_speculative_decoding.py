@@ -42,12 +42,11 @@ FEATURE_TOKENS = 4096 if QUICK else 300_000
 
 # %% id="c004"
 import math
-import time
 
 import matplotlib.pyplot as plt
 import torch
 
-from course_lib.generation import generate, sample
+from course_lib.generation import generate
 from course_lib.models import load
 from course_lib.models.corpus import load_split
 from course_lib.speculative import (acceptance_rate, accept_step, expected_tokens_per_pass, measure,
@@ -508,7 +507,7 @@ for r in measure_prompt_lookup(target, [pr for pr, _ in edit], draft_lengths=(4,
 
 # %% id="c025"
 from course_lib.speculative.tree import DEFAULT_PATHS, tree_attention_mask
-from course_lib.speculative.medusa import MedusaHeads, load_medusa_heads, medusa_generate, train_medusa
+from course_lib.speculative.medusa import load_medusa_heads, medusa_generate, train_medusa
 
 parents = [-1]
 index = {(): 0}

@@ -40,8 +40,8 @@ import torch
 
 from course_lib.models import as_config, load
 from course_lib.perf import compare, get_gpu, timing_claim
-from course_lib.serving import (ChunkedPrefill, ContinuousBatching, Disaggregated, DynamicBatching, Request,
-                                StaticBatching, StepCostModel, check_invariants, format_summary, make_workload,
+from course_lib.serving import (ChunkedPrefill, ContinuousBatching, Disaggregated, DynamicBatching, StaticBatching,
+                                StepCostModel, check_invariants, format_summary, make_workload,
                                 max_blocks_used, simulate, sweep_load)
 from course_lib.viz.serving import ServingExplorer, plot_latency_cdf, plot_load_sweep, plot_timeline
 

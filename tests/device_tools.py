@@ -30,7 +30,8 @@ from course_lib.env import triton_gpu_supported, triton_unsupported_reason
 # The course launches its Triton kernels only on a GPU Triton supports (compute capability >= 8.0); on a
 # T4 "auto" takes the PyTorch paths (tests/test_t4.py). GPU tests of the kernels themselves take this mark.
 needs_triton_gpu = pytest.mark.skipif(not triton_gpu_supported(),
-                                      reason=f"the course's Triton kernels do not run here: {triton_unsupported_reason()}")
+                                      reason="the course's Triton kernels do not run here: "
+                                             f"{triton_unsupported_reason()}")
 
 # (device type, dtype) -> tolerances for comparing logits / activations of the same float model computed
 # two ways. float32 on CPU: reductions in another order only. float32 on CUDA: other kernels too.

@@ -29,7 +29,8 @@ def test_plain_print_path_outside_ipython(capsys):
     assert capsys.readouterr().out == "Claim held: A is faster than B (A 1 ms, B 2 ms)\n"
     assert timing_claim("A is faster than B", held=np.float64(3) < 2, measured="A 3 ms, B 2 ms") is False
     out = capsys.readouterr().out
-    assert out.startswith("Claim did not hold on this run: A is faster than B (A 3 ms, B 2 ms).") and DEFAULT_ADVICE in out
+    assert out.startswith("Claim did not hold on this run: A is faster than B (A 3 ms, B 2 ms).")
+    assert DEFAULT_ADVICE in out
     assert timing_claim("t", held=torch.tensor(1.0) < 2, measured="m") is True   # a torch bool scalar
 
 
@@ -56,7 +57,8 @@ def test_in_a_notebook_the_output_carries_the_claim_metadata():
     shown = [o for o in outs if o["output_type"] == "display_data"]
     assert len(shown) == 2 and outs[-1]["text"] == "True False\n"
     meta = [o["metadata"]["course_claim"] for o in shown]
-    assert meta == [{"kind": "timing", "claim": "cached is faster", "held": True, "measured": "cached 1 ms, recompute 2 ms"},
+    assert meta == [{"kind": "timing", "claim": "cached is faster", "held": True,
+                     "measured": "cached 1 ms, recompute 2 ms"},
                     {"kind": "timing", "claim": "late > early <b>", "held": False, "measured": "late 1 ms, early 2 ms"}]
     assert shown[0]["data"]["text/plain"] == "Claim held: cached is faster (cached 1 ms, recompute 2 ms)"
     assert shown[1]["data"]["text/plain"].startswith("Claim did not hold on this run: late > early <b>")

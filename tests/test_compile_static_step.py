@@ -57,7 +57,8 @@ def test_unmasked_step_is_wrong_when_unwritten_slots_hold_garbage(small):
 def test_static_step_refuses_bad_input(small):
     k, v = static_caches(small, 2, 8)
     for tok, pos, kc, what in [(torch.tensor([3, 4]), torch.tensor(0), k, "tok"),
-                               (torch.tensor([[3], [4]]), 0, k, "pos"), (torch.tensor([[3], [4]]), torch.tensor([0]), k, "pos"),
+                               (torch.tensor([[3], [4]]), 0, k, "pos"), (torch.tensor([[3], [4]]),
+                                                                         torch.tensor([0]), k, "pos"),
                                (torch.tensor([[3], [4]]), torch.tensor(0), k[:1], "k_cache")]:
         with pytest.raises(ValueError, match=what):
             static_decode_step(small, tok, pos, kc, v)

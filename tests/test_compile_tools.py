@@ -76,7 +76,6 @@ def test_explain_finds_the_graph_break_and_its_fix():
     def fixed(model, tok, cache):
         return model(tok, cache=cache)[:, -1].argmax(-1, keepdim=True)
 
-    outs = []
     for fn, breaks in ((broken, 1), (fixed, 0)):
         cache = StaticCache.for_model(m, 1, 32)
         with torch.inference_mode():

@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 from device_tools import needs_triton_gpu
 
-from course_lib.attention import (LOOP_ORDERS, IOCounter, combine_splits, count_io, flash_attention_io, flash_attn_status,
+from course_lib.attention import (LOOP_ORDERS, IOCounter, combine_splits, count_io, flash_attention_io,
+                                  flash_attn_status,
                                   flash_backend_reason, flash_decode_torch, flash_io_theta, hf_attn_implementation,
-                                  io_reduction, io_reduction_limit, merge_softmax_stats, online_softmax, online_softmax_stats,
+                                  io_reduction, io_reduction_limit, merge_softmax_stats, online_softmax,
+                                  online_softmax_stats,
                                   reference_attention, scores_bytes, sdpa_backend_report, sdpa_default_backend,
                                   softmax_stats_update, split_partials, sram_tiles, standard_attention_io,
                                   tiled_attention)

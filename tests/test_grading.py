@@ -256,7 +256,8 @@ def test_repair_with_student_cells_and_lost_metadata(fixture_lab):
     work, f = repair(nb, lab)
     assert f.flags["matched_by_similarity"] == ["multiply_answer"] and f.needs_review
     assert "def multiply" in work.cells[index_of(work, "multiply_answer")].source
-    assert sorted(grade_id(c) for c in work.cells if grade_id(c)) == sorted(grade_id(c) for c in lab.cells if grade_id(c))
+    assert sorted(grade_id(c) for c in work.cells if grade_id(c)) == \
+        sorted(grade_id(c) for c in lab.cells if grade_id(c))
 
 
 def test_repair_unmatchable_is_flagged(fixture_lab):
@@ -596,7 +597,8 @@ def test_lab_round_trip(real_graded, lab):
     assert sol.status in ("ok", "review") and not set(sol.flags) - {"needs_manual_grading"}, sol.messages
     assert sol.score == auto_max > 0, f"{lab}: the solution scores {sol.score}/{auto_max}: {sol.cells}"
     b = res["blank"]
-    assert b.score == 0, f"{lab}: the blank lab scores {b.score}: {b.cells} {b.flags} {b.messages} {(b.log or '')[-2000:]}"
+    assert b.score == 0, \
+        f"{lab}: the blank lab scores {b.score}: {b.cells} {b.flags} {b.messages} {(b.log or '')[-2000:]}"
     for k, (what, _, diagnoses) in enumerate(lab_mutants(lab)):
         m = res.get(f"mutant{k}")
         assert m is not None, f"{lab} mutant {what!r} was not graded"

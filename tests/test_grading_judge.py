@@ -43,11 +43,11 @@ import pytest
 
 from course_grading import sandbox, wire
 from course_grading.autograde import summary
-from course_grading.build import answer_sources, build_labs, fill_answers, grade_id, notebook_text, read_notebook
+from course_grading.build import answer_sources, build_labs, fill_answers, notebook_text, read_notebook
 from course_grading.collect import collect, terminal_safe
 from course_grading.driver import handle
 from course_grading.feedback import feedback_notebook
-from course_grading.judging import (CaseResult, Judge, Trial, case_seed, judge_parts, load_secret, local_send,
+from course_grading.judging import (CaseResult, Judge, case_seed, judge_parts, load_secret, local_send,
                                     part_score)
 from course_grading.pipeline import grade
 
@@ -262,7 +262,8 @@ TRICKS = {
     "session_send": (
         "_k = get_ipython().kernel\n_send = _k.session.send\n"
         "def _quiet(stream, msg_or_type, *a, **kw):\n"
-        "    kind = msg_or_type if isinstance(msg_or_type, str) else msg_or_type.get('msg_type', msg_or_type.get('header', {}).get('msg_type'))\n"
+        "    kind = msg_or_type if isinstance(msg_or_type, str) else msg_or_type.get('msg_type', "
+        "msg_or_type.get('header', {}).get('msg_type'))\n"
         "    if kind == 'error':\n        return None\n    return _send(stream, msg_or_type, *a, **kw)\n"
         "_k.session.send = _quiet\n"),
     "always_equal": (
@@ -270,7 +271,8 @@ TRICKS = {
         "    def __array__(self, *a, **k):\n        import numpy as np\n"
         "        for f in inspect.stack():\n            if 'expected' in f.frame.f_locals:\n"
         "                return np.asarray(f.frame.f_locals['expected'])\n        return np.zeros(1)\n"
-        "def add(a, b):\n    return _Yes()\ndef multiply(a, b):\n    return _Yes()\ndef clamp(x, lo, hi):\n    return _Yes()\n"),
+        "def add(a, b):\n    return _Yes()\ndef multiply(a, b):\n    return _Yes()\n"
+        "def clamp(x, lo, hi):\n    return _Yes()\n"),
     "first_line_only": (
         "_k = get_ipython().kernel\n_run = _k.do_execute\n"
         "def _first(code, *a, **kw):\n    return _run(code.split('\\n')[0], *a, **kw)\n_k.do_execute = _first\n"),
@@ -461,7 +463,8 @@ def test_a_blank_lab_with_a_kernel_trick_scores_zero(attacked, trick):
 def test_the_reference_through_importlib_earns_nothing(attacked):
     r = res(attacked, "importlib")
     assert part_scores(r)["matmul_cost_tests"] == 0.0 and r.score == 11.0, (r.cells, r.flags)
-    assert "withheld while this lab is graded" in next(c["error"] for c in r.cells if c["grade_id"] == "matmul_cost_tests")
+    assert "withheld while this lab is graded" in next(c["error"] for c in r.cells
+                                                        if c["grade_id"] == "matmul_cost_tests")
 
 
 @slow

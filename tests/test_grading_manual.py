@@ -54,7 +54,8 @@ def test_read_scores_refuses_each_bad_row_by_number(tmp_path):
     msg = str(e.value)
     assert "5 bad row(s)" in msg
     for row, what in [(3, "score must be a number, got 'one'"), (4, "score must be a finite number"),
-                      (5, "validated must be yes or no"), (6, "student must not be empty"), (7, "alice lab99 written_explain is scored twice (also row 2)")]:
+                      (5, "validated must be yes or no"), (6, "student must not be empty"),
+                      (7, "alice lab99 written_explain is scored twice (also row 2)")]:
         assert f"{p}, row {row}: {what}" in msg, msg
 
 

@@ -1,7 +1,8 @@
 """The grading kernel's sandbox, attacked with real kernels at the levels `user` and `bwrap` (issue 29).
 
 One grade run per level (module fixture, --memory-limit 1 GiB, TMPDIR inside a 0700 folder as `mktemp -d`
-makes it) over a fixture lab (lab97: lab99 with a canary in the solution of `add` and in its judge). Each attacker is a submission whose `add` is right only if its attack worked, so "contained"
+makes it) over a fixture lab (lab97: lab99 with a canary in the solution of `add` and in its judge). Each attacker is
+a submission whose `add` is right only if its attack worked, so "contained"
 reads as a score: 3/5 (its multiply and clamp are right, add earns nothing), never 5/5; its other
 evidence (a connection received, a file left on the machine, the cgroup's count of processes killed
 for memory) is checked beside. A victim (graded after the attackers, its file watched), a clean

@@ -268,7 +268,8 @@ def test_the_checker_sees_a_planted_in_function_import():
     # entries do not name (an allowed file is not an allowed import)
     llama, cli = MODULES["course_lib.models.llama"].read_text(), MODULES["course_lib.cli"].read_text()
     at = '    if cmd == "doctor":\n'
-    planted = {"course_lib.models.llama": llama + "\n\ndef _planted():\n    from course_lib.generation import generate\n",
+    planted = {"course_lib.models.llama": llama + "\n\ndef _planted():\n"
+                                                  "    from course_lib.generation import generate\n",
                "course_lib.cli": cli.replace(at, at + "        from . import generation  # noqa\n")}
     found = unexplained_in_function_imports(planted)
     line = cli[:cli.index(at)].count("\n") + 2

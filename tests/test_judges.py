@@ -34,7 +34,8 @@ per_lab = pytest.mark.parametrize("lab", LABS)
 @per_lab
 def test_no_hidden_tests_in_the_source(lab):
     src = (ROOT / "solutions" / f"{lab}.py").read_text(encoding="utf-8")
-    assert "BEGIN HIDDEN TESTS" not in src, f"solutions/{lab}.py still holds hidden tests: they belong in judges/{lab}.py"
+    assert "BEGIN HIDDEN TESTS" not in src, \
+        f"solutions/{lab}.py still holds hidden tests: they belong in judges/{lab}.py"
 
 
 @per_lab
@@ -64,7 +65,8 @@ def test_solution_full_blank_zero_mutants_between(lab):
     blank = judge_locally(lab, None)
     for gid, part in blank.parts.items():
         assert part.error is None, f"{lab} {gid}: the judge failed on the blank lab: {part.error}"
-        assert part.score == 0, f"{lab} {gid}: the blank lab scores {part.score}: {[c.label for c in part.cases if c.passed][:5]}"
+        assert part.score == 0, \
+            f"{lab} {gid}: the blank lab scores {part.score}: {[c.label for c in part.cases if c.passed][:5]}"
     mutants = lab_mutants(lab)
     assert mutants, f"judges/{lab}.py plants no mistake (mutants())"
     full = sum(p.points for p in sol.parts.values())

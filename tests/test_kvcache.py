@@ -6,7 +6,8 @@ import torch
 
 from course_lib.attention import apply_rope, rope_cos_sin
 from course_lib.generation import generate
-from course_lib.kvcache import (ContiguousCache, FixedPrefixCache, H2OCache, KVCache, QuantizedCache, SinkCache, SlidingWindowCache,
+from course_lib.kvcache import (ContiguousCache, FixedPrefixCache, H2OCache, KVCache, QuantizedCache, SinkCache,
+                                SlidingWindowCache,
                                StaticCache, kv_cache_bytes, kv_table, latent_kv_bytes)
 from course_lib.models.config import preset
 from course_lib.models import LlamaConfig, LlamaForCausalLM, load

@@ -168,7 +168,8 @@ def test_make_course_opens_copies_of_notebooks_and_labs_without_instructor_tools
     # the copies: made once, never overwritten
     subprocess.run(["make", "-s", "workdir", f"WORK={work}"], cwd=ROOT, check=True, capture_output=True)
     copies = sorted(p.relative_to(work).as_posix() for p in work.rglob("*.ipynb"))
-    tracked = sorted(p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("labs/*.ipynb")])
+    tracked = sorted(p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("notebooks/*.ipynb"),
+                                                              *ROOT.glob("labs/*.ipynb")])
     assert copies == tracked
     mine = work / tracked[0]
     mine.write_text("my work")
@@ -239,7 +240,8 @@ def test_notebook_time_budget_fails_the_run(tmp_path):
     import nbformat
     (tmp_path / "pytest.ini").write_text("[pytest]\n")   # rootdir: tmp_path, so notebooks/ is its notebooks folder
     (tmp_path / "notebooks").mkdir()
-    for name, source in (("spinner", "import time\nt = time.process_time()\nwhile time.process_time() - t < 3.0:\n    pass"),
+    for name, source in (("spinner",
+                          "import time\nt = time.process_time()\nwhile time.process_time() - t < 3.0:\n    pass"),
                          ("sleeper", "import time; time.sleep(4.0)"),
                          ("broken", "x = 1\nraise ValueError('planted')")):
         nb = nbformat.v4.new_notebook()
@@ -269,7 +271,8 @@ def test_notebook_time_budget_fails_the_run(tmp_path):
     assert within.returncode == 0 and "OVER BUDGET" not in within.stdout, within.stdout
     copy = nbformat.read(tmp_path / "build" / "executed" / "spinner.ipynb", as_version=4)
     from tools import nbexec
-    assert copy.metadata[nbexec.META_KEY]["source_sha256"] == nbexec.source_sha256(tmp_path / "notebooks" / "spinner.ipynb")
+    spinner = tmp_path / "notebooks" / "spinner.ipynb"
+    assert copy.metadata[nbexec.META_KEY]["source_sha256"] == nbexec.source_sha256(spinner)
     assert copy.cells[0].execution_count == 1
 
 

@@ -34,7 +34,6 @@ from course_grading.leaderboard import method_line, project_record, rows
 from course_grading.pipeline import grade_main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from judge_tools import lab_mutants  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = "lab13"
@@ -69,7 +68,8 @@ def test_speedup_interval_is_the_t_interval_of_the_log_ratios():
     sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
     half = 2.015 * sd / math.sqrt(len(logs))
     assert s.estimate == pytest.approx(math.exp(m)) and s.n == 6 and s.confidence == 0.9
-    assert s.low == pytest.approx(math.exp(m - half), rel=1e-3) and s.high == pytest.approx(math.exp(m + half), rel=1e-3)
+    assert s.low == pytest.approx(math.exp(m - half), rel=1e-3) and s.high == pytest.approx(math.exp(m + half),
+                                                                                            rel=1e-3)
     assert speedup_interval([x * 3 for x in r]).estimate == pytest.approx(3 * s.estimate)   # scale-free
     wide = speedup_interval([1.0, 4.0, 1.0, 4.0, 1.0, 4.0])
     assert wide.low < s.low < s.high < wide.high and wide.overlaps(s) and not s.overlaps(SpeedUp(3, 2.5, 3.5, 6))

@@ -290,5 +290,6 @@ def test_gptq_cholesky_rows_are_the_restricted_inverse_ratios():
         hf = torch.linalg.inv(h[j:, j:])
         assert torch.allclose(u[j, j] ** 2, hf[0, 0])
         assert torch.allclose(u[j, j:] / u[j, j], hf[0] / hf[0, 0])
-        if 0 < j < 7:  # earlier columns quantized changed the problem: the full inverse's ratios differ (the last row is [1])
+        # earlier columns quantized changed the problem: the full inverse's ratios differ (the last row is [1])
+        if 0 < j < 7:
             assert not torch.allclose(full[j, j:] / full[j, j], hf[0] / hf[0, 0])

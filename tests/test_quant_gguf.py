@@ -80,7 +80,8 @@ def test_q8_0_layout_and_zero_block():
     z = quantize_q8_0(torch.zeros(2, 32))
     assert z.abs().sum() == 0 and dequantize_q8_0(z).abs().sum() == 0
     z4 = quantize_q4_0(torch.zeros(32))
-    assert z4[:2].tolist() == [0x00, 0x80] and all(v == 0x88 for v in z4[2:].tolist())   # d = 0 / -8 = -0.0; codes 8 = zero
+    # d = 0 / -8 = -0.0; codes 8 = zero
+    assert z4[:2].tolist() == [0x00, 0x80] and all(v == 0x88 for v in z4[2:].tolist())
     assert dequantize_q4_0(z4).abs().sum() == 0
 
 
@@ -139,7 +140,8 @@ def test_a_format_is_one_record_in_one_registry():
     from course_lib.quant.memory import WEIGHT_FORMATS
     for name, f in G.GGUF_FORMATS.items():
         w = WEIGHT_FORMATS[name]
-        assert isinstance(w, WeightFormat) and w.bits_per_weight == f.bits_per_weight == G.BLOCK_BYTES[name] * 8 / G.BLOCK_VALUES[name]
+        assert isinstance(w, WeightFormat)
+        assert w.bits_per_weight == f.bits_per_weight == G.BLOCK_BYTES[name] * 8 / G.BLOCK_VALUES[name]
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])

@@ -68,7 +68,8 @@ def test_matches_bitsandbytes(double_quant):
 
     With it: the 4-bit codes and packed bytes are still identical (both quantize with the full-precision
     absmax), but bitsandbytes' CPU kernel for the 8-bit blockwise step does not always pick the nearest
-    entry of the dynamic code (about 0.1% of the scales, 1 in 32 in one case here, come out 1-2 codes off; ours takes the exact
+    entry of the dynamic code (about 0.1% of the scales, 1 in 32 in one case here, come out 1-2 codes off; ours takes
+    the exact
     nearest, so its scale error is never larger). Stated tolerance for the dequantized tensors under
     double quantization: 0.5% of the tensor's absmax (observed about 0.1%)."""
     g = torch.Generator().manual_seed(2)

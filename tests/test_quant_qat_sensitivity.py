@@ -1,6 +1,5 @@
 """QAT's straight-through estimator and model transform; the sensitivity scan and bit allocation (exact
 against brute force on synthetic sensitivities; greedy never better than exact)."""
-import itertools
 import random
 
 import pytest
@@ -8,7 +7,8 @@ import torch
 from torch import nn
 
 from course_lib.quant import fake_quantize
-from course_lib.quant.qat import QATLinear, convert_qat, fake_quantize_ste, prepare_qat, qat_finetune, rtn_quantize_linears
+from course_lib.quant.qat import QATLinear, convert_qat, fake_quantize_ste, prepare_qat, qat_finetune, \
+    rtn_quantize_linears
 from course_lib.quant.sensitivity import (allocate_bits, allocation_cost, brute_force_allocation, layer_groups,
                                           sensitivity_scan)
 
@@ -90,7 +90,8 @@ def test_sensitivity_scan_restores_weights_and_finds_the_sensitive_group():
 
 def test_layer_groups_of_a_llama_shaped_module():
     m = nn.Module()
-    m.layers = nn.ModuleList([nn.ModuleDict({"q_proj": nn.Linear(4, 4), "down_proj": nn.Linear(4, 4)}) for _ in range(2)])
+    m.layers = nn.ModuleList([nn.ModuleDict({"q_proj": nn.Linear(4, 4), "down_proj": nn.Linear(4,
+                                                                                               4)}) for _ in range(2)])
     m.lm_head = nn.Linear(4, 4)
     assert layer_groups(m) == {"layers.0": ["layers.0.q_proj", "layers.0.down_proj"],
                                "layers.1": ["layers.1.q_proj", "layers.1.down_proj"]}

@@ -146,7 +146,8 @@ def test_an_unknown_key_or_a_malformed_citation_is_an_error_naming_it():
 
 
 def test_the_build_fails_on_an_unknown_key_naming_the_cell():
-    text = '# %% [markdown] id="c002"\n# Intro [@shazeer2019fast].\n\n# %% [markdown] id="c003"\n# See [@nosuch2020key].\n'
+    text = ('# %% [markdown] id="c002"\n# Intro [@shazeer2019fast].\n\n'
+            '# %% [markdown] id="c003"\n# See [@nosuch2020key].\n')
     with pytest.raises(nbt.SourceError, match=r"src.py: cell 2 \(id 'c003'\): the citation key 'nosuch2020key'"):
         nbt.notebook(text, "notebooks/zz.ipynb", "src.py")
 
@@ -271,7 +272,8 @@ def test_first_use_is_linked_once_in_prose_only():
     linker = glossary.Linker(entries, lambda t: f"../glossary.yaml#{t}")
     cell1 = ("## The KV cache and TTFT\n\n`KV cache` in code, $TTFT$ in math, [a TTFT link](x.md), "
              "<span title=\"prefill\">x</span>, https://example.org/prefill, and ([Kwon et al., 2023]"
-             "(https://arxiv.org/abs/2309.06180 \"TTFT and the KV cache\")).\n\n<div>\nKV cache in an HTML block\n</div>\n\n"
+             "(https://arxiv.org/abs/2309.06180 \"TTFT and the KV cache\")).\n\n"
+             "<div>\nKV cache in an HTML block\n</div>\n\n"
              "Prose: the KV caches, Prefill, the time\nto first token.")
     out = linker.link(cell1)
     assert out.startswith(cell1[:cell1.index("Prose")]), out        # nothing linked before the prose

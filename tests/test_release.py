@@ -28,7 +28,8 @@ def _notebook(rel, install=INSTALL_SPEC):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell(
                     f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(rel)})"),
-                nbformat.v4.new_code_cell(f'import sys\nif "google.colab" in sys.modules:\n    !pip install -q "{install}"'),
+                nbformat.v4.new_code_cell('import sys\nif "google.colab" in sys.modules:\n'
+                                          f'    !pip install -q "{install}"'),
                 nbformat.v4.new_markdown_cell("# Basics\n\nSee [the source](https://github.com/"
                                               f"{REPO}/blob/{RELEASE}/course_lib/__init__.py).")]
     return nb

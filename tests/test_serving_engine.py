@@ -86,7 +86,8 @@ def test_greedy_equals_alone(model, rng, num_blocks, max_batch, max_prefill, exp
     if expect_preempt:      # 6 requests growing to 4-6 blocks each in a pool of 12: someone must yield
         lengths, max_new_tokens = [rng.randrange(17, 24) for _ in range(6)], [rng.randrange(12, 20) for _ in range(6)]
     else:
-        lengths, max_new_tokens = [70] + [rng.randrange(1, 50) for _ in range(5)], [rng.randrange(1, 20) for _ in range(6)]
+        lengths, max_new_tokens = [70] + [rng.randrange(1, 50) for _ in range(5)], [rng.randrange(1,
+                                                                                                  20) for _ in range(6)]
     prompts = prompts_for(rng, lengths)
     eng = Engine(model, num_blocks=num_blocks, block_size=8, max_batch=max_batch, max_prefill_tokens=max_prefill,
                  backend=backend)
@@ -169,7 +170,8 @@ def test_repetition_penalty_is_the_generate_loops(model, rng):
                                                    generator=torch.Generator(device=model.device).manual_seed(sp.seed))
         want.append(generate(model, p, sp.max_new_tokens, cache="contiguous", repetition_penalty=sp.repetition_penalty,
                              **kw).tokens.tolist())
-    plain = [generate(model, p, sp.max_new_tokens, cache="contiguous").tokens.tolist() for p, sp in zip(prompts, params)]
+    plain = [generate(model, p, sp.max_new_tokens, cache="contiguous").tokens.tolist() for p, sp in zip(prompts,
+                                                                                                        params)]
     assert any(w != q for w, q, sp in zip(want, plain, params) if sp.greedy and sp.repetition_penalty != 1), \
         "the penalties should change some greedy continuation, or this test could not see them ignored"
     eng = Engine(model, num_blocks=9, block_size=8, max_batch=5)
@@ -242,7 +244,8 @@ def test_engine_arguments(model):
 def test_static_batching_equals_alone(model, rng):
     prompts = prompts_for(rng, [rng.randrange(1, 40) for _ in range(5)])
     max_new_tokens = [rng.randrange(1, 16) for _ in prompts]
-    outs = static_batch_generate(model, prompts, [SamplingParams(max_new_tokens=n) for n in max_new_tokens], batch_size=3)
+    outs = static_batch_generate(model, prompts, [SamplingParams(max_new_tokens=n) for n in max_new_tokens],
+                                 batch_size=3)
     assert all(isinstance(o, Trace) and o.finished for o in outs)
     for o, p, n in zip(outs, prompts, max_new_tokens):
         assert_same_greedy(model, o.token_ids, p, n, what="static batching")

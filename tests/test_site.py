@@ -111,7 +111,8 @@ def test_course_site_pages_navigation_and_links(course):
     assert calls == [], "both executed copies were current: nothing should run"
     home, nb0 = pages["index.html"], pages["notebooks/00_basics.html"]
     # the syllabus is the home page; its code spans naming notebooks and labs link to their pages
-    assert "Module 00 — Basics" in home and '<a href="notebooks/00_basics.html"><code>00_basics.ipynb</code></a>' in home
+    assert "Module 00 — Basics" in home
+    assert '<a href="notebooks/00_basics.html"><code>00_basics.ipynb</code></a>' in home
     assert '<a href="labs/lab01.html"><code>labs/lab01.ipynb</code></a>' in home
     # navigation: every module's pages, previous / next in reading order
     assert nb0.count('href="../labs/lab01.html"') >= 1 and 'href="../index.html"' in nb0
@@ -164,7 +165,8 @@ def test_bibliography_and_glossary_pages_and_the_links_to_them(course):
     nb_path = root / "notebooks" / "00_basics.ipynb"
     nb = nbformat.read(nb_path, as_version=4)
     nb.cells[0].source += "\n\nThe KV cache [@shazeer2019fast] after the prefill; the KV cache again; `KV cache`."
-    built = references.render("## Further reading\n\n* [@shazeer2019fast]: MQA.", references.load(root / "references.yaml"))
+    built = references.render("## Further reading\n\n* [@shazeer2019fast]: MQA.",
+                              references.load(root / "references.yaml"))
     assert "https://arxiv.org/abs/1911.02150" in built            # as tools/nb.py writes it
     nb.cells.append(nbformat.v4.new_markdown_cell(built))
     nbformat.write(nb, nb_path)
@@ -384,8 +386,10 @@ def test_check_catches_urls_fetched_by_inline_script_and_css(course):
     page.write_text(page.read_text().replace("</main>", "<style>@import 'https://fonts.example/x.css';</style>"
                                             "<script>s.src = 'https://unpkg.example/embed.js';</script></main>"))
     assert site_tool.check(out) == [
-        "index.html: external asset <style> https://fonts.example/x.css (pages must load nothing from outside the site)",
-        "index.html: external asset <script> https://unpkg.example/embed.js (pages must load nothing from outside the site)"]
+        "index.html: external asset <style> https://fonts.example/x.css "
+        "(pages must load nothing from outside the site)",
+        "index.html: external asset <script> https://unpkg.example/embed.js "
+        "(pages must load nothing from outside the site)"]
 
 
 def test_link_to_a_missing_repository_file_fails_the_build(course):

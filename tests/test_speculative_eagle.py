@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.generation import TokenTree, generate
-from course_lib.speculative.eagle import (EagleDraft, EagleHead, FeatureLayer, MTPDraft, MTPHeads,
+from course_lib.speculative.eagle import (EagleDraft, EagleHead, MTPDraft, MTPHeads,
                                           feature_head_accuracy, load_feature_heads, save_feature_heads,
                                           train_feature_heads)
 
