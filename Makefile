@@ -67,6 +67,7 @@ workdir:
 ## run leaves no cgroup, mount or file anywhere on the machine, which a run on another worker would.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))" 2>/dev/null || echo 2)
 test: setup-dev
+	$(DEV)/bin/ruff check .   # pyproject's [tool.ruff]: undefined names, unused imports, 120 columns
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 	  --ignore=tests/test_grading_sandbox.py
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest tests/test_grading_sandbox.py
