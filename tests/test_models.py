@@ -322,7 +322,7 @@ def test_batched_full_forward_on_cuda_equals_cpu(name):
     on such windows 0.44 against 0.55 on a CPU; this test tells a kernel difference from a harness one."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    cpu, tok = load(name, verbose=False)
+    cpu, tok = load(name, device="cpu", verbose=False)
     gpu, _ = load(name, device="cuda", verbose=False)
     text = "\n".join(load_split("heldout", max_files=1))
     ids = torch.tensor(tok(text)["input_ids"][:8 * 256]).view(8, 256)
