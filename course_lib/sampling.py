@@ -242,11 +242,7 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     """The probabilities ``sample`` draws from, [..., V] in float32: softmax of the logits after
     temperature, then top-k, then top-p. For temperature 0, a one-hot at the argmax."""
     _check_logits(logits)
-    temperature, top_k, top_p = _check_settings(temperature, top_k, top_p)
-    if temperature == 0:
-        idx = torch.argmax(logits, dim=-1)
-        return torch.zeros_like(logits, dtype=torch.float32).scatter(-1, idx[..., None], 1.0)
-    return probs_unchecked(logits, temperature, top_k, top_p)
+    return probs_or_onehot_unchecked(logits, *_check_settings(temperature, top_k, top_p))
 
 
 def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

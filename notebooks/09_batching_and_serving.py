@@ -726,7 +726,11 @@ runs = {"fcfs_schedule (default)": serve(None), "one admission per step": serve(
 for name, (_, steps, pre) in runs.items():
     print(f"{name:24s} {steps:4d} steps, {pre:3d} preemptions")
 outs = [r[0] for r in runs.values()]
-assert outs[0] == outs[1], "a policy changes when requests run, never what they generate (greedy)"
+same = sum(a == b for a, b in zip(*outs)) / len(outs[0])
+print(f"requests with the same greedy tokens under both policies: {same:.0%}")
+# a policy changes when requests run, never what they generate; on a CPU token for token, on a GPU up to a
+# float near-tie (other batches run other kernels, as Module 09's engine tests allow)
+assert same == 1.0 if device.type == "cpu" else same >= 0.9
 
 # %% [markdown] id="c031"
 # On a GPU the engine's advantage grows with the batch (a decode step costs about the same for 1 or 16
