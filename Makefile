@@ -64,13 +64,15 @@ workdir:
 ## and its link check. The suite runs in TEST_WORKERS processes (pytest-xdist, one test file per worker at a
 ## time: 23 min instead of 47 on 2 cores; a notebook's budget counts its own CPU seconds, so sharing the
 ## machine does not push it over); then the grading sandbox's tests alone, because they check that a grading
-## run leaves no cgroup, mount or file anywhere on the machine, which a run on another worker would.
+## run leaves no cgroup, mount or file anywhere on the machine, which a run on another worker would; then the
+## decks' check again, now that every notebook's executed copy exists (figures counted on every deck).
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))" 2>/dev/null || echo 2)
 test: setup-dev
 	$(DEV)/bin/ruff check .   # pyproject's [tool.ruff]: undefined names, unused imports, 120 columns
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile \
 	  --ignore=tests/test_grading_sandbox.py
 	COURSE_OFFLINE=1 HF_HUB_OFFLINE=1 $(DEV)/bin/python -m pytest tests/test_grading_sandbox.py
+	COURSE_DECKS_NEED_OUTPUTS=1 $(DEV)/bin/python -m pytest -q tests/test_slides.py -k every_module_deck
 	$(MAKE) --no-print-directory site
 
 ## The course as a static site in build/site/ (open build/site/index.html), then its link check. Uses the

@@ -10,8 +10,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_lib import colab_url
 from tools import nbexec
 from tools import site as site_tool
+from tools import site_plan
 from tools import slides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,6 +234,22 @@ def test_a_deck_is_built_offline_with_local_reveal_and_slides_from_headings(cour
     assert '<a href="slides/00_basics.slides.html">Module 00 · Basics</a>' in (out / "index.html").read_text()
 
 
+def test_a_deck_past_its_limits_fails_the_decks_build_and_warns_the_site(course, monkeypatch):
+    """Both builds judge each deck with `problems_of`: `slides.build` refuses (nothing written), the site
+    warns and its strict build refuses."""
+    monkeypatch.setattr(slides, "MEDIAN_TEXT", 10)
+    out = course / "build" / "slides"
+    with pytest.raises(slides.SlidesError, match=r"notebooks/00_basics.ipynb: a median of \d+ characters of text"):
+        slides.build(out, course, log=lambda *a: None)
+    assert not out.exists()
+    warnings = []
+    site = site_tool.build(course / "build" / "site", course, log=lambda *a: None, warn=warnings.append)
+    assert site.warnings == warnings and len(warnings) == 1
+    assert warnings[0].startswith("warning: slides: notebooks/00_basics.ipynb: a median of ")
+    with pytest.raises(site_tool.SiteError, match=r"strict build: .*\n  warning: slides: notebooks/00_basics"):
+        site_tool.build(course / "build" / "site", course, log=lambda *a: None, strict=True, warn=lambda *a: None)
+
+
 def test_build_names_a_module_that_has_no_notebook(course):
     with pytest.raises(slides.SlidesError, match=r"modules 07: expected module numbers among 00"):
         slides.build(course / "build" / "slides", course, log=lambda *a: None, modules=("07",))
@@ -241,15 +259,20 @@ def test_every_module_deck_is_one_to_present(capsys):
     """Each module's real deck, from its executed copy where a current one exists (the tests leave them in
     build/executed/; else the tracked notebook, without outputs: its text still measured): the median text
     a slide under MEDIAN_TEXT characters, none past MAX_TEXT (tables apart) or MAX_PROSE of prose, speaker
-    notes on most slides, every figure of the notebook on a slide, no word of its text lost."""
+    notes on most slides, every figure of the notebook on a slide, no word of its text lost.
+    COURSE_DECKS_NEED_OUTPUTS=1 (`make test` runs this test again so, after the notebooks have run) makes a
+    missing executed copy a failure: the figures are then counted for every deck."""
+    import os
     import statistics
+    need_outputs = os.environ.get("COURSE_DECKS_NEED_OUTPUTS") == "1"
     exp, rows = slides.exporter(), []
     for src in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         rel = f"notebooks/{src.name}"
-        copy_path = nbexec.current_copy(src, [ROOT / site_tool.GPU_EXECUTED_DIR, ROOT / site_tool.EXECUTED_DIR])
+        copy_path = nbexec.current_copy(src, [ROOT / site_plan.GPU_EXECUTED_DIR, ROOT / site_plan.EXECUTED_DIR])
+        assert copy_path or not need_outputs, f"{rel}: no current executed copy, so its figures cannot be counted"
         nb = nbformat.read(copy_path or src, as_version=4)
-        site_tool.replace_widgets(nb, site_tool.colab_url(rel))
-        site_tool.fix_math(nb)
+        site_plan.replace_widgets(nb, colab_url(rel))
+        site_plan.fix_math(nb)
         deck = slides.render_deck(nb, src.stem, rel, {}, ROOT, exp)
         stats, figures = slides.deck_stats(deck), slides.notebook_figures(nb)
         assert slides.deck_problems(stats, figures, rel, slides.lost_words(nb, deck)) == []

@@ -33,8 +33,8 @@ speaker notes (key S), so the deck is what an instructor presents and the notes 
 - Pagination (`_Layout`): a `# `/`## ` heading starts a slide, a deeper one a sub-slide (reveal's vertical
   slides); anything else continues the current sub-slide unless it would take it past CHAR_BUDGET
   characters of text or LINE_BUDGET lines, or it is a second figure or table there: then a new sub-slide.
-- Measured (`deck_stats`, on the built HTML) and judged (`deck_problems`: `build` logs a warning, and
-  tests/test_slides.py fails, on each problem of a module's deck): the median
+- Measured (`deck_stats`, on the built HTML) and judged (`deck_problems`: this tool's build and the site's
+  refuse a deck with a problem, naming each, and tests/test_slides.py fails on it): the median
   text a slide at most MEDIAN_TEXT characters, no slide past MAX_TEXT characters of text or MAX_PROSE of
   prose, every figure of the executed notebook on a slide, every word of its text on a slide or in the notes.
 """
@@ -46,7 +46,6 @@ import copy
 import html
 import math
 import os
-import posixpath
 import re
 import shutil
 import statistics
@@ -61,10 +60,12 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tools import site as site_tool  # noqa: E402
+from course_lib import colab_url  # noqa: E402
+from tools import nbexec, site_plan  # noqa: E402
+from tools.site_plan import deck_path  # noqa: E402
 
-REVEAL_DIR = site_tool.ASSETS / "reveal.js"     # the vendored reveal.js
-TEMPLATES = site_tool.ASSETS / "templates"
+REVEAL_DIR = site_plan.ASSETS / "reveal.js"     # the vendored reveal.js
+TEMPLATES = site_plan.ASSETS / "templates"
 SKIPPED_IDS = ("c000", "c001")                  # the Colab badge and install cells (tools/nb.py FIXED_IDS)
 SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "notes", "skip")
 LINE_BUDGET = 22          # lines of a 960x700 slide at the template's 20 px text (about 26, less a heading)
@@ -87,14 +88,8 @@ MAX_TEXT = 1000           # characters of text (tables not counted) on any slide
 MAX_PROSE = 600           # characters of prose (outside outputs) on any slide, at most
 
 
-class SlidesError(site_tool.SiteError):
+class SlidesError(site_plan.SiteError):
     """A deck cannot be built as asked; the message says which notebook and cell."""
-
-
-def deck_path(notebook: str) -> str:
-    """The site path of the deck of `notebook` (a repository or site path): slides/NN_slug.slides.html."""
-    name = posixpath.basename(notebook)
-    return f"slides/{name.rsplit('.', 1)[0]}.slides.html"
 
 
 # --- the slide structure -----------------------------------------------------------------------------------
@@ -609,6 +604,12 @@ def deck_problems(stats: list[SlideStats], figures: int, where: str, lost: list[
     return problems
 
 
+def problems_of(nb, deck_html: str, where: str) -> list[str]:
+    """`deck_problems` of the deck `deck_html` rendered from the executed notebook `nb`: what both builds
+    refuse and tests/test_slides.py checks."""
+    return deck_problems(deck_stats(deck_html), notebook_figures(nb), where, lost_words(nb, deck_html))
+
+
 # --- rendering ------------------------------------------------------------------------------------------
 
 def exporter(reveal_url_prefix: str = "../assets/reveal.js"):
@@ -626,17 +627,17 @@ def render_deck(nb, title: str, rel: str, site_pages: dict[str, str], root: Path
     """The HTML of the deck of the executed notebook `nb` (repository path `rel`), titled `title`: `nb` is
     shown as the site shows it (widget stand-ins, math fixed) and is not changed. Its links are rewritten as
     the site's pages' are (`site_pages`: repository path -> site path); `page` is the site path of the
-    module's page, linked from every slide (None: no link). `deck_problems` judges the result (the build
-    logs what it finds; tests/test_slides.py holds the course's decks to it)."""
+    module's page, linked from every slide (None: no link). `problems_of` judges the result (both builds refuse a
+    deck with a problem; tests/test_slides.py holds the course's decks to it)."""
     exp = exp or exporter()
     deck = slide_deck_notebook(nb, rel)
     deck.metadata["title"] = title
     out = deck_path(rel)
     base = "../" * out.count("/")
-    resources = {"deck": {"base": base, "page": site_tool._relative(page, out) if page else None,
+    resources = {"deck": {"base": base, "page": site_plan.relative_link(page, out) if page else None,
                           "page_title": title}}
     body, _ = exp.from_notebook_node(deck, resources=resources)
-    return site_tool.rewrite_links(body, site_tool.Page(rel, out, "slides", title), site_pages, root)
+    return site_plan.rewrite_links(body, site_plan.Page(rel, out, "slides", title), site_pages, root)
 
 
 # --- the decks alone (`make slides`) ----------------------------------------------------------------------
@@ -657,31 +658,33 @@ def build(out: Path, root: Path = ROOT, log=print, modules: tuple[str, ...] = ()
     Links to other notebooks go to GitHub (the site's pages are not there). Returns the decks' paths."""
     start = time.perf_counter()
     out = Path(out)
-    site = site_tool.plan(root)
+    site = site_plan.plan(root)
     pages = [p for p in site.pages if p.kind == "notebook" and (not modules or p.module in modules)]
     if modules and {p.module for p in pages} != set(modules):
         raise SlidesError(f"modules {', '.join(modules)}: expected module numbers among "
                           f"{', '.join(m.number for m in site.modules if m.notebook)}")
-    site_tool._check_out(out)
-    staging = site_tool._staging(out)
-    exp, decks = exporter(), []
+    site_plan.check_out(out)
+    staging = site_plan.staging_dir(out)
+    exp, decks, problems = exporter(), [], []
     try:
-        site_tool._copy_assets(staging)   # MathJax, reveal.js, the site's CSS
+        site_plan.copy_assets(staging)   # MathJax, reveal.js, the site's CSS
         for page in pages:
             t0 = time.perf_counter()
-            nb, origin = site_tool.executed_notebook(root / page.src, root)
-            site_tool.replace_widgets(nb, site_tool.colab_url(page.src))
-            site_tool.fix_math(nb)
+            nb, origin = site_plan.executed_notebook(root / page.src, root)
+            site_plan.replace_widgets(nb, colab_url(page.src))
+            site_plan.fix_math(nb)
             dest = staging / deck_path(page.src)
             dest.parent.mkdir(parents=True, exist_ok=True)
             deck = render_deck(nb, page.title, page.src, {}, root, exp)
             dest.write_text(deck, encoding="utf-8")
-            for problem in deck_problems(deck_stats(deck), notebook_figures(nb), page.src, lost_words(nb, deck)):
-                log(f"warning: {problem}")
+            problems += problems_of(nb, deck, page.src)
             decks.append((deck_path(page.src), page.title))
             log(f"{time.perf_counter() - t0:6.1f} s  {deck_path(page.src)}  ({origin})")
+        if problems:
+            raise SlidesError("decks an instructor would not present (tools/slides.py states the limits):\n  "
+                              + "\n  ".join(problems))
         (staging / "index.html").write_text(_index(site.course_title, decks), encoding="utf-8")
-        site_tool._swap_in(staging, out)
+        site_plan.swap_in(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -702,7 +705,7 @@ def main(argv=None) -> int:
         os.environ.setdefault(key, value)   # a notebook without a current executed copy runs as the tests run it
     try:
         build(args.out, modules=tuple(args.modules))
-    except (site_tool.SiteError, site_tool.nbexec.NotebookFailed) as e:
+    except (site_plan.SiteError, nbexec.NotebookFailed) as e:
         print(f"slides build failed: {e}", file=sys.stderr)
         return 1
     return 0
