@@ -1,30 +1,43 @@
-"""Lab 04's judge: the KD loss, its gradient across temperatures, the combined loss, the acceptance rate and the
-draft's predicted cost.
+"""Lab 04's judge: the KD loss, its gradient across temperatures, the combined loss, the acceptance rate, and the
+prediction of what a draft buys in speculative decoding.
 
 Logits, labels and distributions are drawn here and sent as tensors; the losses are compared with
 `course_lib.distill`'s here. The gradient is taken in the kernel (the student's loss, backward, the logits'
 .grad sent back) and compared with the reference's gradient, which is what the T^2 factor is about. Part B
-uses the student's Part A, so its planted values carry Part A's mistakes (charged once, in Part A). Part D's
-configs are built in the kernel (`LlamaConfig`, a library class) with their `num_parameters` set to None
-there: an answer must count the weights from the fields itself, as the old hidden test demanded, and one that
-calls the method fails with a message that says so.
+uses the student's Part A, so its planted values carry Part A's mistakes (charged once, in Part A).
+
+Part D's configs are built in the kernel (`LlamaConfig`, a library class) with their `num_parameters` set to
+None there: an answer must count from the fields itself, and one that calls the method fails with a message
+that says so. The speed-up is compared with `theory.speedup` at c = `decode_reads(draft) / decode_reads(target)`
+(the numbers a memory-bound step reads), the break-even with `theory.break_even_acceptance`. The break-even is
+judged with the answer's own speed-up model in mind: a counting or pass mistake charged in the speed-up's
+part is planted in the break-even's too, where it is not charged again.
 """
+import math
+from collections import Counter
 from dataclasses import asdict
 
 import torch
 
 from course_grading.judging import Get, Judge, Let, call, ref
-from course_lib.checks import check_close
+from course_lib.checks import check_close, diagnose
 from course_lib.distill.losses import distillation_loss, hard_label_loss, kd_loss, kd_loss_double_softmax
-from course_lib.models.config import LlamaConfig, preset
+from course_lib.models.config import LlamaConfig, decode_reads, preset
 from course_lib.speculative.theory import acceptance_rate
+from course_lib.speculative.theory import break_even_acceptance as ref_break_even
+from course_lib.speculative.theory import expected_tokens_per_pass as ref_tokens
+from course_lib.speculative.theory import speedup as ref_speedup
 
 judge = Judge(references={
     "kd_t1_tests": ["course_lib.distill.losses.kd_loss"],
     "kd_temperature_tests": ["course_lib.distill.losses.kd_loss"],
     "combined_tests": ["course_lib.distill.losses.distillation_loss", "course_lib.distill.losses.kd_loss"],
     "acceptance_tests": ["course_lib.speculative.theory.acceptance_rate"],
-    "predict_cost_tests": ["course_lib.models.config.flops_per_token"],
+    "predict_speedup_tests": ["course_lib.models.config.decode_reads", "course_lib.speculative.theory.speedup",
+                              "course_lib.speculative.theory.expected_tokens_per_pass",
+                              "course_lib.speculative.theory.optimal_draft_length"],
+    "predict_break_even_tests": ["course_lib.speculative.theory.break_even_acceptance",
+                                 "course_lib.models.config.decode_reads", "course_lib.speculative.theory.speedup"],
 })
 
 
@@ -227,16 +240,81 @@ def acceptance(t):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Part D: predict the draft's cost per token
+# Part D: predict what a draft buys
 
-def planted_count(cfg, mistake):
-    """A parameter count with one known mistake planted."""
+def reads(cfg, context, mistake=None):
+    """The numbers one decode step reads (`decode_reads`), or what one known mistake counts instead."""
+    if mistake is None:
+        return decode_reads(cfg, context)
     D, F_, V, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
-    H, K = cfg.num_attention_heads, cfg.num_key_value_heads
-    K = H if mistake == "kv_full" else K
-    layer = 2 * D * H * Dh + 2 * D * K * Dh + (2 if mistake == "mlp_two" else 3) * D * F_ + 2 * D
-    tied_once = cfg.tie_word_embeddings and mistake != "tied_twice"
-    return cfg.num_hidden_layers * layer + V * D * (1 if tied_once else 2) + D
+    H, K, L = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
+    kv_weights = H if mistake == "kv_full" else K
+    kv_cache = H if mistake == "cache_query_heads" else K
+    layer = 2 * D * H * Dh + 2 * D * kv_weights * Dh + (2 if mistake == "mlp_two" else 3) * D * F_ + 2 * D
+    head = 0 if mistake == "lm_head_free" else V * D
+    table = V * D if mistake == "parameter_ratio" and not cfg.tie_word_embeddings else 0   # the untied embedding
+    return L * layer + D + head + table + 2 * L * kv_cache * Dh * context
+
+
+COUNT_MISTAKES = ("parameter_ratio", "lm_head_free", "mlp_two", "kv_full", "cache_query_heads")
+PASS_MISTAKES = ("draft_free", "no_verify", "no_bonus")
+
+
+def speedup_with(a, g, c, mistake=None):
+    """The model's speed-up (theory.speedup), or what one known mistake about a pass makes of it."""
+    if mistake is None:
+        return ref_speedup(a, g, c)
+    tokens, cost = ref_tokens(a, g), g * c + 1
+    if mistake == "draft_free":
+        cost = 1.0
+    elif mistake == "no_verify":
+        cost = g * c
+    elif mistake == "no_bonus":
+        tokens -= a ** g
+    return tokens / cost if cost > 0 else float("inf")
+
+
+def planted_speedups(t, dc, gc, a, g, n, want):
+    """{misconception: its value} for the case, those that differ from the right value."""
+    c = reads(dc, n) / reads(gc, n)
+    wrong = {m: speedup_with(a, g, reads(dc, n, m) / reads(gc, n, m)) for m in COUNT_MISTAKES}
+    wrong.update({m: speedup_with(a, g, c, m) for m in PASS_MISTAKES})
+    return {t.mistake(m): v for m, v in wrong.items() if math.isfinite(v) and abs(v / want - 1) > 1e-9}
+
+
+def break_even_of(spd):
+    """The break-even of a speed-up function a -> speed-up that rises with a (0.0 / None at the ends)."""
+    if spd(0.0) >= 1:
+        return 0.0
+    if spd(1.0) < 1:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if spd(mid) >= 1 else (mid, hi)
+    return hi
+
+
+def planted_break_evens(t, dc, gc, g, n, want, first=()):
+    """{misconception: its break-even}: Part D's counting and pass mistakes carried into the break-even (charged in
+    predict_speedup_tests, not again), and the break-even taken as a = c. `first`: the misconceptions the answer's
+    own speed-up showed, put first in that order, so that where two mistakes give one break-even (a free draft
+    and a free verification both make every rate pay) the one the answer made is named."""
+    wrong = {m: ref_break_even(reads(dc, n, m) / reads(gc, n, m), g) for m in COUNT_MISTAKES}
+    c = reads(dc, n) / reads(gc, n)
+    wrong.update({m: break_even_of(lambda a, m=m: speedup_with(a, g, c, m)) for m in PASS_MISTAKES})
+    wrong["marginal_rate"] = c
+    planted = {t.mistake(m): none_as_nan(v) for m, v in wrong.items() if not same_break_even(v, want)}
+    ahead = {k: planted[k] for k in first if k in planted}
+    return {**ahead, **planted}
+
+
+def none_as_nan(x):
+    return float("nan") if x is None else x
+
+
+def same_break_even(x, y):
+    return (x is None and y is None) or (x is not None and y is not None and abs(x - y) <= 1e-6)
 
 
 def config_ops(name, cfg):
@@ -257,6 +335,14 @@ def random_config(t):
                 tie_word_embeddings=t.rng.random() < 0.5)
 
 
+def random_pair(t):
+    """A draft and a target: mostly a smaller draft (fewer layers, narrower), sometimes any two configs."""
+    d, g = random_config(t), random_config(t)
+    if t.rng.random() < 0.75 and d["num_hidden_layers"] > g["num_hidden_layers"]:
+        d["num_hidden_layers"], g["num_hidden_layers"] = g["num_hidden_layers"], d["num_hidden_layers"]
+    return d, g
+
+
 def as_config(cfg):
     return preset(cfg) if isinstance(cfg, str) else LlamaConfig(**cfg)
 
@@ -270,36 +356,106 @@ def describe(cfg) -> str:
             f"{'tied' if c.tie_word_embeddings else 'untied'})")
 
 
-@judge.part("predict_cost_tests", groups={"values": 3, "errors": 1})
-def predict_cost(t):
-    small = dict(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                 num_key_value_heads=1)
-    big = dict(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=1)
-    pairs = [(big, big), (small, big), ("tiny-draft", "tiny"), ("tiny", "llama-3-8b"), ("smollm2-135m", "llama-2-7b"),
-             ({**small, "tie_word_embeddings": False}, {**big, "tie_word_embeddings": False}),   # untied, both
-             ({**big, "num_key_value_heads": 4}, {**big, "head_dim": 6}),        # MHA; a head_dim other than D / H
-             ({**small, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 10}, "tiny")]
-    pairs += [(random_config(t), random_config(t)) for _ in range(32)]
-    for d, g in pairs:
+SMALL = dict(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1)
+BIG = dict(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=1)
+PAIRS = [(SMALL, BIG), ("tiny-draft", "tiny"), ("smollm2-135m", "smollm2-1.7b"), ("smollm2-360m", "llama-3-8b"),
+         ({**SMALL, "tie_word_embeddings": False}, {**BIG, "tie_word_embeddings": False}),   # untied, both
+         (SMALL, {**BIG, "tie_word_embeddings": False}), ({**SMALL, "tie_word_embeddings": False}, BIG),
+         ({**BIG, "num_hidden_layers": 1, "num_key_value_heads": 4}, {**BIG, "head_dim": 6}),  # MHA; Dh other than D/H
+         ({**SMALL, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 10}, "tiny"),
+         ("tiny", "llama-2-7b")]                                                              # an untied MHA target
+
+
+def calls_in_kernel(t, name, cases):
+    """One request: each case's two configs built in the kernel, then `name` called on them; the outcomes."""
+    ops = []
+    for k, (d, g, args) in enumerate(cases):
+        ops += config_ops(f"d{k}", d) + config_ops(f"g{k}", g) + [call(name, ref(f"d{k}"), ref(f"g{k}"), *args)]
+    return [o for o, op in zip(t.run(ops), ops) if op.send]
+
+
+def num_parameters_called(o, what):
+    if o.raised is not None and o.raised.is_a("TypeError") and "not callable" in o.raised.message:
+        raise AssertionError(f"{what}: the answer calls the config's num_parameters(); count from the config's "
+                             "fields yourself (the grader's configs have no num_parameters)")
+
+
+@judge.part("predict_speedup_tests", groups={"values": 3, "errors": 1})
+def predict_speedup(t):
+    cases = [(d, g, (a, gl, n)) for d, g in PAIRS
+             for a, gl, n in ((0.7, 4, 0), (t.rng.choice([0.0, 1.0, 0.999, 1e-6, 0.5]), t.rng.choice([0, 1, 3, 12]),
+                                                        t.rng.choice([0, 1, 513, 32768])))]
+    cases += [(SMALL, BIG, (0.8, 0, 0)), (BIG, BIG, (1.0, 5, 100)), (BIG, SMALL, (0.9, 2, 0)),
+              (SMALL, BIG, (0.0, 8, 0)), (SMALL, BIG, (1.0, 1, 10**6))]
+    for _ in range(36):
+        d, g = random_pair(t)
+        a = t.rng.choice([round(t.rng.uniform(0, 0.999), 3), t.rng.uniform(0, 0.999), 1.0])
+        n = t.rng.choice([0, t.rng.randint(1, 4096), t.rng.randint(4096, 131072)])
+        cases.append((d, g, (a, t.rng.randint(0, 16), n)))
+    for (d, g, (a, gl, n)), o in zip(cases, calls_in_kernel(t, "predict_speedup", cases)):
         dc, gc = as_config(d), as_config(g)
-        what = f"predict_cost_ratio({describe(d)}, {describe(g)})"
-        want = dc.num_parameters() / gc.num_parameters()
-        wrong = {t.mistake(m): planted_count(dc, m) / planted_count(gc, m)
-                 for m in ("tied_twice", "mlp_two", "kv_full")}
+        what = f"predict_speedup({describe(d)}, {describe(g)}, a={a!r}, g={gl}, context={n})"
+        want = ref_speedup(a, gl, decode_reads(dc, n) / decode_reads(gc, n))
         with t.case(what, group="values"):
-            o = t.run(config_ops("d", d) + config_ops("g", g) + [call("predict_cost_ratio", ref("d"), ref("g"))])[-1]
-            if o.raised is not None and o.raised.is_a("TypeError") and "not callable" in o.raised.message:
-                raise AssertionError(f"{what}: the answer calls the config's num_parameters(); count the weights from "
-                                     "the config's fields yourself (the grader's configs have no num_parameters)")
-            check_close(o.get(), want, what, rtol=1e-9,
-                        mistakes={k: v for k, v in wrong.items() if abs(v / want - 1) > 1e-9})
-    for what, args in (("('tiny-draft', a LlamaConfig)", ["tiny-draft", ref("g")]),
-                       ("(a LlamaConfig, a dict)", [ref("g"), {"hidden_size": 8}]),
-                       ("(None, a LlamaConfig)", [None, ref("g")]), ("(a LlamaConfig, 'tiny')", [ref("g"), "tiny"])):
-        with t.case(f"predict_cost_ratio{what}", group="errors"):
-            o = t.run(config_ops("g", big) + [call("predict_cost_ratio", *args)])[-1]
-            t.raises(o, "TypeError", what=f"predict_cost_ratio{what}")
+            num_parameters_called(o, what)
+            check_close(o.get(), want, what, rtol=1e-9, atol=0, mistakes=planted_speedups(t, dc, gc, a, gl, n, want))
+    errors = [("TypeError", "('tiny-draft', a LlamaConfig, 0.5, 2)", ["tiny-draft", ref("g"), 0.5, 2]),
+              ("TypeError", "(a LlamaConfig, a dict, 0.5, 2)", [ref("g"), {"hidden_size": 8}, 0.5, 2]),
+              ("TypeError", "(None, a LlamaConfig, 0.5, 2)", [None, ref("g"), 0.5, 2]),
+              ("ValueError", "(draft, target, a=1.5, g=2)", [ref("d"), ref("g"), 1.5, 2]),
+              ("ValueError", "(draft, target, a=-0.1, g=2)", [ref("d"), ref("g"), -0.1, 2]),
+              ("ValueError", "(draft, target, a=0.5, g=-1)", [ref("d"), ref("g"), 0.5, -1]),
+              ("ValueError", "(draft, target, a=0.5, g=2.5)", [ref("d"), ref("g"), 0.5, 2.5]),
+              ("ValueError", "(draft, target, a=0.5, g=2, context=-1)", [ref("d"), ref("g"), 0.5, 2, -1])]
+    ops = config_ops("d", SMALL) + config_ops("g", BIG) + [call("predict_speedup", *args) for _, _, args in errors]
+    for (kind, what, _), o in zip(errors, t.run(ops)[4:]):
+        with t.case(f"predict_speedup{what}", group="errors"):
+            t.raises(o, kind, what=f"predict_speedup{what}")
+
+
+@judge.part("predict_break_even_tests", groups={"values": 3, "errors": 1})
+def predict_break_even(t):
+    cases = [(d, g, (gl, n)) for d, g in PAIRS for gl, n in ((1, 0), (t.rng.choice([2, 4, 8, 16]),
+                                                                      t.rng.choice([0, 7, 4096])))]
+    cases += [(BIG, BIG, (3, 0)), (BIG, BIG, (1, 50)), (BIG, SMALL, (2, 0)), ("tiny", "tiny-draft", (1, 0)),
+              (SMALL, BIG, (16, 10**6))]
+    for _ in range(20):
+        d, g = random_pair(t)
+        cases.append((d, g, (t.rng.randint(1, 16), t.rng.choice([0, t.rng.randint(1, 131072)]))))
+    # the answer's own speed-up on each case (at a = 0.3): which of its mistakes its break-even carries, on the
+    # case and most often over the part (where two mistakes agree on a case, the part tells them apart)
+    probes = calls_in_kernel(t, "predict_speedup", [(d, g, (0.3, gl, n)) for d, g, (gl, n) in cases])
+    shown = []
+    for (d, g, (gl, n)), probe in zip(cases, probes):
+        dc, gc = as_config(d), as_config(g)
+        spd = ref_speedup(0.3, gl, decode_reads(dc, n) / decode_reads(gc, n))
+        shown.append(diagnose(probe.value, planted_speedups(t, dc, gc, 0.3, gl, n, spd), rtol=1e-9, atol=0)
+                     if probe.ok else None)
+    usual = [k for k, _ in Counter(k for k in shown if k).most_common(1)]
+    for (d, g, (gl, n)), o, here in zip(cases, calls_in_kernel(t, "break_even_acceptance", cases), shown):
+        dc, gc = as_config(d), as_config(g)
+        want = ref_break_even(decode_reads(dc, n) / decode_reads(gc, n), gl)
+        what = (f"break_even_acceptance({describe(d)}, {describe(g)}, g={gl}, context={n})"
+                + (" (None: no acceptance in [0, 1] pays; shown as nan)" if want is None else ""))
+        with t.case(what, group="values"):
+            num_parameters_called(o, what)
+            got = o.get()
+            t.expect(got is None or isinstance(got, (int, float)), f"{what}: expected a float or None, got {got!r}")
+            check_close(none_as_nan(got), none_as_nan(want), what + (" (your None is shown as nan)" if got is None
+                                                                     else ""),
+                        rtol=0, atol=1e-6, mistakes=planted_break_evens(t, dc, gc, gl, n, want, usual + [here]))
+    errors = [("ValueError", "(draft, target, g=0)", [ref("d"), ref("g"), 0]),
+              ("ValueError", "(draft, target, g=-2)", [ref("d"), ref("g"), -2]),
+              ("ValueError", "(draft, target, g=2, context=-1)", [ref("d"), ref("g"), 2, -1]),
+              ("TypeError", "('tiny-draft', a LlamaConfig, 2)", ["tiny-draft", ref("g"), 2]),
+              ("TypeError", "(a LlamaConfig, None, 2)", [ref("d"), None, 2])]
+    ops = config_ops("d", SMALL) + config_ops("g", BIG) + [call("break_even_acceptance", *args)
+                                                           for _, _, args in errors]
+    for (kind, what, _), o in zip(errors, t.run(ops)[4:]):
+        with t.case(f"break_even_acceptance{what}", group="errors"):
+            t.raises(o, kind, what=f"break_even_acceptance{what}")
 
 
 def mutants():
@@ -314,23 +470,40 @@ def mutants():
              "    log_q = F.log_softmax(student_logits / T, dim=-1)":
              "    log_q = F.log_softmax(F.softmax(student_logits / T, dim=-1), dim=-1)"})},
          ["double_softmax"]),
-        ("the KD loss without the T^2 factor (charged in Part A, not again in Part B), and the draft's cost ratio with "
-         "a tied LM head counted twice",
+        ("the KD loss without the T^2 factor (charged in Part A, not again in Part B), and the draft's cost taken "
+         "from the parameter counts (an untied embedding table read in full; charged in the speed-up, not again in "
+         "the break-even)",
          {"kd_answer": solution_with("lab04", "kd_answer", {"    return kl.mean() * T * T": "    return kl.mean()"}),
-          "predict_cost": solution_with("lab04", "predict_cost", {
-              "        embeddings = V * D * (1 if cfg.tie_word_embeddings else 2)": "        embeddings = 2 * V * D"})},
-         ["no_t2", "tied_twice"]),
+          "predict_speedup": solution_with("lab04", "predict_speedup", {
+              "        head = V * D ": "        head = V * D * (1 if cfg.tie_word_embeddings else 2) "})},
+         ["no_t2", "parameter_ratio"]),
+        ("a pass whose drafts all pass counted as g tokens (no bonus token; charged in the speed-up, not again in "
+         "the break-even), and the break-even taken as a = c whatever g",
+         {"predict_speedup": solution_with("lab04", "predict_speedup", {
+             "    tokens = sum(a ** k for k in range(g + 1))": "    tokens = sum(a ** k for k in range(g))",
+             "    if pays(0.0):\n": "    return 1 / predict_speedup(draft_cfg, target_cfg, 0.0, 1, context) - 1   # c\n"
+                                  "    if pays(0.0):\n"})},
+         ["no_bonus", "marginal_rate"]),
+        ("the draft's steps left out of a pass's cost",
+         {"predict_speedup": solution_with("lab04", "predict_speedup", {
+             "    return tokens / (g * c + 1)": "    return tokens / 1"})},
+         ["draft_free"]),
     ]
 
 
 # The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
 # the student's notebook; the feedback page shows it with the instructor's score and comment.
 WRITTEN = {
-    "written_cost_ratio": {"points": 2, "rubric": [
-        (1, "quotes their own predicted and measured c, and names at least two costs that do not scale with "
-            "parameters (per-call overhead, embedding gather / LM head share, attention, threading favouring "
-            "large matmuls), with the direction each moves c"),
-        (1, "computes Module 08's speed-up (2.77 tokens per pass) with both c values correctly and draws the "
-            "consequence for choosing a draft (measure c; parameter count overstates the gain)"),
+    "written_draft_speedup": {"points": 2, "rubric": [
+        (1, "quotes their own predicted and measured speed-ups for two draft lengths, and the measured c and "
+            "verify_cost beside the model's (c from the reads, verification 1); explains the gap by the broken "
+            "assumptions (the tiny models' steps are not memory-bound on a CPU: per-call cost and arithmetic make "
+            "the one-layer draft relatively dearer than its reads; verifying g + 1 positions costs more than one "
+            "step, growing with g; each pass's bookkeeping), apportioned with the 'theory with the measured c' "
+            "columns"),
+        (1, "works out the break-even acceptance at g = 1 from the measured c and verify_cost (1 + a = c + "
+            "verify_cost), compares it with the measured a, and says which lever matters where (here the cost of "
+            "the steps, not the acceptance; on a GPU serving a large target the reads ratio is small and a "
+            "verification costs about one step, so a better-distilled draft, a higher a, is the lever)"),
     ]},
 }

@@ -8,20 +8,22 @@
 #   depend on the temperature).
 # * **Part B (3 points): the combined loss** α·KD + (1 − α)·CE.
 # * **Part C (3 points): the acceptance rate** Σ min(p, q) of a draft distribution q against a target p.
-# * **Part D (2 points): predict** the draft's cost per token, `c` of Module 08's speed-up model, from the
-#   two models' configs (their parameter counts), then measure it on the bundled draft and target.
+# * **Part D (3 points, contract): predict** what a distilled draft buys in speculative decoding: the
+#   speed-up from the two models' configs (the numbers a memory-bound decode step reads) and the draft's
+#   acceptance rate, and the acceptance below which the draft slows decoding down; then a run of the bundled
+#   draft and target measures both against your prediction.
 #
 # How it works:
 #
 # * Write your code between the `# YOUR CODE HERE` markers (delete the `raise NotImplementedError()`).
 # * Each part is followed by a test cell. Run it: the tests you see check fixed examples and tell you
 #   what was expected and what came. When grading, the grader calls your functions on inputs of its own
-#   (random logits, labels and configs drawn for you, and a grid of edge cases) and compares them with the
+#   (random logits, labels, configs and rates drawn for you, and a grid of edge cases) and compares them with the
 #   course's reference implementation, so make it correct in general.
 # * Use `torch` and `torch.nn.functional`. Do not import the answers from `course_lib.distill`: the grader
 #   flags an answer that imports a reference, and while it grades, the references are not in the library.
-# * Everything runs on a CPU in seconds. Total: 14 points, 2 of them a written analysis your
-#   instructor grades (Part E).
+# * Everything runs on a CPU in seconds (the measurement after Part D in about half a minute). Total: 15
+#   points, 2 of them a written analysis your instructor grades (Part E).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -40,14 +42,35 @@ MISTAKES = {
                       "the T² factor'",
     "no_t2": "the loss lacks the T² factor: the KL between softened distributions has gradients that shrink "
              "like 1/T², and T² restores their size; see notebook 04, section '2. Temperature and the T² factor'",
-    "tied_twice": "the LM head was counted separately although it is tied: with tie_word_embeddings the output "
-                  "projection is the embedding matrix itself, one V x D block, counted once; see notebook 04, "
-                  "the opening section 'Module 04 · Knowledge distillation' (446,848 and 4,680,960 parameters)",
+    "parameter_ratio": "the draft's cost was taken from the parameter counts: a decode step reads what it multiplies "
+                       "by, and an untied model's input embedding is only looked up (one row per token), so its V x D "
+                       "table is held but not read; the LM head (V x D) is read in full, tied or not, and a tied and "
+                       "an untied model of one shape read the same numbers; see notebook 01, section '4. The refined "
+                       "table: FLOPs and bytes of a real model' (its embed and lm_head rows)",
+    "lm_head_free": "the LM head was left out of what a step reads: every step multiplies the last hidden state by the "
+                    "whole V x D output matrix (the embedding itself when tied) to get the V logits; see notebook 01, "
+                    "section '4. The refined table: FLOPs and bytes of a real model' (its lm_head row)",
     "mlp_two": "the MLP was counted with two matrices: the course model's SwiGLU MLP has three (gate, up and "
-               "down, D x F each); see notebook 04, the opening section 'Module 04 · Knowledge distillation'",
+               "down, D x F each); see notebook 01, section '4. The refined table: FLOPs and bytes of a real model'",
     "kv_full": "the k and v projections were counted at full width (D x H*Dh): with grouped-query attention "
-               "they have num_key_value_heads heads, D x K*Dh each; see notebook 04, the opening "
-               "section 'Module 04 · Knowledge distillation'",
+               "they have num_key_value_heads heads, D x K*Dh each; see notebook 01, section '4. The refined table: "
+               "FLOPs and bytes of a real model' (its k_proj and v_proj rows)",
+    "cache_query_heads": "the KV cache was counted with a key and a value per query head: with grouped-query "
+                         "attention a layer caches num_key_value_heads heads, 2 x K x Dh numbers per token; see "
+                         "notebook 01, section '4. The refined table: FLOPs and bytes of a real model' (its qk and "
+                         "pv rows read only the K heads)",
+    "draft_free": "the draft's steps were left out of the cost of a pass: each of the g drafts costs one draft step, "
+                  "c of a target step, whether it is kept or not; with a free draft any acceptance would pay; see "
+                  "Part D's description of one pass",
+    "no_verify": "the target's pass was left out of the cost of a pass: every pass ends with one target pass over "
+                 "the g + 1 positions, as dear as a decode step, which is what plain decoding pays per token; see "
+                 "Part D's description of one pass",
+    "no_bonus": "a pass whose g drafts all pass was counted as g tokens: every pass ends with one token of the "
+                "target, the bonus token when nothing was rejected, so it emits g + 1; see notebook 04, section "
+                "'6. The course's draft: distilled from the target' (tokens per target pass)",
+    "marginal_rate": "the break-even acceptance was taken as a = c, as if every draft were emitted with probability a: "
+                     "draft k is emitted only when drafts 1 to k all passed (probability a^k) while it costs c like "
+                     "the first, so for g > 1 the break-even lies above c and rises with g; see Part D, hint 3",
 }
 
 
@@ -213,102 +236,253 @@ print("Part C: visible tests passed")
 
 
 # %% [markdown] id="c014"
-# ## Part D · Predict: the draft's cost per token (2 points)
+# ## Part D · Predict: what a distilled draft buys (3 points, contract)
 #
-# A draft is worth distilling only if it is much cheaper than its target. Module 08's speed-up model takes
-# that cheapness as one number, `c`: the cost of a draft step in units of a target step. At batch 1 a decode
-# step reads every weight once, so before measuring anything the model of this course predicts `c` as the
-# ratio of the two models' parameter counts; notebook 04 opens with it (the bundled draft has 10.5x fewer
-# parameters than its target).
+# Distillation gives a draft that the target accepts often (Part C). Speculative decoding (Module 08) turns
+# that into speed only if the draft is also cheap: every pass pays for the draft's steps, whether its tokens
+# are kept or not, and for one pass of the target. Notebook 04 (section 6) counted the tokens a pass emits;
+# here you put a price on the pass, from the two models' shapes, and predict what a draft buys, and how good
+# it must be to buy anything at all.
 #
-# Write `predict_cost_ratio(draft_cfg, target_cfg)`: the draft's parameter count divided by the target's,
-# both computed by you from the `LlamaConfig` fields (`vocab_size` V, `hidden_size` D, `intermediate_size`
-# F, `num_hidden_layers`, `num_attention_heads` H, `num_key_value_heads` K, `head_dim` Dh,
-# `tie_word_embeddings`). Count every weight the course model holds, exactly:
+# **The cost model.** One sequence, on an accelerator where a decode step is memory-bound (Module 01): a
+# step takes a time proportional to the numbers it reads from memory, weights and cached keys and values
+# alike (all stored in one format), each number read once per step. The course model's weights: per layer,
+# the q and o projections (D × H·Dh each), k and v (D × K·Dh each), the SwiGLU MLP's gate, up and down
+# (D × F each) and two RMSNorm vectors (D each); once, the token embedding (V × D), the final RMSNorm (D) and
+# the LM head (V × D), which is the embedding matrix itself when `tie_word_embeddings` is true; no biases.
+# With n tokens cached, each layer's attention also reads the key and the value of every cached token. Leave
+# out the rows a step only looks up (one row of D numbers per token) and the new token's own key and value.
+# (V = `vocab_size`, D = `hidden_size`, F = `intermediate_size`, H = `num_attention_heads`,
+# K = `num_key_value_heads`, Dh = `head_dim`, and `num_hidden_layers` layers.)
 #
-# * per layer: the q and o projections (D × H·Dh each), the k and v projections (D × K·Dh each), the
-#   SwiGLU MLP's gate, up and down matrices (D × F each), and two RMSNorm weight vectors (D each); no biases;
-# * once: the token embedding (V × D), the final RMSNorm (D), and the LM head (V × D), which is the
-#   embedding itself, counted once, when `tie_word_embeddings` is true.
+# **One pass of speculative decoding.** The draft proposes g tokens, one decode step each; the target then
+# scores the g + 1 positions in one pass, which reads its weights and its cache once, as one decode step
+# does; the drafts are accepted in order, each with probability a independently of the others, up to the
+# first rejection; the pass emits the accepted drafts and one token of the target (the correction at the
+# rejection, or a bonus token when all g passed). Take the context as n tokens throughout a pass. Plain
+# decoding runs one target decode step per token.
 #
-# Raise `TypeError` when an argument is not a `LlamaConfig`. Compute the count yourself: the configs the
-# grader passes have no `num_parameters` method, and `flops_per_token` is not in the library while it
-# grades. The cell after the tests loads the bundled draft and target and puts your prediction next to
-# their measured time per token.
+# **Contract.**
+#
+# * `predict_speedup(draft_cfg, target_cfg, a, g, context=0)` *takes* two `LlamaConfig`s, the acceptance rate
+#   `a` in [0, 1], the draft length `g` (an int ≥ 0; 0 is plain decoding) and the context n (an int ≥ 0), and
+#   *returns* the predicted speed-up of speculative decoding over plain decoding of the target (tokens per
+#   unit of time, over plain decoding's), a float.
+# * `break_even_acceptance(draft_cfg, target_cfg, g, context=0)`, for g ≥ 1, *returns* the acceptance rate at
+#   which the predicted speed-up is exactly 1 (within 1e-6): below it the draft slows decoding down. `0.0`
+#   when every rate pays, `None` when none in [0, 1] does.
+# * *Invariants*: the speed-up is 1 at g = 0, rises with `a`, is below 1 at a = 0 (g ≥ 1), never above g + 1.
+# * *Refuses*: `TypeError` when a config is not a `LlamaConfig`; `ValueError` when `a` is not in [0, 1], `g`
+#   is not an int ≥ 0 (≥ 1 for the break-even) or `context` is not an int ≥ 0.
+# * Count from the configs' fields yourself: the configs the grader passes have no `num_parameters` method,
+#   and the course's own model of this is not in the library while it grades.
+#
+# The grader draws its own pairs of configs (tied and untied LM heads, grouped-query attention, any depth and
+# width), rates, draft lengths and contexts, and compares with the course's model: within 1e-9 (relative) for
+# the speed-up, 1e-6 for the break-even. The visible tests check units, limits and directions, not values.
+# The cell after them measures the bundled pair and puts your predictions beside a real run.
+#
+# <details><summary>Hint 1: what a step reads is not what a model holds</summary>
+#
+# Module 01's floor, (parameters × bytes + KV bytes) / bandwidth, counts every parameter once. Be exact: for
+# each weight, ask what the step does with it (multiplies by all of it, or looks up one row), and for the
+# cache, how many heads a layer stores. Pitfall: a tied and an untied model of the same shape hold different
+# numbers of parameters; do they read different numbers?
+# </details>
+#
+# <details><summary>Hint 2: the price of a pass</summary>
+#
+# Put every cost in units of one target decode step, so plain decoding costs 1 per token. Then a pass has a
+# cost (every step it runs, of either model) and an expected number of tokens (notebook 04, section 6).
+# Pitfall: leaving out a step that every pass runs, or the token that every pass gets from the target.
+# </details>
+#
+# <details><summary>Hint 3: the break-even</summary>
+#
+# "A draft pays when it is accepted more often than it costs" (a > c, with c the draft's step in target steps)
+# is right for g = 1 only: the k-th draft is emitted only when the k − 1 before it passed too, yet it costs as
+# much as the first. The speed-up rises with `a`, so the crossing of 1 can be bracketed and halved.
+# </details>
 
-# %% id="c015" nbgrader={"grade": false, "grade_id": "predict_cost", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def predict_cost_ratio(draft_cfg, target_cfg):
-    """Draft parameters / target parameters, both counted from their LlamaConfig."""
+# %% id="c015" nbgrader={"grade": false, "grade_id": "predict_speedup", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def predict_speedup(draft_cfg, target_cfg, a, g, context=0):
+    """Predicted speed-up of speculative decoding (g drafts a pass, acceptance a) over plain decoding."""
     ### BEGIN SOLUTION
-    def count(cfg, name):
+    def reads(cfg, name):                            # numbers one decode step reads
         if not isinstance(cfg, LlamaConfig):
             raise TypeError(f"{name} must be a LlamaConfig, got {type(cfg).__name__}")
         D, F_, V, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
-        H, K = cfg.num_attention_heads, cfg.num_key_value_heads
-        layer = 2 * D * H * Dh + 2 * D * K * Dh + 3 * D * F_ + 2 * D   # q, o; k, v (GQA); gate, up, down; 2 norms
-        embeddings = V * D * (1 if cfg.tie_word_embeddings else 2)     # a tied LM head is the embedding itself
-        return cfg.num_hidden_layers * layer + embeddings + D          # + the final norm
+        H, K, L = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
+        layer = 2 * D * H * Dh + 2 * D * K * Dh + 3 * D * F_ + 2 * D    # q, o; k, v (GQA); gate, up, down; 2 norms
+        head = V * D          # the LM head, read in full, tied or not; an untied embedding table: one row, left out
+        cache = 2 * L * K * Dh * context                                # a key and a value of K heads, per layer
+        return L * layer + D + head + cache                             # + the final norm
 
-    return count(draft_cfg, "draft_cfg") / count(target_cfg, "target_cfg")
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        raise ValueError(f"context must be an int >= 0, got {context!r}")
+    c = reads(draft_cfg, "draft_cfg") / reads(target_cfg, "target_cfg")   # a draft step, in target steps
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 1:
+        raise ValueError(f"a must be an acceptance rate in [0, 1], got {a!r}")
+    if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+        raise ValueError(f"g must be an int >= 0, got {g!r}")
+    tokens = sum(a ** k for k in range(g + 1))   # draft k is emitted when drafts 1..k passed; + the target's token
+    return tokens / (g * c + 1)                  # g draft steps and one verification, in target steps
     ### END SOLUTION
 
 
-# %% id="c016" nbgrader={"grade": true, "grade_id": "predict_cost_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# Properties any exact count has (the grader checks the values on configs of its own): no expected number here.
+def break_even_acceptance(draft_cfg, target_cfg, g, context=0):
+    """The acceptance rate at which predict_speedup is 1 (0.0: every rate pays; None: none does)."""
+    ### BEGIN SOLUTION
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+        raise ValueError(f"g must be an int >= 1, got {g!r}")
+
+    def pays(a):
+        return predict_speedup(draft_cfg, target_cfg, a, g, context) >= 1
+
+    if pays(0.0):
+        return 0.0
+    if not pays(1.0):
+        return None
+    lo, hi = 0.0, 1.0                                # the speed-up rises with a: pays(hi), not pays(lo)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if pays(mid) else (mid, hi)
+    return hi
+    ### END SOLUTION
+
+
+# %% id="c016" nbgrader={"grade": true, "grade_id": "predict_speedup_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# What any right model of the speed-up keeps (the grader checks the values, on configs of its own).
 import dataclasses as _dc
 
 _small = LlamaConfig(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=1)
 _big = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=1)
-check_close(predict_cost_ratio(_big, _big), 1.0, "predict_cost_ratio(cfg, cfg)")
-_r = float(predict_cost_ratio(_small, _big))
-assert 0 < _r < 1, f"predict_cost_ratio(small, big) = {_r!r}: a smaller draft must cost a fraction of the target"
-check_close(_r * predict_cost_ratio(_big, _small), 1.0, "predict_cost_ratio(a, b) * predict_cost_ratio(b, a)",
-            rtol=1e-9)
-assert predict_cost_ratio(_small, _dc.replace(_big, tie_word_embeddings=False)) < _r, \
-    "an untied LM head is a second V x D matrix: the untied target must count more parameters than the tied one"
-assert predict_cost_ratio(_small, _dc.replace(_big, num_key_value_heads=2)) < _r, \
-    "with grouped-query attention k and v have K * Dh rows: two KV heads must count more than one"
-assert predict_cost_ratio(_small, _dc.replace(_big, num_hidden_layers=3)) < _r, "one more layer must count more"
-assert predict_cost_ratio(_dc.replace(_small, intermediate_size=32), _big) > _r, "a wider MLP must count more"
-check_raises(lambda: predict_cost_ratio("tiny-draft", _big), TypeError, "predict_cost_ratio('tiny-draft', cfg)")
-print("Part D: visible tests passed (the grader checks the values on configs of its own)")
+
+
+def _speedup(d, t, a, g, context=0):
+    got = predict_speedup(d, t, a, g, context)
+    check_equal(isinstance(got, float) and 0 < got <= g + 1, True,
+                f"predict_speedup(..., a={a}, g={g}, context={context}) = {got!r}: a float above 0 and at most "
+                f"g + 1 = {g + 1} (the most tokens a pass emits, for at least one target step)")
+    return got
+
+
+check_close(_speedup(_small, _big, 0.7, 0), 1.0, "predict_speedup(small, big, a=0.7, g=0): no draft is plain decoding")
+check_equal(_speedup(_small, _big, 0.0, 3) < 1, True, "predict_speedup(small, big, a=0, g=3) < 1: a draft that is "
+            "always rejected makes decoding slower")
+_curve = [_speedup(_small, _big, a, 4) for a in (0.0, 0.25, 0.5, 0.75, 1.0)]
+check_equal(all(x < y for x, y in zip(_curve, _curve[1:])), True,
+            f"the speed-up rises with a (a = 0, 0.25, ..., 1 at g = 4: {[round(s, 4) for s in _curve]})")
+check_close(_speedup(_big, _big, 1.0, 4), 1.0, "predict_speedup(cfg, cfg, a=1, g=4): a draft as dear as its target "
+            "gains nothing, even when it is always right", rtol=1e-9)
+_free = _speedup(_small, _dc.replace(_big, num_hidden_layers=5000), 1.0, 4)
+check_equal(4.99 < _free <= 5, True, f"a perfect draft that costs next to nothing beside a 5000-layer target: close to "
+            f"g + 1 = 5 tokens per target step, got {_free!r}")
+_base = _speedup(_small, _big, 0.6, 3)
+check_equal(_speedup(_small, _dc.replace(_big, num_key_value_heads=2), 0.6, 3) > _base, True,
+            "a target with more KV heads reads more a step: the same draft buys more")
+check_equal(_speedup(_dc.replace(_small, num_hidden_layers=2), _big, 0.6, 3) < _base, True,
+            "a draft with one more layer reads more a step: it buys less")
+_wide = _dc.replace(_big, intermediate_size=8)          # the target's attention and cache, a narrower MLP
+check_equal(_speedup(_wide, _big, 0.6, 3, context=10**6) < _speedup(_wide, _big, 0.6, 3), True,
+            "a draft that caches as much per token as its target (same layers and KV heads) gets relatively dearer "
+            "at a long context: it must buy less at context=10**6 than at 0")
+check_raises(lambda: predict_speedup("tiny-draft", _big, 0.5, 2), TypeError, "predict_speedup('tiny-draft', cfg, ...)")
+for _bad in (dict(a=1.5, g=2), dict(a=0.5, g=-1), dict(a=0.5, g=2, context=-1)):
+    check_raises(lambda: predict_speedup(_small, _big, **_bad), ValueError, f"predict_speedup(small, big, {_bad})")
+print("Part D (speed-up): visible tests passed (the grader checks the values on configs of its own)")
+
+# %% id="c016b" nbgrader={"grade": true, "grade_id": "predict_break_even_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+_levels = {g: break_even_acceptance(_small, _big, g) for g in (1, 2, 4, 8)}
+check_equal(all(isinstance(x, float) and 0 < x < 1 for x in _levels.values()), True,
+            f"break_even_acceptance(small, big, g) for g = 1, 2, 4, 8: {_levels}: a draft cheaper than its target "
+            "breaks even at a rate strictly between 0 and 1")
+for _g, _x in _levels.items():
+    check_close(predict_speedup(_small, _big, _x, _g), 1.0, f"predict_speedup at break_even_acceptance(small, big, "
+                f"{_g}) = {_x:.6f}", atol=1e-4)
+    check_equal(predict_speedup(_small, _big, max(0.0, _x - 0.01), _g) < 1 < predict_speedup(_small, _big,
+                min(1.0, _x + 0.01), _g), True, f"g = {_g}: slower than plain decoding just below the break-even, "
+                "faster just above")
+check_equal(_levels[1] < _levels[2] < _levels[4] < _levels[8], True, "a longer draft needs a higher acceptance rate "
+            "to pay: its later drafts are emitted less often than its first, and cost as much")
+check_close(break_even_acceptance(_big, _big, 3), 1.0, "break_even_acceptance(cfg, cfg, 3): a draft as dear as its "
+            "target breaks even only when always accepted", atol=1e-6)
+check_equal(break_even_acceptance(_big, _small, 2), None, "break_even_acceptance(big, small, 2): a draft dearer than "
+            "its target never pays")
+check_raises(lambda: break_even_acceptance(_small, _big, 0), ValueError, "break_even_acceptance(small, big, g=0)")
+check_raises(lambda: break_even_acceptance(_small, None, 2), TypeError, "break_even_acceptance(small, None, 2)")
+print("Part D (break-even): visible tests passed (the grader checks the values on configs of its own)")
 
 # %% [markdown] id="c017"
-# ## Measure: the draft's cost per token (not graded)
+# ## Measure: what the bundled draft buys on this machine (not graded)
 #
-# The bundled draft and target of notebook 04: your predicted `c`, their parameter counts, and the
-# measured time of one forward pass over a short window, draft over target (CPU, median of a few runs).
-# The parameter ratio is a model of the cost, not the cost: the attention over the window, the embedding
-# lookup (a gather, not a matmul), the norms and the fixed cost of each call do not scale with the parameter
-# count, and threads help a large matmul more than a small one, so the measured ratio can land on either
-# side of the prediction. That is why Module 08 measures `c` this way before it predicts a speed-up. The
-# grader skips this cell.
+# The bundled `tiny` target and its distilled `tiny-draft`, sampling at temperature 1. The cell measures the
+# draft's acceptance rate with your Part C `acceptance` on held-out code and predicts with your Part D
+# functions; then it runs speculative sampling at a few draft lengths against plain decoding, both with a KV
+# cache, interleaved and repeated so that a slow spell of the machine hits all of them
+# (`course_lib.speculative.measure`), and shows the prediction beside the measurement. The run also measures
+# your model's two assumptions: `c`, a draft step's time over a target step's (your model: their reads), and
+# `verify_cost`, the target's pass over g + 1 positions over one step (your model: 1). The columns "theory
+# with the measured c" put the measured values into Module 08's speed-up formula, so that you can tell which
+# assumption the gap comes from. Timings are shown and judged by a verdict, never asserted. The grader skips
+# this cell.
 
 # %% id="c018"
 from course_lib.models import load as _load_model
-from course_lib.perf.timing import benchmark
+from course_lib.models.corpus import load_split as _load_split
+from course_lib.perf.claims import timing_claim
+from course_lib.speculative.measure import measure as _measure
 
-try:
-    _pred_c = predict_cost_ratio(preset("tiny-draft"), preset("tiny"))
-except NotImplementedError:
-    _pred_c = None
+_DRAFT_LENGTHS, _NEW, _PROMPT = (1, 2, 4), 32, 24
+try:                                              # the measurement runs your Parts C and D: are they there?
+    _ready = float(acceptance(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0]))) == 0.5
+    _ready = _ready and predict_speedup(preset("tiny-draft"), preset("tiny"), 0.5, 1) > 0
+    break_even_acceptance(preset("tiny-draft"), preset("tiny"), 1)
+except Exception:                                 # noqa: BLE001 - unfinished or wrong: the tests above say which
+    _ready = False
 if os.environ.get("NBGRADER_EXECUTION"):        # a measurement, not a test: the grader skips it
     print("the measurement is skipped while grading")
-elif _pred_c is None:
-    print("Finish the exercises above first.")
+elif not _ready:
+    print("finish Parts C and D first: the measurement runs your acceptance and your predictions")
 else:
-    _tm, _ = _load_model("tiny", device="cpu")
+    _tm, _tok = _load_model("tiny", device="cpu")
     _dm, _ = _load_model("tiny-draft", device="cpu")
-    _ids = torch.arange(5, 69).view(1, -1)          # a 64-token window
-    with torch.no_grad():
-        _t_s = benchmark(lambda: _tm(_ids), warmup=2, repeats=7).median
-        _d_s = benchmark(lambda: _dm(_ids), warmup=2, repeats=7).median
-    print(f"parameters: draft {_dm.num_parameters():,}, target {_tm.num_parameters():,}; ratio "
-          f"{_dm.num_parameters() / _tm.num_parameters():.4f}")
-    print(f"predicted c = {_pred_c:.4f}; measured c = {_d_s / _t_s:.4f} (draft {1e3 * _d_s:.2f} ms, target "
-          f"{1e3 * _t_s:.2f} ms per forward pass; timings on a shared machine are noisy)")
+    _tok.model_max_length = 10**9                  # we cut the windows ourselves
+    _ids = _tok("\n".join(_load_split("heldout", max_files=2))[:6000])["input_ids"]
+    with torch.no_grad():                          # Part C's rate on 256 positions of held-out code
+        _w = torch.tensor([_ids[:256]])
+        _a = float(acceptance(torch.softmax(_tm(_w)[0], -1), torch.softmax(_dm(_w)[0], -1)).mean())
+    _prompts = [torch.tensor(_ids[300 + 100 * i: 300 + 100 * i + _PROMPT]) for i in range(2)]
+    _n = _PROMPT + _NEW // 2                       # the context, halfway through a generation
+    _cd, _ct = _dm.config, _tm.config
+    _rows = _measure(_tm, _dm, _prompts, draft_lengths=_DRAFT_LENGTHS, max_new_tokens=_NEW, temperature=1.0,
+                     repeats=3)
+    print(f"Part C's acceptance of tiny-draft on held-out code: a = {_a:.3f}; parameters: draft "
+          f"{_dm.num_parameters():,}, target {_tm.num_parameters():,} (both tie their LM head to the embedding)")
+    print(f"measured: c = {_rows[0]['c']:.3f} (draft step {_rows[0]['draft_step_ms']:.2f} ms, target step "
+          f"{_rows[0]['target_step_ms']:.2f} ms, on this CPU)")
+    print(f"{'g':>3} {'a run':>6} {'verify':>7} | {'your speed-up':>13} {'(run a)':>8} {'break-even':>10} | "
+          f"{'theory, measured c':>18} {'+ verify':>8} | {'measured':>8}")
+    for _r in _rows:
+        _g = _r["g"]
+        _mine = predict_speedup(_cd, _ct, _a, _g, _n)
+        _mine_run = predict_speedup(_cd, _ct, min(1.0, max(0.0, _r["a_tested"])), _g, _n)
+        _be = break_even_acceptance(_cd, _ct, _g, _n)
+        print(f"{_g:>3} {_r['a_tested']:>6.3f} {_r['verify_cost']:>7.2f} | {_mine:>13.2f} {_mine_run:>8.2f} "
+              f"{'none' if _be is None else f'{_be:.3f}':>10} | {_r['speedup_ideal']:>18.2f} "
+              f"{_r['speedup_refined']:>8.2f} | {_r['speedup_measured']:>8.2f}")
+    _best = max(_rows, key=lambda r: predict_speedup(_cd, _ct, _a, r["g"], _n))
+    _pred = predict_speedup(_cd, _ct, _a, _best["g"], _n)
+    timing_claim(f"speculative sampling with tiny-draft at g = {_best['g']} is {'faster' if _pred > 1 else 'not faster'} "
+                 "than plain decoding on this machine, as your model predicts",
+                 held=(_best["speedup_measured"] > 1) == (_pred > 1),
+                 measured=f"predicted {_pred:.2f}x, measured {_best['speedup_measured']:.2f}x; measured c "
+                          f"{_best['c']:.3f}, verify_cost {_best['verify_cost']:.2f}",
+                 advice="Your model assumes memory-bound steps and a verification as cheap as one step: compare the "
+                        "measured c and verify_cost with those assumptions (Part E), then re-run the cell to see "
+                        "how much of the gap is noise.");
 
 # %% [markdown] id="c019"
 # ## Going further
@@ -316,45 +490,52 @@ else:
 # 1. **Why 1 − TV.** Show that Σ_x min(p(x), q(x)) = 1 − ½ Σ_x |p(x) − q(x)|: the acceptance is one minus
 #    the total variation distance. What acceptance does a draft get that is the target with its two most
 #    likely tokens swapped?
-# 2. **The best draft length.** With an acceptance rate a = 0.8 and a draft whose pass costs c = 0.1 of the
-#    target's, the speed-up of speculative decoding is E[tokens per pass] / (g·c + 1) (Module 08). Which draft
-#    length g maximizes it, and why does a longer draft stop paying?
+# 2. **The best draft length.** With the model of Part D, an acceptance rate a = 0.8 and a draft step that
+#    costs c = 0.1 of a target step: which draft length g maximizes the speed-up, and why does a longer draft
+#    stop paying?
 # 3. **Forward or reverse.** Your `kd_loss` is KL(teacher ‖ student). What changes in the student if you
 #    train it with KL(student ‖ teacher) instead, and which one suits a draft for speculative decoding?
+# 4. **A long context.** SmolLM2-135M can draft for SmolLM2-1.7B (one tokenizer; `preset("smollm2-135m")`,
+#    `preset("smollm2-1.7b")`). With your `predict_speedup` at a = 0.7 and g = 4, how does the predicted
+#    speed-up change from a context of 0 to 8192 and 32768 tokens, and why? Which way, and how far, would it
+#    go for a draft with as many layers and KV heads as its target?
 
 # %% [markdown] id="cw04p"
-# ## Part E · Written analysis: the parameter ratio against the measured cost (2 points)
+# ## Part E · Written analysis: your prediction against this machine (2 points)
 #
 # Graded by your instructor against a rubric, not by the tests. Run the measurement cell above first (it
 # is skipped while grading), then answer in 100 to 200 words, about **your** numbers:
 #
-# 1. quote your predicted `c` and the measured one, and the measured / predicted ratio;
-# 2. explain the gap: name at least two costs of a forward pass that do not scale with the parameter count,
-#    and say which of the two models each one hurts relatively more (so, which way it moves `c`);
-# 3. with Module 08's model (acceptance `a = 0.7`, `g = 4` drafts per pass, verification cost 1), compute the
-#    predicted speed-up with your predicted `c` and with your measured `c`, and say what the difference means
-#    for choosing a draft.
+# 1. quote, for two draft lengths, your predicted speed-up and the measured one, and the measured `c` and
+#    `verify_cost` beside what your model assumes for them;
+# 2. explain the gap by the assumptions of your model that this machine breaks: is a decode step of these two
+#    models memory-bound here, and what do a draft step and a verification pass cost instead? Use the
+#    "theory with the measured c" columns to say how much of the gap each assumption accounts for;
+# 3. from the measured `c` and `verify_cost`, work out the acceptance rate the draft would need at g = 1 to
+#    break even on this machine, compare it with your measured `a`, and say whether a better-distilled draft
+#    or a cheaper one would help more here, and which on a GPU serving a large target.
 #
 # A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
 
-# %% [markdown] id="cw04" nbgrader={"grade": true, "grade_id": "written_cost_ratio", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+# %% [markdown] id="cw04" nbgrader={"grade": true, "grade_id": "written_draft_speedup", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# *(A model answer, with the numbers of one run on a 2-core AMD EPYC CPU, PyTorch 2.13, 2 threads; yours will
+# differ.)*
 #
-# My prediction was c = 0.0955 (446,848 parameters against 4,680,960); the measured c was [c_m], [c_m / 0.0955]
-# times the prediction.
+# Part C gave a = 0.664 on held-out code; with c = 0.0955 from the reads (both models tie their embeddings, so
+# reads equal parameters) my model predicted 1.52x at g = 1 and 1.87x at g = 4. The run measured 0.82x and
+# 0.75x: speculative sampling was slower. It measured c = 0.190, twice my 0.0955, and a verification costing
+# 1.49 steps at g = 1 and 1.95 at g = 4, where my model assumes 1.
 #
-# The parameter ratio assumes a forward pass costs its weights. Three costs do not scale that way. The fixed
-# cost of every operator call (Python, dispatch) is about the same per call in both models, and the draft's one
-# layer still runs a norm, the projections, RoPE, attention and the MLP: a larger share of its small total,
-# which raises c. Threads speed up the target's larger matmuls more than the draft's small ones: c rises again.
-# The embedding table counts as parameters, but a lookup reads one row of it; the table is a far larger share
-# of the draft's parameters than of the target's, so this one pulls c below the ratio (unless the table is also
-# the LM head, which reads all of it). On my run the first two won: c landed above the prediction.
+# These two tiny models are not memory-bound on a CPU: a step pays a fixed cost for each of its operator calls,
+# and the one-layer draft runs the same kinds of calls as each of the target's six layers, so it costs a fifth
+# of the target, not a tenth; and scoring g + 1 positions costs more arithmetic than one, with no idle units to
+# hide it. With the run's own a (0.640, 0.601) my model says 1.50x and 1.67x; the measured c brings it to 1.36x
+# and 1.32x; the measured verify_cost to 0.98x and 0.86x; the rest, down to 0.82x and 0.75x, is each pass's
+# bookkeeping. The verification is the largest share at both lengths; c matters more the longer the draft.
 #
-# With a = 0.7 and g = 4 a pass emits (1 - 0.7⁵) / 0.3 = 2.77 tokens. With c = 0.0955 it costs 4 x 0.0955 + 1 =
-# 1.38 target steps: a speed-up of 2.0. With my measured c = [c_m] it costs [4c_m + 1]: [2.77 / (4c_m + 1)].
-# A draft's worth is its measured cost, not its size: a draft ten times smaller in parameters can be only three
-# times cheaper, which can halve the gain.
+# At g = 1 a pass emits 1 + a tokens for c + verify_cost = 1.68 steps: it breaks even at a = 0.68, above the
+# 0.64 measured. Here only cheaper steps would help; on a GPU serving a large target the reads ratio is small
+# and a verification costs about one step, so there the acceptance, a better-distilled draft, is the lever.
 
 # %% [markdown] id="c020" tags=["answer-key"]
 # ### Answer key
@@ -381,3 +562,14 @@ else:
 #    that the best divergence depends on the task and on the decoding strategy (greedy or sampling), the
 #    other key choice being to train on the draft's own samples (on-policy data) [@zhou2024distillspec]:
 #    measure the acceptance on your task and your decoding rather than pick a divergence by its shape.
+# 4. At a = 0.7 and g = 4 a pass emits (1 − 0.7⁵) / 0.3 = 2.77 tokens. At a context of 0, c is the ratio of the
+#    weights read, 134,515,008 / 1,711,376,384 = 0.0786 (both tie their embeddings): a speed-up of 2.11. At
+#    8192 tokens c = 0.0909 (2.03x), at 32768 c = 0.1038 (1.96x). The cache adds reads per token in
+#    proportion to layers x KV heads x head_dim: SmolLM2-1.7B has full multi-head attention (24 layers x 32
+#    KV heads of 64: 98,304 numbers per token), the 135M draft grouped-query attention (30 layers x 3 KV
+#    heads of 64: 11,520), 11.7% of the target's, more than its 7.9% share of the weights. As the context
+#    grows, c moves from the weights' ratio toward the caches' ratio, 0.117 (1.89x in the limit): the draft
+#    gets relatively dearer, slowly. A draft with as many layers and KV heads as its target (and the same
+#    head_dim) caches as much per token, so c tends to 1 and the speed-up to 2.77 / 5 = 0.55: at long contexts
+#    it slows decoding down whatever its width. A draft for long contexts needs a small cache more than small
+#    weights (few layers, few KV heads, or a cache of its own that keeps only recent tokens).

@@ -246,3 +246,53 @@ def test_kv_formula_equals_the_real_cache(batch, T):
         assert cfg.kv_bytes_per_token(elem) * T * batch == stored
     row = kv_table([cfg], tokens=T, batch=batch, bytes_per_element=4)[0]
     assert row["cache GiB"] * 2**30 == cfg.kv_cache_bytes(T, batch, 4)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_decode_reads_counts_what_a_decode_step_touches(tie):
+    """decode_reads against an outside count: every parameter a real decode step of the course model hands to
+    a torch function other than the embedding lookup (read in full), the rows that lookup gathers (left out by
+    the formula: one row of D), and the keys and values its cache holds; and against Module 01's op-by-op
+    table (intensity_table), which counts the same weights and the same cache reads."""
+    from torch.overrides import TorchFunctionMode
+
+    from course_lib.kvcache import ContiguousCache
+    from course_lib.models.config import decode_reads
+    from course_lib.perf.intensity import intensity_table
+
+    class Reads(TorchFunctionMode):
+        def __init__(self, params):
+            super().__init__()
+            self.params, self.full, self.rows = {id(p): p for p in params}, set(), 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            touched = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and id(a) in self.params]
+            if touched and func in (torch.nn.functional.embedding, torch.embedding):
+                self.rows += args[0].numel()
+            elif touched and getattr(func, "__name__", "") != "__get__":      # __get__: .dtype, .device
+                self.full.update(id(t) for t in touched)
+            return func(*args, **kwargs)
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie)
+    model = LlamaForCausalLM(cfg).eval()
+    context, cache = 9, ContiguousCache()
+    with torch.no_grad():
+        model(torch.randint(0, cfg.vocab_size, (1, context)), cache=cache)
+        reads = Reads(model.parameters())
+        with reads:
+            model(torch.randint(0, cfg.vocab_size, (1, 1)), cache=cache)
+    full = sum(reads.params[i].numel() for i in reads.full)
+    new = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim           # the new token's K and V
+    cached = sum(t.numel() for t in cache.k + cache.v) - new
+    assert reads.rows == 1 and decode_reads(cfg, context) == full + cached
+    assert decode_reads(cfg) == cfg.num_parameters() - (0 if tie else cfg.vocab_size * cfg.hidden_size)
+    for n in (1, 7, 100):
+        table = intensity_table(cfg, "decode", n, dtype="fp32")                       # 4 bytes a number
+        assert table.weight_bytes() / 4 - cfg.hidden_size == decode_reads(cfg)      # less the one embedding row
+        assert table.kv_bytes() / 4 == decode_reads(cfg, n + 2) - decode_reads(cfg)  # + the new token, written, read
+    with pytest.raises(TypeError, match="LlamaConfig"):
+        decode_reads("tiny")
+    with pytest.raises(ValueError, match="context"):
+        decode_reads(cfg, -1)

@@ -13,7 +13,7 @@ import torch
 from course_lib.generation import generate
 from course_lib.kvcache import ContiguousCache
 from course_lib.models import LlamaConfig, LlamaForCausalLM, load
-from course_lib.speculative import (accept_step, acceptance_rate, expected_tokens_per_pass,
+from course_lib.speculative import (accept_step, acceptance_rate, break_even_acceptance, expected_tokens_per_pass,
                                     optimal_draft_length, probs_from_logits, speedup)
 from course_lib.speculative.loop import check_tokenizers, speculative_generate
 from course_lib.speculative.measure import measure
@@ -434,6 +434,27 @@ def test_theory_formulas():
             expected_tokens_per_pass(bad, 3)
     with pytest.raises(ValueError, match="draft length"):
         speedup(0.5, -1, 0.1)
+
+
+def test_break_even_acceptance():
+    """The a at which speculative decoding is as fast as plain decoding: speedup = 1 there, above 1 just above
+    it and below 1 just below; a = c at g = 1; rising with g (the k-th draft counts a^k for the same c); 0 when
+    a pass is free, None when no a pays, 1 for a draft as dear as its target (no digits lost near 1)."""
+    for c, g, v in ((0.1, 1, 1.0), (0.1, 4, 1.0), (0.0955, 6, 1.0), (0.3, 3, 1.0), (0.05, 8, 1.6), (0.2, 2, 0.9)):
+        a = break_even_acceptance(c, g, v)
+        assert 0 < a < 1 and speedup(a, g, c, v) == pytest.approx(1, abs=1e-12)
+        assert speedup(a - 1e-6, g, c, v) < 1 < speedup(a + 1e-6, g, c, v)
+    assert break_even_acceptance(0.1, 1) == pytest.approx(0.1, abs=1e-15)
+    levels = [break_even_acceptance(0.05, g) for g in range(1, 17)]
+    assert all(x < y for x, y in zip(levels, levels[1:]))
+    assert break_even_acceptance(0.0, 3) == 0.0 and break_even_acceptance(0.1, 2, verify_cost=0.5) == 0.0
+    assert break_even_acceptance(1.0, 5) == 1.0 and break_even_acceptance(1.0 + 1e-9, 5) is None
+    assert break_even_acceptance(0.1, 4, verify_cost=5.0) is None          # 5 tokens at most, for 5.4 steps
+    for bad in ((-0.1, 2), (0.1, 0), (0.1, 1.5)):
+        with pytest.raises(ValueError):
+            break_even_acceptance(*bad)
+    with pytest.raises(ValueError, match="verify_cost"):
+        break_even_acceptance(0.1, 2, verify_cost=0.0)
 
 
 def test_measure_reports_consistent_rows(pair, prompts):

@@ -22,7 +22,8 @@ import torch
 from course_lib.env import device as best_device
 from course_lib.env import offline
 
-from .config import BUNDLED, BUNDLED_ROOT, PRESETS, LlamaConfig, as_config, flops_per_token, preset, preset_names
+from .config import (BUNDLED, BUNDLED_ROOT, PRESETS, LlamaConfig, as_config, decode_reads, flops_per_token, preset,
+                     preset_names)
 from .llama import LlamaForCausalLM, causal_lm_loss
 
 HUB = {
@@ -92,4 +93,5 @@ def load(name: str = "tiny", device: str | torch.device | None = None, dtype: to
 
 
 __all__ = ["LlamaConfig", "LlamaForCausalLM", "load", "load_tokenizer", "bundled_path", "names",
-           "causal_lm_loss", "flops_per_token", "BUNDLED", "HUB", "PRESETS", "preset", "preset_names", "as_config"]
+           "causal_lm_loss", "flops_per_token", "decode_reads", "BUNDLED", "HUB", "PRESETS", "preset", "preset_names",
+           "as_config"]

@@ -8,6 +8,7 @@ KV-cache bytes and FLOPs per token from here.
     from course_lib.models.config import as_config, preset
     cfg = preset("llama-3-8b")                  # GQA: 32 query heads, 8 KV heads
     cfg.num_parameters(), cfg.kv_bytes_per_token(2), flops_per_token(cfg, context=1024)
+    decode_reads(cfg, context=1024)             # numbers one decode step reads (a memory-bound step's cost)
     as_config("tiny")                           # the bundled model's config.json
 """
 from __future__ import annotations
@@ -229,6 +230,30 @@ def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: in
     # 2 for fp16/bf16, 1 for int8, 0.5 for int4
     bytes_per_element = number(bytes_per_element, "bytes_per_element", 0, low_open=True)
     return int(2 * num_layers * num_kv_heads * head_dim * bytes_per_element * tokens * batch)
+
+
+def decode_reads(cfg: LlamaConfig, context: int = 0) -> int:
+    """Numbers one decode step of one sequence reads from memory: the cost of a memory-bound step, in units of
+    one weight (every weight and cached number the same size).
+
+    A step reads in full every matrix it multiplies by and every norm vector: per layer q, o (D x H*Dh), k, v
+    (D x K*Dh), gate, up, down (D x F) and two norms (D); the final norm (D) and the LM head (V x D), which
+    is the embedding matrix itself when tied and is read in full either way. Of an untied input embedding
+    it reads only the new token's row (D numbers: left out, as the new token's own key and value are), so an
+    untied model reads V x D numbers fewer than `num_parameters` counts. With `context` tokens cached it
+    also reads their keys and values: 2 x layers x K x Dh per token (only the K heads of GQA).
+
+    Module 01's refined table says the same op by op (``perf.intensity.intensity_table``: the embedding
+    reads rows, the LM head a whole matmul); Module 04's lab takes a draft's cost per token, `c` of
+    Module 08's speed-up model, as the draft's reads over the target's.
+    """
+    if not isinstance(cfg, LlamaConfig):
+        raise TypeError(f"cfg must be a LlamaConfig, got {type(cfg).__name__}")
+    context = integer(context, "context", low=0)
+    D, F_, V, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    H, K, L = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
+    layer = 2 * D * H * Dh + 2 * D * K * Dh + 3 * D * F_ + 2 * D   # q, o; k, v; gate, up, down; two norms
+    return L * layer + D + V * D + 2 * L * K * Dh * context         # + final norm, LM head, cached K and V
 
 
 def flops_per_token(cfg: LlamaConfig, context: int = 0) -> int:

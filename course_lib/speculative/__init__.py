@@ -14,7 +14,7 @@ so that the one generate loop runs them; they are re-exported here with the theo
 
 acceptance      accept_step (min(1, p/q), residual max(0, p - q), bonus token), probs_from_logits
                 (the derivation; the code is course_lib.sampling)
-theory          expected_tokens_per_pass, speedup, optimal_draft_length, acceptance_rate
+theory          expected_tokens_per_pass, speedup, optimal_draft_length, break_even_acceptance, acceptance_rate
 loop            speculative_generate (generate(..., draft=) with full ids), SpecStats, check_tokenizers
 prompt_lookup   PromptLookupDraft (n-gram drafting, a draft for generate), prompt_lookup_generate, propose_ngram,
                 editing_prompts
@@ -36,10 +36,10 @@ from .eagle import (EagleDraft, EagleHead, MTPDraft, MTPHeads, feature_head_accu
                     train_feature_heads)
 from .measure import compare_drafts, measure, measure_prompt_lookup, step_times
 from .prompt_lookup import PromptLookupDraft, editing_prompts, prompt_lookup_generate, propose_ngram
-from .theory import acceptance_rate, expected_tokens_per_pass, optimal_draft_length, speedup
+from .theory import acceptance_rate, break_even_acceptance, expected_tokens_per_pass, optimal_draft_length, speedup
 from .tree import DEFAULT_PATHS, TokenTree, build_tree, tree_attention_mask, tree_positions, verify_tree
 
-__all__ = ["acceptance_rate", "expected_tokens_per_pass", "optimal_draft_length", "speedup",
+__all__ = ["acceptance_rate", "expected_tokens_per_pass", "optimal_draft_length", "speedup", "break_even_acceptance",
            "speculative_generate", "check_tokenizers", "editing_prompts", "PromptLookupDraft",
            "prompt_lookup_generate", "propose_ngram", "measure", "measure_prompt_lookup", "step_times",
            "compare_drafts", "hf_assisted_generate", "DEFAULT_PATHS", "build_tree", "MedusaHeads", "MedusaStats",

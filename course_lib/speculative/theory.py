@@ -16,6 +16,11 @@ A pass costs g draft steps and one verification, so, against plain decoding (one
 On a GPU at small batch a pass over g+1 tokens costs about as much as one token (both are memory-bound:
 the weights are read once), so verify_cost ~ 1 is the usual idealization. On a CPU the pass is closer to
 compute-bound and verify_cost grows with g: measure it and pass the measured value (or a function of g).
+
+The break-even acceptance of a draft (g >= 1 drafts of cost c): the a at which speed-up = 1, below which
+speculative decoding is slower than plain decoding. The speed-up rises with a, so it is the root of
+E[tokens per pass](a) = g c + verify_cost; it is a = c for g = 1 (at verify_cost 1) and grows with g, since the
+k-th draft is emitted only with probability a^k while it costs c like the first.
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ import torch
 
 from course_lib.validate import integer, number, probability
 
-__all__ = ["expected_tokens_per_pass", "speedup", "optimal_draft_length", "acceptance_rate"]
+__all__ = ["expected_tokens_per_pass", "speedup", "optimal_draft_length", "break_even_acceptance",
+           "acceptance_rate"]
 
 
 def expected_tokens_per_pass(a: float, g: int) -> float:
@@ -67,6 +73,43 @@ def optimal_draft_length(a: float, c: float, max_g: int = 16,
         if s > best + 1e-12:
             best_g, best = g, s
     return best_g
+
+
+def break_even_acceptance(c: float, g: int, verify_cost: float = 1.0) -> float | None:
+    """The acceptance rate at which speculative decoding with `g` drafts a pass is exactly as fast as plain
+    decoding: speedup(a, g, c, verify_cost) = 1. Below it the draft makes decoding slower.
+
+    0.0 when every a pays (a pass costs at most one plain step: g c + verify_cost <= 1); None when none does
+    (even a = 1 gives less than one step's worth per step: g + 1 < g c + verify_cost, e.g. c > 1 at
+    verify_cost 1). Found by bisection on [0, 1], where the tokens per pass rise strictly with a (g >= 1),
+    to the last bit of a float. The tokens are summed (1 + a + ... + a^g, Horner's way), not taken from the
+    closed form, whose 1 - a^(g+1) over 1 - a loses digits near a = 1: a draft as dear as its target
+    breaks even at exactly 1.0.
+    """
+    c = number(c, "c (draft/target cost ratio)", 0)
+    g = integer(g, "g (draft length)", low=1)
+    verify_cost = number(verify_cost, "verify_cost", 0, low_open=True)
+    cost = g * c + verify_cost                       # a pass, in target steps; plain decoding: 1 per token
+
+    def tokens(a: float) -> float:                   # 1 + a + ... + a^g
+        total = 1.0
+        for _ in range(g):
+            total = 1.0 + a * total
+        return total
+
+    if tokens(0.0) >= cost:
+        return 0.0
+    if tokens(1.0) < cost:
+        return None
+    lo, hi = 0.0, 1.0                                # tokens(lo) < cost <= tokens(hi)
+    while True:
+        mid = (lo + hi) / 2
+        if not lo < mid < hi:                        # adjacent floats: hi is the smallest a that pays
+            return hi
+        if tokens(mid) < cost:
+            lo = mid
+        else:
+            hi = mid
 
 
 def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
