@@ -394,7 +394,7 @@ def mutants():
 # the student's notebook; the feedback page shows it with the instructor's score and comment.
 WRITTEN = {
     "written_makespan": {"points": 2, "rubric": [
-        (1, "quotes their own predicted and simulated makespans for uniform batches and explains the "
+        (1, "quotes their own predicted and simulated makespans for the two batches and explains the "
             "agreement as the same deterministic step model (not a noisy measurement)"),
         (1, "explains why the longest-request formula over-estimates a mixed batch (requests finish; fewer, "
             "shorter decode steps) and why continuous batching gains more there than on a uniform batch; "

@@ -353,10 +353,12 @@ def mutants():
 # the student's notebook; the feedback page shows it with the instructor's score and comment.
 WRITTEN = {
     "written_capacity": {"points": 2, "rubric": [
-        (1, "quotes their own loads and predicted / measured drops at two capacity factors, and explains the "
-            "exact agreement (drops = sum of max(0, load - capacity); order picks which, not how many)"),
-        (1, "computes the factor where drops vanish (max load over the even load) and discusses what a drop "
-            "costs (residual only) against the costs of more capacity (padding) or a balancing loss (router "
-            "constrained)"),
+        (1, "quotes their own route_probs and predicted, measured and mean-load drops at two capacity factors, "
+            "and explains why prediction and measurement agree on average only (an expectation against random "
+            "batches) and why the order picks which assignments drop, not how many (min(load, capacity) kept)"),
+        (1, "explains why the mean load's drops match where loads sit far above the capacity and miss near it "
+            "(the even router at 1.0: batches above count, those below give nothing back), why drops fall fast "
+            "then slowly, and weighs what a drop costs (residual only) against more capacity (padding) or a "
+            "balancing loss (router constrained)"),
     ]},
 }

@@ -573,22 +573,28 @@ except RuntimeError as e:
 # A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
 
 # %% [markdown] id="cw02" nbgrader={"grade": true, "grade_id": "written_bits_and_error", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+# *(A model answer, with the numbers of a reference run: the solution notebook on a 2-core CPU, torch 2.13; your
+# numbers will differ: what matters is how you explain them.)*
 #
-# From 6 to 7 bits my per-tensor SQNR went from [a] to [b] dB and per group of 32 from [c] to [d]: about 6 dB
-# per bit, as the uniform model says, because absmax's step is 2·max|w| / (2^b - 1) and one more bit halves it,
-# dividing the noise power Δ²/12 by four. At 2 and 3 bits the per-tensor numbers fall far below the line: the
-# step is set by the largest weight of the whole matrix, so most weights, much smaller, round to zero; the error
-# is then the weight itself and the noise model (error uniform within a step) no longer holds.
+# From 6 to 7 bits my per-tensor SQNR went from 26.33 to 32.46 dB and per group of 32 from 33.06 to 39.22: about
+# 6 dB per bit, as the uniform model says: one more bit divides absmax's step, max|w| / (2^(b-1) - 1), by about
+# 2, and the noise power Δ²/12 by 4. It departs in two ways. At low widths a bit adds more than 6.02 dB (3 to 4
+# bits: 6.07 to 13.38, 7.3 dB) because the symmetric grid drops a code: the step shrinks by 7/3, not 2 (7.4 dB);
+# 6.02 is only the limit. At 2 bits per tensor the model fails: the levels are -max, 0 and max, the largest weight
+# of the whole matrix sets the step, nearly every weight rounds to 0, the error is the weight itself, and 0.24 dB
+# is barely better than zeroing the matrix (0 dB).
 #
-# A group of 32 has its own maximum, usually several times smaller than the matrix's, so its step is smaller:
-# a roughly constant gain of several dB at high bit widths, and at low ones the difference between weights
-# kept and weights zeroed, so the gap widens as the bits fall.
+# A group of 32 has its own maximum, usually far below the one large weight that sets the matrix's, so its
+# step is smaller: a constant 6.7 dB gain from 3 to 8 bits (20.11 against 13.38 at 4 bits), the same noise
+# power divided by about 4.7 at every width. That gain matters most at low widths: at 8 bits both errors are
+# negligible, at 4 bits groups beat per-tensor 5 bits (20.02 dB) for 0.5 bit of fp16 scale per weight. At 2 bits
+# the gap narrows to 3.4 dB (3.60 against 0.24): groups zero most of their weights too.
 #
-# NF4 beat int4 absmax with blocks of 64 by [e] dB: its 16 levels are quantiles of a normal distribution, dense
-# near zero where most of these roughly Gaussian weights lie, while int4's are evenly spaced up to the block's
-# maximum. The predicted and measured bits per weight agree exactly (4.125 and 4.5) because both count the
-# same stored bytes, codes plus scales: an accounting identity, not a model of behaviour.
+# NF4 beat int4 absmax with blocks of 64 by 1.48 dB (20.67 against 19.19): its 16 levels are quantiles of a
+# normal distribution, dense near zero where most of these roughly Gaussian weights lie, while int4's 15 are
+# evenly spaced up to the block's maximum. The predicted and measured bits per weight agree exactly (4.125 and
+# 4.500 both times) because both count the same stored bytes, codes plus scales: an accounting identity, not a
+# model of behaviour.
 
 # %% [markdown] id="c022" tags=["answer-key"]
 # ### Answer key

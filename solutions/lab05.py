@@ -561,18 +561,22 @@ except NotImplementedError:
 # A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
 
 # %% [markdown] id="cw05" nbgrader={"grade": true, "grade_id": "written_cache_bytes", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+# *(A model answer, with the numbers of a reference run: the solution notebook on a 2-core CPU, torch 2.13; your
+# numbers will differ: what matters is how you explain them.)*
 #
-# After 40 generated tokens my full cache held [n] tokens: predicted [p1] bytes, measured [m1], storage [s1],
-# all equal; my sink cache held sinks + window = [n2] tokens: predicted [p2], measured [m2], storage [s2].
+# After the 6-token prompt and 34 generated tokens my full cache held 40 tokens: predicted 122,880 bytes,
+# measured 122,880, storage 122,880 (2 x 6 layers x 2 KV heads x 32 x 40 tokens x 4 bytes of fp32). My sink cache
+# had seen the same 40 tokens (the table's tokens column) but held sinks + window = 4 + 16 = 20: predicted 61,440,
+# measured 61,440, storage 61,440. All three agree, for both caches.
 #
 # The full cache grows with `torch.cat` along the sequence axis, which allocates a new tensor of exactly the
 # tokens held and frees the old one, so the formula (2 x layers x KV heads x head_dim x tokens x bytes), the
-# tensors' sizes and the memory behind them coincide. My sink cache evicts by building its kept keys from the
-# sinks and the last `window` positions; when it kept a slice such as `k[:, :, -window:]` without copying, the
-# slice's size matched the formula but its storage was the whole tensor it was cut from, the storage column's
-# excess. A `.contiguous()` copy or a `torch.cat` of the two pieces frees the base; a preallocated ring buffer
-# (a static cache) would show storage equal to its capacity from the first token.
+# tensors' sizes and the memory behind them coincide. My sink cache keeps its tokens with a list of indices,
+# `k_all[:, :, keep]`: advanced indexing copies them into a tensor of exactly sinks + window tokens, and the
+# `k_all` it was taken from is freed. The natural alternative would break the storage column: keeping the
+# window as a slice, `k_all[:, :, -window:]` (possible without sinks), has the formula's size, but its storage
+# is the whole tensor it was cut from (after a long prompt's prefill, the whole prompt). A preallocated ring
+# buffer (a static cache) would show storage equal to its capacity from the first token.
 #
 # On a GPU the storage is what counts, and more than it: PyTorch's caching allocator keeps freed blocks,
 # `torch.cat` needs the old and the new tensor at once during the copy, and a preallocated cache reserves its

@@ -414,27 +414,38 @@ except NotImplementedError:
 # Graded by your instructor against a rubric, not by the tests. Answer in 100 to 200 words, about the
 # output of the cell after Exercise 4 (it is skipped while grading):
 #
-# 1. quote the loads per expert and, for two capacity factors, the predicted and measured drops; explain why
-#    they agree exactly, although your dispatch decides which assignments to drop by a priority order;
-# 2. from the loads, compute the capacity factor at which nothing is dropped, and explain why the drops fall
-#    the way they do as the factor grows;
+# 1. quote the skewed router's `route_probs` and, for two capacity factors, the predicted drops, the measured
+#    average (and its range over the batches) and the drops of the mean load; explain why prediction and
+#    measurement agree only on average, and why your dispatch's priority order, which decides which
+#    assignments are dropped, cannot change how many;
+# 2. explain why the drops of the mean load are close to the prediction for the skewed router at factor 1.0
+#    but far from it for the even router, and why the skewed router's drops fall fast at first, then slowly,
+#    as the factor grows;
 # 3. say what a dropped assignment costs the model's output, and what each of the two remedies (a larger
 #    capacity factor, a balancing loss on the router) costs instead.
 #
 # A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
 
 # %% [markdown] id="cw10" nbgrader={"grade": true, "grade_id": "written_capacity", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
-# *(A model answer: the numbers in brackets are what a student quotes from their own run.)*
+# *(A model answer, with the numbers of a reference run: the solution notebook on a 2-core CPU, torch 2.13; your
+# numbers will differ: what matters is how you explain them.)*
 #
-# The biased router gave loads [loads] (even would be 128 each: 512 tokens x 2 / 8). At capacity factor 1.0
-# (capacity 128) I predicted and dropped [d1]; at 1.25 (capacity 160), [d2]. They agree exactly because an
-# expert keeps min(load, capacity) of its assignments whatever the order: the priority order picks which
-# assignments are dropped, never how many, so the count is the sum over experts of max(0, load - capacity).
+# The skewed router's `route_probs` were [0.067, 0.098, 0.136, 0.19, 0.256, 0.329, 0.417, 0.507] (even would be
+# 0.25 each, a mean load of 128 of 512 tokens x 2 / 8). At capacity factor 1.0 (capacity 128) I predicted 263.26
+# drops per batch and measured 264.89 on average (232 to 291); the drops of the mean load were 260.70. At 1.25
+# (capacity 160): 162.86, 163.96 (130 to 196) and 161.58. The prediction is an expectation: each batch's loads
+# are random, so single batches scatter by tens and the average of 100 agrees within its own noise (and
+# `route_probs` are themselves estimated). The priority order cannot move the count: an expert keeps
+# min(load, capacity) of its assignments whatever the order, which picks which ones are dropped, never how
+# many, so a batch drops exactly the sum over experts of max(0, load - capacity).
 #
-# Nothing is dropped once the capacity reaches the largest load: factor = max load / 128 = [max / 128]. Below
-# that, each step of the factor lowers the drops by the number of experts still over capacity times the step in
-# capacity, so the drops fall fast at first, while many experts overflow, then slowly, when only the most
-# crowded one does.
+# For the skewed router at 1.0 the mean load's drops are close (260.70 against 263.26) because the three busiest
+# experts' loads (about 168, 213 and 260) sit far above 128 in every batch, where drops are linear in the load;
+# only the expert near its capacity (0.256, about 131) adds the difference. The even router's experts all sit at
+# the capacity: the batches above it drop, those below give nothing back, so it expects 31.26 (measured 32.94)
+# where its mean loads drop 1.03. Each step of 32 in capacity removes 32 drops for every expert still above it:
+# drops fall fast while several overflow (263 to 163 to 89), then slowly, when only the busiest, whose mean load
+# just fits at factor 2.03, overflows by its spread (6.65 at 2.0, 0.02 at 2.25).
 #
 # A dropped assignment contributes nothing: the token gets its other expert's output only, or passes through
 # the residual connection alone if both were dropped, a silent change of the model's function. A larger
