@@ -177,8 +177,11 @@ if __name__ == "__main__":
             local = None
             if r.student == "solution":
                 local = judge_locally(r.assignment, solution_answers(r.assignment), student=r.student)
-            print(f"{r.assignment} {r.student:10s} {r.score}/{r.max_score} {r.status} {sorted(r.flags)}")
-            if r.status == "error" or (r.student == "solution" and r.score != r.max_score) or \
+            pending = sum(float(m.get("points") or 0) for g, m in r.manual.items() if g in r.manual_pending)
+            print(f"{r.assignment} {r.student:10s} {r.score}/{r.max_score} {r.status} {sorted(r.flags)}"
+                  + (f" ({pending:g} written points wait for the instructor)" if pending else ""))
+            # the solution earns every point the autograder gives: all but the written parts' (pending)
+            if r.status == "error" or (r.student == "solution" and r.score != (r.max_score or 0) - pending) or \
                     (r.student == "blank" and r.score != 0):
                 bad += 1
                 print("   ", r.messages[-6:])
