@@ -83,7 +83,7 @@ MISTAKES = {
 # * `free(b)`: one table less; when the count reaches 0 the block goes to the **tail** of the free list.
 #
 # Raise `PagingError` (with a clear message) for: `num_blocks` not a positive integer; a block number that
-# is not an integer in range ("unknown block"); `free` of a block that is already free ("double free");
+# is not an integer in range ("unknown block"; a bool, a float or a string is not a block number); `free` of a block that is already free ("double free");
 # `incref` of a free block. A `collections.deque` or a plain list is fine for the free list.
 
 # %% id="c005" nbgrader={"grade": false, "grade_id": "allocator_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -509,10 +509,10 @@ print("Part D: visible tests passed")
 # **Contract.** `paged_attention(q, k_pool, v_pool, block_tables, context_lens)`:
 #
 # * **takes** `q` `[B, H, d]` (one query per sequence), `k_pool` and `v_pool` `[num_blocks, Hkv, block_size,
-#   d]` (the physical KV memory, float32), `block_tables` `[B, max_blocks]` (integers: row `b` lists the
+#   d]` (the physical KV memory, float32, as `q`), `block_tables` `[B, max_blocks]` (integers: row `b` lists the
 #   physical blocks of sequence `b` in order) and `context_lens` `[B]` (integers: its number of tokens).
 #   Token `t` of sequence `b` is in slot `t % block_size` of block `block_tables[b, t // block_size]`;
-# * **returns** `[B, H, d]`: for each sequence, `softmax(q K^T / sqrt(d)) V` over its `context_lens[b]`
+# * **returns** `[B, H, d]` in `q`'s dtype: for each sequence, `softmax(q K^T / sqrt(d)) V` over its `context_lens[b]`
 #   tokens, with query head `h` reading KV head `h // (H // Hkv)` (grouped-query attention); equal to the
 #   course's reference within `1e-5`; a sequence of length 0 gets a row of zeros;
 # * **reads only what the sequence owns**: the first `ceil(context_lens[b] / block_size)` entries of row `b`
@@ -521,7 +521,9 @@ print("Part D: visible tests passed")
 #   stale K/V of earlier owners, `-1` table entries;
 # * **raises** `ValueError` for shapes that do not fit (`q` not 3-D, pools not equal and 4-D, a different
 #   `d`, `H` not a multiple of `Hkv`, tables or lengths not `B` rows), a length outside
-#   `[0, max_blocks * block_size]`, and a used table entry outside the pool.
+#   `[0, max_blocks * block_size]`, and a used table entry outside the pool (negative or `>= num_blocks`: a
+#   `-1` may sit only where the sequence does not read; mind that a tensor indexed with `-1` silently reads
+#   the last block).
 #
 # A Python loop over the sequences is fine (the vectorized and Triton versions are in `course_lib.paged`;
 # do not call them).
@@ -644,7 +646,9 @@ print("Part E: visible tests passed")
 #
 # 1. quote, for block sizes 16 and 256, your predicted waste, the measured one and the rule of thumb's;
 # 2. explain which kind of request in the mix makes the rule of thumb wrong, and why the direction of its
-#    error depends on the block size; then explain why the pool's waste is set mostly by another kind;
+#    error for that kind depends on the block size (compare the empty slots per sequence of that kind, not
+#    the whole mix's percentages, which divide by different mean lengths); then explain why the pool's waste
+#    is set mostly by another kind;
 # 3. choose a block size for this mix and say what a smaller one would cost instead.
 #
 # A full answer (2 points) does all three with your own numbers; explaining without them earns at most 1.
