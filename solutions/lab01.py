@@ -291,7 +291,8 @@ check_equal(critical_batch(4096, 4096, 1, 1e12, 1e12), 1,
 # * `compute_bound_batch(num_params, bytes_per_param, peak_flops, bandwidth, context=0, kv_bytes_per_token=0)`
 #   returns the smallest batch (an int >= 1) at which the step's arithmetic takes at least as long as its
 #   memory traffic, exactly (the batch before it is memory-bound), or `None` when no batch gets there; it
-#   solves rather than searches: near the context where no batch is enough, the answer runs into the millions;
+#   solves rather than searches: near the context where no batch is enough, the answer runs into the tens of
+#   thousands and beyond;
 # * invariants: at batch 1 with no KV cache, `step_s` is exercise 4's floor; as the batch grows, the step never
 #   gets shorter, each user's tokens/s never grows and the server's never shrinks; from `compute_bound_batch`
 #   on, the server's tokens/s no longer grows;
