@@ -1,14 +1,15 @@
 """Lab 00's judge: latency metrics on traces the grader draws, percentiles, and sampling on drawn logits.
 
 Parts A, B and F call the student's functions with plain numbers and lists (numpy arrays where the contract
-allows them) and compare with `course_lib.perf.metrics` here; Parts C to E send logits as tensors and compare
-with `course_lib.sampling`. An input that must not change is kept in the kernel (`Let`) and read back after
-the call. Part B's contract forbids numpy's percentile: the names the student's function calls are read in
-the kernel (`percentile.__code__.co_names`, an observation a student who rewrites the driver could falsify);
-a function that calls one earns nothing in the part, as before. Values of p are drawn away from the
-cumulative probabilities, where a correct answer summed in another order could keep one token more. Part E is
-judged with Part D's known mistake excused: its planted distribution is computed here, so a top-p that drops
-the crossing token is charged once.
+allows them) and compare with `course_lib.perf.metrics` here (Part F with `queue_traces`, the request model's
+traces of a one-at-a-time server, on queues drawn with bursts, idle gaps and ties); Parts C to E send logits
+as tensors and compare with `course_lib.sampling`. An input that must not change is kept in the kernel (`Let`)
+and read back after the call. Part B's contract forbids numpy's percentile: the names the student's function
+calls are read in the kernel (`percentile.__code__.co_names`, an observation a student who rewrites the driver
+could falsify); a function that calls one earns nothing in the part, as before. Values of p are drawn away
+from the cumulative probabilities, where a correct answer summed in another order could keep one token more.
+Part E is judged with Part D's known mistake excused: its planted distribution is computed here, so a top-p
+that drops the crossing token is charged once.
 """
 import math
 
@@ -19,6 +20,7 @@ from course_grading.judging import Get, Judge, Let, call, generator, ref
 from course_lib.checks import check_close, check_equal
 from course_lib.perf.metrics import e2e_latency as ref_e2e
 from course_lib.perf.metrics import percentile as ref_percentile
+from course_lib.perf.metrics import queue_traces as ref_queue
 from course_lib.perf.metrics import tokens_per_second as ref_tps
 from course_lib.perf.metrics import tpot as ref_tpot
 from course_lib.perf.metrics import ttft as ref_ttft
@@ -35,7 +37,7 @@ judge = Judge(references={
     "top_k_tests": [f"{SAMPLING}.top_k_filter"],
     "top_p_tests": [f"{SAMPLING}.top_p_filter"],
     "sampling_tests": [f"{SAMPLING}.sampling_probs", f"{SAMPLING}.sample"],
-    "predict_request_tests": [f"{METRICS}.e2e_latency", f"{METRICS}.tokens_per_second"],
+    "predict_queue_tests": [f"{METRICS}.queue_traces"],
 })
 
 INF = float("inf")
@@ -380,29 +382,83 @@ def sampling(t):
 # ---------------------------------------------------------------------------------------------------
 # Part F
 
-@judge.part("predict_request_tests", groups={"values": 3, "errors": 1})
-def predict_request(t):
-    grid = [(0.25, 0.05, 11), (0.4, 0.02, 1), (0.0, 0.01, 5), (0.3, 0.0, 100), (2.0, 0.2, 2000), (0.5, 0.5, 2),
-            (1e-3, 1e-4, 1)]
-    drawn = [(t.rng.uniform(1e-3, 3.0), t.rng.uniform(1e-4, 0.2), t.rng.choice([1, 2, t.rng.randint(3, 2000)]))
-             for _ in range(40)]
-    calls = []
-    for ttft, tpot, n in grid + drawn:
-        start = t.rng.uniform(0, 1e3)
-        times = [start + ttft + tpot * i for i in range(n)]       # the model's trace: a prefill, then one per TPOT
-        want, wrong = (ref_e2e(start, times), ref_tps(start, times)), ttft + n * tpot
-        what = f"predict_request(ttft={ttft:.6g}, tpot={tpot:.6g}, n_tokens={n})"
+def planted_queue(requests, tpot, gaps_n=False, no_wait=False, prefills_only=False, from_zero=False):
+    """The known wrong predictions of a one-at-a-time server: `gaps_n` counts n TPOT gaps for n tokens;
+    `no_wait` serves every request on arrival; `prefills_only` frees the server at a request's first token;
+    `from_zero` reads the latencies from time 0 instead of each arrival."""
+    free, ttfts, e2es = 0.0, [], []
+    for arrival, first_s, n in requests:
+        first = (arrival if no_wait else max(arrival, free)) + first_s
+        last = first + (n if gaps_n else n - 1) * tpot
+        free = first if prefills_only else last
+        origin = 0.0 if from_zero else arrival
+        ttfts.append(first - origin)
+        e2es.append(last - origin)
+    return ttfts, e2es
 
-        def check(got, what=what, want=want, wrong=wrong, n=n):
+
+def draw_queue(t):
+    """1 to 30 requests: a burst, a steady stream at some load, or sparse arrivals; tokens from 1 to 500."""
+    n = t.rng.choice([1, 2, t.rng.randint(3, 12), t.rng.randint(12, 30)])
+    tpot = 0.0 if t.rng.random() < 0.1 else t.rng.uniform(1e-4, 0.1)
+    first = [t.rng.uniform(1e-3, 1.0) if t.rng.random() < 0.9 else 0.0 for _ in range(n)]
+    tokens = [t.rng.choice([1, 2, t.rng.randint(3, 60), t.rng.randint(60, 500)]) for _ in range(n)]
+    service = sum(f + (k - 1) * tpot for f, k in zip(first, tokens)) / n
+    load = t.rng.choice([0.0, 0.5, 0.9, 1.5, 4.0])            # 0: a burst; arrivals ~ service / load apart
+    clock, arrivals = t.rng.choice([0.0, t.rng.uniform(0, 1e3)]), []
+    for _ in range(n):
+        arrivals.append(clock)
+        if load:
+            clock += t.rng.expovariate(load / service) if service > 0 else t.rng.uniform(0, 1)
+    return [(a, f, k) for a, f, k in zip(arrivals, first, tokens)], tpot
+
+
+def shown_queue(requests) -> str:
+    if len(requests) <= 4:
+        return repr([tuple(round(x, 6) if isinstance(x, float) else x for x in r) for r in requests])
+    return (f"{len(requests)} requests arriving from {requests[0][0]:.6g} s to {requests[-1][0]:.6g} s, "
+            f"{sum(r[2] for r in requests)} tokens in all")
+
+
+@judge.part("predict_queue_tests", groups={"values": 3, "errors": 1})
+def predict_queue(t):
+    burst = [(0.0, 0.3, 12), (0.0, 0.3, 4), (0.0, 0.3, 20), (0.0, 0.3, 8)]
+    mixed = [(0.0, 0.3, 16), (0.0, 0.3, 4), (0.35, 0.3, 24), (1.0, 0.3, 8), (1.0, 0.3, 12), (2.8, 0.3, 2),
+             (2.9, 0.3, 20), (3.0, 0.3, 6)]
+    # edge grid: alone, a one-token answer, a burst, an idle server, an arrival exactly as the server frees, no
+    # decode time, no prefill, the measurement's schedule, a late lone arrival, one long answer ahead of short ones
+    grid = [([(0.0, 0.25, 11)], 0.05), ([(0.0, 0.4, 1)], 0.02), (burst, 0.04), (burst[::-1], 0.04),
+            ([(0.0, 0.2, 5), (10.0, 0.2, 5), (20.0, 0.1, 3)], 0.01), ([(0.0, 0.25, 3), (0.375, 0.25, 2)], 0.0625),
+            ([(0.0, 0.1, 50), (0.05, 0.1, 3)], 0.0), ([(0.0, 0.0, 5), (0.0, 0.0, 5)], 0.1), (mixed, 0.04),
+            ([(5.0, 0.3, 20)], 0.04), ([(0.0, 0.5, 400)] + [(0.01 * k, 0.05, 1) for k in range(1, 6)], 0.02),
+            ([(1e3, 1e-3, 2), (1e3 + 1e-4, 1e-3, 2000)], 1e-4)]
+    cases = grid + [draw_queue(t) for _ in range(40)]
+    calls = []
+    for requests, tpot in cases:
+        traces = ref_queue(requests, tpot)
+        want = ([tr.ttft for tr in traces], [tr.e2e for tr in traces])
+        planted = {t.mistake(key): planted_queue(requests, tpot, **{flag: True})
+                   for key, flag in (("e2e_n_gaps", "gaps_n"), ("queue_ignored", "no_wait"),
+                                     ("queue_prefills_only", "prefills_only"),
+                                     ("latency_from_first_arrival", "from_zero"))}
+        what = f"predict_queue({shown_queue(requests)}, tpot={tpot:.6g})"
+
+        def check(got, what=what, want=want, planted=planted, n=len(requests)):
             t.expect(isinstance(got, (tuple, list)) and len(got) == 2,
-                     f"{what}: expected a tuple (e2e, tokens_per_second), got {got!r}"[:300])
-            check_close(got[0], want[0], what + ": E2E", rtol=1e-6, mistakes={t.mistake("e2e_n_gaps"): wrong})
-            check_close(got[1], want[1], what + ": tokens/s", rtol=1e-6, mistakes={t.mistake("e2e_n_gaps"): n / wrong})
-        calls.append((what, "values", call("predict_request", ttft, tpot, n), check))
+                     f"{what}: expected a pair (ttfts, e2es), got {got!r}"[:300])
+            for k, name in enumerate(("TTFTs", "E2Es")):
+                t.expect(isinstance(got[k], (tuple, list)) and len(got[k]) == n,
+                         f"{what}: expected {n} {name}, one per request, got {got[k]!r}"[:300])
+                wrong = {key: value[k] for key, value in planted.items() if value[k] != want[k]}
+                check_close(got[k], want[k], f"{what}: the {name} (seconds, from each arrival)", rtol=1e-9,
+                            atol=1e-12, mistakes=wrong)
+        calls.append((what, "values", call("predict_queue", requests, tpot), check))
     t.batch(calls)
-    error_cases(t, [(f"predict_request({a}, {b}, n_tokens={n!r})", call("predict_request", a, b, n))
-                    for a, b, n in ((0.4, 0.02, 0), (0.4, 0.02, -3), (0.4, 0.02, 2.5), (0.4, 0.02, 3.0),
-                                    (-0.1, 0.02, 5), (0.4, -0.02, 5))])
+    bad = [([], 0.04), ([(0.0, 0.3, 0)], 0.04), ([(0.0, 0.3, -2)], 0.04), ([(0.0, 0.3, 2.5)], 0.04),
+           ([(0.0, 0.3, 3.0)], 0.04), ([(0.0, 0.3, True)], 0.04), ([(0.0, -0.1, 5)], 0.04),
+           ([(-1.0, 0.3, 5)], 0.04), ([(1.0, 0.3, 5), (0.5, 0.3, 5)], 0.04), ([(0.0, 0.3, 5)], -0.04)]
+    error_cases(t, [(f"predict_queue({requests!r}, tpot={tpot})", call("predict_queue", requests, tpot))
+                    for requests, tpot in bad])
 
 
 def mutants():
@@ -420,26 +476,44 @@ def mutants():
           "percentile": solution_with("lab00", "percentile", {
               "    r = q / 100 * (len(v) - 1)": "    r = min(q / 100 * len(v), len(v) - 1)"})},
          ["tpot_n", "percentile_n"]),
-        ("top-p drops the token that crosses p (Part D, contract; Part E is not charged again); the E2E prediction "
-         "counts n gaps instead of n - 1 (Part F, the prediction)",
+        ("top-p drops the token that crosses p (Part D, contract; Part E is not charged again); the queue's "
+         "prediction counts n TPOT gaps for n tokens (Part F, the prediction)",
          {"top_p": solution_with("lab00", "top_p", {
              "    before = torch.cumsum(probs, dim=-1) - probs  # probability of the tokens before each one\n"
              "    remove_sorted = before >= p":
              "    remove_sorted = torch.cumsum(probs, dim=-1) > p"}),
-          "predict_request": solution_with("lab00", "predict_request", {
-              "    e2e = ttft + (n_tokens - 1) * tpot": "    e2e = ttft + n_tokens * tpot"})},
+          "predict_queue": solution_with("lab00", "predict_queue", {
+              "        free = first + (n - 1) * tpot": "        free = first + n * tpot"})},
          ["top_p_drop", "e2e_n_gaps"]),
+        ("the queue's prediction frees the server once a request's first token is out: a request waits only for "
+         "the prefills ahead of it",
+         {"predict_queue": solution_with("lab00", "predict_queue", {
+             "        free = first + (n - 1) * tpot           # busy until its last token: n - 1 gaps after the first\n"
+             "        ttfts.append(first - arrival)\n"
+             "        e2es.append(free - arrival)":
+             "        ttfts.append(first - arrival)\n"
+             "        e2es.append(first + (n - 1) * tpot - arrival)\n"
+             "        free = first"})},
+         ["queue_prefills_only"]),
+        ("the queue's prediction reads every latency from time 0, not from the request's own arrival",
+         {"predict_queue": solution_with("lab00", "predict_queue", {
+             "        ttfts.append(first - arrival)\n        e2es.append(free - arrival)":
+             "        ttfts.append(first)\n        e2es.append(free)"})},
+         ["latency_from_first_arrival"]),
     ]
 
 
 # The written part, graded by the instructor (course_grading/manual.py): its rubric lives here, never in
 # the student's notebook; the feedback page shows it with the instructor's score and comment.
 WRITTEN = {
-    "written_request_model": {"points": 2, "rubric": [
-        (1, "quotes their own predicted and measured E2E and the ratio, and explains why the constant-TPOT "
-            "assumption holds with a KV cache (one token per step, attention over a short context negligible)"),
-        (1, "names what moves the measured ratio (TPOT averaged over only a few gaps; fastest of three runs "
-            "drops bursts) and explains that without a cache step cost grows with the sequence, so the model "
-            "underestimates by more as n grows"),
+    "written_queue": {"points": 2, "rubric": [
+        (1, "quotes their own predicted and measured p50 and p90 TTFT and E2E and the p90 E2E ratio, and "
+            "attributes the longest TTFTs to waiting behind the requests ahead (named from their table), not "
+            "to the prefill, which is the same for every request"),
+        (1, "names what moves the measured ratio (TTFT and TPOT from the fastest of a few short runs, an "
+            "error every later user inherits through the wait; the server's own work between requests; a busy "
+            "machine) and answers the order question with numbers: the shorter request first lowers the pair's "
+            "mean E2E and leaves their common finish, so the later requests, unchanged; shortest first in a "
+            "burst"),
     ]},
 }

@@ -14,6 +14,7 @@ from course_lib.models.config import as_config, preset
 from course_lib.paged import BlockManager, blocks_needed
 from course_lib.parallel.cost import LINKS, allreduce_time, gpt3_175b, notes_example, per_gpu_memory, tp_step_time
 from course_lib.perf import DecodeStep, decode_step, get_gpu, min_decode_latency
+from course_lib.perf.roofline import decode_step_critical_batch, ridge_point
 from course_lib.perf.hardware import bytes_per_element, canonical_dtype
 from course_lib.serving import StepCostModel
 from course_lib.serving.policies import blocks_needed as serving_blocks_needed
@@ -125,6 +126,36 @@ def test_decode_step_terms():
             decode_step(cfg, a100, **bad)
     with pytest.raises(ValueError, match="context"):
         decode_step(7e9, a100, context=10)                           # no config: no KV formula
+
+
+def test_decode_step_critical_batch_is_where_the_step_turns_compute_bound():
+    for m, g, dt, ctx in itertools.product(MODELS, GPUS, ("fp16", "int4", "fp32"), (0, 1, 64, 300, 1000, 4096)):
+        b = decode_step_critical_batch(m, g, dt, context=ctx)
+        step = lambda B: decode_step(m, g, dt, batch=B, context=ctx)  # noqa: E731
+        if math.isinf(b):                     # each sequence's KV read costs at least its FLOPs: never
+            assert step(1).kv_bytes / step(1).bandwidth >= step(1).compute_s, (m, g, dt, ctx)
+            assert step(10**6).bound == "memory-bound", (m, g, dt, ctx)
+            continue
+        B = max(1, math.ceil(b))
+        assert step(B).compute_s >= step(B).memory_s * (1 - 1e-12), (m, g, dt, ctx, b)
+        if B > 1:
+            assert step(B - 1).compute_s <= step(B - 1).memory_s * (1 + 1e-12), (m, g, dt, ctx, b)  # a tie rounds
+        # never sooner with a longer context (more KV per sequence)
+        assert decode_step_critical_batch(m, g, dt, context=ctx + 100) >= b
+    # no KV: the weights alone, ridge x bytes per weight / 2 (about the ridge itself in fp16)
+    assert decode_step_critical_batch("llama-2-7b", "A100-80GB", "fp16") == pytest.approx(
+        ridge_point("A100-80GB", "fp16"), rel=1e-12)
+    # Llama-2-7B (512 KiB of fp16 KV per token) on an A100: past 168 tokens no batch is compute-bound
+    a100, P = get_gpu("A100-80GB"), preset("llama-2-7b").num_parameters()
+    limit = 2 * P / a100.peak_flops("fp16") * a100.bandwidth / preset("llama-2-7b").kv_cache_bytes(1, 1, 2)
+    assert 167 < limit < 169
+    assert math.isfinite(decode_step_critical_batch("llama-2-7b", a100, context=math.floor(limit)))
+    assert math.isinf(decode_step_critical_batch("llama-2-7b", a100, context=math.ceil(limit)))
+    # the KV bytes of one sequence given directly are the config's formula's
+    cfg = preset("llama-3-8b")
+    kv = cfg.kv_cache_bytes(512, 1, bytes_per_element("int4"))
+    assert decode_step_critical_batch(cfg.num_parameters(), "H100-SXM", "int4", kv_bytes=kv) == pytest.approx(
+        decode_step_critical_batch(cfg, "H100-SXM", "int4", context=512), rel=1e-12)
 
 
 def test_one_block_count_agrees_with_every_old_copy():

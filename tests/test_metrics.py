@@ -11,8 +11,8 @@ from course_lib.perf.memory import (MemoryMeasurement, autograd_saved_bytes, bit
                                     model_weight_bytes, parameter_bytes, peak_memory)
 from course_lib.perf.metrics import (RequestMetrics, TokenEvent, Trace, cost_per_million_tokens,
                                      decode_tokens_per_second, e2e_latency, format_summary, goodput,
-                                     inter_token_latencies, makespan, percentile, percentiles, request_metrics,
-                                     summarize, tokens_per_second, tpot, ttft)
+                                     inter_token_latencies, makespan, percentile, percentiles, queue_traces,
+                                     request_metrics, summarize, tokens_per_second, tpot, ttft)
 from course_lib.perf.quality import distinct_ngrams, repeated_ngram_share
 from course_lib.perf.timing import Timing, benchmark
 
@@ -192,6 +192,76 @@ def test_finish_after_the_last_token_counts_in_e2e():
     bad.end(1.2)                                     # before its last token: a broken clock
     with pytest.raises(ValueError, match="non-decreasing"):
         bad.e2e
+
+
+# --------------------------------------------------------------------------------------------------
+# one server, one request at a time: the request model's traces
+# --------------------------------------------------------------------------------------------------
+def test_queue_traces_fixed_example():
+    # two requests at 0 (the second waits for the first's last token), a third after the server fell idle
+    tr = queue_traces([(0.0, 0.25, 3), (0.0, 0.25, 2), (2.0, 0.1, 1)], tpot=0.05)
+    assert [len(t) for t in tr] == [3, 2, 1] and [t.start for t in tr] == [0.0, 0.0, 2.0]
+    assert tr[0].times == pytest.approx([0.25, 0.30, 0.35])
+    assert tr[1].times == pytest.approx([0.60, 0.65])                  # taken at 0.35, its prefill after that
+    assert (tr[1].ttft, tr[1].e2e) == pytest.approx((0.60, 0.65))
+    assert (tr[2].ttft, tr[2].e2e) == pytest.approx((0.1, 0.1))         # nobody ahead: its own prefill
+    assert makespan(tr) == pytest.approx(2.1)
+    assert summarize(tr)["ttft_p50"] == pytest.approx(0.25)
+
+
+def _event_driven(requests, tpot):
+    """An oracle of another shape: a clock that jumps from event to event (an arrival joins the queue, the idle
+    server takes the queue's head, a token comes out), returning each request's (ttft, e2e)."""
+    queue, out, clock, i, busy_until, running, done = [], {}, 0.0, 0, None, None, 0
+    while done < len(requests):
+        next_arrival = requests[i][0] if i < len(requests) else math.inf
+        if running is None and queue:
+            k = queue.pop(0)
+            a, first_s, n = requests[k]
+            running, busy_until = k, clock + first_s + (n - 1) * tpot
+            out[k] = (clock + first_s - a, None)
+        elif running is not None and busy_until <= next_arrival:
+            clock = busy_until
+            out[running] = (out[running][0], clock - requests[running][0])
+            running, done = None, done + 1
+        else:
+            clock = max(clock, next_arrival)
+            queue.append(i)
+            i += 1
+    return [out[k] for k in range(len(requests))]
+
+
+def test_queue_traces_against_an_event_driven_server():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        arrivals = np.sort(rng.choice([0.0, 0.5, 1.0], n) * rng.exponential(1.0, n).cumsum())
+        reqs = [(float(a), float(rng.uniform(0, 0.4)), int(rng.integers(1, 30))) for a in arrivals]
+        tp = float(rng.choice([0.0, rng.uniform(0, 0.05)]))
+        got = [x for t in queue_traces(reqs, tp) for x in (t.ttft, t.e2e)]
+        assert got == pytest.approx([x for pair in _event_driven(reqs, tp) for x in pair], rel=1e-9, abs=1e-12)
+        for t, (_, first_s, m) in zip(queue_traces(reqs, tp), reqs):
+            assert t.ttft >= first_s - 1e-12                              # a wait is never negative
+            assert t.e2e - t.ttft == pytest.approx((m - 1) * tp, abs=1e-9)  # decoding is the request's own
+
+
+def test_queue_traces_limits():
+    # far apart: every request is served alone, its metrics the one-request model's
+    alone = queue_traces([(10.0 * k, 0.2, 5) for k in range(4)], 0.01)
+    assert all(t.ttft == pytest.approx(0.2) and t.e2e == pytest.approx(0.24) for t in alone)
+    # together: the order of service moves the waits, not the last finish
+    reqs = [(0.0, 0.1 * k + 0.05, 3 + 2 * k) for k in range(5)]
+    assert makespan(queue_traces(reqs, 0.02)) == pytest.approx(makespan(queue_traces(reqs[::-1], 0.02)))
+
+
+@pytest.mark.parametrize("requests,tp,match", [
+    ([], 0.01, "empty"), ([(0.0, 0.1, 0)], 0.01, "n_tokens"), ([(0.0, 0.1, 2.0)], 0.01, "n_tokens"),
+    ([(0.0, 0.1, True)], 0.01, "n_tokens"), ([(0.0, -0.1, 2)], 0.01, "ttft_s"), ([(-1.0, 0.1, 2)], 0.01, "arrival"),
+    ([(1.0, 0.1, 2), (0.5, 0.1, 2)], 0.01, "order of arrival"), ([(0.0, 0.1, 2)], -0.01, "tpot"),
+    ([(0.0, 0.1)], 0.01, "triple")])
+def test_queue_traces_bad_input(requests, tp, match):
+    with pytest.raises(ValueError, match=match):
+        queue_traces(requests, tp)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ from course_lib.validate import number
 __all__ = [
     "TokenEvent", "Trace", "percentile", "percentiles", "ttft", "inter_token_latencies", "tpot",
     "e2e_latency", "tokens_per_second", "decode_tokens_per_second", "RequestMetrics",
-    "request_metrics", "summarize", "format_summary", "makespan", "goodput", "cost_per_million_tokens",
+    "request_metrics", "summarize", "format_summary", "makespan", "goodput", "queue_traces",
+    "cost_per_million_tokens",
 ]
 
 
@@ -398,6 +399,47 @@ def format_summary(summary: dict) -> str:
     if s.get("goodput_req_s") is not None:
         lines.append(f"goodput {s['goodput_req_s']:.2f} req/s ({s['slo_attainment']:.0%} of requests meet the SLO)")
     return "\n".join(lines)
+
+
+def queue_traces(requests, tpot: float) -> list[Trace]:
+    """The traces the request model predicts for requests that one server handles one at a time, first come
+    first served (Lab 00's prediction).
+
+    The model of one request (``E2E = TTFT + (n - 1) x TPOT``): once the server takes it, its first token is
+    ready ``ttft_s`` later (the prefill), and each further token ``tpot`` after the one before. The server takes
+    a request at its arrival or when the previous request's last token is out, whichever is later, so a request
+    that arrives while another runs waits.
+
+    requests: ``(arrival_s, ttft_s, n_tokens)`` triples in order of arrival (arrivals >= 0 and non-decreasing,
+    ``ttft_s >= 0``, ``n_tokens`` an int >= 1); tpot >= 0 seconds. Returns one Trace per request, in order,
+    starting at its arrival: its ``ttft`` and ``e2e`` hold the wait in the queue, and ``makespan`` and
+    ``summarize`` take the list as they take measured traces.
+    """
+    tpot = number(tpot, "tpot", 0)
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
+        raise TypeError(f"requests must be a sequence of (arrival_s, ttft_s, n_tokens), got {type(requests).__name__}")
+    requests = list(requests)
+    if not requests:
+        raise ValueError("requests is empty: nothing to serve")
+    traces, free, last_arrival = [], 0.0, 0.0
+    for i, r in enumerate(requests):
+        if isinstance(r, (str, bytes)) or not isinstance(r, Sequence) or len(r) != 3:
+            raise ValueError(f"requests[{i}] must be a triple (arrival_s, ttft_s, n_tokens), got {r!r}")
+        arrival = number(r[0], f"requests[{i}] arrival_s", 0)
+        if arrival < last_arrival:
+            raise ValueError(f"requests must be in order of arrival: requests[{i}] arrives at {arrival!r}, before "
+                             f"requests[{i - 1}] at {last_arrival!r}")
+        first_s = number(r[1], f"requests[{i}] ttft_s", 0)
+        n = r[2]
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"requests[{i}] n_tokens must be an int >= 1, got {n!r}")
+        first = max(arrival, free) + first_s              # taken on arrival or once the server is free
+        trace = Trace(start=arrival, events=[], rid=i)
+        for k in range(int(n)):
+            trace.add_token(first + k * tpot)
+        traces.append(trace)
+        free, last_arrival = trace.times[-1], arrival
+    return traces
 
 
 # --------------------------------------------------------------------------------------------------

@@ -257,6 +257,26 @@ def min_decode_latency(num_params, device, dtype="fp16", kv_cache_bytes: float =
     return decode_step(num_params, device, dtype, kv_bytes=kv_cache_bytes).memory_s
 
 
+def decode_step_critical_batch(model, device, dtype="fp16", context: int = 0, gpus: int = 1,
+                               kv_bytes: float | None = None) -> float:
+    """The batch B* at which ``decode_step`` turns compute-bound with the KV cache's reads included: its
+    compute floor (2 x params x B FLOPs at the peak) reaches its memory floor (the weights once, plus each of
+    the B sequences' own KV cache, at the bandwidth). Below B* a step costs the weights' read plus B KV reads;
+    from B* on, the arithmetic. math.inf when no batch gets there: a sequence whose KV cache takes at least as
+    long to read as its 2 x params FLOPs take to compute makes the memory floor grow at least as fast as the
+    compute floor, so long contexts keep decoding memory-bound at every batch. The smallest integer batch
+    that is compute-bound is max(1, ceil(B*)) (or one less, at an exact tie that rounding puts just above).
+
+    model, device, dtype, context, gpus: as ``decode_step`` (context: the cached tokens each sequence reads);
+    kv_bytes: the KV bytes **one** sequence reads, given directly (default: the config's formula at `context`).
+    Unlike ``decode_critical_batch`` (the weight matmuls alone, with their activations), this is the whole
+    step of ``decode_step``'s model: weights and KV only, attention's own FLOPs left out.
+    """
+    one = decode_step(model, device, dtype, batch=1, context=context, gpus=gpus, kv_bytes=kv_bytes)
+    per_sequence = one.compute_s - one.kv_bytes / one.bandwidth    # what each added sequence adds to the gap
+    return math.inf if per_sequence <= 0 else (one.weight_bytes / one.bandwidth) / per_sequence
+
+
 def matmul_intensity(batch, d_in: int, d_out: int, dtype="fp16", weight_dtype=None):
     """FLOP/byte of a decode weight matmul [batch, d_in] x [d_in, d_out] (batch may be an array)."""
     a = bytes_per_element(dtype)
@@ -321,5 +341,5 @@ def decode_matmul_sums(model, dtype="fp16", weight_dtype=None):
 
 __all__ = ["MEMORY_BOUND", "COMPUTE_BOUND", "ridge_point", "attainable_flops", "classify", "roofline_time",
            "RooflineRow", "RooflineAnalysis", "analyze", "predict_time", "DecodeStep", "decode_step",
-           "min_decode_latency",
+           "decode_step_critical_batch", "min_decode_latency",
            "matmul_intensity", "critical_batch", "decode_critical_batch"]
