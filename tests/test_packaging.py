@@ -95,6 +95,24 @@ def test_syllabus_lists_all_thirteen_modules_and_existing_files():
         assert nb.name in syl, f"syllabus.md does not mention {nb.name}"
 
 
+def test_syllabus_states_hours_per_module_that_add_up():
+    """Every module states its notebook's and its lab's hours; the project its range; the total the
+    introduction gives is their sum (a graduate track: 60 to 90 hours)."""
+    syl = (ROOT / "syllabus.md").read_text()
+    times = re.findall(r"^- Time: about ([\d.]+) h \(notebook ([\d.]+) h, lab ([\d.]+) h\)", syl, re.M)
+    assert len(times) == 13, f"{len(times)} modules state '- Time: about T h (notebook N h, lab L h)', expected 13"
+    for t, nb, lab in times:
+        assert float(t) == float(nb) + float(lab), f"'about {t} h' is not notebook {nb} h + lab {lab} h"
+    project = re.search(r"the final project ([\d.]+)[-–]([\d.]+) h", syl)
+    assert project, "the project's hours (the final project A-B h) are not stated"
+    lo = sum(float(t) for t, _, _ in times) + float(project.group(1))
+    hi = sum(float(t) for t, _, _ in times) + float(project.group(2))
+    total = re.search(r"In all, about ([\d.]+)[-–]([\d.]+) hours", syl)
+    assert total and (float(total.group(1)), float(total.group(2))) == (lo, hi), \
+        f"the total the syllabus states {total and total.group(0)!r}; the modules and the project add up to {lo:g}-{hi:g}"
+    assert 60 <= lo and hi <= 90, f"{lo:g}-{hi:g} hours: a graduate track is 60 to 90"
+
+
 def test_course_console_script_help():
     out = subprocess.run([sys.executable, "-m", "course_lib.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "doctor" in out.stdout and "grade" in out.stdout
