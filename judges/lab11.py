@@ -1,11 +1,18 @@
-"""Lab 11's judge: the shards, the all-reduce's bytes, the column/row-parallel MLP on real gloo ranks, the bubble.
+"""Lab 11's judge: the shards, the all-reduce's bytes, the column/row-parallel MLP and the head-parallel GQA
+attention on real gloo ranks, the bubble.
 
-Inputs are drawn here and compared with `course_lib.parallel`'s references, computed here. Exercise 3 runs the
-student's `parallel_mlp` as the lab's visible test does: in the kernel, the library's `run_parallel_mlp` sends
-the function's source (with the shard helpers') to fresh processes that form a gloo group over 127.0.0.1, and
-every rank's output comes back; the unsharded MLP and the known mistakes' outputs are computed here. Exercise 4's
-bubble (an uneven split of the layers, a head on the last stage) is compared with the GPipe timeline built here
-from the course's split, micro-batch by micro-batch, not with the solution's closed form.
+Inputs are drawn here and compared with `course_lib.parallel`'s references, computed here. Exercises 3 and 4 run
+the student's `parallel_mlp` and `parallel_attention` as the lab's visible tests do: in the kernel, the library's
+`run_on_ranks` sends the function's source (with the shard helpers') to fresh processes that form a gloo group
+over 127.0.0.1, runs every case of one world size in that one group (a start-up per world size, not per case)
+and brings back each rank's output of each case and the torch.distributed calls it made; the unsharded MLP and
+attention block (`mlp_reference`, `attention_reference` on `course_lib.attention`'s reference) and the known
+mistakes' outputs are computed here. The collectives are counted in the ranks, children of the student's kernel:
+the count diagnoses honest code; the values are what is trusted. The refusals are called in the kernel, outside
+any process group: an attention that does not refuse would reach the all-reduce and fail with torch's own
+ValueError, so its message must name `num_kv_heads`. Exercise 5's bubble (an uneven split of the layers, a
+head on the last stage) is compared with the GPipe timeline built here from the course's split, micro-batch by
+micro-batch, not with the solution's closed form.
 """
 import torch
 import torch.nn.functional as F
@@ -13,7 +20,7 @@ import torch.nn.functional as F
 from course_grading.judging import Judge, call, notebook
 from course_lib.checks import check_close, check_equal
 from course_lib.models.config import LlamaConfig
-from course_lib.parallel.checks import mlp_reference
+from course_lib.parallel.checks import attention_reference, kv_group_mistake, mlp_reference
 from course_lib.parallel.cost import ring_allreduce_bytes as ref_ring_bytes
 from course_lib.parallel.cost import tp_comm_per_token as ref_tp_comm
 from course_lib.parallel.layers import shard_range as ref_shard_range
@@ -26,6 +33,9 @@ judge = Judge(references={
     "cost_tests": ["course_lib.parallel.cost.ring_allreduce_bytes", "course_lib.parallel.cost.tp_comm_per_token"],
     "parallel_mlp_tests": ["course_lib.parallel.checks.mlp_reference",
                            "course_lib.parallel.layers.parallel_mlp_reference"],
+    "parallel_attention_tests": ["course_lib.parallel.checks.attention_reference",
+                                 "course_lib.parallel.layers.ShardedAttention",
+                                 "course_lib.parallel.layers.shard_fused_qkv"],
     "predict_bubble_tests": ["course_lib.parallel.pipeline.bubble_fraction",
                              "course_lib.parallel.pipeline.bubble_formula",
                              "course_lib.parallel.pipeline.gpipe_schedule"],
@@ -117,34 +127,54 @@ def cost(t):
 # ---------------------------------------------------------------------------------------------------
 # Exercise 3
 
+def on_ranks(t, fn, calls, p):
+    """The outcome of `fn` run on every call of `calls` in one p-rank gloo group (run_on_ranks, in the kernel)."""
+    return t.outcome("lib:course_lib.parallel.checks.run_on_ranks", notebook(fn), calls, world_size=p,
+                     helpers=[notebook("shard_column"), notebook("shard_row")])
+
+
+def rank_results(t, o, i, n, p, what):
+    """Each rank's result of call i (of n) in the outcome `o` of `on_ranks`, every rank having returned."""
+    ranks = o.get()
+    t.expect(isinstance(ranks, list) and len(ranks) == p and all(isinstance(r, list) and len(r) == n for r in ranks),
+             f"{what}: expected one list of results per rank, got {ranks!r}"[:300])
+    out = [r[i] for r in ranks]
+    for r, res in enumerate(out):
+        t.expect(isinstance(res, dict) and "raised" not in res,
+                 f"{what}: rank {r} raised {res.get('raised') if isinstance(res, dict) else res!r}"[:600])
+    return out
+
+
 @judge.part("parallel_mlp_tests", groups={"values": 3, "errors": 1})
 def parallel_mlp(t):
-    # (what, x shape, f, world size): each case starts its ranks (a second or more): the visible example's
-    # shapes, one hidden unit per rank with a 2-D x, four ranks, drawn shapes
+    # (what, x shape, f, world size): the visible example's shapes, one hidden unit per rank with a 2-D x, four
+    # ranks, drawn shapes; the cases of a world size run in one group (one start-up)
     cases = [("the visible example's shapes", (2, 3, 4), 6, 2),
              ("one hidden unit per rank, x of 2 dimensions", (7, 3), 2, 2), ("four ranks", (2, 3, 8), 8, 4)]
     for _ in range(2):
         d = t.rng.randint(2, 11)
         cases.append(("drawn", (t.rng.randint(1, 3), 3, d), 2 * t.rng.randint(1, 9), 2))
-    for kind, shape, f, p in cases:
+    tensors = []
+    for _, shape, f, _ in cases:
         d = shape[-1]
-        x, w1, b1, w2, b2 = randn(t, *shape), randn(t, f, d), randn(t, f), randn(t, d, f), randn(t, d)
-        what = f"parallel_mlp on {p} gloo ranks (x {list(shape)}, f={f}) ({kind})"
-        with t.case(what, group="values"):
-            outs = t.call("lib:course_lib.parallel.checks.run_parallel_mlp", notebook("parallel_mlp"), x, w1, b1, w2,
-                          b2, world_size=p, helpers=[notebook("shard_column"), notebook("shard_row")])
-            t.expect(isinstance(outs, list) and len(outs) == p,
-                     f"{what}: expected one output per rank, got {outs!r}"[:300])
-            want = mlp_reference(x, w1, b1, w2, b2)
-            for r, y in enumerate(outs):
-                h = F.relu(F.linear(x, w1.chunk(p)[r], b1.chunk(p)[r]))
-                partial = F.linear(h, w2.chunk(p, dim=1)[r])
-                t.expect(getattr(y, "shape", None) == want.shape,
-                         f"{what}: rank {r} returned {getattr(y, 'shape', type(y).__name__)}; expected the whole "
-                         f"output of shape {tuple(want.shape)} on every rank")
-                check_close(y, want, f"{what}: rank {r}'s output vs the unsharded MLP", rtol=1e-4, atol=1e-4,
-                            mistakes={t.mistake("bias_every_rank"): want + (p - 1) * b2,
-                                      t.mistake("no_allreduce"): partial + b2})
+        tensors.append((randn(t, *shape), randn(t, f, d), randn(t, f), randn(t, d, f), randn(t, d)))
+    for p in sorted({c[3] for c in cases}):
+        mine = [(c, args) for c, args in zip(cases, tensors) if c[3] == p]
+        o = on_ranks(t, "parallel_mlp", [args for _, args in mine], p)
+        for i, ((kind, shape, f, _), (x, w1, b1, w2, b2)) in enumerate(mine):
+            what = f"parallel_mlp on {p} gloo ranks (x {list(shape)}, f={f}) ({kind})"
+            with t.case(what, group="values"):
+                want = mlp_reference(x, w1, b1, w2, b2)
+                for r, res in enumerate(rank_results(t, o, i, len(mine), p, what)):
+                    y = res.get("output")
+                    h = F.relu(F.linear(x, w1.chunk(p)[r], b1.chunk(p)[r]))
+                    partial = F.linear(h, w2.chunk(p, dim=1)[r])
+                    t.expect(getattr(y, "shape", None) == want.shape,
+                             f"{what}: rank {r} returned {getattr(y, 'shape', type(y).__name__)}; expected the whole "
+                             f"output of shape {tuple(want.shape)} on every rank")
+                    check_close(y, want, f"{what}: rank {r}'s output vs the unsharded MLP", rtol=1e-4, atol=1e-4,
+                                mistakes={t.mistake("bias_every_rank"): want + (p - 1) * b2,
+                                          t.mistake("no_allreduce"): partial + b2})
     # the shard functions' ValueError, raised before any collective (run in the kernel, no group needed)
     for d, f, r, p in ((4, 6, 0, 4), (3, 5, 1, 2), (2, 4, 2, 3)):
         what = f"parallel_mlp with f={f} on rank {r} of {p}"
@@ -155,6 +185,75 @@ def parallel_mlp(t):
 
 # ---------------------------------------------------------------------------------------------------
 # Exercise 4
+
+def random_block(t, B, T, D, H, K, Dh):
+    """x [B, T, D] and the block's weights (scaled by 1/sqrt(fan-in): scores neither flat nor one-hot)."""
+    return (randn(t, B, T, D), randn(t, H * Dh, D) / D ** 0.5, randn(t, K * Dh, D) / D ** 0.5,
+            randn(t, K * Dh, D) / D ** 0.5, randn(t, D, H * Dh) / (H * Dh) ** 0.5, randn(t, D))
+
+
+def attention_shapes(t):
+    """{world size: [(what, (B, T, D, H, K, Dh)), ...]}: the edge grid, then drawn shapes (K a multiple of p)."""
+    grid = {2: [("the visible example's shapes", (2, 5, 8, 4, 2, 3)),
+                ("one token, one head and one KV head per rank (no grouping)", (1, 1, 4, 2, 2, 2)),
+                ("4 query heads per KV head, one KV head per rank", (3, 4, 6, 8, 2, 2)),
+                ("two heads per rank without grouping, D != H*Dh", (2, 3, 5, 4, 4, 2)),
+                ("3 query heads per rank, head dimension 1", (1, 6, 3, 6, 2, 1))],
+            4: [("one head per rank", (2, 3, 8, 4, 4, 2)),
+                ("2 query heads per KV head", (1, 5, 6, 8, 4, 3)),
+                ("4 query heads per KV head, one token", (2, 1, 4, 16, 4, 1)),
+                ("two KV heads per rank", (1, 4, 5, 8, 8, 2))]}
+    for p, n in ((2, 3), (4, 2)):
+        for _ in range(n):
+            K = p * t.rng.randint(1, 2)
+            grid[p].append(("drawn", (t.rng.randint(1, 3), t.rng.randint(1, 7), t.rng.randint(2, 12),
+                                      K * t.rng.randint(1, 4), K, t.rng.randint(1, 8))))
+    return grid
+
+
+@judge.part("parallel_attention_tests", groups={"values": 2, "communication": 1, "errors": 1})
+def parallel_attention(t):
+    for p, shapes in attention_shapes(t).items():
+        calls = [random_block(t, *shape) + (shape[3], shape[4]) for _, shape in shapes]
+        o = on_ranks(t, "parallel_attention", calls, p)      # every shape of this world size in one group
+        for i, ((kind, (B, T, D, H, K, Dh)), args) in enumerate(zip(shapes, calls)):
+            what = f"parallel_attention on {p} gloo ranks (x [{B}, {T}, {D}], {H} heads, {K} KV heads, head dim {Dh})"
+            want = attention_reference(*args)
+            one = [["all_reduce", [B, T, D]]]
+            with t.case(f"{what} ({kind}): the output on every rank", group="values"):
+                for r, res in enumerate(rank_results(t, o, i, len(calls), p, what)):
+                    y = res.get("output")
+                    t.expect(getattr(y, "shape", None) == want.shape,
+                             f"{what}: rank {r} returned {getattr(y, 'shape', type(y).__name__)}; expected the whole "
+                             f"output of shape {tuple(want.shape)} on every rank")
+                    check_close(y, want, f"{what}: rank {r}'s output vs the unsharded attention block", rtol=1e-4,
+                                atol=1e-4, mistakes={t.mistake("bias_every_rank"): want + (p - 1) * args[5],
+                                                     t.mistake("kv_group"): kv_group_mistake(*args, p)})
+            with t.case(f"{what} ({kind}): one all-reduce of the output per call", group="communication"):
+                for r, res in enumerate(rank_results(t, o, i, len(calls), p, what)):
+                    check_equal(res.get("collectives"), one, f"{what}: rank {r}'s torch.distributed calls "
+                                f"([name, shape of the tensor]); expected one all_reduce of [B, T, D]",
+                                mistakes={t.mistake("allreduce_per_head"): one * (H // p)})
+    # the refusals, called in the kernel outside any process group: before any collective, naming num_kv_heads
+    bad = [("1 KV head (multi-query) on 2 ranks", (1, 2, 4, 4, 1, 2), 0, 2),
+           ("3 KV heads on 2 ranks (their rows, 6, split evenly)", (1, 3, 6, 6, 3, 2), 1, 2),
+           ("2 KV heads on 4 ranks", (2, 2, 8, 8, 2, 1), 3, 4),
+           ("6 KV heads on 4 ranks (the 12 query heads split evenly)", (1, 2, 4, 12, 6, 2), 0, 4),
+           ("4 KV heads do not divide 6 query heads", (1, 2, 4, 6, 4, 1), 0, 2)]
+    K = 2 * t.rng.randint(1, 3) + 1
+    bad.append(("drawn: an odd number of KV heads on 2 ranks", (1, 2, 5, K * t.rng.randint(1, 3), K, 2),
+                t.rng.randint(0, 1), 2))
+    ops = [call("parallel_attention", *random_block(t, *shape), shape[3], shape[4], r, p) for _, shape, r, p in bad]
+    for (kind, (B, T, D, H, K, Dh), r, p), o in zip(bad, t.run(ops)):
+        what = f"parallel_attention with {H} heads, {K} KV heads on rank {r} of {p} ({kind})"
+        with t.case(what, group="errors"):
+            t.raises(o, "ValueError", what=what)
+            t.expect("num_kv_heads" in o.raised.message, f"{what}: the ValueError must name num_kv_heads (and be "
+                     f"raised before any collective), got: {o.raised.message}"[:500])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 5
 
 def stage_times(L, p, head):
     """The stages' times per micro-batch: the course's contiguous split (its rule, not the student's), the
@@ -215,6 +314,25 @@ def mutants():
               "    return 1.0 - m * sum(times) / (p * makespan)     # busy: every micro-batch through every stage once":
               "    return (p - 1) / (m + p - 1)"})},
          ["bias_every_rank", "bubble_balanced"]),
+        ("attention's query heads split over the ranks, every KV head kept on every rank and read by the local "
+         "head index (the groups of rank 0's heads on every rank)",
+         {"parallel_attention": solution_with("lab11", "parallel_attention", {
+             "kv_rows = slice(rank * k * Dh, (rank + 1) * k * Dh)": "kv_rows, k = slice(None), K"})},
+         ["kv_group"]),
+        ("attention's output bias bo added on every rank before the all-reduce",
+         {"parallel_attention": solution_with("lab11", "parallel_attention", {
+             "y = F.linear(o, shard_row(wo, rank, world_size))": "y = F.linear(o, shard_row(wo, rank, world_size), bo)",
+             "return y + bo": "return y"})},
+         ["bias_every_rank"]),
+        ("attention's output all-reduced head by head: the right values, H/p all-reduces per block",
+         {"parallel_attention": solution_with("lab11", "parallel_attention", {
+             "y = F.linear(o, shard_row(wo, rank, world_size))": "wo_r, y = shard_row(wo, rank, world_size), 0",
+             "dist.all_reduce(y)": "for j in range(h):\n"
+                                   "        c = slice(j * Dh, (j + 1) * Dh)\n"
+                                   "        part = F.linear(o[..., c], wo_r[:, c])\n"
+                                   "        dist.all_reduce(part)\n"
+                                   "        y = y + part"})},
+         ["allreduce_per_head"]),
         ("the whole run taken at the slowest stage's pace, (m + p - 1) max(stage time)",
          {"predict_bubble": solution_with("lab11", "predict_bubble", {
              "    makespan = sum(times) + (m - 1) * max(times)": "    makespan = (m + p - 1) * max(times)"})},

@@ -1,22 +1,25 @@
 # %% [markdown] id="c002"
-# # Lab 11 — A tensor-parallel MLP on `torch.distributed`
+# # Lab 11 — A tensor-parallel MLP and attention on `torch.distributed`
 #
-# In this lab you split a two-layer MLP over two processes the way Megatron-LM does [@shoeybi2019megatron]
-# (module 11): the first
-# layer **column-parallel**, the second **row-parallel**, one **all-reduce** between them, and run it in a
-# real 2-process gloo group on your CPU. You design the parallel MLP from its contract (it must equal the
-# unsharded MLP on every rank), and you predict a pipeline's bubble before two ranks measure it.
+# In this lab you split a transformer block's two halves over several processes the way Megatron-LM does
+# [@shoeybi2019megatron] (module 11), and run them in real gloo process groups on your CPU. First a two-layer
+# MLP: the first layer **column-parallel**, the second **row-parallel**, one **all-reduce** between them. Then
+# grouped-query attention: the query, key and value projections column-parallel **by heads**, with each group
+# of query heads on the rank of its KV head, the output projection row-parallel, and again one all-reduce. You
+# design both from their contracts (each must equal the unsharded block on every rank, with exactly the
+# communication it needs), and you predict a pipeline's bubble before two ranks measure it.
 #
 # * Fill in each function where it says `YOUR CODE HERE` (remove the `raise NotImplementedError()`).
 # * Run the test cell under it: the visible tests check fixed examples and tell you what was expected.
 #   When the lab is graded, the grader calls your functions on inputs of its own (drawn for you, of random
-#   shapes, and an edge grid: one rank, one row or column per rank, the sizes a world size does not divide)
+#   shapes, and an edge grid: one rank, one row, column or head per rank, the sizes a world size does not divide)
 #   and compares the results with `course_lib.parallel`, so write the general code. Do not import that
 #   reference: the grader flags an answer that does, and while it grades, the reference is not in the library.
 # * Conventions: a linear layer computes `y = x @ W.T + b` with `W` of shape `[out, in]` (as
 #   `torch.nn.Linear` and `F.linear`). Rank `r` of `p` owns the `r`-th of `p` equal, contiguous slices.
 #
-# 5 exercises: 2 + 2 + 4 (contract) + 2 (prediction) + 2 (written, graded by your instructor) = 12 points.
+# 6 exercises: 2 + 2 + 4 (contract) + 4 (contract) + 2 (prediction) + 2 (written, graded by your instructor)
+# = 16 points.
 
 # %% id="c003"
 import os
@@ -29,19 +32,30 @@ from course_lib.checks import check_close, check_equal, check_raises
 from course_lib.models.config import LlamaConfig
 from course_lib.parallel import (ModelSpec, bubble_fraction, gpipe_schedule, launch, pipeline_run, sequence,
                                  split_layers)
-from course_lib.parallel.checks import mlp_reference, random_mlp, run_parallel_mlp
+from course_lib.parallel.checks import (attention_reference, kv_group_mistake, mlp_reference, random_attention,
+                                       random_mlp, run_on_ranks, run_parallel_mlp)
 from course_lib.perf.claims import timing_claim
 
 torch.set_num_threads(1)
 
 # Known misconceptions: a test that recognises one names it (public text, pointing to notebook 11)
 MISTAKES = {
-    "bias_every_rank": "the row-parallel bias b2 is added on every rank before the all-reduce, which sums it "
-                       "world_size times: add it once, after the sum; see notebook 11, section '1 · Two ways "
-                       "to split a linear layer'",
+    "bias_every_rank": "the row-parallel layer's bias (the MLP's b2, the attention's output bias bo) is added on "
+                       "every rank before the all-reduce, which sums it world_size times: add it once, after the "
+                       "sum; see notebook 11, section '1 · Two ways to split a linear layer'",
     "no_allreduce": "each rank returns its partial sum: the row-parallel layer's outputs must be summed over the "
                     "ranks (dist.all_reduce) before they are the layer's output; see notebook 11, section "
                     "'1 · Two ways to split a linear layer'",
+    "kv_group": "the query heads were split over the ranks without their KV heads: rank r's j-th query head is the "
+                "model's head r*H/p + j and reads KV head (r*H/p + j) // (H/K), its group's; keeping every KV head "
+                "on every rank and pairing by the local index j reads another group's keys and values. Split Q, K "
+                "and V by heads together (rank r: query heads r*H/p.., KV heads r*K/p..): each group then stays on "
+                "one rank; see notebook 11, section '3 · Sharding the course's Llama'",
+    "allreduce_per_head": "one all-reduce per head: each head's share of the output projection summed over the "
+                          "ranks on its own gives the right output, but costs H/p all-reduces of [B, T, D] per block "
+                          "where one does: add this rank's heads' shares on the rank first (the row-parallel output "
+                          "projection over its concatenated heads is one matmul), then all-reduce once; see notebook "
+                          "11, section '1 · Two ways to split a linear layer'",
     "bubble_balanced": "the bubble of balanced stages, (p - 1) / (m + p - 1), applied to stages that are not: when "
                        "the layers do not split evenly (or the last stage also runs the LM head), the slowest stage "
                        "sets the pace of every micro-batch after the first and the others wait for it; see notebook "
@@ -214,8 +228,137 @@ def check_mlp_on_ranks(d, f, batch, seed, world_size=2):
 check_mlp_on_ranks(d=4, f=6, batch=2, seed=0)
 print("parallel_mlp: visible test passed (2 processes, gloo)")
 
+# %% [markdown] id="c020"
+# ## Exercise 4 — Tensor-parallel attention: GQA heads over the ranks, one all-reduce (4 points, contract)
+#
+# Design `parallel_attention(x, wq, wk, wv, wo, bo, num_heads, num_kv_heads, rank, world_size)`, Megatron's
+# attention block as it runs **in each process** of a process group: the query, key and value projections
+# column-parallel by heads, attention over this rank's heads, the output projection row-parallel, one
+# all-reduce. With grouped-query attention (module 05) the `H` query heads share `K` KV heads, `H / K` query
+# heads per KV head, and a query head can only be computed on a rank that holds its KV head.
+#
+# **Contract.**
+#
+# * *inputs*: `x` `[B, T, D]` (float32); `wq` `[H*Dh, D]` and `wk`, `wv` `[K*Dh, D]`, where query head `h` is the
+#   rows `h*Dh : (h+1)*Dh` of `wq` and KV head `g` the same rows of `wk` and `wv`; `wo` `[D, H*Dh]`, `bo` `[D]`;
+#   `num_heads` `H` and `num_kv_heads` `K`; `rank` and `world_size` `p` of the default process group. As in
+#   exercise 3, every rank is given the whole weights.
+# * *the block*: causal grouped-query attention without positional encoding: query head `h` reads KV head
+#   `h // (H/K)`, token `t` attends to tokens `0..t` with `softmax(q k^T / sqrt(Dh))`, the `H` heads' outputs
+#   are concatenated in head order, `[B, T, H*Dh]`, then `@ wo.T + bo`. `attention_reference` (imported
+#   above) is this block in one process.
+# * *output*: on **every** rank, the whole block's output `[B, T, D]`, equal to the unsharded block within
+#   float32 rounding (`atol=1e-4`).
+# * *shards*: rank `r` computes only its `H/p` query heads `r*H/p ...` and the `K/p` KV heads `r*K/p ...`
+#   (its rows of `wq`, `wk` and `wv`) and multiplies by only the columns of `wo` that read its heads; the
+#   heads' activations never leave the rank.
+# * *communication*: exactly one collective per call, one `dist.all_reduce` of one `[B, T, D]` tensor. The
+#   checks record every `torch.distributed` call each rank makes.
+# * *errors*: a `ValueError` whose message names `num_kv_heads`, raised before any communication, when
+#   `num_kv_heads` does not divide `num_heads`, or `world_size` does not divide `num_kv_heads`, which includes
+#   more ranks than KV heads (multi-query attention at `p = 2`). Like the course's `shard_model`
+#   (notebook 11, section 3), refuse; do not replicate KV heads.
+#
+# How it is checked: `run_on_ranks` sends the source of your function, with `shard_column` and `shard_row`,
+# to `p` fresh processes that form one gloo group and run it on several shapes in turn (one start-up for
+# all of them); each call's output and the collectives it made come back from every rank. The grader draws
+# its own shapes (batch, tokens, hidden size, query heads, KV heads, head dimension) on 2 and on 4 ranks,
+# with an edge grid (one token, one head per rank, one KV head per rank, `D` different from `H*Dh`), and
+# calls your function outside any process group for the errors. As in exercise 3 the ranks have `torch`,
+# `F`, `dist`, `nn` and `math` and your two shard helpers: define anything else inside the function.
+#
+# <details><summary>Hint 1: which heads go to which rank</summary>
+#
+# Cut the query heads and the KV heads each into `p` contiguous runs. Both lists are in group order (the
+# `H/K` query heads of KV head 0 first), so rank `r`'s query heads are exactly the queries of its own KV
+# heads, and within the rank the group size is still `H/K`. In the weights a run of heads is a run of rows of
+# `wq` (or `wk`, `wv`): a column shard; the columns of `wo` that read those heads are a row shard. Pitfall:
+# an even split of `wk`'s rows does not tell you that the *heads* split evenly: with 3 KV heads of 4 rows,
+# 2 ranks get 6 rows each, half a head too many or too few. Check the head counts.
+#
+# </details>
+#
+# <details><summary>Hint 2: where the single all-reduce goes</summary>
+#
+# After attention each rank holds its heads' outputs, its slice of the concatenated `[B, T, H*Dh]`. That slice
+# times its columns of `wo` is this rank's partial sum of the block's output; the ranks' partial sums add up
+# to it. The sum over this rank's own heads happens inside that one matmul, so the only sum that crosses
+# ranks is one `[B, T, D]` tensor. Pitfalls: a collective per head (the same numbers, `H/p` times the
+# messages), and `bo` added before the sum (counted `p` times).
+#
+# </details>
+#
+# <details><summary>Hint 3: the attention on the rank</summary>
+#
+# On the rank it is ordinary causal grouped-query attention with `H/p` query heads and `K/p` KV heads:
+# `F.scaled_dot_product_attention` with `is_causal=True` does it once each KV head is repeated for the query
+# heads of its group (next to each other, as the query heads are). Pitfall: the scale is `1/sqrt(Dh)`, with
+# `Dh` the head dimension, not the hidden size `D`.
+#
+# </details>
+
+# %% id="c021" nbgrader={"grade": false, "grade_id": "parallel_attention", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def parallel_attention(x, wq, wk, wv, wo, bo, num_heads, num_kv_heads, rank, world_size):
+    """This rank's heads of causal GQA attention, all-reduced: the whole [B, T, D] output on every rank."""
+    ### BEGIN SOLUTION
+    H, K, p = num_heads, num_kv_heads, world_size
+    if K < 1 or H % K:
+        raise ValueError(f"num_kv_heads={K} must divide num_heads={H}")
+    if K % p:
+        raise ValueError(f"world_size={p} must divide num_kv_heads={K}: each rank needs the KV heads of its "
+                         f"query heads (KV heads are not replicated)")
+    B, T, _ = x.shape
+    Dh = wq.shape[0] // H
+    h, k = H // p, K // p                                     # this rank's query heads and KV heads
+    q_rows = slice(rank * h * Dh, (rank + 1) * h * Dh)        # query heads r*H/p ..: column-parallel by heads
+    kv_rows = slice(rank * k * Dh, (rank + 1) * k * Dh)       # KV heads r*K/p ..: the groups of those queries
+    q = F.linear(x, wq[q_rows]).view(B, T, h, Dh).transpose(1, 2)      # [B, H/p, T, Dh]
+    kk = F.linear(x, wk[kv_rows]).view(B, T, k, Dh).transpose(1, 2)    # [B, K/p, T, Dh]
+    vv = F.linear(x, wv[kv_rows]).view(B, T, k, Dh).transpose(1, 2)    # [B, K/p, T, Dh]
+    kk, vv = kk.repeat_interleave(h // k, dim=1), vv.repeat_interleave(h // k, dim=1)   # each query head its KV head
+    o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True)     # [B, H/p, T, Dh]
+    o = o.transpose(1, 2).reshape(B, T, h * Dh)                        # this rank's heads, concatenated
+    y = F.linear(o, shard_row(wo, rank, world_size))                   # [B, T, D]: a partial sum, no bias
+    dist.all_reduce(y)                                                 # the one all-reduce of the block
+    return y + bo                                                      # the bias once, after the sum
+    ### END SOLUTION
+
+
+# %% id="c022" nbgrader={"grade": true, "grade_id": "parallel_attention_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+def check_attention_on_ranks(shapes, world_size=2):
+    """Your parallel_attention on world_size gloo ranks, one call per shape (batch, tokens, D, heads, KV heads,
+    head dim, seed), against the unsharded block; each rank's collectives counted; known mistakes named."""
+    calls = [random_attention(b, t, d, nh, nkv, hd, seed) + (nh, nkv) for b, t, d, nh, nkv, hd, seed in shapes]
+    ranks = run_on_ranks(parallel_attention, calls, world_size, helpers=[shard_column, shard_row])
+    for i, args in enumerate(calls):
+        x, bo, nh, nkv = args[0], args[5], args[6], args[7]
+        ref = attention_reference(*args)
+        what = (f"parallel_attention (x {list(x.shape)}, {nh} heads, {nkv} KV heads, head dim "
+                f"{args[1].shape[0] // nh}) on {world_size} ranks")
+        one = [["all_reduce", list(ref.shape)]]
+        for r in range(world_size):
+            res = ranks[r][i]
+            if "raised" in res:
+                raise AssertionError(f"{what}: rank {r} raised {res['raised']}\n{res['traceback']}")
+            check_close(res["output"], ref, f"{what}: rank {r}'s output vs the unsharded block", rtol=1e-4, atol=1e-4,
+                        mistakes={MISTAKES["bias_every_rank"]: ref + (world_size - 1) * bo,
+                                  MISTAKES["kv_group"]: kv_group_mistake(*args, world_size)})
+            check_equal(res["collectives"], one, f"{what}: rank {r}'s torch.distributed calls ([name, shape])",
+                        mistakes={MISTAKES["allreduce_per_head"]: one * (nh // world_size)})
+
+
+check_attention_on_ranks([(2, 5, 8, 4, 2, 3, 0), (1, 3, 6, 8, 2, 2, 1)])
+_mqa = random_attention(1, 2, 4, 4, 1, 2, 0)    # multi-query attention: 4 query heads, one KV head, 2 ranks
+try:
+    parallel_attention(*_mqa, 4, 1, 0, 2)
+    raise AssertionError("parallel_attention with 1 KV head on 2 ranks: expected a ValueError, nothing was raised")
+except ValueError as e:
+    check_equal("num_kv_heads" in str(e), True, f"parallel_attention with 1 KV head on 2 ranks: the ValueError "
+                f"names num_kv_heads (got {e!r})")
+print("parallel_attention: visible tests passed (2 processes, gloo)")
+
 # %% [markdown] id="c014"
-# ## Exercise 4 — Predict the bubble of an uneven pipeline (2 points)
+# ## Exercise 5 — Predict the bubble of an uneven pipeline (2 points)
 #
 # Notebook 11 measures the bubble of a pipeline whose stages take equal time, `(p - 1) / (m + p - 1)`. Real
 # splits are rarely equal: a model's layers do not always divide by `p`, and the last stage also runs the
@@ -326,15 +469,21 @@ except NotImplementedError:
 # %% [markdown] id="c013"
 # ## Going further (not graded)
 #
-# * Notebook 11 shards the course's whole Llama this way (`course_lib.parallel.shard_model`): attention by
-#   heads, with grouped-query KV heads divided too; compare its logits with the single-process model.
-# * Try `check_mlp_on_ranks(d=8, f=8, batch=2, seed=1, world_size=4)`: four processes on your machine.
+# * Notebook 11 shards the course's whole Llama this way (`course_lib.parallel.shard_model`). Its attention,
+#   `ShardedAttention`, differs from your `parallel_attention` in three ways: one fused QKV matrix, RoPE, and
+#   a KV cache on each rank. Which of them change what a rank holds or what crosses the ranks?
+# * Try `check_mlp_on_ranks(d=8, f=8, batch=2, seed=1, world_size=4)` and
+#   `check_attention_on_ranks([(2, 4, 8, 8, 4, 2, 3)], world_size=4)`: four processes on your machine. What does
+#   each rank hold, and how many bytes does each rank send per call?
+# * Your function refuses more ranks than KV heads. Llama-3-70B has 64 query heads and 8 KV heads of 128: at
+#   TP = 16, what would replicating the KV heads instead cost in KV-cache memory per rank and in all, and in
+#   communication?
 
 # %% [markdown] id="cw11p"
-# ## Exercise 5 — Written analysis: the bubble formula against two real ranks (2 points)
+# ## Exercise 6 — Written analysis: the bubble formula against two real ranks (2 points)
 #
 # Graded by your instructor against a rubric, not by the tests. Answer in 100 to 200 words, about the
-# output of the cell after Exercise 4 (it is skipped while grading):
+# output of the cell after Exercise 5 (it is skipped while grading):
 #
 # 1. quote, for two values of `m`, the predicted bubble, the ideal timeline's and the measured one of the two
 #    gloo ranks; explain why the ideal timeline matches the formula, and what the unbalanced stage does to the
@@ -368,7 +517,13 @@ except NotImplementedError:
 # %% [markdown] id="c019" tags=["answer-key"]
 # ### Answer key
 #
-# * **The whole model.** `shard_model` shards each attention layer by heads: with `H` query heads and `K` KV
+# * **The whole model.** None of the three changes the communication: attention still costs one all-reduce of
+#   `[B, T, D]` per layer, because every rank still computes whole heads. A fused QKV matrix is a layout:
+#   it must be split into Q, K and V *before* sharding (`shard_fused_qkv`; a plain `chunk(p)` of its rows gives
+#   rank 0 only query rows), and then each rank holds the same rows as yours. RoPE rotates each head's query
+#   and key by the token's position, head by head, so it runs on the rank's own heads unchanged. The cache
+#   on rank `r` holds its `K/p` KV heads, `[B, K/p, S, Dh]`: the KV cache is sharded like the weights, which
+#   is what lets TP serve longer contexts. More: `shard_model` shards each attention layer by heads: with `H` query heads and `K` KV
 #   heads, rank `r` keeps `H / p` query heads and the `K / p` KV heads they read (so `p` must divide `K`,
 #   `check_tp_degree` says which `p` work), the output projection row-parallel with one all-reduce, and the
 #   MLP as in this lab (gate and up column-parallel, down row-parallel, a second all-reduce): two all-reduces
@@ -381,9 +536,20 @@ except NotImplementedError:
 #   keeps 2 of the 8 hidden units (its `w1` shard is `[2, 8]`, its `w2` shard `[8, 2]`) and the ring sends
 #   `2 * 3 / 4 = 1.5` times the output's bytes per rank instead of `1` at `p = 2`. `f = 6` fails with the
 #   shard functions' `ValueError` (4 does not divide 6) on every rank. The run takes a few seconds longer,
-#   all of it starting the four processes: the MLP itself is microseconds.
+#   all of it starting the four processes: the MLP itself is microseconds. The attention call on 4 ranks,
+#   8 query heads and 4 KV heads of dimension 2, gives each rank 2 query heads and the 1 KV head of their
+#   group: its `wq` shard is `[4, 8]`, its `wk` and `wv` shards `[2, 8]`, its `wo` shard `[8, 4]`. Each rank
+#   all-reduces one `[2, 4, 8]` float32 tensor, 256 bytes, and sends `2 * 3 / 4 * 256 = 384` bytes in a ring
+#   (the same output-sized all-reduce as the MLP's, whatever the number of heads).
+# * **Replicating KV heads.** At TP = 16 each rank gets 4 query heads, half of one group of 8, so the 8 KV
+#   heads are each held by 2 ranks (vLLM's `QKVParallelLinear` does this when the tensor-parallel size
+#   exceeds the KV heads). The KV cache per rank is 1 head: `2 * 128 * 2 = 512` bytes per token per layer in
+#   bf16, 40 KiB per token over 80 layers, 1/8 of the model's 320 KiB, not the 1/16 that sharding by 16 would
+#   give; in all, the 16 ranks hold 640 KiB per token, twice the model's cache. `wk` and `wv` are replicated
+#   the same way. The communication does not change: each rank still computes whole heads with their own KV
+#   head, and the block ends with the same one all-reduce of `[B, T, D]`.
 #
-# #### Exercise 4's prediction, the reasoning behind the solution
+# #### Exercise 5's prediction, the reasoning behind the solution
 #
 # With stage times `t_s` (layers, plus `head_cost` on the last), micro-batch 0
 # leaves the pipeline at `sum(t_s)`; each later one leaves `max(t_s)` after the one before it (the slowest

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from course_lib.kvcache import ContiguousCache
 from course_lib.models.config import LlamaConfig, as_config
@@ -26,8 +27,11 @@ from course_lib.parallel import (ColumnParallelLinear, ModelSpec, RankFailed, Ro
                                  gpt3_parameters, launch, linear_pair_check, notes_example, per_gpu_memory,
                                  pipeline_run, ring_allreduce_bytes, sequence, shard_fused_qkv, shard_model,
                                  shard_range, split_layers, time_model, tp_check, tp_comm_per_token, tp_degrees)
+from course_lib.parallel.checks import attention_reference, kv_group_mistake, run_on_ranks
 from course_lib.parallel.cost import layer_parameters
+from course_lib.parallel.layers import ShardedAttention
 
+layers_mod = sys.modules["course_lib.parallel.layers"]
 ROOT = Path(__file__).resolve().parents[1]
 # 8 query heads, 4 KV heads (GQA), 2 layers: divisible by TP = 1, 2, 4
 SMALL = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
@@ -74,6 +78,52 @@ def test_column_and_row_shards_reassemble_the_layer():
     one = RowParallelLinear.from_linear(lin, 0, 1)
     assert torch.allclose(one(x), lin(x), atol=1e-6)
 
+
+
+@torch.no_grad()
+def test_lab_attention_reference_is_the_course_tp_attention(monkeypatch):
+    """Lab 11's unsharded block (`attention_reference`) is the course model's attention without RoPE, and the sum
+    of `ShardedAttention`'s partial outputs over the ranks (its all-reduce played here); the `kv_group` mistake
+    differs from it."""
+    cfg = LlamaConfig(vocab_size=32, hidden_size=24, intermediate_size=32, num_hidden_layers=1, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=2, max_position_embeddings=16)
+    torch.manual_seed(3)
+    attn = LlamaForCausalLM(cfg).model.layers[0].self_attn.eval()
+    x = torch.randn(2, 5, 24)
+    cos, sin = torch.ones(2, 5, 2), torch.zeros(2, 5, 2)              # RoPE at angle 0: no rotation
+    bo = torch.randn(24)
+    w = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight)
+    want = attention_reference(x, *w, bo, 8, 4)
+    assert torch.allclose(attn(x, cos, sin) + bo, want, atol=1e-5)
+    monkeypatch.setattr(layers_mod, "all_reduce_sum", lambda y, world_size, group=None: y)   # each rank's partial
+    for p in (1, 2, 4):
+        partials = sum(ShardedAttention(attn, r, p)(x, cos, sin) for r in range(p))
+        assert torch.allclose(partials + bo, want, atol=1e-5), p
+    assert kv_group_mistake(x, *w, bo, 8, 4, 2) is not None                   # 4 local heads read 4 KV heads...
+    assert not torch.allclose(kv_group_mistake(x, *w, bo, 8, 4, 2), want, atol=1e-3)  # ...of the wrong groups
+    assert kv_group_mistake(x, *w, bo, 8, 4, 4) is None                          # 2 local heads, 4 KV heads
+
+
+def test_run_on_ranks_counts_the_collectives_and_goes_on_after_a_raise():
+    out = run_on_ranks(_ranks_demo, [(torch.ones(2, 3),), (torch.ones(1),), (torch.ones(4),)], 2)
+    for rank, calls in enumerate(out):
+        first, second, third = calls
+        assert torch.equal(first["output"], torch.full((2, 3), 2.0))
+        assert first["collectives"] == [["all_reduce", [2, 3]], ["all_gather", [2, 3]], ["barrier", None]]
+        assert second["raised"] == "ValueError: num_kv_heads=1" and "_ranks_demo" in second["traceback"]
+        assert torch.equal(third["output"], torch.full((4,), 2.0))
+
+
+def _ranks_demo(x, rank, world_size):
+    """For run_on_ranks (sent as source): a collective of each kind, and a ValueError for a 1-element x."""
+    if x.numel() == 1:
+        raise ValueError("num_kv_heads=1")
+    y = x.clone()
+    dist.all_reduce(y)
+    parts = [torch.empty_like(x) for _ in range(world_size)]
+    dist.all_gather(parts, x)
+    dist.barrier()
+    return y
 
 @torch.no_grad()
 def test_shard_model_world_one_is_the_model_with_a_cache():

@@ -17,7 +17,8 @@ cost       ring_allreduce_bytes, allreduce_time, LINKS, tp_comm_per_token, per_g
            simulate_ep_dispatch; context parallelism: ring_attention_comm, ring_attention_overlap,
            simulate_ring_attention
 workers    ModelSpec, tp_check, linear_pair_check, tp_timing, failing_worker, sequence (importable workers)
-checks     run_parallel_mlp (lab 11: a student's function in a 2-process group, its outputs back)
+checks     run_on_ranks (lab 11: a student's function in a gloo group, several calls, its outputs and its
+           collectives back), run_parallel_mlp, mlp_reference, attention_reference
 """
 from .cost import (LINKS, Link, allreduce_time, alltoall_bytes, alltoall_time, ep_dispatch_rows, ep_moe_layer_comm,
                    gpt3_parameters, layer_parameters, load_imbalance, notes_example, per_gpu_memory, rank_loads,
