@@ -189,12 +189,12 @@ print("cost: visible tests passed")
 #
 # </details>
 #
-# <details><summary>Hint 2: the steps</summary>
+# <details><summary>Hint 2: what each rank holds, and when</summary>
 #
-# 1. `w1_r, b1_r = shard_column(w1, b1, rank, world_size)`; `h = F.relu(F.linear(x, w1_r, b1_r))`.
-# 2. `y = F.linear(h, shard_row(w2, rank, world_size))`, **without** the bias: a partial sum.
-# 3. `dist.all_reduce(y)`: now every rank holds the sum.
-# 4. Add `b2` once, after the sum.
+# The first layer's shard gives this rank some hidden units whole, so the nonlinearity applies to them
+# right away, with no communication. The second layer's shard then gives every rank a full-width output that
+# is only a **partial sum**: nothing is right until the ranks have added their partials. Pitfall: anything
+# added per rank before that sum (a bias, say) is added `world_size` times.
 #
 # </details>
 
