@@ -109,7 +109,7 @@ def test_syllabus_states_hours_per_module_that_add_up():
     hi = sum(float(t) for t, _, _ in times) + float(project.group(2))
     total = re.search(r"In all, about ([\d.]+)[-–]([\d.]+) hours", syl)
     assert total and (float(total.group(1)), float(total.group(2))) == (lo, hi), \
-        f"the total the syllabus states {total and total.group(0)!r}; the modules and the project add up to {lo:g}-{hi:g}"
+        f"the syllabus states {total and total.group(0)!r}; the modules and the project add up to {lo:g}-{hi:g}"
     assert 60 <= lo and hi <= 90, f"{lo:g}-{hi:g} hours: a graduate track is 60 to 90"
 
 
