@@ -214,8 +214,9 @@ def build(model):
     stored [in, out] streams at about 12 GB/s. So: each weight copied once, here, in the layout the products
     read fastest, q|k|v and gate|up fused into one product each (25 products a step instead of 43), no
     modules, a cache preallocated per prompt, RoPE from a table, and the logits of the last position only.
-    Every other operation is the model's own, in its order, so the tokens are the baseline's (the products
-    may round the last bit differently: checked on 300 held-out prompts, none differs)."""
+    Every other operation is the model's own, in its order, so the tokens are the baseline's: the products
+    round the last bits differently (logits within 2e-5 of the baseline's), far below the smallest gap between
+    the two best tokens seen (3e-4 in 4800 steps); on 300 held-out prompts no token differs."""
     cfg = model.config
     H, K, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     Fi, eps, ctx = cfg.intermediate_size, cfg.rms_norm_eps, cfg.max_position_embeddings
