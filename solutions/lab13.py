@@ -436,7 +436,7 @@ else:
 # %% [markdown] id="cw13" nbgrader={"grade": true, "grade_id": "written_report", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
 # **Method:** the course's baseline (replace this with one line: what your `build` does)
 #
-# **What I measured:** (your speed-up on this machine with its spread, and what each change gave)
+# **What I measured:** (your speed-up over the cached loop with its interval, what each change gave, and why)
 #
 # **What did not work:** (what you tried that was slower, or changed the output, and why)
 #
