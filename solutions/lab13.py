@@ -38,7 +38,7 @@ QUICK = course_lib.env.quick()
 MODEL = "tiny" if QUICK else "smollm2-135m"     # the bundled model on a CPU, SmolLM2-135M on a GPU
 PROMPT_LEN = 64 if QUICK else 256               # tokens per prompt
 NEW_TOKENS = 16 if QUICK else 64                # tokens generated per prompt
-VISIBLE_ROUNDS = 4                              # timed rounds of the visible test (the grader runs 6 to 30)
+VISIBLE_ROUNDS = 8                              # timed rounds of the visible test (the grader runs 6 to 30)
 if QUICK:
     torch.set_num_threads(1)                    # one thread: less noise on a shared CPU (the same for both sides)
 model, tokenizer = load(MODEL, device=course_lib.env.device())
@@ -161,7 +161,7 @@ build = baseline_build
 #   used in the background, rounds spread far beyond the noise, a wall-clock speed-up far below the CPU one);
 #
 # The visible test below runs a rough copy of the evaluation in your kernel (`evaluate_project`: the baseline
-# in your own process, CPU time, one check and four timed rounds on fixed prompts, the same statistic).
+# in your own process, CPU time, one check and eight timed rounds on fixed prompts, the same statistic).
 #
 # <details><summary>Hint 1: find where the cached loop's time goes before you change it</summary>
 #
@@ -201,7 +201,6 @@ build = baseline_build
 
 # %% id="c005" nbgrader={"grade": false, "grade_id": "build_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 ### BEGIN SOLUTION
-from course_lib.attention import attention
 from course_lib.attention.rope import rope_cos_sin
 
 
@@ -209,21 +208,23 @@ def build(model):
     """The reference entry: the model's forward rewritten for one sequence, exact token for token.
 
     Measured first (torch.profiler, one thread): a step of the cached loop is one position through 43 weight
-    products, and those take most of its time; a one-row product only streams its weight matrix, and on this
-    CPU `F.linear` streams the model's [out, in] matrices at about 8 GB/s where `x @ w` with the same matrix
-    stored [in, out] streams at about 12 GB/s. So: each weight copied once, here, in the layout the products
-    read fastest, q|k|v and gate|up fused into one product each (25 products a step instead of 43), no
-    modules, a cache preallocated per prompt, RoPE from a table, and the logits of the last position only.
-    Every other operation is the model's own, in its order, so the tokens are the baseline's: the products
-    round the last bits differently (logits within 2e-5 of the baseline's), far below the smallest gap between
-    the two best tokens seen (3e-4 in 4800 steps); on 300 held-out prompts no token differs."""
+    products, and those take most of its time; a one-row product only streams its weight matrix, and how fast
+    depends on the matrix's layout and shape: on this CPU `x @ w` with the weight stored [in, out] streams the
+    q|k|v, gate|up and head matrices faster than `F.linear` does the model's [out, in] (the 2048-wide head 4x),
+    while the down projection (688 wide in) is faster as the model stores it. So: each weight copied once,
+    here, in the layout its product reads fastest, q|k|v and gate|up fused into one product each (25 products
+    a step instead of 43), no modules, one fused operator per RMSNorm, attention called directly, a cache
+    preallocated per prompt, RoPE from a table, and the logits of the last position only. The arithmetic is
+    the model's, so the tokens are the baseline's: the products and the fused norm round the last bits
+    differently (logits within 3e-5 of the baseline's), far below the smallest gap between the two best
+    tokens seen (3e-4 in 9600 steps); on 600 held-out prompts no token differs."""
     cfg = model.config
-    H, K, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    Fi, eps, ctx = cfg.intermediate_size, cfg.rms_norm_eps, cfg.max_position_embeddings
+    H, K, Dh, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+    G, Fi, eps, ctx = H // K, cfg.intermediate_size, cfg.rms_norm_eps, cfg.max_position_embeddings
     device = next(model.parameters()).device
 
     def by_input(w):
-        """A weight [out, in] copied as [in, out], contiguous: `x @ w` then reads it row by row."""
+        """A weight [out, in] copied as [in, out], contiguous: `x @ w` reads it row by row."""
         return w.detach().t().contiguous()
 
     layers = []                 # per layer: norm, q|k|v, o, norm, gate|up, down; the model is left untouched
@@ -234,7 +235,7 @@ def build(model):
                        by_input(a.o_proj.weight),
                        layer.post_attention_layernorm.weight.detach(),
                        by_input(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                       by_input(mlp.down_proj.weight)))
+                       mlp.down_proj.weight.detach()))         # [out, in] as it is: F.linear reads it faster
     embed, final_norm = model.model.embed_tokens.weight.detach(), model.model.norm.weight.detach()
     head = by_input(model.lm_head.weight)
     # RoPE's cos and sin for every position, once (the model computes them again in every forward)
@@ -242,9 +243,8 @@ def build(model):
     cos, sin = cos[0, :, None], sin[0, :, None]                # [ctx, 1, Dh]: broadcast over the heads
 
     def rms_norm(x, w):
-        """The model's RMSNorm, operation for operation (in fp32, as the model computes it)."""
-        x32 = x.float()
-        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        """The model's RMSNorm as one fused operator instead of six (the model is fp32, as `load` gives it)."""
+        return F.rms_norm(x, (D,), w, eps)
 
     def forward(ids, start, k_cache, v_cache):
         """The last position's logits [1, V] for `ids` ([T] token ids at positions start..start+T-1), their
@@ -260,11 +260,15 @@ def build(model):
             qk = qk * c + torch.cat([-qk[..., Dh // 2:], qk[..., :Dh // 2]], dim=-1) * s
             k_cache[i, 0, :, start:S] = qk[:, H:].transpose(0, 1)
             v_cache[i, 0, :, start:S] = qkv[:, (H + K) * Dh:].view(T, K, Dh).transpose(0, 1)
-            # the course's attention, as the model calls it (causal over the prompt, one query per step)
-            o = attention(qk[:, :H].transpose(0, 1)[None], k_cache[i, :, :, :S], v_cache[i, :, :, :S])
-            x = x + o[0].transpose(0, 1).reshape(T, H * Dh) @ w_o
+            k, v = k_cache[i, :, :, :S], v_cache[i, :, :, :S]  # [1, K, S, Dh]
+            if T == 1:   # one query per head: a group's G heads read the same keys, so they become G rows
+                o = F.scaled_dot_product_attention(qk[:, :H].view(1, K, G, Dh), k, v)
+            else:        # the prompt: causal, the grouped heads read their keys and values as they are
+                o = F.scaled_dot_product_attention(qk[:, :H].transpose(0, 1)[None], k, v, is_causal=True,
+                                                   enable_gqa=True)
+            x = x + o.reshape(H, T, Dh).transpose(0, 1).reshape(T, H * Dh) @ w_o
             gate, up = (rms_norm(x, n2) @ w_gate_up).split([Fi, Fi], dim=-1)   # one product, not two
-            x = x + (F.silu(gate) * up) @ w_down
+            x = x + F.linear(F.silu(gate) * up, w_down)
         return rms_norm(x[-1:], final_norm) @ head             # only the last position picks a token
 
     def generate_fn(prompt_ids, max_new_tokens):
@@ -443,20 +447,21 @@ else:
 # ### BEGIN SOLUTION
 # *(The reference entry's report, with the numbers it measured on the course's 2-core AMD EPYC CPU, one thread.)*
 #
-# **Method:** the model's forward rewritten for one sequence: weights copied once as [in, out], q|k|v and
-# gate|up fused, no modules, a cache preallocated per prompt, RoPE from a table, last-position logits only.
+# **Method:** the model's forward rewritten for one sequence: each weight copied once in the layout its
+# product reads fastest, q|k|v and gate|up fused, no modules, a cache per prompt, last-position logits only.
 #
-# **What I measured:** 1.60x over the cached loop in the visible test (1.52-1.69x, 4 rounds; 44.0 against
-# 68.6 ms a call); the grader measured 1.45x (1.38-1.52x, 26 rounds). Why: the cached loop's call is a 12 ms
-# prefill and 15 steps of about 4 ms, and two thirds of its CPU time is weight products, each streaming its
-# matrix for one row. My forward, fused but its products still reading the model's [out, in] weights: 1.18x
-# (1.12-1.24x). Copying the weights as [in, out] did the rest: `x @ w` streams them 1.5x faster than
-# `F.linear` here (the 2048-wide head 4x). Part B shows that wall: the cache saves 14.5x the positions but
-# 3.3x the time. What is left, the prefill and the products, is 71% of my time.
+# **What I measured:** 1.61x over the cached loop in the visible test (1.53-1.70x, 8 rounds; 49.1 against
+# 77.3 ms a call); the grader measured 1.54x (1.49-1.59x). Why: the cached loop's call is a 13 ms prefill
+# and 15 steps of about 4 ms, and two thirds of its CPU time is weight products, each streaming its matrix
+# for one row. My forward, fused, its products still reading the model's [out, in] weights: 1.22x
+# (1.20-1.24x). The layout did the rest: `x @ w` with q|k|v, gate|up and the head stored [in, out] streams
+# them 1.5x faster than `F.linear` (the 2048-wide head 4x), while the down projection is faster as stored
+# (+5%); a fused RMSNorm and attention called directly, +3%. Part B shows the wall: the cache saves 14.5x
+# the positions, 3.0x the time. The products remain most of my time.
 #
 # **What did not work:** speculative decoding with tiny-draft on my forward (2-4 proposals, with and without
-# a confidence threshold): 1.41-1.47x where the plain forward gave 1.46x, with wider intervals: the draft
-# agrees with the model on 58% of tokens, and verifying 2-5 positions costs 1.3-1.7x one. Prompt lookup
-# rarely hits here (11 passes for 15 tokens). `torch.compile` of a static-cache step: 45 s to compile, the
-# same step time (the products stay the library's). int8 weights (lossy): 0.74x.
+# a confidence threshold): no faster, with wider intervals: the draft agrees with the model on 58% of
+# tokens, and verifying 2-5 positions costs 1.3-1.7x one. Prompt lookup rarely hits here (11 passes for 15
+# tokens). `torch.compile` of a static-cache step: 45 s to compile, the same step time (the products stay
+# the library's). int8 weights (lossy): 0.74x.
 # ### END SOLUTION

@@ -18,7 +18,7 @@ the points come from its lower end (``capstone.speedup_interval``). Measured on 
 20 judgings of the blank release beside a CPU-bound and a memory-bound loop: the per-round log-ratio of the
 baseline (the cached loop) against itself had a standard deviation of 0.04-0.19, its intervals stayed within
 0.85-1.14x with lower ends at most 1.03x, and the first half point needs 1.12x; the reference entry's lower ends
-were 1.38-1.48x (full points from 1.3x).
+were 1.43-1.50x (full points from 1.3x).
 """
 from __future__ import annotations
 
