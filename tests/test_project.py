@@ -3,19 +3,22 @@
 
 The slow tests grade through real sandboxed kernels (bubblewrap where it runs, else the user level):
 
-* ``test_cheats_earn_nothing_and_the_board_says_so``: the blank release (the course's baseline), an honest
-  lossy int8 entry, and the cheats that fooled the in-process evaluation (tests/data/project_entries.py): no
-  cheat earns a speed point unflagged or ranks above an honest entry unflagged; the lossy entry earns its
-  points; the board has its columns. Cost: eleven gradings of lab13, two at a time.
+* ``test_cheats_earn_nothing_and_the_board_says_so``: the blank release (the course's baseline, the cached
+  loop), two honest lossy entries (int8 weights in the cached loop: no faster on a CPU; the reference's forward
+  on bf16-rounded weights: as fast as the reference) and the cheats that fooled the in-process evaluation
+  (tests/data/project_entries.py): no cheat earns a speed point unflagged or ranks above an honest entry
+  unflagged; the fast lossy entry earns its points; the board has its columns. Cost: twelve gradings of
+  lab13, two at a time.
 * ``test_the_blank_release_never_earns_a_point``: the blank release judged 20 times, each with prompts of its
   own, in the same two kernels (one grading's notebook run, twenty judgings): never a speed point, never a
   flag. Cost: about 20 x 8 calls of the baseline on each side.
 
 Timing noise: the statistic is the geometric mean of the per-round ratios of CPU time with its 90% interval;
-the points come from its lower end (``capstone.speedup_interval``). Measured on this project's 2-core machine
-with two gradings at a time and two busy loops beside them, the blank's per-round log-ratio had a standard
-deviation of 0.03-0.11 (the wall clock's: 0.04-0.16), its intervals stayed within 0.96-1.06x, and the first
-half point needs 1.25x.
+the points come from its lower end (``capstone.speedup_interval``). Measured on this project's 2-core machine,
+20 judgings of the blank release beside a CPU-bound and a memory-bound loop: the per-round log-ratio of the
+baseline (the cached loop) against itself had a standard deviation of 0.04-0.19, its intervals stayed within
+0.85-1.14x with lower ends at most 1.03x, and the first half point needs 1.12x; the reference entry's lower ends
+were 1.43-1.50x (full points from 1.3x).
 """
 from __future__ import annotations
 
@@ -42,15 +45,43 @@ slow = pytest.mark.slow
 
 def test_speed_points_scale():
     from course_lib.capstone import PROJECT_POINTS, RATIO_FLOOR, RATIO_FULL, speed_points
-    assert (PROJECT_POINTS, RATIO_FLOOR, RATIO_FULL) == (6.0, 1.2, 2.0)   # as syllabus.md and the lab state them
-    assert speed_points(1.0) == speed_points(1.2) == speed_points(float("nan")) == speed_points(0.5) == 0.0
-    assert speed_points(2.0) == speed_points(3.7) == 6.0
-    assert speed_points(math.sqrt(1.2 * 2.0)) == 3.0                    # half-way on a log scale: half the points
-    assert speed_points(1.5) == math.floor(6 * math.log(1.5 / 1.2) / math.log(2.0 / 1.2) * 2) / 2
-    pts = [speed_points(1.2 + k / 50) for k in range(60)]
+    assert (PROJECT_POINTS, RATIO_FLOOR, RATIO_FULL) == (6.0, 1.1, 1.3)   # as syllabus.md and the lab state them
+    assert speed_points(1.0) == speed_points(1.1) == speed_points(float("nan")) == speed_points(0.5) == 0.0
+    assert speed_points(1.3) == speed_points(3.7) == 6.0
+    assert speed_points(math.sqrt(1.1 * 1.3)) == 3.0                    # half-way on a log scale: half the points
+    assert speed_points(1.2) == math.floor(6 * math.log(1.2 / 1.1) / math.log(1.3 / 1.1) * 2) / 2
+    pts = [speed_points(1.1 + k / 200) for k in range(60)]
     assert pts == sorted(pts) and all(p * 2 == int(p * 2) for p in pts)  # monotone, in half points
     with pytest.raises(ValueError, match="floor"):
         speed_points(2.0, floor=2.0, full=1.5)
+
+
+def test_the_baseline_is_the_cached_greedy_loop():
+    """baseline_build: generate's greedy tokens (with and without a cache), through a fresh KV cache per prompt
+    (a prompt's tokens do not depend on the one before), one model call for the prompt and one per later token."""
+    import torch
+
+    from course_lib.capstone import baseline_build, project_prompts
+    from course_lib.generation import generate
+    from course_lib.models import load
+
+    m, tok = load("tiny")
+    a, b = project_prompts(tok, 2, 12, seed=4)
+    base = baseline_build(m)
+    with torch.inference_mode():
+        want = {k: generate(m, p, 5).tokens.tolist() for k, p in (("a", a), ("b", b))}
+        assert want["a"] == generate(m, a, 5, cache="contiguous").tokens.tolist()
+        assert [base(a, 5).tolist(), base(b, 5).tolist(), base(a, 5).tolist()] == [want["a"], want["b"], want["a"]]
+    seen = []
+    hook = m.register_forward_pre_hook(lambda mod, args, kw: seen.append((args[0].shape[-1], kw["cache"])),
+                                       with_kwargs=True)
+    try:
+        with torch.inference_mode():
+            out = base(a, 5)
+    finally:
+        hook.remove()
+    assert isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.dtype == torch.long
+    assert [n for n, _ in seen] == [12, 1, 1, 1, 1] and len({id(c) for _, c in seen}) == 1, seen
 
 
 def test_speedup_interval_is_the_t_interval_of_the_log_ratios():
@@ -206,23 +237,23 @@ def _submission(release, answers: dict, method: str):
     return nb
 
 
-ENTRY_METHODS = {"blank": "", "lossy_int8": "int8 weight-only linears + KV cache (lossy)"}
-
-
-def _entries():
+def _entries(reference: str):
+    """tests/data/project_entries.py's entries, those built on the instructor's build_answer cell (`reference`)
+    made whole."""
     sys.path.insert(0, str(ROOT / "tests" / "data"))
     try:
-        from project_entries import ENTRIES
+        from project_entries import ENTRIES, ON_THE_REFERENCE
     finally:
         sys.path.pop(0)
-    return ENTRIES
+    return {**ENTRIES, **{name: (reference + source, method, kind)
+                          for name, (source, method, kind) in ON_THE_REFERENCE.items()}}
 
 
 @slow
 def test_cheats_earn_nothing_and_the_board_says_so(tmp_path, capsys):
     release = read_notebook(ROOT / "labs" / f"{LAB}.ipynb")
     answers = answer_sources(read_notebook(ROOT / "solutions" / f"{LAB}.ipynb"))
-    entries = _entries()
+    entries = _entries(answers["build_answer"])
     subs = tmp_path / "submissions"
     (subs / "blank").mkdir(parents=True)
     (subs / "blank" / f"{LAB}.ipynb").write_text(notebook_text(release), encoding="utf-8")
@@ -247,11 +278,16 @@ def test_cheats_earn_nothing_and_the_board_says_so(tmp_path, capsys):
     blank = board["blank"]
     assert (blank["correct"], blank["points"], blank["status"], blank["flags"]) == ("yes", "0", "ok", ""), blank
     assert blank["method"] == "(no method given)"
-    # the honest lossy entry: correct as lossy, its bits per byte within the bound, its speed points earned
-    lossy = board["lossy_int8"]
-    assert (lossy["correct"], lossy["lossy"], lossy["status"]) == ("yes", "yes", "ok"), lossy
-    assert float(lossy["points"]) > 0 and float(lossy["low"]) > 1.25, lossy
-    honest_fast = [r for name, r in board.items() if name in ENTRY_METHODS and float(r["points"] or 0) > 0]
+    # the honest lossy entries: correct as lossy, their bits per byte within the bound; the fast one earns
+    # speed points (the reference's forward clears the floor by far: 1.4-1.55x), the int8 one is correct
+    from course_lib.capstone import RATIO_FLOOR
+    for name in ("lossy_int8", "lossy_bf16_weights"):
+        lossy = board[name]
+        assert (lossy["correct"], lossy["lossy"], lossy["status"]) == ("yes", "yes", "ok"), lossy
+    fast = board["lossy_bf16_weights"]
+    assert float(fast["points"]) > 0 and float(fast["low"]) > RATIO_FLOOR, fast
+    honest_fast = [r for name, r in board.items() if name in entries and entries[name][2] == "honest"
+                   and float(r["points"] or 0) > 0]
     for name, (_, method, kind) in entries.items():
         r = board[name]
         assert r["method"] == method
@@ -284,6 +320,7 @@ def test_the_blank_release_never_earns_a_point(tmp_path, monkeypatch):
     kernels: the baseline against itself never earns a speed point and is never flagged."""
     import course_grading.autograde as autograde
     from course_grading.judging import judge_parts
+    from course_lib.capstone import RATIO_FLOOR
 
     verdicts = []
 
@@ -307,7 +344,7 @@ def test_the_blank_release_never_earns_a_point(tmp_path, monkeypatch):
     for v, r in zip(verdicts, records):
         assert v.parts["speed_tests"].score == 0 and r["points"] == 0 and r["correct"], (r, seen)
         assert r["flags"] == [], (r, seen)
-        assert r["low"] < 1.25 and r["high"] > 0.8, (r, seen)   # an interval around 1x, not just a low one
+        assert r["low"] < RATIO_FLOOR and r["high"] > 0.8, (r, seen)   # an interval around 1x, not just a low one
 
 
 def test_leaderboard_rows_sort_and_read_the_report():

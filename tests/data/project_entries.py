@@ -1,9 +1,11 @@
 """Project entries (lab13's `build_answer` cell) for tests/test_project.py: honest ones, and the cheats that
-fooled the in-process evaluation (issue 41), rebuilt. Each cheat generates no faster than the baseline by
-itself (it calls the course's baseline, or falls back to it), so any speed point it earns came from the trick:
-the grader must give it none or flag it.
+fooled the in-process evaluation (issue 41), rebuilt. Each cheat generates no faster than the baseline (the
+course's KV-cached loop) by itself (it calls the course's baseline, or falls back to it), so any speed point
+it earns came from the trick: the grader must give it none or flag it.
 
 ENTRIES: name -> (source of the build_answer cell, the report's Method line, kind: "honest" or "cheat")
+ON_THE_REFERENCE: name -> (source appended to the instructor's build_answer cell, which rebinds its `build`,
+the report's Method line, kind)
 """
 
 KV_LOOP = '''
@@ -23,7 +25,8 @@ ENTRIES = {
     # -- honest -------------------------------------------------------------------------------------
     "lossy_int8": ('''
 def build(model):
-    """int8 weight-only linears (Module 03), a KV cache per prompt: lossy, so declared."""
+    """int8 weight-only linears (Module 03) in the course's cached loop: lossy, so declared. On this CPU the
+    quantized one-row product is no faster than the float one: correct, and no speed points."""
     from course_lib.capstone import int8_weights
     m = int8_weights(model).eval()
 ''' + KV_LOOP + '''
@@ -80,22 +83,27 @@ def build(model):
 
     "replay": ('''
 def build(model):
-    """Wraps the course's generate to remember every output by its prompt, and replays the remembered ones."""
-    import course_lib.capstone as cap
-    import course_lib.generation as gen
-    memo, real = {}, gen.generate
+    """Wraps the model's forward to remember, by prompt, the tokens the baseline generates through it, and
+    replays the remembered ones: in one process the baseline does the work and the entry answers at once."""
+    real = type(model).forward
+    memo, now = {}, {"prompt": None}
 
-    def remembering(model, prompt_ids, n, **kw):
-        key = (tuple(prompt_ids.view(-1).tolist()), n)
-        if key not in memo:
-            memo[key] = real(model, prompt_ids, n, **kw)
-        return memo[key]
-    cap.generate = gen.generate = remembering
+    def forward(self, ids, *a, **k):
+        logits = real(self, ids, *a, **k)
+        if ids.shape[-1] > 1:                    # a prefill: a new prompt begins
+            now["prompt"] = tuple(ids.view(-1).tolist())
+            memo[now["prompt"]] = []
+        if now["prompt"] is not None:
+            memo[now["prompt"]].append(logits[0, -1].argmax())
+        return logits
+    type(model).forward = forward
     base = baseline_build(model)
 
     def generate_fn(prompt_ids, max_new_tokens):
-        hit = memo.get((tuple(prompt_ids.view(-1).tolist()), max_new_tokens))
-        return hit.tokens if hit is not None else base(prompt_ids, max_new_tokens)
+        hit = memo.get(tuple(prompt_ids.tolist()))
+        if hit is not None and len(hit) >= max_new_tokens:
+            return torch.stack(hit[:max_new_tokens])
+        return base(prompt_ids, max_new_tokens)
     return generate_fn
 ''', "memoized generation", "cheat"),
 
@@ -223,4 +231,24 @@ def build(model):
     generate_fn.lossy_model = model
     return generate_fn
 ''', "int2 weights (lossy)", "cheat"),
+}
+
+ON_THE_REFERENCE = {
+    "lossy_bf16_weights": ('''
+
+_exact_build = build     # the reference entry's build, defined above in this cell
+
+
+def build(model):
+    """The reference entry's forward on a copy of the model whose weights are rounded to bf16 (and kept in
+    fp32): another model, so declared lossy; as fast as the reference."""
+    import copy
+    lossy = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in lossy.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    fn = _exact_build(lossy)
+    fn.lossy_model = lossy
+    return fn
+''', "the reference's lean forward on bf16-rounded weights (lossy)", "honest"),
 }
