@@ -251,11 +251,15 @@ check_raises(lambda: smooth(_a, _W, 1.5), ValueError, "smooth with alpha=1.5")
 # * with a `config` (a `LlamaConfig`: `vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
 #   `num_attention_heads`, `num_key_value_heads`, `head_dim`, `tie_word_embeddings`): the average bits per
 #   parameter of the whole model when every linear of every decoder layer (q, k, v, o; gate, up, down) is
-#   quantized so, and every other parameter (the embedding, the LM head, the RMSNorm weights) stays at
-#   `keep_bits` bits. A tied LM head is the embedding itself;
+#   quantized so, each of their weights costing what it costs with `config=None`, and every other parameter
+#   (the embedding, the LM head, the RMSNorm weights: two vectors per layer and the final one) stays at
+#   `keep_bits` bits. A tied LM head is the embedding itself. Mind `head_dim`: the attention projections map
+#   `hidden_size` to heads × `head_dim`, which need not equal `hidden_size`;
 # * raises `ValueError` if `bits` is not an int >= 1 or `group_size` is neither `None` nor an int >= 1.
 #
-# The grader draws its own model shapes and layouts. The visible tests check bounds and limits.
+# The grader draws its own model shapes and layouts and compares your number with the exact count's to a
+# relative 1e-9: every parameter counts, the smallest vector included. The visible tests check bounds and
+# limits.
 #
 # <details><summary>Hint: two kinds of parameters</summary>
 #
@@ -303,6 +307,9 @@ check_close(predict_bits_per_weight(4, 128, 16, 8, LlamaConfig(num_hidden_layers
 _untied = LlamaConfig(num_hidden_layers=2, tie_word_embeddings=False, **_small)
 check_equal(predict_bits_per_weight(4, 128, 16, 8, _untied) > _model[0], True,
             "an untied LM head is one more kept matrix")
+_wide = LlamaConfig(num_hidden_layers=2, head_dim=128, **_small)   # 8 heads x 128 = 1024 wide, not 512
+check_equal(predict_bits_per_weight(4, 128, 16, 8, _wide) < _model[0], True,
+            "head_dim 128 with 8 heads: q, k, v and o are wider than hidden_size, so more of the model is quantized")
 check_raises(lambda: predict_bits_per_weight(4, 0), ValueError, "predict_bits_per_weight(4, 0)")
 check_raises(lambda: predict_bits_per_weight(0, 128), ValueError, "predict_bits_per_weight(0, 128)")
 print("Exercise 3: visible tests passed")
@@ -332,7 +339,8 @@ except NotImplementedError:
 # ## Try it on the course model (not graded)
 #
 # Your GPTQ (4 bits, groups of 128) on a real layer of the bundled model, with calibration inputs from the training text:
-# the output error against round-to-nearest on calibration and on held-out inputs.
+# the output error against round-to-nearest on calibration and on held-out inputs ("held-out" here: other
+# windows of the same training text, not used for the Hessian; not the corpus's held-out split).
 
 # %% id="c018"
 import os

@@ -88,7 +88,8 @@ MISTAKES = {
 #
 # Implement `blocks_needed(tokens, block_size)`: the number of blocks that hold `tokens` tokens,
 # i.e. ceil(tokens / block_size) (0 tokens need 0 blocks). Raise `ValueError` if `block_size` is not a
-# positive integer or `tokens` is not an integer >= 0. Use integer arithmetic (no floats: they round
+# positive integer or `tokens` is not an integer >= 0 (an `int`: a float such as `16.0` is refused too).
+# Use integer arithmetic (no floats: they round
 # wrongly for huge numbers).
 
 # %% id="c005" nbgrader={"grade": false, "grade_id": "blocks_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
