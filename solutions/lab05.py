@@ -116,6 +116,8 @@ check_equal(kv_cache_bytes(6, 2, 32, 10, 3, 4), 2 * 6 * 2 * 32 * 4 * 10 * 3, "kv
 check_equal(kv_cache_bytes(32, 8, 128, 1000, bytes_per_element=0.5), 32 * 8 * 128 * 1000,
             "kv_cache_bytes(32, 8, 128, 1000, bytes_per_element=0.5) (int4)")
 check_equal(kv_cache_bytes(32, 8, 128, 0), 0, "kv_cache_bytes(32, 8, 128, 0) (no tokens yet)")
+check_equal(type(kv_cache_bytes(32, 8, 128, 1000, bytes_per_element=0.5)).__name__, "int",
+            "the type of kv_cache_bytes(..., bytes_per_element=0.5): bytes are a whole number, an int")
 check_raises(lambda: kv_cache_bytes(0, 8, 128, 10), ValueError, "kv_cache_bytes(0, 8, 128, 10) (no layers)")
 check_raises(lambda: kv_cache_bytes(32, 8, 128, -1), ValueError, "kv_cache_bytes(32, 8, 128, -1)")
 check_raises(lambda: kv_cache_bytes(32, 8, 128, 10, batch=-2), ValueError, "kv_cache_bytes(32, 8, 128, 10, batch=-2)")
