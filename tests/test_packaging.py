@@ -1,4 +1,5 @@
 """The repository's own promises: two README commands that CI runs, consistent dependency lists."""
+import os
 import re
 import subprocess
 import sys
@@ -305,22 +306,38 @@ def _root_conftest():
 def test_kernel_cpu_counts_a_child_the_kernel_never_waited_for(tmp_path):
     """A process the kernel started and never waited for (as a fork server with its gloo ranks, which
     ipykernel terminates at shutdown without waiting) is missing from the kernel's own resource usage; the
-    sampled process tree still counts it."""
+    sampled process tree still counts it.
+
+    The child runs in its own session, so that no signal meant for the kernel's process group (nbclient's
+    interrupt, ipykernel's shutdown) ends it while the kernel lives: a child that died first could be reaped
+    by its Popen object's finalizer at the kernel's exit, and its time would then be counted as waited for
+    (CI saw that once). It is killed here, after the kernel is gone."""
+    import signal
+
     import nbclient
     import nbformat
     pytest.importorskip("psutil")
-    done = tmp_path / "burnt"
-    burn = (f"import time\nt = time.process_time()\nwhile time.process_time() - t < 2.0:\n    pass\n"
+    done, pid_file = tmp_path / "burnt", tmp_path / "pid"
+    burn = (f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+            f"t = time.process_time()\nwhile time.process_time() - t < 2.0:\n    pass\n"
             f"open({str(done)!r}, 'w').close()\ntime.sleep(120)")
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(
-        f"import subprocess, sys, time\nchild = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+        f"import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {burn!r}], start_new_session=True)\n"
         f"import os\nwhile not os.path.exists({str(done)!r}):\n    time.sleep(0.1)\ntime.sleep(0.6)")]
     root = _root_conftest()
-    with root.KernelTreeCPU() as cpu:
-        r0 = root.children_cpu_s()
-        nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
-        waited = root.children_cpu_s() - r0
+    try:
+        with root.KernelTreeCPU() as cpu:
+            r0 = root.children_cpu_s()
+            nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+            waited = root.children_cpu_s() - r0
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     assert waited < 2.0 <= cpu.seconds, (waited, cpu.seconds)
 
 
