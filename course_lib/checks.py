@@ -64,7 +64,11 @@ def check_close(actual, expected, what: str, rtol: float = 1e-5, atol: float = 1
 
 def _equal(actual, expected) -> bool:
     if isinstance(expected, (torch.Tensor, np.ndarray)):
-        a, e = _arr(actual), _arr(expected)
+        try:
+            a = _arr(actual)
+        except Exception:  # noqa: BLE001 - not an array of numbers (a string, None): not equal
+            return False
+        e = _arr(expected)
         return a.shape == e.shape and bool(np.array_equal(a, e))
     if isinstance(expected, float) and isinstance(actual, (int, float)) and math.isclose(actual, expected):
         return True
@@ -76,8 +80,20 @@ def check_equal(actual, expected, what: str, mistakes: dict | None = None):
     if _equal(actual, expected):
         return
     hint = _diagnosis(actual, mistakes, _equal)
+    if actual is None:
+        raise AssertionError(f"{what}: {hint}got None - did the function return its result?")
     if isinstance(expected, (torch.Tensor, np.ndarray)):
-        raise AssertionError(f"{what}: {hint}expected {_short(_arr(expected))}, got {_short(_arr(actual))}")
+        try:
+            a, e = _arr(actual), _arr(expected)
+        except Exception:  # noqa: BLE001 - not an array at all: say what it is
+            raise AssertionError(f"{what}: {hint}expected an array {_short(_arr(expected))}, got {actual!r}") from None
+        if a.shape != e.shape:
+            raise AssertionError(f"{what}: {hint}expected shape {e.shape}, got shape {a.shape}")
+        where = ""
+        if a.ndim:
+            idx = tuple(int(i[0]) for i in np.nonzero(a != e))
+            where = f" (first mismatch at index {idx}: expected {e[idx]:.6g}, got {a[idx]:.6g})"
+        raise AssertionError(f"{what}: {hint}expected {_short(e)}, got {_short(a)}{where}")
     raise AssertionError(f"{what}: {hint}expected {expected!r}, got {actual!r}")
 
 

@@ -45,3 +45,19 @@ def test_diagnose_and_the_other_checks():
         check_raises(lambda: None, ValueError, "bad n")
     with pytest.raises(AssertionError, match="expected ValueError, got KeyError"):
         check_raises(lambda: {}["x"], ValueError, "bad n")
+
+
+def test_a_long_array_names_its_first_mismatch_and_bad_kinds_fail_as_assertions():
+    want = torch.arange(20)
+    got = want.clone()
+    got[13] = -1
+    with pytest.raises(AssertionError, match=r"first mismatch at index \(13,\): expected 13, got -1"):
+        check_equal(got, want, "codes")
+    with pytest.raises(AssertionError, match=r"first mismatch at index \(1, 2\): expected 6, got 0"):
+        check_equal(torch.tensor([[0, 1, 2, 3], [4, 5, 0, 7]]), torch.arange(8).reshape(2, 4), "codes")
+    with pytest.raises(AssertionError, match=r"^codes: expected shape \(20,\), got shape \(19,\)$"):
+        check_equal(want[:19], want, "codes")
+    with pytest.raises(AssertionError, match=r"^codes: expected an array .*, got 'x'$"):
+        check_equal("x", want, "codes")
+    with pytest.raises(AssertionError, match="got None - did the function return its result"):
+        check_equal(None, want, "codes")
