@@ -165,14 +165,17 @@ check_close(1 / torch.as_tensor(_scale), 41.129, "zeropoint_quantize([0.1, 3.2, 
             rtol=1e-4)
 check_equal(int(_zp), -5, "zeropoint_quantize([0.1, 3.2, -3.0], 8): zero point")
 check_equal(_codes, torch.tensor([-1, 127, -128]), "zeropoint_quantize([0.1, 3.2, -3.0], 8): codes")
-check_close(zeropoint_dequantize(_codes, _scale, _zp)[0], 4 * 6.2 / 255, "0.1 dequantizes to (-1 + 5) * 6.2/255",
-            rtol=1e-5)
+check_close(zeropoint_dequantize(_codes, _scale, _zp), torch.tensor([4.0, 132.0, -123.0]) * 6.2 / 255,
+            "zeropoint_dequantize of those codes: (codes - zero_point) * scale, every element (127 + 5 = 132 does "
+            "not fit in an int8: subtract in a wider type)", rtol=1e-5)
 # all positive data: the range is widened to include 0 (lo = 0), so 0 maps to qmin
 _codes, _scale, _zp = zeropoint_quantize(torch.tensor([1.0, 2.0, 3.0]), 2)
 check_close(_scale, 1.0, "zeropoint_quantize([1, 2, 3], 2): scale = (3 - 0) / 3", rtol=1e-6)
 check_equal(int(_zp), -2, "zeropoint_quantize([1, 2, 3], 2): zero point (= qmin, since lo = 0)")
 check_equal(_codes, torch.tensor([-1, 0, 1]), "zeropoint_quantize([1, 2, 3], 2): codes")
 _codes, _scale, _zp = zeropoint_quantize(torch.zeros(4), 8)
+check_equal(int(_zp), -128, "zeropoint_quantize(zeros, 8): zero point (= qmin when the scale is 0)")
+check_equal(_codes, torch.full((4,), -128), "zeropoint_quantize(zeros, 8): codes (all qmin)")
 check_equal(zeropoint_dequantize(_codes, _scale, _zp), torch.zeros(4), "zero-point round trip of an all-zero tensor")
 check_raises(lambda: zeropoint_quantize(torch.ones(3), 0), ValueError, "zeropoint_quantize with bits=0")
 
@@ -439,9 +442,11 @@ print("Exercise 6: visible tests passed")
 # * **raises** `ValueError` for `bits < 1`, a `group_size`, `numel` or `scale_group` that is not None or a
 #   positive int, or a `scale_group` without a `group_size`.
 #
-# The grader draws its own formats and tensor sizes and compares with the bytes the course's quantizers
-# store. The visible tests check units, bounds and limits; the last cell measures the bytes your own
-# functions store on a real weight matrix and prints them beside your predictions.
+# The grader draws its own formats and tensor sizes and compares with the exact number of bits the format
+# stores, as defined above: nothing is padded to whole bytes, and `bits`, `scale_bits` and `outer_bits` may
+# be any positive numbers (a 12.5-bit scale is an average over scales of mixed widths). The visible tests
+# check units, bounds and limits; the last cell measures the bytes your own functions store on a real weight
+# matrix and prints them beside your predictions.
 #
 # <details><summary>Hint 1: count, then divide</summary>
 #
@@ -510,7 +515,7 @@ print("Exercise 7: visible tests passed")
 # ## Try it on a real weight matrix (not graded)
 #
 # Your functions on the course model's first MLP up-projection: per tensor against per group, 2 to 8 bits.
-# Notice how each extra bit adds about 6 dB, and how much per-group scales add at low bit widths.
+# Notice what each extra bit adds, and what per-group scales add at each width.
 
 # %% id="c020"
 import os
@@ -565,8 +570,9 @@ except RuntimeError as e:
 #
 # 1. how many dB does one more bit add, per tensor and per group of 32? Quote two rows, compare with the
 #    uniform-noise model's 6.02 dB per bit, and say where and why your numbers depart from it;
-# 2. explain why per-group scales help most at low bit widths (what sets absmax's step, and what one large
-#    weight does to it);
+# 2. how many dB do per-group scales gain over one scale per tensor, and is that gain the same at every
+#    width? Explain it (what sets absmax's step, and what one large weight does to it), and say at which
+#    widths the gain matters for a model and why;
 # 3. compare NF4 with int4 absmax at the same block size: which has the higher SQNR on this matrix, why, and
 #    did your predicted bits per weight match the measured ones (why must they)?
 #
