@@ -48,16 +48,17 @@ def rtn_column(w, scale, zero, bits):
 
 
 def planted_gptq(W, H, bits, gs, percdamp, mistake):
-    """GPTQ's loop with a known mistake: the full inverse's entries for every column ("full_inverse"), or no
-    error fed forward at all ("no_feedback": round-to-nearest on the group grids)."""
-    W, n = W.clone().float(), W.shape[1]
+    """GPTQ's loop with a known mistake: the full inverse's entries for every column ("full_inverse"), no
+    error fed forward at all ("no_feedback": round-to-nearest on the group grids), or each group's grid from
+    the original columns instead of the updated ones ("grid_from_original")."""
+    W0, W, n = W.clone().float(), W.clone().float(), W.shape[1]
     H = H.float() + percdamp * torch.diag(H.float()).mean() * torch.eye(n)
     Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H))
     rows = Hinv if mistake == "full_inverse" else torch.linalg.cholesky(Hinv, upper=True)
     Q = torch.zeros_like(W)
     for j in range(n):
         if j % (gs or n) == 0:
-            s, z = grid(W[:, j:j + (gs or n)], bits)
+            s, z = grid((W0 if mistake == "grid_from_original" else W)[:, j:j + (gs or n)], bits)
         q = rtn_column(W[:, j:j + 1], s, z, bits)
         if mistake != "no_feedback":
             W[:, j + 1:] -= (W[:, j:j + 1] - q) / rows[j, j] @ rows[j:j + 1, j + 1:]
@@ -85,8 +86,9 @@ def gptq_case(t, what, W, X, bits, gs, pd, atol=None, answers=None):
         answers.append(output_error(W, Wq, X) / output_error(W, rtn(W, bits, gs), X))
     check_equal(got[2].get(), W, f"{what}: the caller's W after gptq (work on a copy)")
     r = gptq_quantize(W, H, bits=bits, group_size=gs, percdamp=pd, scale_dtype=torch.float32)
-    # within a grid step both planted answers may match: the closer one is named
-    planted = {t.mistake(m): planted_gptq(W, H, bits, gs, pd, m) for m in ("full_inverse", "no_feedback")}
+    # within a grid step several planted answers may match: the closest one is named
+    planted = {t.mistake(m): planted_gptq(W, H, bits, gs, pd, m) for m in ("full_inverse", "no_feedback",
+                                                                            "grid_from_original")}
     wrong = dict(sorted(planted.items(), key=lambda kv: float((torch.as_tensor(Wq).float() - kv[1]).abs().max())))
     step = float(r.scales.max())
     check_close(Wq, r.weight, what, atol=atol if atol is not None else step * 1.01, rtol=0, mistakes=wrong)
@@ -286,6 +288,12 @@ def mutants():
               "    per = float(bits) if group_size is None else bits + (scale_bits + zero_point_bits) / group_size":
               "    per = float(bits) if group_size is None else bits + scale_bits / group_size"})},
          ["no_feedback", "zero_point_forgotten"]),
+        ("GPTQ computes each group's grid from the original columns, not the updated ones",
+         {"gptq_answer": solution_with("lab03", "gptq_answer", {
+             "    W = W.clone().float()\n": "    W = W.clone().float()\n    W0 = W.clone()\n",
+             "            scale, zero = grid(W[:, j:j + g], bits)":
+             "            scale, zero = grid(W0[:, j:j + g], bits)"})},
+         ["grid_from_original"]),
         ("the whole model priced with a tied LM head stored twice (exercise 3, the prediction)",
          {"predict_bits": solution_with("lab03", "predict_bits", {
              "V * D * (1 if c.tie_word_embeddings else 2)": "V * D * 2"})},

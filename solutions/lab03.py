@@ -37,6 +37,10 @@ MISTAKES = {
     "no_feedback": "each column was rounded on its own (plain round-to-nearest): GPTQ feeds every column's "
                    "rounding error forward to the columns not yet quantized; see notebook 03, section "
                    "'6. GPTQ: error feedback through the inverse Hessian'",
+    "grid_from_original": "each group's grid was computed from the original columns: GPTQ computes it from the "
+                          "columns as they are when the loop reaches the group's first column, after the error "
+                          "of the columns before has been fed into them (their range has moved); see the "
+                          "contract's *Returns*",
     "smooth_direction": "the weight was divided by s, like the activations: x's channel j is divided by s_j, "
                         "so W's input column j must be multiplied by s_j for (x / s) @ W_smoothed.T to equal "
                         "x @ W.T; see notebook 03, section '4. SmoothQuant: migrate the difficulty into the "
