@@ -376,11 +376,13 @@ def expected_bytes(L, K, Dh, held, batch, kb, vb, tp):
 
 
 def draw_deployment(t):
-    """A model shape, a cache, formats and a GPU count that splits the KV heads evenly (either way)."""
+    """A model shape, a cache, formats and a GPU count that splits the query heads evenly and the KV heads
+    evenly (either way)."""
     K = t.rng.choice([1, 2, 4, 8, 16, 32])
     fields = config_fields(t.rng.randint(1, 80), K, 32 * t.rng.randint(1, 4))
     fields["num_attention_heads"] = K * t.rng.choice([1, 2, 4, 8])
-    tp = t.rng.choice([d for d in (1, 2, 4, 8, 16, 32, 64) if K % d == 0 or d % K == 0])
+    H = fields["num_attention_heads"]      # every GPU computes whole query heads, as the contract assumes
+    tp = t.rng.choice([d for d in (1, 2, 4, 8, 16, 32, 64) if (K % d == 0 or d % K == 0) and H % d == 0])
     window = None if t.rng.random() < 0.5 else t.rng.randint(1, 8191)
     kb, vb = t.rng.choice([(1, 2), (2, 1), (1, 1), (2, 2), (0.5, 2), (1, 4), (4, 4)])
     tokens = t.rng.choice([t.rng.randint(0, 131_072), 131_072, 2 ** t.rng.randint(10, 20)])
@@ -398,7 +400,8 @@ def predict_bytes(t):
             (llama3, 131072, 4092, 4, 8, 1, 1, 32), (llama3, 4096, None, 0, 1, 2, 2, 1),
             (llama7b, 4096, 1020, 4, 1, 2, 2, 4), (llama7b, 100, 1020, 4, 1, 1, 2, 2),
             (tiny, 100, 32, 4, 2, 4, 4, 1), (tiny, 36, 32, 4, 1, 4, 1, 2), (tiny, 0, 8, 2, 1, 2, 1, 4),
-            (tiny, 50, 1, 0, 3, 2, 0.5, 1), (config_fields(1, 1, 2), 7, None, 3, 5, 1, 2, 8),
+            (tiny, 50, 1, 0, 3, 2, 0.5, 1), (config_fields(1, 1, 2) | {"num_attention_heads": 8, "hidden_size": 16},
+                                               7, None, 3, 5, 1, 2, 8),
             (config_fields(2, 1, 64), 1000, None, 0, 1, 1, 2, 1)]
     grid += [draw_deployment(t) for _ in range(40)]
     for fields, tokens, window, sinks, batch, kb, vb, tp in grid:

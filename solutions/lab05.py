@@ -12,6 +12,7 @@
 #   its contract, and the real model checks it against the definition of windowed attention.
 # * **Part D (1 point): predict** what a long context's cache holds on each GPU of a tensor-parallel
 #   deployment with FP8 keys, then measure your caches.
+# * **Part E (2 points): a written analysis** of the formula's bytes against your caches' tensors.
 #
 # How it works:
 #
@@ -241,7 +242,7 @@ print("Part B (model): visible tests passed")
 # so those `sinks` tokens are never evicted. Write `SinkKVCache(window, sinks=0)` (with `sinks=0` it is the
 # plain sliding window).
 #
-# **Contract.** The conventions of `course_lib.kvcache.window`, with absolute positions:
+# **Contract.** The conventions of notebook 05's window and sink caches (sections 6.2 and 6.3), with absolute positions:
 #
 # * *Window*: a new token attends to the sinks and to at most `window` = W non-sink tokens, **itself
 #   included**. The first `sinks` tokens of the sequence are the sinks.
@@ -414,8 +415,9 @@ print("Part C (model): visible tests passed")
 #   otherwise Part C's sink cache of `window` and `sinks`), the bytes of one stored number of a key
 #   (`key_bytes`) and of a value (`value_bytes`), and the number of GPUs `tp` the heads are split over;
 # * **returns** the bytes of keys and values held by the GPU that holds the most, as an `int`;
-# * **assumes** the split is even: `tp` divides `num_key_value_heads`, or `num_key_value_heads` divides `tp`
-#   (more GPUs than KV heads, as with an 8-KV-head model on 16 GPUs); every GPU holds every sequence;
+# * **assumes** the split is even: `tp` divides `num_attention_heads` (every GPU computes whole query heads),
+#   and `tp` divides `num_key_value_heads` or `num_key_value_heads` divides `tp` (more GPUs than KV heads, as
+#   with an 8-KV-head model on 16 GPUs); every GPU holds every sequence;
 # * **raises** `ValueError` if `tp` is not an int >= 1 or splits the KV heads unevenly (neither divides the
 #   other), if `key_bytes` or `value_bytes` is not > 0, if `window` is neither `None` nor an int >= 1, or if
 #   `sinks` is not an int >= 0.
