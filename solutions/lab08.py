@@ -279,11 +279,12 @@ print("Part A (greedy): visible tests passed")
 # passes **given that drafts 1 to `i` passed** (`g = len(accept)`, possibly 0). Derive, and implement:
 #
 # * `expected_tokens_per_pass(accept)`: the expected number of tokens one pass emits (a float; a
-#   `ValueError` if a rate is not in [0, 1]);
+#   `ValueError` if a rate is not in [0, 1], exactly: no tolerance, so `1.0000001` is refused);
 # * `speedup(accept, c, verify_cost=1.0)`: a pass costs `g` draft steps (`c` each, in units of one target
 #   decode step) plus one target verification pass (`verify_cost`; 1 on a GPU at batch 1, where scoring
 #   `g + 1` tokens costs about as much as one). Plain decoding costs 1 per token: return the predicted
-#   speed-up of speculative decoding over plain decoding (a `ValueError` if `c < 0` or `verify_cost <= 0`).
+#   speed-up of speculative decoding over plain decoding (a `ValueError` if `c < 0`, `verify_cost <= 0`, or
+#   a rate is not in [0, 1], as above).
 #
 # The grader draws its own rates, costs and draft lengths and compares with the exact expectation (within
 # `1e-9` relative). The visible tests check the units and what must hold whatever the formula; the cell
@@ -368,8 +369,9 @@ print("Part B (speed-up): visible tests passed")
 # ### Your prediction against this machine (not graded)
 #
 # The course's `tiny` target and its `tiny-draft` draft, greedy, through your `accept_step` and the
-# `greedy_speculative` loop of Part A (which recomputes the whole prefix at each forward: no KV cache, so a
-# target pass over `g + 1` new tokens costs about one plain step, `verify_cost` ~ 1). The cell measures the
+# `greedy_speculative` loop of Part A. It recomputes the whole prefix at each forward (no KV cache), so a
+# target pass over `g + 1` new tokens costs one plain step plus `g` positions: the model's `verify_cost = 1`
+# is an assumption here, which Part C asks you to judge. The cell measures the
 # acceptance rate `a` (how often the draft's next token is the target's, along the target's own greedy
 # output), the cost ratio `c` of one draft forward to one target forward, the tokens per pass and the
 # speed-up, and puts your model's predictions beside them. Timings are noisy on a shared machine: they are
