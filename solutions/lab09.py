@@ -88,7 +88,8 @@ MISTAKES = {
 #
 # Implement `blocks_needed(tokens, block_size)`: the number of blocks that hold `tokens` tokens,
 # i.e. ceil(tokens / block_size) (0 tokens need 0 blocks). Raise `ValueError` if `block_size` is not a
-# positive integer or `tokens` is not an integer >= 0 (an `int`: a float such as `16.0` is refused too).
+# positive integer or `tokens` is not an integer >= 0 (an `int`: a float such as `16.0` is refused too, and
+# so is a `bool`, which Python counts as an int).
 # Use integer arithmetic (no floats: they round
 # wrongly for huge numbers).
 
@@ -141,7 +142,8 @@ print("Part A: visible tests passed")
 #   otherwise admit from the head of `waiting`, in order, while the batch (running requests left +
 #   admitted) stays within `max_batch` and the request's blocks fit; **stop at the first request that
 #   does not fit**: no later request overtakes it.
-# * *Errors*: `ValueError` if `free_blocks < 0`, `block_size < 1` or `max_batch < 1`.
+# * *Errors*: `ValueError` if `free_blocks < 0`, `block_size < 1` or `max_batch < 1`, or if one of them is not
+#   an `int` (a float or a `bool` is refused, as in Part A).
 #
 # The visible tests below check small decisions by hand and one whole simulation against the reference;
 # when grading, the grader compares your decisions with the reference's on an edge grid, hundreds of
@@ -253,7 +255,9 @@ print(f"Part B: visible tests passed ({len(_mine.preemptions)} preemptions, thro
 # A service promises a **service-level objective**: here, the time to first token must be at most
 # `ttft_slo` seconds **and** the mean time per output token at most `tpot_slo` seconds. Implement
 # `goodput(ttfts, tpots, ttft_slo, tpot_slo, duration_s)`: the number of requests meeting both limits
-# (`<=`), divided by `duration_s`. `ttfts` and `tpots` are equally long lists (one entry per request).
+# (`<=`), divided by `duration_s`. `ttfts` and `tpots` are equally long lists (one entry per request) of
+# seconds; every request here has at least two output tokens, so every TPOT is a number (the library's
+# records give `None` for a one-token answer, which has no TPOT; you need not handle it).
 # Raise `ValueError` if their lengths differ or `duration_s` is not positive.
 
 # %% id="c011" nbgrader={"grade": false, "grade_id": "goodput_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
