@@ -145,7 +145,7 @@ def rank_results(t, o, i, n, p, what):
     return out
 
 
-@judge.part("parallel_mlp_tests", groups={"values": 3, "errors": 1})
+@judge.part("parallel_mlp_tests", groups={"values": 2, "communication": 1, "errors": 1})
 def parallel_mlp(t):
     # (what, x shape, f, world size): the visible example's shapes, one hidden unit per rank with a 2-D x, four
     # ranks, drawn shapes; the cases of a world size run in one group (one start-up)
@@ -175,6 +175,13 @@ def parallel_mlp(t):
                     check_close(y, want, f"{what}: rank {r}'s output vs the unsharded MLP", rtol=1e-4, atol=1e-4,
                                 mistakes={t.mistake("bias_every_rank"): want + (p - 1) * b2,
                                           t.mistake("no_allreduce"): partial + b2})
+            with t.case(f"{what}: one all-reduce of the output per call", group="communication"):
+                for r, res in enumerate(rank_results(t, o, i, len(mine), p, what)):
+                    gathered = [["all_gather", [*shape[:-1], f // p]]]
+                    check_equal(res.get("collectives"), [["all_reduce", list(shape)]],
+                                f"{what}: rank {r}'s torch.distributed calls ([name, shape of the tensor]); expected "
+                                f"one all_reduce of the output's shape {list(shape)}",
+                                mistakes={t.mistake("mlp_gathered_hidden"): gathered})
     # the shard functions' ValueError, raised before any collective (run in the kernel, no group needed)
     for d, f, r, p in ((4, 6, 0, 4), (3, 5, 1, 2), (2, 4, 2, 3)):
         what = f"parallel_mlp with f={f} on rank {r} of {p}"
@@ -314,6 +321,15 @@ def mutants():
               "    return 1.0 - m * sum(times) / (p * makespan)     # busy: every micro-batch through every stage once":
               "    return (p - 1) / (m + p - 1)"})},
          ["bias_every_rank", "bubble_balanced"]),
+        ("the MLP's hidden slices all-gathered and the whole second layer run on every rank: the right values, "
+         "the wrong communication",
+         {"parallel_mlp": solution_with("lab11", "parallel_mlp", {
+             "    y = F.linear(h, shard_row(w2, rank, world_size))  # [..., d]: a partial sum":
+             "    parts = [torch.empty_like(h) for _ in range(world_size)]\n"
+             "    dist.all_gather(parts, h)\n"
+             "    y = F.linear(torch.cat(parts, -1), w2)",
+             "    dist.all_reduce(y)                                # the sum over the ranks, on every rank\n": ""})},
+         ["mlp_gathered_hidden"]),
         ("attention's query heads split over the ranks, every KV head kept on every rank and read by the local "
          "head index (the groups of rank 0's heads on every rank)",
          {"parallel_attention": solution_with("lab11", "parallel_attention", {

@@ -33,7 +33,7 @@ from course_lib.models.config import LlamaConfig
 from course_lib.parallel import (ModelSpec, bubble_fraction, gpipe_schedule, launch, pipeline_run, sequence,
                                  split_layers)
 from course_lib.parallel.checks import (attention_reference, kv_group_mistake, mlp_reference, random_attention,
-                                       random_mlp, run_on_ranks, run_parallel_mlp)
+                                       random_mlp, run_on_ranks)
 from course_lib.perf.claims import timing_claim
 
 torch.set_num_threads(1)
@@ -46,6 +46,11 @@ MISTAKES = {
     "no_allreduce": "each rank returns its partial sum: the row-parallel layer's outputs must be summed over the "
                     "ranks (dist.all_reduce) before they are the layer's output; see notebook 11, section "
                     "'1 · Two ways to split a linear layer'",
+    "mlp_gathered_hidden": "the hidden activations were gathered (all_gather) and the whole second layer run on "
+                           "every rank: the right values, but the [..., f / p] slices leave their ranks and every "
+                           "rank repeats the whole second matmul. The row-parallel second layer needs only this "
+                           "rank's slice: its partial sums, added by one all-reduce of [..., d], are the output; "
+                           "see notebook 11, section '1 · Two ways to split a linear layer'",
     "kv_group": "the query heads were split over the ranks without their KV heads: rank r's j-th query head is the "
                 "model's head r*H/p + j and reads KV head (r*H/p + j) // (H/K), its group's; keeping every KV head "
                 "on every rank and pairing by the local index j reads another group's keys and values. Split Q, K "
@@ -176,8 +181,9 @@ print("cost: visible tests passed")
 # * *errors*: the shard functions' `ValueError` when `world_size` does not divide `f`.
 #
 # How it is checked: a function defined in a notebook cannot be imported by a new process, so
-# `run_parallel_mlp` sends the *source* of your function (and of the helpers you list) to two fresh
-# processes, which form a gloo group over 127.0.0.1 and run it with `torch`, `F` and `dist` imported.
+# `run_on_ranks` sends the *source* of your function (and of the helpers you list) to two fresh
+# processes, which form a gloo group over 127.0.0.1 and run it with `torch`, `F` and `dist` imported; each
+# rank returns its output and the `torch.distributed` calls it made.
 # So use only those and the helpers from exercise 1. Each check starts two Python processes: it takes a
 # few seconds (the first one longer).
 #
@@ -212,17 +218,24 @@ def parallel_mlp(x, w1, b1, w2, b2, rank, world_size):
 
 # %% id="c012" nbgrader={"grade": true, "grade_id": "parallel_mlp_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 def check_mlp_on_ranks(d, f, batch, seed, world_size=2):
-    """Your parallel_mlp on world_size gloo ranks against the unsharded MLP, naming a known mistake."""
+    """Your parallel_mlp on world_size gloo ranks against the unsharded MLP, each rank's collectives counted,
+    naming a known mistake."""
     x, w1, b1, w2, b2 = random_mlp(d, f, batch, seed)
     ref = mlp_reference(x, w1, b1, w2, b2)
-    outs = run_parallel_mlp(parallel_mlp, x, w1, b1, w2, b2, world_size=world_size, helpers=[shard_column, shard_row])
-    for r, y in enumerate(outs):
+    ranks = run_on_ranks(parallel_mlp, [(x, w1, b1, w2, b2)], world_size, helpers=[shard_column, shard_row])
+    what = f"parallel_mlp (d={d}, f={f}, batch={batch}, seed {seed}) on {world_size} ranks"
+    for r, (res,) in enumerate(ranks):
+        if "raised" in res:
+            raise AssertionError(f"{what}: rank {r} raised {res['raised']}\n{res['traceback']}")
         w1_r, b1_r = w1.chunk(world_size)[r], b1.chunk(world_size)[r]
-        partial = F.linear(F.relu(F.linear(x, w1_r, b1_r)), w2.chunk(world_size, dim=1)[r])
-        check_close(y, ref, f"parallel_mlp on rank {r} of {world_size} (d={d}, f={f}, batch={batch}, seed {seed}) "
-                    f"vs the unsharded MLP", rtol=1e-4, atol=1e-4,
+        h = F.relu(F.linear(x, w1_r, b1_r))
+        partial = F.linear(h, w2.chunk(world_size, dim=1)[r])
+        check_close(res["output"], ref, f"{what}: rank {r}'s output vs the unsharded MLP", rtol=1e-4, atol=1e-4,
                     mistakes={MISTAKES["bias_every_rank"]: ref + (world_size - 1) * b2,
                               MISTAKES["no_allreduce"]: partial + b2})
+        check_equal(res["collectives"], [["all_reduce", list(ref.shape)]],
+                    f"{what}: rank {r}'s torch.distributed calls ([name, shape of the tensor])",
+                    mistakes={MISTAKES["mlp_gathered_hidden"]: [["all_gather", list(h.shape)]]})
 
 
 check_mlp_on_ranks(d=4, f=6, batch=2, seed=0)
