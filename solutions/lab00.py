@@ -263,6 +263,8 @@ print("Part C: visible tests passed")
 #
 # With the probabilities sorted in decreasing order, a token is kept when the probability of the tokens
 # *before* it is still below p. "Before it" is the cumulative sum minus the token's own probability.
+# Pitfall: in float32 a long row's cumulative sum can reach 1.0 before its last tokens, so at `p = 1` this
+# rule alone drops tokens the contract keeps.
 # </details>
 #
 # <details><summary>Hint 2: the tools</summary>
@@ -309,6 +311,9 @@ check_equal(kept(top_p_filter(xp, 0.55)), [1, 3], "kept tokens of top_p_filter(l
 xb = torch.stack([x, x.flip(0)])
 check_equal(kept(top_p_filter(xb, 0.55)[1]), [2, 3], "row 2 of top_p_filter on a batch (each row separately)")
 check_equal(x, torch.tensor([0.5, 0.3, 0.15, 0.05]).log(), "the input logits after top_p_filter (must not change)")
+_long = torch.randn(8, 32000, generator=torch.Generator().manual_seed(0)) * 3   # 8 rows of a real vocabulary's size
+check_equal(int(torch.isinf(top_p_filter(_long, 1.0)).sum()), 0, "tokens dropped by top_p_filter(8 rows of 32,000 "
+            "logits, p=1) (p = 1 keeps everything, whatever float32's cumulative sum says)")
 check_raises(lambda: top_p_filter(x, 0.0), ValueError, "top_p_filter(x, p=0.0)")
 check_raises(lambda: top_p_filter(x, 1.5), ValueError, "top_p_filter(x, p=1.5)")
 print("Part D: visible tests passed")
@@ -375,6 +380,10 @@ draws = sample(x.expand(4000, -1), 1.0, top_k=3, generator=torch.Generator().man
 check_equal(tuple(draws.shape), (4000,), "the shape of sample(logits of shape [4000, 4])")
 check_equal(draws.dtype, torch.int64, "the dtype of sample(...)")
 check_equal(int((draws == 3).sum()), 0, "how often sample(..., top_k=3) drew the filtered token 3")
+check_equal(tuple(sample(torch.randn(3, 2, 5), 1.0, generator=torch.Generator().manual_seed(0)).shape), (3, 2),
+            "the shape of sample(logits of shape [3, 2, 5]) (one token per row, whatever the leading dimensions)")
+check_equal(tuple(sample(x, 1.0, generator=torch.Generator().manual_seed(0)).shape), (),
+            "the shape of sample(logits of shape [4]) (one row: a 0-d tensor)")
 freq = torch.bincount(draws, minlength=4).double() / 4000
 check_close(freq[:3], sampling_probs(x, 1.0, top_k=3)[:3].double(),
             "the sampled frequencies of tokens 0-2 (4000 draws, top_k=3)", atol=0.035)
@@ -404,7 +413,8 @@ print("Part E: visible tests passed")
 # * invariants: every TTFT is at least the request's own `ttft_s`, every E2E at least its TTFT; the time from a
 #   request's first token to its last does not depend on the other requests; a request that finds the server
 #   idle sees what it would see alone;
-# * raises `ValueError` for an empty `requests`, an `n_tokens` that is not an int >= 1, a negative `ttft_s`,
+# * raises `ValueError` for an empty `requests`, an `n_tokens` that is not an int >= 1 (a `bool` or a float
+#   such as `3.0` is refused too), a negative `ttft_s`,
 #   `arrival_s` or `tpot`, or arrivals out of order.
 #
 # The grader draws its own queues (bursts, idle gaps, one-token answers, hundreds of tokens) and compares with
