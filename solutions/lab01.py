@@ -293,11 +293,13 @@ check_equal(critical_batch(4096, 4096, 1, 1e12, 1e12), 1,
 #   memory traffic, exactly (the batch before it is memory-bound), or `None` when no batch gets there; it
 #   solves rather than searches: near the context where no batch is enough, the answer runs into the tens of
 #   thousands and beyond;
-# * invariants: at batch 1 with no KV cache, `step_s` is exercise 4's floor; as the batch grows, the step never
-#   gets shorter, each user's tokens/s never grows and the server's never shrinks; from `compute_bound_batch`
-#   on, the server's tokens/s no longer grows;
-# * both raise `ValueError` when `batch` is not an int >= 1, `context` is not an int >= 0, `kv_bytes_per_token`
-#   is negative, or another argument is not > 0.
+# * invariants: at batch 1 with no KV cache, `step_s` is exercise 4's floor whenever that step is memory-bound
+#   (on a device whose ridge point is below the step's intensity, 2 FLOPs per weight over its bytes, the
+#   compute floor binds instead);
+#   as the batch grows, the step never gets shorter, each user's tokens/s never grows and the server's never
+#   shrinks; from `compute_bound_batch` on, the server's tokens/s no longer grows;
+# * both raise `ValueError` when `batch` is not an int >= 1 or `context` not an int >= 0 (a `bool` or a float
+#   such as `2.0` is refused too), `kv_bytes_per_token` is negative, or another argument is not > 0.
 #
 # The grader draws its own models, formats, devices and contexts and compares with the course's model. The
 # visible tests check the units and what must hold whatever the formula; the extension cell after them
@@ -468,6 +470,8 @@ else:
         for B, (s, u, total), m in zip(BATCHES, predicted, measured):
             print(f"{B:>6}{s * 1e3:>10.3f}ms{m * 1e3:>9.3f}ms{m / s:>7.1f}{total:>19.0f}{B / m:>10.0f}{u:>17.0f}"
                   f"{1 / m:>10.0f}")
+        n_ops = device_bench.count_ops(device_bench.decode_step_call(model, context=CONTEXT, batch=1))
+        print(f"one step at batch 1 dispatches {n_ops} PyTorch operators (counted as notebook 01, section 6, does)")
         at = {c: compute_bound_batch(n_params, bpp, peak, bw, context=c, kv_bytes_per_token=kv_token)
               for c in (0, CONTEXT, 256, 511)}
         print("your compute_bound_batch here: " + ", ".join(f"{b} at {c} tokens" for c, b in at.items()))
@@ -513,8 +517,8 @@ else:
 #    from which your `compute_bound_batch` says the bundled model's step is compute-bound at 64 tokens; which
 #    floor binds at each of the two batches?
 # 2. explain why the measured step is so far above the bound at batch 1 and why the ratio changes at the largest
-#    batch, with an estimate from your numbers (for instance the time per operator the gap implies: notebook 01,
-#    section 6, counts the operators of a step);
+#    batch, with an estimate from your numbers (for instance the time per operator the gap implies, from the
+#    operators the cell counts in one step);
 # 3. quote your `compute_bound_batch` at longer contexts, and explain why a longer context pushes the crossover
 #    up and, past some context, removes it; what does that mean for a 7B model serving 4096-token contexts?
 #
