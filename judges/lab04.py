@@ -481,8 +481,9 @@ def mutants():
          "the break-even), and the break-even taken as a = c whatever g",
          {"predict_speedup": solution_with("lab04", "predict_speedup", {
              "    tokens = sum(a ** k for k in range(g + 1))": "    tokens = sum(a ** k for k in range(g))",
-             "    if pays(0.0):\n": "    return 1 / predict_speedup(draft_cfg, target_cfg, 0.0, 1, context) - 1   # c\n"
-                                  "    if pays(0.0):\n"})},
+             "    if not pays(1.0):\n":
+             "    return 1 / predict_speedup(draft_cfg, target_cfg, 0.0, 1, context) - 1   # c\n"
+             "    if not pays(1.0):\n"})},
          ["no_bonus", "marginal_rate"]),
         ("the draft's steps left out of a pass's cost",
          {"predict_speedup": solution_with("lab04", "predict_speedup", {

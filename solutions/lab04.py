@@ -269,13 +269,13 @@ print("Part C: visible tests passed")
 #   *returns* the predicted speed-up of speculative decoding over plain decoding of the target (tokens per
 #   unit of time, over plain decoding's), a float.
 # * `break_even_acceptance(draft_cfg, target_cfg, g, context=0)`, for g ≥ 1, *returns* the acceptance rate at
-#   which the predicted speed-up is exactly 1 (within 1e-6): below it the draft slows decoding down. `0.0`
-#   when every rate pays, `None` when none in [0, 1] does.
+#   which the predicted speed-up is exactly 1 (within 1e-6): below it the draft slows decoding down; `None`
+#   when no rate in [0, 1] reaches 1. (It is never 0: see the invariants.)
 # * *Invariants*: the speed-up is 1 at g = 0, rises with `a`, is below 1 at a = 0 (g ≥ 1), never above g + 1.
 # * *Refuses*: `TypeError` when a config is not a `LlamaConfig`; `ValueError` when `a` is not in [0, 1], `g`
 #   is not an int ≥ 0 (≥ 1 for the break-even) or `context` is not an int ≥ 0.
-# * Count from the configs' fields yourself: the configs the grader passes have no `num_parameters` method,
-#   and the course's own model of this is not in the library while it grades.
+# * Count from the configs' fields yourself: the grader passes `LlamaConfig`s whose `num_parameters` method
+#   is removed, and the course's own model of this is not in the library while it grades.
 #
 # The grader draws its own pairs of configs (tied and untied LM heads, grouped-query attention, any depth and
 # width), rates, draft lengths and contexts, and compares with the course's model: within 1e-9 (relative) for
@@ -331,7 +331,7 @@ def predict_speedup(draft_cfg, target_cfg, a, g, context=0):
 
 
 def break_even_acceptance(draft_cfg, target_cfg, g, context=0):
-    """The acceptance rate at which predict_speedup is 1 (0.0: every rate pays; None: none does)."""
+    """The acceptance rate at which predict_speedup is 1 (None: no rate in [0, 1] reaches it)."""
     ### BEGIN SOLUTION
     if isinstance(g, bool) or not isinstance(g, int) or g < 1:
         raise ValueError(f"g must be an int >= 1, got {g!r}")
@@ -339,8 +339,6 @@ def break_even_acceptance(draft_cfg, target_cfg, g, context=0):
     def pays(a):
         return predict_speedup(draft_cfg, target_cfg, a, g, context) >= 1
 
-    if pays(0.0):
-        return 0.0
     if not pays(1.0):
         return None
     lo, hi = 0.0, 1.0                                # the speed-up rises with a: pays(hi), not pays(lo)
