@@ -237,6 +237,7 @@ for _bs in (1, 2, 3, 7, 10):
     check_close(online_softmax(_x, _bs), _x.softmax(-1), f"online_softmax(x, block_size={_bs})", rtol=1e-5,
                 atol=1e-7)
 check_raises(lambda: online_softmax(_x, 0), ValueError, "online_softmax with block_size=0")
+print("Part A: visible tests passed")
 
 
 # %% [markdown] id="c007"
@@ -256,10 +257,12 @@ check_raises(lambda: online_softmax(_x, 0), ValueError, "online_softmax with blo
 # * **memory bound**: no tensor the function creates holds more than
 #   `max(q.numel(), k.numel() * H // Hkv, B * H * block_q * block_k)` elements: never the `Tq x Tk` scores,
 #   nor a mask of that size (the tests watch the size of every tensor any torch operation returns);
-# * **raises** `ValueError` when `block_q` or `block_k` is not a positive int, when the shapes do not fit
+# * **raises** `ValueError` when `block_q` or `block_k` is not a positive int (a `bool` is not one, though
+#   Python counts `True` as 1), when the shapes do not fit
 #   (`q` not 4-D, `k` and `v` not the same shape, a different `B` or `d`, `H` not a multiple of `Hkv`).
 #
-# `causal` is Part C's: for now only `causal=False` is tested (leave the argument in the signature).
+# `causal` is Part C's: for now only `causal=False` is tested (leave the argument in the signature). Part C
+# has no answer cell of its own: it grades this same function with `causal=True`.
 #
 # <details><summary>Hint 1: the loop structure</summary>
 #
@@ -578,7 +581,9 @@ for _causal in (False, True):
 # with its `tl.dot`s on the ordinary FMA units, no tensor-core instruction, so expect it well behind SDPA
 # there; and **no bf16**: ptxas rejects bf16 code for sm_75 ("Feature '.bf16' requires .target sm_80 or
 # higher", triton-lang/triton issue 1941). That is why the contract asks for fp32 and fp16 only. A GPU
-# below compute capability 7.0 runs the interpreter, as a CPU does.
+# below compute capability 7.0 runs the interpreter, as a CPU does. (Notebook 07, section 5, says the course
+# does not launch *its own* Triton kernels on a T4: that is the library's choice for its fast paths; your
+# kernel here is compiled there, unsupported, as above.)
 #
 # **Contract.** `flash_attention(q, k, v, causal=False, block_m=16, block_n=16)`, a launcher in Python
 # that runs **one** `@triton.jit` kernel of yours (its name and arguments are yours):
@@ -854,8 +859,11 @@ else:
 #   same row mask.
 # * The scale `1 / sqrt(D)` is inside `P` and multiplies `dq` and `dk` once more (the chain rule through the
 #   scores); `dv` has none.
-# * Causal: a key tile is seen only by the queries from position `j0 - (S - T)` on; the loop over query
-#   tiles may start at the tile that holds it.
+# * Causal: a key tile that starts at key `j0` is seen only by the query rows `t >= j0 - (S - T)` (the row
+#   index in `q`, 0 to `T - 1`, not the absolute position `S - T + t` of Parts C and D); the loop over query
+#   tiles may start at the tile that holds that row.
+# * Precision: as in Part E, an fp32 `tl.dot` may use tf32 on an Ampere or newer GPU, about `1e-3` off,
+#   beyond this part's `1e-4`: ask every `tl.dot` for full fp32 (`input_precision`).
 # </details>
 
 # %% id="c023b" nbgrader={"grade": false, "grade_id": "flash_backward_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
