@@ -33,6 +33,9 @@ MISTAKES = {
                       "input feature j over the calibration tokens, so a small weight on a loud feature can matter "
                       "more than a large weight on a quiet one; see notebook 10, section '2. Wanda and the 2:4 "
                       "pattern'",
+    "capacity_floor": "the capacity was rounded down: a fraction of a slot still needs a whole one, so the "
+                      "capacity is the ceiling of capacity_factor * N * k / E (at most N); see notebook 10, "
+                      "section '5. Mixture of experts'",
     "no_capacity": "the dispatch never drops an assignment: an expert that already holds `capacity` assignments "
                    "must drop the next ones (first choices are placed before second choices); see notebook 10, "
                    "section '5. Mixture of experts'",
@@ -125,7 +128,8 @@ print("wanda_24_mask: visible tests passed")
 # Each of `E` experts takes at most `capacity = ceil(capacity_factor * N * k / E)` assignments from a batch
 # of `N` tokens that each go to `k` experts (never more than `N`; the capacity factor of the Switch
 # Transformer [@fedus2022switch], for `k` choices). `capacity_factor=None` means no limit
-# (`N`). Write `expert_capacity(N, E, k, capacity_factor)`.
+# (`N`). Write `expert_capacity(N, E, k, capacity_factor)`, computing the expression in floating point as it
+# is written (the grader's reference does: `1.1 * 100 * 1 / 11` is 10.000000000000002, so that capacity is 11).
 
 # %% id="c008" nbgrader={"grade": false, "grade_id": "capacity", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def expert_capacity(N, E, k, capacity_factor):
@@ -288,7 +292,8 @@ print("moe_dispatch: visible tests passed")
 #   Exercise 2; `E = len(route_probs)`) and drops the rest.
 #
 # Write `predict_dropped(route_probs, N, k, capacity_factor)`: the **expected** number of dropped
-# assignments in a batch of `N` tokens, a float (0 with `capacity_factor=None`). Raise `ValueError` if `N`
+# assignments in a batch of `N` tokens, a float (0 with `capacity_factor=None`, once the arguments have been
+# checked: bad arguments are refused with `capacity_factor=None` too). Raise `ValueError` if `N`
 # or `k` is not an integer >= 1, if `k > E`, if a probability is outside [0, 1], or if they do not add up
 # to `k` (within 1e-6). The grader draws its own routers and batches (`N` up to a few hundred) and compares
 # with the exact expectation, within `1e-6` relative.
