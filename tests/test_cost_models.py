@@ -173,3 +173,13 @@ def test_one_block_count_agrees_with_every_old_copy():
         m = BlockManager(num_blocks=64, block_size=bs)
         m.add_sequence("a", list(range(n)))
         assert m.blocks_needed("a", new) == old_manager_blocks_needed(n, new, bs), (bs, n, new)
+
+
+def test_a_decode_step_at_its_ridge_is_compute_bound_as_classify_says():
+    """DecodeStep.bound and classify agree on the tie: arithmetic exactly as long as the traffic is compute-bound."""
+    from course_lib.perf.roofline import COMPUTE_BOUND, MEMORY_BOUND, DecodeStep, classify, ridge_point
+    tie = DecodeStep(weight_bytes=1e9, kv_bytes=0.0, flops=2e12, bandwidth=1e12, peak=2e15)
+    assert tie.memory_s == tie.compute_s and tie.bound == COMPUTE_BOUND
+    assert classify(ridge_point("A100-80GB"), "A100-80GB") == COMPUTE_BOUND
+    assert DecodeStep(1e9, 0.0, 1e12, 1e12, 2e15).bound == MEMORY_BOUND
+    assert DecodeStep(1e9, 0.0, 1e12, 1e12, None).bound == MEMORY_BOUND

@@ -197,7 +197,11 @@ class DecodeStep:
 
     @property
     def bound(self) -> str:
-        return MEMORY_BOUND if self.memory_s >= self.compute_s else COMPUTE_BOUND
+        """Compute-bound when the arithmetic takes at least as long as the traffic: a tie is compute-bound, as
+        ``classify`` calls an intensity at the ridge point (no peak: memory-bound)."""
+        if self.peak is not None and self.compute_s >= self.memory_s:
+            return COMPUTE_BOUND
+        return MEMORY_BOUND
 
 
 def decode_step(model, device, dtype="fp16", batch: int = 1, context: int = 0, gpus: int = 1,
@@ -206,6 +210,9 @@ def decode_step(model, device, dtype="fp16", batch: int = 1, context: int = 0, g
 
     A step of `batch` sequences, each attending to `context` cached tokens, reads every weight once and
     each sequence's KV cache once, and does 2 x params FLOPs per sequence (one multiply-add per weight).
+    "Every weight" is the rule of thumb, `num_parameters`: an untied input embedding is only looked up (a row
+    per token), so for an untied model this counts V x D weights more than a step reads (Llama-2-7B: 6.74e9
+    against 6.61e9); ``models.config.decode_reads`` counts the reads exactly, where the difference matters.
     Attention's own FLOPs (4 x heads x head_dim x context per layer) are left out: they come to about
     heads / kv_heads FLOP per byte of fp16 KV read, far below any ridge point: their time is the KV bytes'.
     Split over `gpus` GPUs working as one (no communication: a bound):
