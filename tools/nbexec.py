@@ -50,19 +50,20 @@ def _environment() -> dict:
     return {"quick": env.quick(), "device": device, "torch": torch.__version__}
 
 
-def _model_refs(value):
-    """The model ids a widget's state refers to ("IPY_MODEL_<id>", alone or in lists and dicts), and the
-    widget views among an Output widget's outputs."""
+def model_refs(value, views: bool = True):
+    """The model ids a widget's state refers to ("IPY_MODEL_<id>", alone or in lists and dicts), in order;
+    with `views`, also the widget views among an Output widget's outputs (the site renders those outputs
+    itself, so it asks for the references alone)."""
     if isinstance(value, str) and value.startswith("IPY_MODEL_"):
         yield value[len("IPY_MODEL_"):]
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _model_refs(v)
+            yield from model_refs(v, views)
     elif isinstance(value, dict):
-        if WIDGET_VIEW in value and isinstance(value[WIDGET_VIEW], dict):
+        if views and WIDGET_VIEW in value and isinstance(value[WIDGET_VIEW], dict):
             yield value[WIDGET_VIEW].get("model_id")
         for v in value.values():
-            yield from _model_refs(v)
+            yield from model_refs(v, views)
 
 
 def widget_snapshot(widget_state: dict, widget_buffers: dict, view_ids) -> dict:
@@ -79,7 +80,7 @@ def widget_snapshot(widget_state: dict, widget_buffers: dict, view_ids) -> dict:
                            "model_module_version": st.get("_model_module_version"), "state": st}
         if buffers := widget_buffers.get(model_id):
             state[model_id]["buffers"] = copy.deepcopy(list(buffers.values()))
-        todo += _model_refs(st)
+        todo += model_refs(st)
     return {"state": state, "version_major": 2, "version_minor": 0}
 
 

@@ -203,18 +203,6 @@ _SELECTIONS = ("Dropdown", "RadioButtons", "ToggleButtons", "Select", "Selection
 _TEXTS = {"HTMLModel": "html", "HTMLMathModel": "html", "LabelModel": "text"}
 
 
-def _refs(value):
-    """The model ids a widget's state refers to ("IPY_MODEL_<id>", alone or in lists), in order."""
-    if isinstance(value, str) and value.startswith("IPY_MODEL_"):
-        yield value[len("IPY_MODEL_"):]
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _refs(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _refs(v)
-
-
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
@@ -249,8 +237,8 @@ def _is_progress_bar(model_id: str, states: dict) -> bool:
     name = states.get(model_id, {}).get("model_name", "")
     if name in ("IntProgressModel", "FloatProgressModel"):
         return True
-    kids = [states.get(r, {}).get("model_name", "") for r in _refs(states.get(model_id, {}).get("state", {})
-                                                                     .get("children", []))]
+    children = states.get(model_id, {}).get("state", {}).get("children", [])
+    kids = [states.get(r, {}).get("model_name", "") for r in nbexec.model_refs(children, views=False)]
     return (name == "HBoxModel" and any(k in ("IntProgressModel", "FloatProgressModel") for k in kids)
             and all(k in ("IntProgressModel", "FloatProgressModel", "HTMLModel", "LabelModel") for k in kids))
 
@@ -281,7 +269,7 @@ def _tree_html(model_id: str, states: dict, seen: set) -> tuple[list[str], list[
         controls.append(f"{label} = {_fmt(picked)}")
     elif "value" in st and not name.endswith(("LayoutModel", "StyleModel")):
         controls.append(f"{label} = {_fmt(st['value'])}")
-    parts = [_tree_html(ref, states, seen) for ref in _refs(st)]
+    parts = [_tree_html(ref, states, seen) for ref in nbexec.model_refs(st, views=False)]
     cells = ["".join(s) for s, _, _ in parts if s]
     if name == "HBoxModel" and len(cells) > 1:   # side by side, as the widget lays them out
         shown.append('<div class="course-widget-row">' + "".join(f"<div>{c}</div>" for c in cells) + "</div>")
