@@ -109,7 +109,8 @@ MISTAKES = {
 # `layer.post_attention_layernorm`, `layer.mlp`; then `model.model.norm` and `model.lm_head`. RoPE is
 # `rope_cos_sin(positions, head_dim, config.rope_theta, dtype)` and `apply_rope(x, cos, sin)`;
 # `attention(q, k, v, attn_mask)` is the course's grouped-query attention (a boolean `attn_mask`, True where
-# a query may attend, broadcast to `[B, heads, 1, S]`). A layer is
+# a query may attend, of shape `[T, S]` or `[B, 1, T, S]`: one mask for every head, since grouped heads take
+# no per-head mask; for one new token, `[1, S]` or `[B, 1, 1, S]`). A layer is
 # `x + o_proj(attention(rope(q), rope(k), v))` on the normed `x`, then `x + mlp(post_attention_layernorm(x))`.
 #
 # **Contract.** `static_step(model, tok, pos, k_cache, v_cache)`:
@@ -117,7 +118,8 @@ MISTAKES = {
 # * *inputs*: a course model; `tok` `[B, 1]` int64, the current token of each of `B` sequences; `pos` a 0-d
 #   int64 tensor, the position of `tok` (the same for every row; `0 <= pos < S`); `k_cache`, `v_cache`
 #   `[L, B, KV, S, head_dim]` in the model's dtype (`L` layers, `KV` key/value heads, `S` slots): slots
-#   `0 .. pos-1` hold the earlier tokens' K (after RoPE) and V, **slots `pos .. S-1` hold anything**;
+#   `0 .. pos-1` hold the earlier tokens' K (after RoPE) and V, **slots `pos .. S-1` hold any finite
+#   values**;
 # * *output*: a tuple `(logits, k_cache, v_cache)`: `logits` `[B, V]`, the next-token logits at `tok`, equal
 #   (to float rounding) to the model's logits at that position over the whole sequence; the two caches, same
 #   shapes, equal to the inputs except slot `pos` of every layer, which holds `tok`'s K (after RoPE) and V.
@@ -292,7 +294,9 @@ except NotImplementedError:
 #   step dispatches from Python, each at least one kernel;
 # * `"kernels_per_token"`: the events with `"device" == "cuda"` per token (0 on a CPU);
 # * `"top_op"`: the name of the aten operator whose **self** time, summed over all its events (nested or
-#   not), is the largest; `None` if the trace has no aten event;
+#   not), is the largest (a tie goes to the name whose first event comes first in the list); `None` if the
+#   trace has no aten event. Here and below, an aten event is a CPU one: an event on `"cuda"` is a kernel,
+#   whatever its name;
 # * `"top_share"`: that sum over the self time of every aten event (0.0 without one, or if that total is 0).
 #
 # Raise `ValueError` if `tokens` is not an integer >= 1, if an event's `"parent"` is not the id of an event in
@@ -485,7 +489,9 @@ print("Part C: visible tests passed")
 # * `gpu` is a dict `{"bandwidth": bytes/s, "peak_flops": FLOP/s}` (the rate for `bytes_per_element`);
 # * each of the `batch` sequences has `context` tokens in its KV cache; weights and KV cache use
 #   `bytes_per_element` bytes per number;
-# * the step is `kernels` kernels; `cuda_graphs` says whether they are replayed as one graph.
+# * the step is `kernels` kernels; `cuda_graphs` says whether they are replayed as one graph;
+# * the CPU's launches overlap the device's work: the step takes the longest of the memory time, the compute
+#   time and the launch time (`kernels` launches of `launch_s` each, or one with CUDA graphs).
 #
 # The notebooks computed the roofline of one model at a time and the launches of the tiny model; here you
 # combine them, for shapes and cards the grader draws. Raise `ValueError` if `batch` or `kernels` is not an
@@ -607,7 +613,8 @@ except RuntimeError as e:
 # ## Part E · Written: what your trace and your measurement show (2 points)
 #
 # Answer in the cell below, in a short paragraph (about 150 words), from **your own** numbers: the trace of
-# Part B's last cell and the measurement above.
+# Part B's last cell and the measurement above. (They are of two models: Part B traces the bundled `tiny`,
+# 4 layers; the measurement times your step on the lab's fixed 2-layer model. Compare each with its own.)
 #
 # * Which operator takes the most self time in your trace, what share, and how many top-level operators (and,
 #   on a GPU, kernels) one token costs; what that says about where a step of a model this size spends its
