@@ -156,12 +156,14 @@ build = baseline_build
 #   confidence interval; rounds go on (6 to 30) until that interval is about +-5%. The points are
 #   `speed_points` of the interval's **lower end**: none at or below 1.1x the cached loop, all 6 at 1.3x or
 #   more, linear in log(speed-up) between, rounded down to half points. An entry that is not correct scores
-#   no points at all, however fast. The leaderboard ranks by the same interval (entries whose intervals
+#   no points at all, however fast. Every call the grader makes into your kernel, `build` included, has a
+#   limit of 60 s: an entry whose call runs past it scores nothing. The leaderboard ranks by the same interval (entries whose intervals
 #   overlap tie) and marks for review an entry whose measurement looks wrong (a call that did no work, CPU
 #   used in the background, rounds spread far beyond the noise, a wall-clock speed-up far below the CPU one);
 #
 # The visible test below runs a rough copy of the evaluation in your kernel (`evaluate_project`: the baseline
-# in your own process, CPU time, one check and eight timed rounds on fixed prompts, the same statistic).
+# in your own process, CPU time, one check and eight timed rounds on fixed prompts, the same statistic; the
+# grader checks two untimed prompts first, then every timed one).
 #
 # <details><summary>Hint 1: find where the cached loop's time goes before you change it</summary>
 #
@@ -307,8 +309,8 @@ _evaluated[-1][0].points   # the speed points of the visible evaluation (the gra
 #
 # Notebook 05 counts what a KV cache saves per token of the whole model. Here you count one part of it, the
 # attention scores, where the saving is largest, and under a sliding window (notebook 05, section 6.2),
-# where it is not what it seems. Count **(query, key) pairs**: one score of one query against one key in
-# one layer and head. A query at position `j` (0-based) scores the keys at positions `j - W + 1` to `j` that
+# where it is not what it seems. Count **(query, key) pairs** in one layer and one head (the count is the
+# same in every one): one score of one query against one key. A query at position `j` (0-based) scores the keys at positions `j - W + 1` to `j` that
 # exist (itself included), where `W` is the window; without a window (`window=None`), keys 0 to `j`.
 #
 # To generate `new_tokens` greedily after a prompt of `prompt_len` tokens:
@@ -320,7 +322,7 @@ _evaluated[-1][0].points   # the speed points of the visible evaluation (the gra
 #
 # Write `predict_attention_pairs(prompt_len, new_tokens, window=None) -> (recompute_pairs, cached_pairs)`,
 # two ints. Raise `ValueError` unless `prompt_len` and `new_tokens` are integers >= 1 and `window` is
-# `None` or an integer >= 1. The grader draws its own lengths and windows and counts the pairs of both loops
+# `None` or an integer >= 1 (a `bool` or a float such as `2.0` is not an integer here). The grader draws its own lengths and windows and counts the pairs of both loops
 # score by score.
 #
 # <details><summary>Hint 1: one query at a time</summary>
@@ -425,7 +427,7 @@ else:
 #
 # Graded by your instructor against a rubric, not by the tests. Fill in the cell below: keep its three bold
 # labels (the grader reads the first line that starts with the Method label for the leaderboard; your
-# instructor reads all three), 100 to 250 words in all:
+# instructor reads all three), 100 to 250 words in all, the labels included:
 #
 # * *Method*: one line, what your `build` does;
 # * *What I measured*: your speed-up over the cached loop on this machine with its interval (Part A's visible
