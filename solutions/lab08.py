@@ -26,8 +26,8 @@
 # * Use plain Python and `torch`. Do not import the answers from `course_lib.speculative`: the grader flags
 #   an answer that does, and while it grades, the course's acceptance step and speed-up model are not in
 #   the library.
-# * Everything runs on a CPU in seconds (the measurement after Part B takes about a minute). Total: 12
-#   points, 2 of them a written analysis your instructor grades (Part C).
+# * Everything runs on a CPU in seconds (the measurement after Part B takes under half a minute on a 2-core
+#   CPU). Total: 12 points, 2 of them a written analysis your instructor grades (Part C).
 
 # %% id="c003" nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -432,8 +432,8 @@ else:
 # ## Part C · Written analysis: the speed-up model against this machine (2 points)
 #
 # Graded by your instructor against a rubric, not by the tests. Run "Your prediction against this
-# machine" first (it is skipped while grading; about a minute), then answer in 100 to 200 words, about **your**
-# numbers:
+# machine" first (it is skipped while grading; it takes under half a minute), then answer in 100 to 200
+# words, about **your** numbers:
 #
 # 1. quote the measured `a` and `c`, and for two values of `g` the predicted and measured tokens per pass and
 #    speed-up;
