@@ -145,6 +145,22 @@ def rank_results(t, o, i, n, p, what):
     return out
 
 
+def communication(t, label, values, ranks, one, mistakes):
+    """The case that one call made exactly the collectives `one` on every rank ([name, shape] each, as the
+    ranks recorded them; `ranks()` gives each rank's result, called inside the case so that its failures are
+    the case's). A rank that made none, in a call whose `values` case already failed, is not charged again:
+    the missing all-reduce is one bug, and the values charged it. (With right values and no collective a rank
+    computed without its shards: charged here.)"""
+    with t.case(label, group="communication") as case:
+        for r, res in enumerate(ranks()):
+            got = res.get("collectives")
+            if got == [] and not values.passed:
+                case.note = f"{label}: rank {r} made no collective; its values already failed: not charged again"
+                continue
+            check_equal(got, one, f"{label}: rank {r}'s torch.distributed calls ([name, shape of the tensor]); "
+                        f"expected {one}", mistakes=mistakes)
+
+
 @judge.part("parallel_mlp_tests", groups={"values": 2, "communication": 1, "errors": 1})
 def parallel_mlp(t):
     # (what, x shape, f, world size): the visible example's shapes, one hidden unit per rank with a 2-D x, four
@@ -163,7 +179,7 @@ def parallel_mlp(t):
         o = on_ranks(t, "parallel_mlp", [args for _, args in mine], p)
         for i, ((kind, shape, f, _), (x, w1, b1, w2, b2)) in enumerate(mine):
             what = f"parallel_mlp on {p} gloo ranks (x {list(shape)}, f={f}) ({kind})"
-            with t.case(what, group="values"):
+            with t.case(what, group="values") as values:
                 want = mlp_reference(x, w1, b1, w2, b2)
                 for r, res in enumerate(rank_results(t, o, i, len(mine), p, what)):
                     y = res.get("output")
@@ -175,14 +191,9 @@ def parallel_mlp(t):
                     check_close(y, want, f"{what}: rank {r}'s output vs the unsharded MLP", rtol=1e-4, atol=1e-4,
                                 mistakes={t.mistake("bias_every_rank"): want + (p - 1) * b2,
                                           t.mistake("no_allreduce"): partial + b2})
-            with t.case(f"{what}: one all-reduce of the output per call", group="communication"):
-                for r, res in enumerate(rank_results(t, o, i, len(mine), p, what)):
-                    gathered = [["all_gather", [*shape[:-1], f // p]]]
-                    check_equal(res.get("collectives"), [["all_reduce", list(shape)]],
-                                f"{what}: rank {r}'s torch.distributed calls ([name, shape of the tensor]); expected "
-                                f"one all_reduce of the output's shape {list(shape)}",
-                                mistakes={t.mistake("mlp_gathered_hidden"): gathered,
-                                          t.mistake("no_allreduce"): []})
+            communication(t, f"{what}: one all-reduce of the output per call", values,
+                          lambda: rank_results(t, o, i, len(mine), p, what), [["all_reduce", list(shape)]],
+                          {t.mistake("mlp_gathered_hidden"): [["all_gather", [*shape[:-1], f // p]]]})
     # the shard functions' ValueError, raised before any collective (run in the kernel, no group needed)
     for d, f, r, p in ((4, 6, 0, 4), (3, 5, 1, 2), (2, 4, 2, 3)):
         what = f"parallel_mlp with f={f} on rank {r} of {p}"
@@ -228,7 +239,7 @@ def parallel_attention(t):
             what = f"parallel_attention on {p} gloo ranks (x [{B}, {T}, {D}], {H} heads, {K} KV heads, head dim {Dh})"
             want = attention_reference(*args)
             one = [["all_reduce", [B, T, D]]]
-            with t.case(f"{what} ({kind}): the output on every rank", group="values"):
+            with t.case(f"{what} ({kind}): the output on every rank", group="values") as values:
                 for r, res in enumerate(rank_results(t, o, i, len(calls), p, what)):
                     y = res.get("output")
                     t.expect(getattr(y, "shape", None) == want.shape,
@@ -237,12 +248,9 @@ def parallel_attention(t):
                     check_close(y, want, f"{what}: rank {r}'s output vs the unsharded attention block", rtol=1e-4,
                                 atol=1e-4, mistakes={t.mistake("bias_every_rank"): want + (p - 1) * args[5],
                                                      t.mistake("kv_group"): kv_group_mistake(*args, p)})
-            with t.case(f"{what} ({kind}): one all-reduce of the output per call", group="communication"):
-                for r, res in enumerate(rank_results(t, o, i, len(calls), p, what)):
-                    check_equal(res.get("collectives"), one, f"{what}: rank {r}'s torch.distributed calls "
-                                f"([name, shape of the tensor]); expected one all_reduce of [B, T, D]",
-                                mistakes={t.mistake("allreduce_per_head"): one * (H // p),
-                                          t.mistake("no_allreduce"): []})
+            communication(t, f"{what} ({kind}): one all-reduce of the output per call", values,
+                          lambda: rank_results(t, o, i, len(calls), p, what), one,
+                          {t.mistake("allreduce_per_head"): one * (H // p)})
     # the refusals, called in the kernel outside any process group: before any collective, naming num_kv_heads
     bad = [("1 KV head (multi-query) on 2 ranks", (1, 2, 4, 4, 1, 2), 0, 2),
            ("3 KV heads on 2 ranks (their rows, 6, split evenly)", (1, 3, 6, 6, 3, 2), 1, 2),
@@ -323,6 +331,11 @@ def mutants():
               "    return 1.0 - m * sum(times) / (p * makespan)     # busy: every micro-batch through every stage once":
               "    return (p - 1) / (m + p - 1)"})},
          ["bias_every_rank", "bubble_balanced"]),
+        ("the MLP without its all-reduce: each rank returns its partial sum (charged in the values only, not "
+         "again in the communication)",
+         {"parallel_mlp": solution_with("lab11", "parallel_mlp", {
+             "    dist.all_reduce(y)                                # the sum over the ranks, on every rank\n": ""})},
+         ["no_allreduce"]),
         ("the MLP's hidden slices all-gathered and the whole second layer run on every rank: the right values, "
          "the wrong communication",
          {"parallel_mlp": solution_with("lab11", "parallel_mlp", {

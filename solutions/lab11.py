@@ -239,8 +239,7 @@ def check_mlp_on_ranks(d, f, batch, seed, world_size=2):
                               MISTAKES["no_allreduce"]: partial + b2})
         check_equal(res["collectives"], [["all_reduce", list(ref.shape)]],
                     f"{what}: rank {r}'s torch.distributed calls ([name, shape of the tensor])",
-                    mistakes={MISTAKES["mlp_gathered_hidden"]: [["all_gather", list(h.shape)]],
-                              MISTAKES["no_allreduce"]: []})
+                    mistakes={MISTAKES["mlp_gathered_hidden"]: [["all_gather", list(h.shape)]]})
 
 
 check_mlp_on_ranks(d=4, f=6, batch=2, seed=0)
@@ -362,8 +361,7 @@ def check_attention_on_ranks(shapes, world_size=2):
                         mistakes={MISTAKES["bias_every_rank"]: ref + (world_size - 1) * bo,
                                   MISTAKES["kv_group"]: kv_group_mistake(*args, world_size)})
             check_equal(res["collectives"], one, f"{what}: rank {r}'s torch.distributed calls ([name, shape])",
-                        mistakes={MISTAKES["allreduce_per_head"]: one * (nh // world_size),
-                                  MISTAKES["no_allreduce"]: []})
+                        mistakes={MISTAKES["allreduce_per_head"]: one * (nh // world_size)})
 
 
 check_attention_on_ranks([(2, 5, 8, 4, 2, 3, 0), (1, 3, 6, 8, 2, 2, 1)])
