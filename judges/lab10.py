@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from course_grading.judging import Judge, Let, call, ref
-from course_lib.checks import check_close, check_equal
+from course_lib.checks import check_close, check_equal, diagnose
 from course_lib.sparsity.moe import dispatch_loop as ref_loop
 from course_lib.sparsity.moe import expert_capacity as ref_capacity
 from course_lib.sparsity.wanda import wanda_mask as ref_wanda_mask
@@ -276,15 +276,6 @@ def draw_router(t, e, k):
     return [min(1.0, x) for x in r]
 
 
-def agrees(got, want) -> bool:
-    """`got` is the expectation `want` within predict_dropped's tolerance."""
-    try:
-        check_close(got, want, "predict_dropped", rtol=1e-6, atol=1e-9)
-    except AssertionError:
-        return False
-    return True
-
-
 @judge.part("predict_dropped_tests", groups={"values": 3, "errors": 1})
 def predict_dropped(t):
     def even(e, k):
@@ -320,7 +311,8 @@ def predict_dropped(t):
                 f"expert)")
         with t.case(what, group="values"):
             got = o.get()
-            if own is not None and own != cap and agrees(got, expected_drops(probs, n, own)):
+            if own is not None and own != cap and diagnose(got, {"own": expected_drops(probs, n, own)},
+                                                            rtol=1e-6, atol=1e-9):
                 continue                           # right for the capacity your Exercise 2 gives
             check_close(got, want, what, rtol=1e-6, atol=1e-9,
                         mistakes={t.mistake("drops_at_mean_load"): sum(max(0.0, n * r - cap) for r in probs),
