@@ -56,10 +56,16 @@ def check_close(actual, expected, what: str, rtol: float = 1e-5, atol: float = 1
     hint = _diagnosis(a, mistakes, lambda x, v: _close(x, _arr(v), rtol, atol))
     if a.shape != e.shape:
         raise AssertionError(f"{what}: {hint}expected shape {e.shape}, got shape {a.shape}")
-    bad = ~np.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
-    idx = tuple(int(i[0]) for i in np.nonzero(bad)) if a.ndim else ()
-    where = f" (first mismatch at index {idx}: expected {e[idx]:.6g}, got {a[idx]:.6g})" if a.ndim else ""
+    where = _first_mismatch(a, e, ~np.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True))
     raise AssertionError(f"{what}: {hint}expected {_short(e)}, got {_short(a)}{where}")
+
+
+def _first_mismatch(a, e, bad) -> str:
+    """' (first mismatch at index ...: expected ..., got ...)' for arrays of one shape, '' for 0-d ones."""
+    if not a.ndim:
+        return ""
+    idx = tuple(int(i[0]) for i in np.nonzero(bad))
+    return f" (first mismatch at index {idx}: expected {e[idx]:.6g}, got {a[idx]:.6g})"
 
 
 def _equal(actual, expected) -> bool:
@@ -89,11 +95,7 @@ def check_equal(actual, expected, what: str, mistakes: dict | None = None):
             raise AssertionError(f"{what}: {hint}expected an array {_short(_arr(expected))}, got {actual!r}") from None
         if a.shape != e.shape:
             raise AssertionError(f"{what}: {hint}expected shape {e.shape}, got shape {a.shape}")
-        where = ""
-        if a.ndim:
-            idx = tuple(int(i[0]) for i in np.nonzero(a != e))
-            where = f" (first mismatch at index {idx}: expected {e[idx]:.6g}, got {a[idx]:.6g})"
-        raise AssertionError(f"{what}: {hint}expected {_short(e)}, got {_short(a)}{where}")
+        raise AssertionError(f"{what}: {hint}expected {_short(e)}, got {_short(a)}{_first_mismatch(a, e, a != e)}")
     raise AssertionError(f"{what}: {hint}expected {expected!r}, got {actual!r}")
 
 
