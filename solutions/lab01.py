@@ -471,7 +471,9 @@ else:
             print(f"{B:>6}{s * 1e3:>10.3f}ms{m * 1e3:>9.3f}ms{m / s:>7.1f}{total:>19.0f}{B / m:>10.0f}{u:>17.0f}"
                   f"{1 / m:>10.0f}")
         n_ops = device_bench.count_ops(device_bench.decode_step_call(model, context=CONTEXT, batch=1))
-        print(f"one step at batch 1 dispatches {n_ops} PyTorch operators (counted as notebook 01, section 6, does)")
+        if n_ops is not None:                   # None: this torch cannot count them
+            print(f"one step at batch 1 dispatches {n_ops} PyTorch operators (counted as notebook 01, section 6, "
+                  "does)")
         at = {c: compute_bound_batch(n_params, bpp, peak, bw, context=c, kv_bytes_per_token=kv_token)
               for c in (0, CONTEXT, 256, 511)}
         print("your compute_bound_batch here: " + ", ".join(f"{b} at {c} tokens" for c, b in at.items()))
